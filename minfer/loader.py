@@ -1,0 +1,139 @@
+"""Checkpoint -> (ModelConfig, weights {HF name: tensor}, Tokenizer).
+
+CHECKPOINT is an HF folder (config.json + model.safetensors or a sharded index), an HF hub id
+(through huggingface_hub; honours HF_HUB_OFFLINE and the local cache), or a .gguf file. With none,
+the default model that setup.sh installs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from tqdm import tqdm
+
+from . import gguf, tokenizer
+from .config import ModelConfig
+from .errors import MinferError
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def cache_dir() -> str:
+    return os.environ.get("MINFER_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "minfer"))
+
+
+def default_checkpoint() -> str:
+    path = os.path.join(cache_dir(), DEFAULT_MODEL_FILE)
+    if not os.path.exists(path):
+        raise MinferError(f"default model not found at {path}; run `bash setup.sh` (or pass a CHECKPOINT)")
+    return path
+
+
+def _progress(items, desc):
+    return tqdm(items, desc=desc, unit="tensor", file=sys.stderr, leave=False, disable=None)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def resolve(checkpoint: str | None) -> str:
+    """A local path for CHECKPOINT, downloading hub ids into the HF cache."""
+    if checkpoint is None:
+        return default_checkpoint()
+    path = os.path.expanduser(checkpoint)
+    if os.path.exists(path):
+        return path
+    if _looks_like_hub_id(checkpoint):
+        from huggingface_hub import snapshot_download
+        try:
+            return snapshot_download(checkpoint, allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
+        except Exception as e:
+            raise MinferError(f"{checkpoint}: cannot get it from the hub or the local cache ({type(e).__name__})") from None
+    raise MinferError(f"{checkpoint}: no such file or folder")
+
+
+def load(checkpoint: str | None, dtype: torch.dtype, device) -> tuple[ModelConfig, dict, tokenizer.Tokenizer]:
+    path = resolve(checkpoint)
+    if os.path.isdir(path):
+        return _load_hf_folder(path, dtype, device)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return _load_gguf(path, dtype, device)
+    raise MinferError(f"{path}: not a GGUF file or an HF checkpoint folder")
+
+
+def _load_gguf(path, dtype, device):
+    reader = gguf.open_reader(path)
+    cfg = gguf.read_config(reader)
+    tok = tokenizer.from_gguf(reader)
+    weights = gguf.read_weights(reader, cfg, dtype, device, lambda xs: _progress(xs, "loading"))
+    _check_complete(cfg, weights, path)
+    return cfg, weights, tok
+
+
+def _load_hf_folder(folder, dtype, device):
+    from safetensors import safe_open
+
+    cfg_path = os.path.join(folder, "config.json")
+    if not os.path.exists(cfg_path):
+        raise MinferError(f"{folder}: no config.json (not an HF checkpoint folder)")
+    try:
+        with open(cfg_path) as f:
+            hf_cfg = json.load(f)
+    except json.JSONDecodeError as e:
+        raise MinferError(f"{cfg_path}: invalid JSON ({e})") from None
+    cfg = ModelConfig.from_hf(hf_cfg)
+    gen_path = os.path.join(folder, "generation_config.json")
+    if os.path.exists(gen_path):
+        with open(gen_path) as f:
+            eos = json.load(f).get("eos_token_id")
+        if eos is not None:
+            cfg.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(eos if isinstance(eos, list) else [eos]))
+
+    index = os.path.join(folder, "model.safetensors.index.json")
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.exists(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.exists(single):
+        shards = ["model.safetensors"]
+    else:
+        raise MinferError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+
+    weights = {}
+    for shard in shards:
+        shard_path = os.path.join(folder, shard)
+        try:
+            with safe_open(shard_path, framework="pt", device="cpu") as f:
+                for name in _progress(list(f.keys()), f"loading {shard}"):
+                    weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+        except MinferError:
+            raise
+        except Exception as e:  # truncated or corrupt file
+            raise MinferError(f"{shard_path}: cannot read safetensors ({type(e).__name__}: {e})") from None
+    tok = tokenizer.from_hf_folder(folder, cfg.eos_token_ids, cfg.bos_token_id)
+    _check_complete(cfg, weights, folder)
+    return cfg, weights, tok
+
+
+def _check_complete(cfg: ModelConfig, weights: dict, where: str) -> None:
+    need = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if cfg.tie_word_embeddings else ["lm_head.weight"])
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        need += [p + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                                 "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                 "mlp.down_proj.weight")]
+        if cfg.attention_bias:
+            need += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        if cfg.qk_norm:
+            need += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+    missing = [n for n in need if n not in weights]
+    if missing:
+        raise MinferError(f"{where}: checkpoint is missing {len(missing)} tensors, e.g. {missing[0]}")

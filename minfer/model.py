@@ -1,0 +1,103 @@
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM). All layer math goes through
+the op seam (minfer.ops); this file only wires the ops together."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .ops import Backend
+
+
+def rope_cos_sin(cfg: ModelConfig, max_positions: int, device) -> torch.Tensor:
+    """[max_positions, rotary_dim] fp32: cos | sin halves. Scaling is folded in here, so the rope
+    kernel does the same work for every scaling type."""
+    rot = cfg.rotary_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type")
+    positions = torch.arange(max_positions, dtype=torch.float64)
+    if kind == "linear":
+        positions = positions / scaling["factor"]
+    elif kind == "llama3":
+        factor, low, high = scaling["factor"], scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_ctx = scaling.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv_freq
+        smooth = ((old_ctx / wavelen) - low) / (high - low)
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        medium = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        inv_freq = torch.where(medium, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    elif kind == "freq_factors":
+        inv_freq = inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)
+    angles = positions[:, None] * inv_freq[None, :]  # [positions, rot/2]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float().to(device)
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ops: Backend, max_positions: int):
+        self.cfg, self.ops = cfg, ops
+        w = weights
+        self.embed = w["model.embed_tokens.weight"]  # [vocab, hidden]
+        self.lm_head = self.embed if cfg.tie_word_embeddings else w["lm_head.weight"]  # [vocab, hidden]
+        self.final_norm = w["model.norm.weight"]
+        self.layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            attn = p + "self_attn."
+            layer = {
+                "attn_norm": w[p + "input_layernorm.weight"],
+                "mlp_norm": w[p + "post_attention_layernorm.weight"],
+                # Fused projections: one GEMM for q|k|v and one for gate|up.
+                "qkv": torch.cat([w[attn + "q_proj.weight"], w[attn + "k_proj.weight"], w[attn + "v_proj.weight"]]),
+                "qkv_bias": torch.cat([w[attn + "q_proj.bias"], w[attn + "k_proj.bias"], w[attn + "v_proj.bias"]])
+                if cfg.attention_bias else None,
+                "o": w[attn + "o_proj.weight"],
+                "gate_up": torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+                "down": w[p + "mlp.down_proj.weight"],
+            }
+            if cfg.qk_norm:
+                layer["q_norm"], layer["k_norm"] = w[attn + "q_norm.weight"], w[attn + "k_norm.weight"]
+            self.layers.append(layer)
+        self.cos_sin = rope_cos_sin(cfg, max_positions, self.embed.device)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, start_pos: torch.Tensor, cache: KVCache,
+                logit_index: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [batch, seq]; start_pos [batch] int32 (position of ids[:, 0], on the device).
+        logit_index [batch]: the row of each sequence whose logits are wanted (None: every row).
+        Returns fp32 logits [batch, vocab], or [batch, seq, vocab] when logit_index is None."""
+        cfg, ops = self.cfg, self.ops
+        batch, seq = ids.shape
+        heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        positions = start_pos[:, None] + torch.arange(seq, device=ids.device, dtype=start_pos.dtype)  # [batch, seq]
+        flat_pos = positions.reshape(-1)  # [tokens]
+        scale = 1.0 / math.sqrt(hd)
+
+        residual = ops.embedding(ids.reshape(-1), self.embed)  # [tokens, hidden]
+        x = ops.rms_norm(residual, self.layers[0]["attn_norm"], cfg.rms_norm_eps)
+        for i, layer in enumerate(self.layers):
+            qkv = ops.linear(x, layer["qkv"], layer["qkv_bias"])  # [tokens, (heads + 2 kv_heads) hd]
+            q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+            q = q.reshape(-1, heads, hd)  # [tokens, heads, hd]; views, no copies
+            k = k.reshape(-1, kv_heads, hd)
+            v = v.reshape(-1, kv_heads, hd)
+            if cfg.qk_norm:  # per-head RMSNorm, the same kernel over [tokens * heads, hd]
+                q = ops.rms_norm(q.reshape(-1, hd), layer["q_norm"], cfg.rms_norm_eps).view(-1, heads, hd)
+                k = ops.rms_norm(k.reshape(-1, hd), layer["k_norm"], cfg.rms_norm_eps).view(-1, kv_heads, hd)
+            ops.rope(q, k, flat_pos, self.cos_sin, True)
+            ops.kv_cache_write(cache.k[i], cache.v[i], k.view(batch, seq, kv_heads, hd),
+                               v.view(batch, seq, kv_heads, hd), positions)
+            attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, scale)
+            x = ops.linear(attn.reshape(batch * seq, heads * hd), layer["o"])  # [tokens, hidden]
+            ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps)
+            x = ops.linear(ops.silu_and_mul(ops.linear(x, layer["gate_up"])), layer["down"])
+            next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
+            ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps)
+
+        x = x.view(batch, seq, -1)  # [batch, seq, hidden]
+        if logit_index is not None:
+            x = x[torch.arange(batch, device=x.device), logit_index]  # [batch, hidden]
+        logits = ops.linear(x.reshape(-1, x.shape[-1]), self.lm_head).float()
+        return logits.view(*x.shape[:-1], -1)

@@ -1,0 +1,63 @@
+"""The op seam: the only place the model gets its math from.
+
+`get_backend("ref" | "cuda" | "auto", device)` returns a Backend whose attributes are the ops. The
+cuda backend takes each op from our kernels (torch.ops.minfer.*); an op with no kernel yet runs on
+ref, and is listed in `Backend.fallbacks` so that the gap is printed, never silent.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from . import reference
+
+# Ops the model uses; each backend provides every one of them.
+MODEL_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "kv_cache_write",
+             "attention", "linear")
+
+
+class Backend:
+    def __init__(self, name: str, impls: dict, fallbacks: list[str]):
+        self.name = name
+        self.fallbacks = fallbacks  # ops that run on ref although the cuda backend was asked for
+        for op, fn in impls.items():
+            setattr(self, op, fn)
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name}, fallbacks={self.fallbacks})"
+
+
+def cuda_available() -> bool:
+    """True when a GPU and the built extension are both there."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from . import cuda  # noqa: F401  (loads minfer._C)
+    except ImportError:
+        return False
+    return True
+
+
+def get_backend(name: str = "auto", device: torch.device | str | None = None) -> Backend:
+    device = torch.device(device) if device is not None else None
+    if name == "auto":
+        on_gpu = device is None or device.type == "cuda"
+        name = "cuda" if on_gpu and cuda_available() else "ref"
+        if name == "ref" and on_gpu and torch.cuda.is_available():
+            print("minfer: the CUDA extension is not built; using the reference backend", file=sys.stderr)
+    if name == "ref":
+        return Backend("ref", {op: getattr(reference, op) for op in MODEL_OPS}, [])
+    if name != "cuda":
+        raise ValueError(f"unknown backend {name!r} (auto, cuda, ref)")
+    if not torch.cuda.is_available():
+        raise RuntimeError("the cuda backend needs a CUDA GPU")
+    from . import cuda
+    impls, fallbacks = {}, []
+    for op in MODEL_OPS:
+        fn = getattr(cuda, op, None)
+        if fn is None:
+            fn = getattr(reference, op)
+            fallbacks.append(op)
+        impls[op] = fn
+    return Backend("cuda", impls, fallbacks)

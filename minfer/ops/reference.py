@@ -1,0 +1,141 @@
+"""The reference backend: every op in plain torch, computed in fp32 and cast back.
+
+It runs on any device. It is the oracle for the kernel tests and the `--which ref` side of
+apps/benchmark.py, so it favours clarity over speed. Shapes are documented once here; the cuda
+backend implements exactly the same signatures.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    # ids [...] int32/int64, weight [vocab, hidden] -> [..., hidden]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
+        raise IndexError(f"embedding: token id out of range [0, {weight.shape[0]})")
+    return weight[ids.long()]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x [tokens, hidden], weight [hidden] -> [tokens, hidden]
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    # In place: residual <- residual + x; x <- rms_norm(residual) * weight.
+    summed = residual.float() + x.float()
+    residual.copy_(summed)
+    # Normalise what was stored, so that low-precision results match a kernel that re-reads it.
+    x.copy_(rms_norm(residual, weight, eps))
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool) -> None:
+    # In place on q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim].
+    # positions [tokens]; cos_sin [max_position, rotary_dim] fp32 = cos | sin halves.
+    # is_neox: rotate-half pairs (i, i + rot/2); else interleaved pairs (2i, 2i + 1).
+    rot = cos_sin.shape[-1]
+    cos, sin = cos_sin[positions.long()].float().chunk(2, dim=-1)  # [tokens, rot/2] each
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    for t in (q, k):
+        x = t[..., :rot].float()
+        if is_neox:
+            x1, x2 = x[..., : rot // 2], x[..., rot // 2:]
+            out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        else:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+        t[..., :rot] = out.to(t.dtype)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # x [tokens, 2 * inter] = gate | up -> [tokens, inter]
+    gate, up = x.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(x.dtype)
+
+
+def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   positions: torch.Tensor) -> None:
+    # k_cache, v_cache [batch, capacity, kv_heads, head_dim]; k, v [batch, seq, kv_heads, head_dim];
+    # positions [batch, seq]: cache[b, positions[b, s]] <- k[b, s].
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= k_cache.shape[1]):
+        raise IndexError(f"kv_cache_write: position out of range [0, {k_cache.shape[1]})")
+    b = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(positions)
+    k_cache[b, positions.long()] = k.to(k_cache.dtype)
+    v_cache[b, positions.long()] = v.to(v_cache.dtype)
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    # Causal attention of new queries over the cache.
+    # q [batch, seq, heads, head_dim]; k_cache, v_cache [batch, capacity, kv_heads, head_dim];
+    # start_pos [batch]: position of q[:, 0]. Query s of sequence b sees keys 0 .. start_pos[b] + s.
+    # -> [batch, seq, heads, head_dim]
+    batch, seq, heads, _ = q.shape
+    kv_len = int(start_pos.max()) + seq
+    k = k_cache[:, :kv_len].float().transpose(1, 2)  # [batch, kv_heads, kv_len, head_dim]
+    v = v_cache[:, :kv_len].float().transpose(1, 2)
+    group = heads // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    q_pos = start_pos.long()[:, None] + torch.arange(seq, device=q.device)  # [batch, seq]
+    mask = torch.arange(kv_len, device=q.device)[None, None, :] <= q_pos[:, :, None]  # [batch, seq, kv_len]
+    out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
+    return out.transpose(1, 2).to(q.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    # x [tokens, in], weight [out, in] (HF layout), bias [out] -> [tokens, out]
+    y = x.float() @ weight.float().t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+# ---- exposed seed kernels (benchmarked baselines), same semantics as the CUDA ones ----
+
+def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
+         trans_a: bool = False, trans_b: bool = False) -> torch.Tensor:
+    # alpha * op(A) @ op(B) + beta * C; A [M, K] (or [K, M] if trans_a), B [K, N] (or [N, K] if trans_b)
+    a32 = a.float().t() if trans_a else a.float()
+    b32 = b.float().t() if trans_b else b.float()
+    y = alpha * (a32 @ b32)
+    if c is not None and beta != 0.0:
+        y = y + beta * c.float()
+    return y.to(a.dtype)
+
+
+def tensor_core_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # fp16 A [M, K] @ B [K, N] -> fp32 [M, N]
+    return a.float() @ b.float()
+
+
+def gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # int8 A [M, K] @ int8 B [K, N] -> int32 [M, N], exact (int64 on the way)
+    return (a.long() @ b.long()).to(torch.int32) if a.device.type == "cpu" else \
+        (a.double() @ b.double()).round().to(torch.int32)
+
+
+def _seed_attention(q, k, v, scale, is_causal):
+    # q [batch, heads, seq_q, head_dim], k, v [batch, heads, seq_k, head_dim]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if is_causal:  # bottom-right aligned, as for queries that are the last seq_q of seq_k
+        sq, sk = q.shape[-2], k.shape[-2]
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        s = s.masked_fill(~keep, float("-inf"))
+    return (s.softmax(-1) @ v.float()).to(q.dtype)
+
+
+def naive_attention(q, k, v, scale=None, is_causal=False):
+    return _seed_attention(q, k, v, scale, is_causal)
+
+
+def tiled_attention(q, k, v, scale=None, is_causal=False):
+    return _seed_attention(q, k, v, scale, is_causal)
+
+
+def flash_attention(q, k, v, scale=None, is_causal=False):
+    return _seed_attention(q, k, v, scale, is_causal)

@@ -1,0 +1,127 @@
+"""Text <-> ids (the `tokenizers` library) and the chat template (jinja2)."""
+from __future__ import annotations
+
+import json
+import os
+
+import jinja2
+import jinja2.sandbox
+
+from .errors import MinferError
+
+# Control tokens that end a turn in common chat formats; they stop generation when present.
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|end|>")
+
+
+class Tokenizer:
+    def __init__(self, tok, chat_template: str | None, bos_token_id: int | None, eos_token_ids: list[int],
+                 add_bos: bool):
+        self.tok = tok
+        self.chat_template = chat_template
+        self.bos_token_id = bos_token_id
+        self.add_bos = add_bos and bos_token_id is not None
+        stops = set(eos_token_ids)
+        for t in END_OF_TURN:
+            i = tok.token_to_id(t)
+            if i is not None:
+                stops.add(i)
+        self.stop_ids = sorted(stops)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_token_id] + ids if self.add_bos else ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        if not self.chat_template:
+            raise MinferError("this model has no chat template; drop --chat")
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(msg):
+            raise MinferError(f"chat template: {msg}")
+
+        env.globals["raise_exception"] = raise_exception
+        tok_text = lambda i: self.tok.id_to_token(i) if i is not None else ""  # noqa: E731
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=True, bos_token=tok_text(self.bos_token_id),
+            eos_token=tok_text(self.stop_ids[0] if self.stop_ids else None))
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        # The template writes any BOS itself, so none is added here.
+        return self.tok.encode(self.apply_chat_template(messages), add_special_tokens=False).ids
+
+
+class StreamDecoder:
+    """Turns a growing list of ids into text deltas, holding back bytes of an unfinished UTF-8
+    character (a multi-byte character can span tokens)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # ids[prefix:] are decoded together so that merges at the seam decode right
+        self.emitted = 0  # characters of decode(ids[prefix:]) already returned
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids[self.prefix:])
+        if text.endswith("\ufffd"):
+            return ""  # wait for the rest of the character
+        delta = text[self.emitted:]
+        if len(self.ids) - self.prefix > 16:  # keep the decoded window short
+            self.prefix, self.emitted = len(self.ids), 0
+        else:
+            self.emitted = len(text)
+        return delta
+
+
+def from_hf_folder(folder: str, eos_token_ids: list[int], bos_token_id: int | None) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.exists(path):
+        raise MinferError(f"{folder}: no tokenizer.json")
+    tok = HFTokenizer.from_file(path)
+    cfg = {}
+    cfg_path = os.path.join(folder, "tokenizer_config.json")
+    if os.path.exists(cfg_path):
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+    template = cfg.get("chat_template")
+    jinja_path = os.path.join(folder, "chat_template.jinja")
+    if template is None and os.path.exists(jinja_path):
+        with open(jinja_path) as f:
+            template = f.read()
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+
+    def token_id(entry):
+        text = entry.get("content") if isinstance(entry, dict) else entry
+        return tok.token_to_id(text) if text else None
+
+    bos = token_id(cfg.get("bos_token")) if cfg.get("bos_token") else bos_token_id
+    eos = list(eos_token_ids)
+    if token_id(cfg.get("eos_token")) is not None:
+        eos.append(token_id(cfg.get("eos_token")))
+    # tokenizer.json's post-processor adds BOS when the model wants one; encode() skips it, so we add it.
+    add_bos = bool(cfg.get("add_bos_token", False)) or _post_processor_adds_bos(tok, bos)
+    return Tokenizer(tok, template, bos, eos, add_bos)
+
+
+def _post_processor_adds_bos(tok, bos: int | None) -> bool:
+    if bos is None:
+        return False
+    return tok.encode("a", add_special_tokens=True).ids[:1] == [bos]
+
+
+def from_gguf(reader) -> Tokenizer:
+    from .gguf import read_tokenizer
+
+    tok, meta = read_tokenizer(reader)
+    bos, eos = meta["bos_token_id"], meta["eos_token_id"]
+    return Tokenizer(tok, meta["chat_template"], bos, [] if eos is None else [eos], meta["add_bos_token"])
