@@ -1,0 +1,1 @@
+"""Benchmark cases, one module per kernel family. Each module defines CASES: {kernel name: Case}."""

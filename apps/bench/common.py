@@ -1,0 +1,77 @@
+"""What a benchmark case is, and how it is timed.
+
+A Case says how to build inputs for a shape, the ref and minfer callables, and how many bytes and
+FLOPs one call must move/do at least (the floor). The harness times each side with rotated input
+sets (so HBM is measured, not L2), inside a CUDA graph (so launch gaps do not count), and reports
+the median.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Case:
+    shapes: list[tuple]  # default sweep
+    make_inputs: Callable[[tuple, torch.dtype], dict]  # shape, dtype -> kwargs (fresh random CUDA tensors)
+    ref: Callable[..., object]  # the reference: torch eager / cuBLAS / SDPA
+    minfer: Callable[..., object]  # our kernel
+    bytes: Callable[[tuple, torch.dtype], int]  # fewest bytes one call must move
+    flops: Callable[[tuple], int] | None = None  # None for memory-bound ops
+    shape_names: str = ""  # e.g. "tokens x hidden", for the table header
+    paths: dict[str, Callable[..., object]] = field(default_factory=dict)  # extra --path variants
+    dtypes: tuple = (torch.bfloat16,)
+
+
+def input_sets(case: Case, shape: tuple, dtype: torch.dtype, l2_bytes: int) -> list[dict]:
+    """Enough independent input sets that cycling through them overflows L2 twice."""
+    per_set = max(1, case.bytes(shape, dtype))
+    n = max(1, min(64, -(-2 * l2_bytes // per_set)))
+    return [case.make_inputs(shape, dtype) for _ in range(n)]
+
+
+def time_us(fn: Callable[..., object], sets: list[dict], reps: int = 20, graph: bool = True) -> float:
+    """Median µs per call, cycling through `sets`. With graph=True one replay runs every set once."""
+    for s in sets[:2]:
+        fn(**s)  # warm-up: module load, autotuning, allocator
+    torch.cuda.synchronize()
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for s in sets:
+                fn(**s)
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for s in sets:
+                fn(**s)
+        run = g.replay
+    else:
+        def run():
+            for s in sets:
+                fn(**s)
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / len(sets))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy, bytes read + written, GB/s: the memory ceiling of this run."""
+    n = 1 << 28  # 512 MiB of bf16: far past L2
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    us = time_us(lambda src, dst: dst.copy_(src), [{"src": src, "dst": dst}], reps=10, graph=False)
+    return 2 * src.nbytes / (us * 1e-6) / 1e9
