@@ -35,8 +35,9 @@ __device__ __forceinline__ float row_sum(float x) {
 // in/out/residual are deliberately not __restrict__: the fused op passes x as both `in` and `out`.
 // blockDim = (threads per row, rows per block); with kGroupRows every lane reaches the shuffles,
 // rows past the end only skip their memory accesses.
+// __launch_bounds__(1024): long rows launch 1024-thread blocks, which need <= 64 registers per thread.
 template <typename T, int W, int VPT, bool kFused, bool kGroupRows, bool kCached>
-__global__ void rms_norm_kernel(T* out, int64_t out_stride,         // [rows, hidden]
+__global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, int64_t out_stride,         // [rows, hidden]
                                 T* residual, int64_t res_stride,    // [rows, hidden], kFused only
                                 const T* in, int64_t in_stride,     // [rows, hidden]
                                 const T* __restrict__ weight,       // [hidden]
