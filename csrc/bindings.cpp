@@ -7,10 +7,33 @@
 
 TORCH_LIBRARY(minfer, m) {
   m.def("embedding(Tensor ids, Tensor weight) -> Tensor");
+  // memory-bound kernels
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("rope(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin, bool is_neox) -> ()");
+  m.def("silu_and_mul(Tensor x) -> Tensor");
+  m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("embedding", &minfer::embedding);
+  // memory-bound kernels
+  m.impl("rms_norm", &minfer::rms_norm);
+  m.impl("fused_add_rms_norm", &minfer::fused_add_rms_norm);
+  m.impl("rope", &minfer::rope);
+  m.impl("silu_and_mul", &minfer::silu_and_mul);
+  m.impl("kv_cache_write", &minfer::kv_cache_write);
+}
+
+// memory-bound kernels: CPU tensors reach the same launchers, whose first check names the CPU argument
+// (instead of the dispatcher's generic "could not run ... with arguments from the 'CPU' backend").
+TORCH_LIBRARY_IMPL(minfer, CPU, m) {
+  m.impl("embedding", &minfer::embedding);
+  m.impl("rms_norm", &minfer::rms_norm);
+  m.impl("fused_add_rms_norm", &minfer::fused_add_rms_norm);
+  m.impl("rope", &minfer::rope);
+  m.impl("silu_and_mul", &minfer::silu_and_mul);
+  m.impl("kv_cache_write", &minfer::kv_cache_write);
 }
 
 // Importing minfer._C loads the library above; the module itself has no Python functions.

@@ -1,6 +1,7 @@
 // Embedding lookup: out[t, :] = weight[ids[t], :].
-// One block per token row, 16-byte copies. An id outside [0, vocab) never reads the table:
-// its row is filled with NaN so that the error cannot pass silently.
+// One block per token row, 16-byte copies when the rows allow them, else element by element.
+// An id outside [0, vocab) never reads the table: its row is filled with NaN so that the error cannot
+// pass silently (minfer.ops.cuda.check_ids raises IndexError on the host for callers that want that).
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -10,28 +11,36 @@
 
 namespace minfer {
 
-template <typename T, typename index_t, bool kVectorized>
+// Each thread issues up to kUnroll independent loads before its stores, so that enough bytes are in
+// flight per SM to reach HBM bandwidth.
+template <typename T, int W, typename index_t>
 __global__ void embedding_kernel(T* __restrict__ out,              // [tokens, hidden]
                                  const index_t* __restrict__ ids,  // [tokens]
                                  const T* __restrict__ weight,     // [vocab, hidden]
                                  int64_t vocab, int hidden) {
+  constexpr int kUnroll = 4;
+  using P = Pack<T, W>;
   const int64_t token = blockIdx.x;
   const int64_t id = static_cast<int64_t>(ids[token]);
   T* dst = out + token * hidden;
   if (id < 0 || id >= vocab) {
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = from_float<T>(__int_as_float(0x7fc00000));
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = from_float<T>(nan_f());
     return;
   }
   const T* src = weight + id * hidden;
-  if constexpr (kVectorized) {
-    constexpr int N = Vec<T>::N;
-    for (int i = threadIdx.x * N; i < hidden; i += blockDim.x * N) {
-      Vec<T> v;
-      v.load(src + i);
-      v.store(dst + i);
+  const int packs = hidden / W;
+  for (int base = threadIdx.x; base < packs; base += blockDim.x * kUnroll) {
+    P v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int p = base + u * blockDim.x;
+      if (p < packs) v[u].load(src + p * W);
     }
-  } else {
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int p = base + u * blockDim.x;
+      if (p < packs) v[u].store(dst + p * W);
+    }
   }
 }
 
@@ -43,6 +52,10 @@ torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight) {
   MINFER_CHECK_DIM(weight, 2);
   MINFER_CHECK_CONTIGUOUS(weight);
   MINFER_CHECK_CONTIGUOUS(ids);
+  MINFER_CHECK_INDEX(ids);
+  TORCH_CHECK(weight.size(1) > 0 && weight.size(1) < (int64_t(1) << 31), "embedding: hidden must be in [1, 2^31), got ",
+              weight.size(1));
+  TORCH_CHECK(ids.numel() < (int64_t(1) << 31), "embedding: too many ids (", ids.numel(), ")");
   const c10::cuda::CUDAGuard guard(weight.device());
   const int64_t vocab = weight.size(0), hidden = weight.size(1);
   auto out_sizes = ids.sizes().vec();
@@ -53,15 +66,17 @@ torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight) {
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_FLOAT(weight.scalar_type(), "embedding", [&] {
     MINFER_DISPATCH_INDEX(ids.scalar_type(), "embedding", [&] {
-      constexpr int N = Vec<scalar_t>::N;
-      const bool vectorized = hidden % N == 0 && is_aligned16(weight.data_ptr()) && is_aligned16(out.data_ptr());
-      const int threads = std::min<int64_t>(256, std::max<int64_t>(32, (hidden / (vectorized ? N : 1) + 31) / 32 * 32));
+      constexpr int N = 16 / sizeof(scalar_t);
       auto* o = reinterpret_cast<scalar_t*>(out.data_ptr());
       auto* w = reinterpret_cast<const scalar_t*>(weight.data_ptr());
-      if (vectorized)
-        embedding_kernel<scalar_t, index_t, true><<<tokens, threads, 0, stream>>>(o, ids.data_ptr<index_t>(), w, vocab, hidden);
+      const bool wide = rows_aligned16(w, hidden, hidden, sizeof(scalar_t)) && is_aligned16(o);
+      const int64_t packs = wide ? hidden / N : hidden;
+      // About two packs per thread; the kernel unrolls by four beyond that.
+      const int threads = std::min<int64_t>(256, round_up((packs + 1) / 2, 32));
+      if (wide)
+        embedding_kernel<scalar_t, N, index_t><<<tokens, threads, 0, stream>>>(o, ids.data_ptr<index_t>(), w, vocab, hidden);
       else
-        embedding_kernel<scalar_t, index_t, false><<<tokens, threads, 0, stream>>>(o, ids.data_ptr<index_t>(), w, vocab, hidden);
+        embedding_kernel<scalar_t, 1, index_t><<<tokens, threads, 0, stream>>>(o, ids.data_ptr<index_t>(), w, vocab, hidden);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

@@ -15,3 +15,6 @@
   TORCH_CHECK((a).scalar_type() == (b).scalar_type(), #a " and " #b " must have the same dtype, got ", (a).scalar_type(), " and ", (b).scalar_type())
 #define MINFER_CHECK_SAME_DEVICE(a, b) \
   TORCH_CHECK((a).device() == (b).device(), #a " and " #b " must be on the same device, got ", (a).device(), " and ", (b).device())
+#define MINFER_CHECK_INDEX(t)                                                                                  \
+  TORCH_CHECK((t).scalar_type() == at::kInt || (t).scalar_type() == at::kLong, #t " must be int32 or int64, got ", \
+              (t).scalar_type())

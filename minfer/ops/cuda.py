@@ -19,8 +19,77 @@ def _embedding_fake(ids, weight):
     return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
+# memory-bound kernels (csrc/rmsnorm.cu, rope.cu, activation.cu, kv_cache.cu)
+@torch.library.register_fake("minfer::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    return x.new_empty(x.shape)  # contiguous [tokens, hidden]
+
+
+@torch.library.register_fake("minfer::fused_add_rms_norm")
+def _fused_add_rms_norm_fake(x, residual, weight, eps):
+    return None
+
+
+@torch.library.register_fake("minfer::rope")
+def _rope_fake(q, k, positions, cos_sin, is_neox):
+    return None
+
+
+@torch.library.register_fake("minfer::silu_and_mul")
+def _silu_and_mul_fake(x):
+    return x.new_empty((x.shape[0], x.shape[1] // 2))
+
+
+@torch.library.register_fake("minfer::kv_cache_write")
+def _kv_cache_write_fake(k_cache, v_cache, k, v, positions):
+    return None
+
+
 # ---- the ops the model calls ----
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     # Rows of out-of-range ids come back as NaN (the kernel never reads outside the table).
     return _ops.embedding(ids.contiguous(), weight)
+
+
+def check_ids(ids: torch.Tensor, vocab: int) -> None:
+    """Raise IndexError if any id is outside [0, vocab). Syncs with the device: for tests and host-side
+    validation, not the hot path (the kernel itself turns such rows into NaN and never reads out of bounds)."""
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise IndexError(f"embedding: token id {bad} out of range [0, {vocab})")
+
+
+# memory-bound kernels
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x [tokens, hidden] (rows may be strided; other leading dims are flattened), weight [hidden]
+    if x.dim() == 2:
+        return _ops.rms_norm(x, weight, eps)
+    out = _ops.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps)
+    return out.view(x.shape)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    # In place: residual <- residual + x; x <- rms_norm(residual) * weight. x, residual [tokens, hidden].
+    _ops.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool) -> None:
+    # In place on q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (any token stride);
+    # positions [tokens] int32/int64; cos_sin [max_position, rotary_dim] fp32 = cos | sin.
+    _ops.rope(q, k, positions.contiguous(), cos_sin.contiguous(), is_neox)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # x [tokens, 2 * inter] = gate | up -> [tokens, inter]
+    return _ops.silu_and_mul(x)
+
+
+def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   positions: torch.Tensor) -> None:
+    # k_cache, v_cache [batch, capacity, kv_heads, head_dim]; k, v [batch, seq, kv_heads, head_dim]
+    # (batch and seq may be strided); positions [batch, seq]. Positions outside [0, capacity) are skipped.
+    _ops.kv_cache_write(k_cache, v_cache, k, v, positions.contiguous())

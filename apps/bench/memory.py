@@ -1,0 +1,181 @@
+"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, silu_mul, kv_write.
+
+Every shape is (tokens, hidden). What the other dims are, per kernel:
+- embed: table [32000, hidden], int64 ids [tokens] (one table per (hidden, dtype), shared by the input sets).
+- rmsnorm, fused_add_rmsnorm: x (and residual) [tokens, hidden].
+- silu_mul: x [tokens, 2 * hidden] -> [tokens, hidden] (hidden plays the intermediate size).
+- rope: head_dim 128, heads = hidden / 128, kv_heads = heads / 4 (hidden 576: head_dim 64, 9 / 3 heads),
+  full rotary, NeoX pairs; q and k are views into a fused qkv [tokens, (heads + 2 kv_heads) * head_dim];
+  int64 positions (decode: random in [0, 32768); prefill: 0 .. tokens-1); cos_sin [32768, head_dim] fp32.
+- kv_write: batch 1, seq = tokens, kv_heads and head_dim as rope; k and v are views into a fused qkv;
+  cache [1, capacity = max(tokens, 4096), kv_heads, head_dim] shared by the input sets; int64 positions
+  (decode: a random slot; prefill: 0 .. tokens-1).
+The ref side is torch eager (minfer.ops.reference), with the host-synced range checks of embedding and
+kv_cache_write replaced by the plain torch expression so that it can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from minfer.ops import reference as ref
+
+from .common import Case
+
+SHAPES = [(t, h) for h in (576, 2048, 4096) for t in (1, 8, 2048, 16384)]
+VOCAB = 32000
+MAX_POS = 32768
+EPS = 1e-6
+
+
+def _cuda():
+    from minfer.ops import cuda
+    return cuda
+
+
+def _size(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _randn(*shape, dtype):
+    return torch.randn(*shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def _heads(hidden):  # (heads, kv_heads, head_dim)
+    return (9, 3, 64) if hidden == 576 else (hidden // 128, hidden // 512, 128)
+
+
+def _positions(tokens, high):
+    if tokens == 1:
+        return torch.randint(0, high, (1,), device="cuda")
+    return torch.arange(tokens, device="cuda")
+
+
+_shared = {}  # tensors reused across input sets: embedding tables, KV caches, cos_sin
+
+
+def _once(key, make):
+    if key not in _shared:
+        _shared[key] = make()
+    return _shared[key]
+
+
+# ---- embed ----
+
+def _embed_inputs(shape, dtype):
+    tokens, hidden = shape
+    weight = _once(("embed", hidden, dtype), lambda: _randn(VOCAB, hidden, dtype=dtype))
+    return dict(ids=torch.randint(0, VOCAB, (tokens,), device="cuda"), weight=weight)
+
+
+def _embed_ref(ids, weight):
+    return weight[ids]
+
+
+def _embed_bytes(shape, dtype):
+    tokens, hidden = shape
+    return 2 * tokens * hidden * _size(dtype) + tokens * 8  # rows read + written, ids
+
+
+# ---- rmsnorm / fused_add_rmsnorm ----
+
+def _norm_inputs(shape, dtype):
+    tokens, hidden = shape
+    return dict(x=_randn(tokens, hidden, dtype=dtype), weight=1 + 0.1 * _randn(hidden, dtype=dtype), eps=EPS)
+
+
+def _fused_inputs(shape, dtype):
+    d = _norm_inputs(shape, dtype)
+    d["residual"] = _randn(*shape, dtype=dtype)
+    return d
+
+
+def _norm_bytes(shape, dtype):
+    tokens, hidden = shape
+    return (2 * tokens + 1) * hidden * _size(dtype)  # x read, out written, weight
+
+
+def _fused_bytes(shape, dtype):
+    tokens, hidden = shape
+    return (4 * tokens + 1) * hidden * _size(dtype)  # x, residual read; x, residual written; weight
+
+
+# ---- silu_mul ----
+
+def _silu_inputs(shape, dtype):
+    tokens, inter = shape
+    return dict(x=_randn(tokens, 2 * inter, dtype=dtype))
+
+
+def _silu_bytes(shape, dtype):
+    tokens, inter = shape
+    return 3 * tokens * inter * _size(dtype)  # gate, up read; out written
+
+
+# ---- rope ----
+
+def _cos_sin(head_dim):
+    def make():
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, device="cuda", dtype=torch.float32) / head_dim))
+        angles = torch.arange(MAX_POS, device="cuda", dtype=torch.float32)[:, None] * inv_freq
+        return torch.cat([angles.cos(), angles.sin()], dim=-1)  # [MAX_POS, head_dim]
+    return _once(("cos_sin", head_dim), make)
+
+
+def _rope_inputs(shape, dtype):
+    tokens, hidden = shape
+    heads, kv_heads, hd = _heads(hidden)
+    qkv = _randn(tokens, (heads + 2 * kv_heads) * hd, dtype=dtype)
+    q = qkv[:, :heads * hd].view(tokens, heads, hd)
+    k = qkv[:, heads * hd:(heads + kv_heads) * hd].view(tokens, kv_heads, hd)
+    return dict(q=q, k=k, positions=_positions(tokens, MAX_POS), cos_sin=_cos_sin(hd), is_neox=True)
+
+
+def _rope_bytes(shape, dtype):
+    tokens, hidden = shape
+    heads, kv_heads, hd = _heads(hidden)
+    # q, k read + written; one cos|sin row (fp32) and one position per token
+    return 2 * tokens * (heads + kv_heads) * hd * _size(dtype) + tokens * (hd * 4 + 8)
+
+
+# ---- kv_write ----
+
+def _kv_inputs(shape, dtype):
+    tokens, hidden = shape
+    heads, kv_heads, hd = _heads(hidden)
+    capacity = max(tokens, 4096)
+    k_cache, v_cache = _once(("kv", tokens, hidden, dtype), lambda: (
+        torch.zeros(1, capacity, kv_heads, hd, device="cuda", dtype=dtype),
+        torch.zeros(1, capacity, kv_heads, hd, device="cuda", dtype=dtype)))
+    qkv = _randn(1, tokens, (heads + 2 * kv_heads) * hd, dtype=dtype)
+    k = qkv[..., heads * hd:(heads + kv_heads) * hd].view(1, tokens, kv_heads, hd)
+    v = qkv[..., (heads + kv_heads) * hd:].view(1, tokens, kv_heads, hd)
+    return dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v, positions=_positions(tokens, capacity)[None])
+
+
+def _kv_ref(k_cache, v_cache, k, v, positions):
+    for b in range(k.shape[0]):
+        k_cache[b].index_copy_(0, positions[b], k[b])
+        v_cache[b].index_copy_(0, positions[b], v[b])
+
+
+def _kv_bytes(shape, dtype):
+    tokens, hidden = shape
+    _, kv_heads, hd = _heads(hidden)
+    return 4 * tokens * kv_heads * hd * _size(dtype) + tokens * 8  # k, v read; cache rows written; positions
+
+
+CASES = {
+    "embed": Case(SHAPES, _embed_inputs, _embed_ref, lambda **kw: _cuda().embedding(**kw), _embed_bytes,
+                  shape_names="tokens x hidden"),
+    "rmsnorm": Case(SHAPES, _norm_inputs, ref.rms_norm, lambda **kw: _cuda().rms_norm(**kw), _norm_bytes,
+                    shape_names="tokens x hidden"),
+    "fused_add_rmsnorm": Case(SHAPES, _fused_inputs, ref.fused_add_rms_norm,
+                              lambda **kw: _cuda().fused_add_rms_norm(**kw), _fused_bytes,
+                              shape_names="tokens x hidden"),
+    "rope": Case(SHAPES, _rope_inputs, ref.rope, lambda **kw: _cuda().rope(**kw), _rope_bytes,
+                 shape_names="tokens x hidden (heads = hidden/128, kv = heads/4, hd 128; 576: 9/3 x 64)"),
+    "silu_mul": Case(SHAPES, _silu_inputs, ref.silu_and_mul, lambda **kw: _cuda().silu_and_mul(**kw), _silu_bytes,
+                     shape_names="tokens x inter (x = [tokens, 2 inter])"),
+    "kv_write": Case(SHAPES, _kv_inputs, _kv_ref, lambda **kw: _cuda().kv_cache_write(**kw), _kv_bytes,
+                     shape_names="seq x hidden (batch 1, kv_heads = hidden/512, hd 128; 576: 3 x 64)"),
+}

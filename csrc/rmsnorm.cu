@@ -1,0 +1,239 @@
+// RMSNorm and the fused residual-add + RMSNorm.
+//   rms_norm:           out[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * weight
+//   fused_add_rms_norm: residual[t] += x[t] (rounded to the storage dtype); x[t] = rms_norm(residual[t])
+//
+// One row is read once: each thread keeps its share of the row in registers (VPT packs of W elements)
+// between the sum-of-squares and the write pass. Rows short enough for a group of <= 32 lanes are
+// handled by lane groups (several rows per block, shuffle-only reduction); longer rows get a block
+// each. Rows too long for the registers fall back to a second read (L2-resident for any real hidden).
+// W = 16 bytes of elements when the rows allow it, else 1 (any hidden, any alignment).
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "common/checks.h"
+#include "common/dispatch.h"
+#include "common/reduce.h"
+#include "common/vec.h"
+
+namespace minfer {
+
+namespace {
+
+constexpr int kGroupBlock = 128;  // threads per block when rows are handled by lane groups
+
+// Sum over the threads of one row: a lane group (blockDim.x <= 32, a power of two) or the block.
+template <bool kGroupRows>
+__device__ __forceinline__ float row_sum(float x) {
+  if constexpr (kGroupRows) {
+    for (int offset = blockDim.x >> 1; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffff, x, offset);
+    return x;
+  } else {
+    return block_sum(x);
+  }
+}
+
+// in/out/residual are deliberately not __restrict__: the fused op passes x as both `in` and `out`.
+// blockDim = (threads per row, rows per block); with kGroupRows every lane reaches the shuffles,
+// rows past the end only skip their memory accesses.
+// __launch_bounds__(1024): long rows launch 1024-thread blocks, which need <= 64 registers per thread.
+template <typename T, int W, int VPT, bool kFused, bool kGroupRows, bool kCached>
+__global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, int64_t out_stride,         // [rows, hidden]
+                                T* residual, int64_t res_stride,    // [rows, hidden], kFused only
+                                const T* in, int64_t in_stride,     // [rows, hidden]
+                                const T* __restrict__ weight,       // [hidden]
+                                int hidden, int64_t rows, float eps) {
+  using P = Pack<T, W>;
+  const int packs = hidden / W;
+  const int tpr = blockDim.x;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < rows;
+  const T* in_row = in + (valid ? row : 0) * in_stride;
+  T* out_row = out + (valid ? row : 0) * out_stride;
+  T* res_row = kFused ? residual + (valid ? row : 0) * res_stride : nullptr;
+
+  float ss = 0.f;
+  if constexpr (kCached) {
+    P v[VPT];
+    if constexpr (kFused) {
+      P r[VPT];
+      // All loads first, so that VPT * 2 loads are in flight before the first store.
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int p = threadIdx.x + i * tpr;
+        if (valid && p < packs) {
+          v[i].load(in_row + p * W);
+          r[i].load(res_row + p * W);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int p = threadIdx.x + i * tpr;
+        if (valid && p < packs) {
+#pragma unroll
+          for (int e = 0; e < W; ++e) v[i].v[e] = from_float<T>(to_float(r[i].v[e]) + to_float(v[i].v[e]));
+          v[i].store(res_row + p * W);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int p = threadIdx.x + i * tpr;
+        if (valid && p < packs) v[i].load(in_row + p * W);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int p = threadIdx.x + i * tpr;
+      if (valid && p < packs) {
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const float f = to_float(v[i].v[e]);
+          ss += f * f;
+        }
+      }
+    }
+    const float scale = rsqrtf(row_sum<kGroupRows>(ss) / hidden + eps);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int p = threadIdx.x + i * tpr;
+      if (valid && p < packs) {
+        P w, o;
+        w.load(weight + p * W);
+#pragma unroll
+        for (int e = 0; e < W; ++e) o.v[e] = from_float<T>(to_float(v[i].v[e]) * scale * to_float(w.v[e]));
+        o.store(out_row + p * W);
+      }
+    }
+  } else {
+    // Long rows: pass 1 (add, store residual, sum of squares), pass 2 re-reads what this thread wrote.
+    for (int p = threadIdx.x; valid && p < packs; p += tpr) {
+      P v;
+      v.load(in_row + p * W);
+      if constexpr (kFused) {
+        P r;
+        r.load(res_row + p * W);
+#pragma unroll
+        for (int e = 0; e < W; ++e) v.v[e] = from_float<T>(to_float(r.v[e]) + to_float(v.v[e]));
+        v.store(res_row + p * W);
+      }
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const float f = to_float(v.v[e]);
+        ss += f * f;
+      }
+    }
+    const float scale = rsqrtf(row_sum<kGroupRows>(ss) / hidden + eps);
+    const T* src = kFused ? res_row : in_row;
+    for (int p = threadIdx.x; valid && p < packs; p += tpr) {
+      P v, w, o;
+      v.load(src + p * W);
+      w.load(weight + p * W);
+#pragma unroll
+      for (int e = 0; e < W; ++e) o.v[e] = from_float<T>(to_float(v.v[e]) * scale * to_float(w.v[e]));
+      o.store(out_row + p * W);
+    }
+  }
+}
+
+int next_pow2(int x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// Picks the layout from hidden: lane groups, block per row (cached), or block per row (two reads).
+template <typename T, int W, bool kFused>
+void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride, const T* in, int64_t in_stride,
+                     const T* weight, int hidden, int64_t rows, float eps, cudaStream_t stream) {
+  constexpr int VPT = W > 1 ? 4 : 8;  // packs per thread kept in registers
+  const int packs = hidden / W;
+  const int threads_needed = (packs + VPT - 1) / VPT;
+  if (threads_needed <= 32) {
+    const int tpr = next_pow2(threads_needed);
+    const dim3 block(tpr, kGroupBlock / tpr);
+    const int64_t grid = (rows + block.y - 1) / block.y;
+    rms_norm_kernel<T, W, VPT, kFused, true, true><<<grid, block, 0, stream>>>(
+        out, out_stride, residual, res_stride, in, in_stride, weight, hidden, rows, eps);
+  } else if (threads_needed <= 1024) {
+    const int tpr = round_up(threads_needed, 32);
+    rms_norm_kernel<T, W, VPT, kFused, false, true><<<rows, tpr, 0, stream>>>(
+        out, out_stride, residual, res_stride, in, in_stride, weight, hidden, rows, eps);
+  } else {
+    rms_norm_kernel<T, W, VPT, kFused, false, false><<<rows, 1024, 0, stream>>>(
+        out, out_stride, residual, res_stride, in, in_stride, weight, hidden, rows, eps);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void check_norm_args(const torch::Tensor& x, const torch::Tensor& weight, const char* op) {
+  MINFER_CHECK_CUDA(x);
+  MINFER_CHECK_CUDA(weight);
+  MINFER_CHECK_SAME_DEVICE(x, weight);
+  MINFER_CHECK_FLOAT(x);
+  MINFER_CHECK_SAME_DTYPE(x, weight);
+  TORCH_CHECK(x.dim() == 2, op, ": x must be [tokens, hidden], got shape ", x.sizes());
+  MINFER_CHECK_LAST_DIM_CONTIGUOUS(x);
+  MINFER_CHECK_DIM(weight, 1);
+  MINFER_CHECK_CONTIGUOUS(weight);
+  TORCH_CHECK(weight.size(0) == x.size(1), op, ": weight must be [hidden] = [", x.size(1), "], got shape ",
+              weight.sizes());
+  TORCH_CHECK(x.size(1) > 0 && x.size(1) <= (1 << 24), op, ": hidden must be in [1, 2^24], got ", x.size(1));
+  TORCH_CHECK(x.size(0) < (int64_t(1) << 31), op, ": too many rows (", x.size(0), ")");
+}
+
+}  // namespace
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  check_norm_args(x, weight, "rms_norm");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  auto out = torch::empty({rows, hidden}, x.options());
+  if (rows == 0) return out;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  MINFER_DISPATCH_FLOAT(x.scalar_type(), "rms_norm", [&] {
+    constexpr int N = 16 / sizeof(scalar_t);
+    auto* o = reinterpret_cast<scalar_t*>(out.data_ptr());
+    auto* in = reinterpret_cast<const scalar_t*>(x.data_ptr());
+    auto* w = reinterpret_cast<const scalar_t*>(weight.data_ptr());
+    const bool wide = rows_aligned16(in, hidden, x.stride(0), sizeof(scalar_t)) && is_aligned16(o) && is_aligned16(w);
+    if (wide)
+      launch_rms_norm<scalar_t, N, false>(o, hidden, nullptr, 0, in, x.stride(0), w, hidden, rows, eps, stream);
+    else
+      launch_rms_norm<scalar_t, 1, false>(o, hidden, nullptr, 0, in, x.stride(0), w, hidden, rows, eps, stream);
+  });
+  return out;
+}
+
+void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
+                        double eps) {
+  check_norm_args(x, weight, "fused_add_rms_norm");
+  MINFER_CHECK_CUDA(residual);
+  MINFER_CHECK_SAME_DEVICE(x, residual);
+  MINFER_CHECK_SAME_DTYPE(x, residual);
+  TORCH_CHECK(residual.sizes() == x.sizes(), "fused_add_rms_norm: residual must have x's shape ", x.sizes(),
+              ", got ", residual.sizes());
+  MINFER_CHECK_LAST_DIM_CONTIGUOUS(residual);
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  // In place: overlapping rows would race.
+  TORCH_CHECK(rows <= 1 || (x.stride(0) >= hidden && residual.stride(0) >= hidden),
+              "fused_add_rms_norm: rows of x and residual must not overlap (stride(0) >= hidden)");
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  MINFER_DISPATCH_FLOAT(x.scalar_type(), "fused_add_rms_norm", [&] {
+    constexpr int N = 16 / sizeof(scalar_t);
+    auto* xp = reinterpret_cast<scalar_t*>(x.data_ptr());
+    auto* rp = reinterpret_cast<scalar_t*>(residual.data_ptr());
+    auto* w = reinterpret_cast<const scalar_t*>(weight.data_ptr());
+    const bool wide = rows_aligned16(xp, hidden, x.stride(0), sizeof(scalar_t)) &&
+                      rows_aligned16(rp, hidden, residual.stride(0), sizeof(scalar_t)) && is_aligned16(w);
+    if (wide)
+      launch_rms_norm<scalar_t, N, true>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, hidden, rows,
+                                         eps, stream);
+    else
+      launch_rms_norm<scalar_t, 1, true>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, hidden, rows,
+                                         eps, stream);
+  });
+}
+
+}  // namespace minfer
