@@ -35,7 +35,9 @@ __global__ void __launch_bounds__(kThreads) mma_sm80_kernel(const Params<T, Out>
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * kBN;
+  // blockIdx.x walks M fastest: consecutive blocks share one W tile while the (smaller) activation
+  // panel stays in L2, so W is streamed from DRAM about once.
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * kBN;
   const int total_k = (p.K + kBK - 1) / kBK;
   const int kt_begin = blockIdx.z * tiles_per_split;
   const int num_k = max(0, min(total_k - kt_begin, tiles_per_split));
@@ -119,17 +121,21 @@ __global__ void __launch_bounds__(kThreads) mma_sm80_kernel(const Params<T, Out>
 #pragma unroll
     for (int j = 0; j < NI; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = m0 + wm * (BM / 2) + i * 16 + g + (e >> 1) * 8;
-        const int n = n0 + wn * 32 + j * 8 + t4 * 2 + (e & 1);
-        if (m < p.M && n < p.N) {
-          if constexpr (std::is_same_v<Acc, float>) {
-            if (ws) {
-              ws[((int64_t)blockIdx.z * p.M + m) * p.N + n] = acc[i][j][e];
-              continue;
-            }
+      for (int h = 0; h < 2; ++h) {  // registers 2h, 2h + 1: row g + 8h, columns n, n + 1
+        const int m = m0 + wm * (BM / 2) + i * 16 + g + h * 8;
+        const int n = n0 + wn * 32 + j * 8 + t4 * 2;
+        if (m >= p.M) continue;
+        if constexpr (std::is_same_v<Acc, float>) {
+          if (ws) {
+            float* row = ws + ((int64_t)blockIdx.z * p.M + m) * p.N;
+            if (n < p.N) row[n] = acc[i][j][2 * h];
+            if (n + 1 < p.N) row[n + 1] = acc[i][j][2 * h + 1];
+          } else {
+            store_out2(p, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
           }
-          store_out(p, m, n, acc[i][j][e]);
+        } else {
+          if (n < p.N) store_out(p, m, n, acc[i][j][2 * h]);
+          if (n + 1 < p.N) store_out(p, m, n + 1, acc[i][j][2 * h + 1]);
         }
       }
 }
@@ -155,7 +161,7 @@ void launch(const Params<T, Out>& p, cudaStream_t stream, float* ws, int splits)
   (void)configured;
   const int total_k = (p.K + 4 * (16 / (int)sizeof(T)) - 1) / (4 * (16 / (int)sizeof(T)));
   const int per_split = (total_k + splits - 1) / splits;
-  const dim3 grid((p.N + kBN - 1) / kBN, (p.M + BM - 1) / BM, splits);
+  const dim3 grid((p.M + BM - 1) / BM, (p.N + kBN - 1) / kBN, splits);
   kernel<<<grid, kThreads, smem, stream>>>(p, splits > 1 ? ws : nullptr, per_split);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

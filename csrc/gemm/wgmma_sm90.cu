@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles need 1024 B alignment
-  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;  // M fastest: W tiles are reused from L2
   const int num_k = (p.K + kBK - 1) / kBK;
   const int wg = threadIdx.x / 128, tid_wg = threadIdx.x % 128;
 
@@ -164,9 +164,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = m0 + c * 64 + warp * 16 + g + (e >> 1) * 8, n = n0 + j * 8 + t4 * 2 + (e & 1);
-      if (m < p.M && n < p.N) store_out(p, m, n, acc[4 * j + e]);
+    for (int h = 0; h < 2; ++h) {
+      const int m = m0 + c * 64 + warp * 16 + g + h * 8, n = n0 + j * 8 + t4 * 2;
+      if (m < p.M) store_out2(p, m, n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
 #else
   __trap();  // built without sm_90a; the dispatcher only launches this on compute capability 9.x
@@ -216,7 +216,7 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const dim3 grid((p.N + kBN - 1) / kBN, (p.M + kBM - 1) / kBM);
+  const dim3 grid((p.M + kBM - 1) / kBM, (p.N + kBN - 1) / kBN);
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
