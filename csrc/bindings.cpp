@@ -13,6 +13,12 @@ TORCH_LIBRARY(minfer, m) {
   m.def("rope(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin, bool is_neox) -> ()");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");
+  // gemm family (csrc/gemm/): path = auto | wmma | sm80 | sm90 | gemv | simt
+  m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\") -> Tensor");
+  m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
+        "bool trans_b=False, str path=\"auto\") -> Tensor");
+  m.def("tensor_core_gemm(Tensor a, Tensor b) -> Tensor");
+  m.def("gemm_int8(Tensor a, Tensor b) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
@@ -23,6 +29,11 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("rope", &minfer::rope);
   m.impl("silu_and_mul", &minfer::silu_and_mul);
   m.impl("kv_cache_write", &minfer::kv_cache_write);
+  // gemm family
+  m.impl("linear", &minfer::linear);
+  m.impl("gemm", &minfer::gemm);
+  m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);
+  m.impl("gemm_int8", &minfer::gemm_int8);
 }
 
 // memory-bound kernels: CPU tensors reach the same launchers, whose first check names the CPU argument

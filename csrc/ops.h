@@ -16,5 +16,12 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
 torch::Tensor silu_and_mul(const torch::Tensor& x);
 void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& k,
                     const torch::Tensor& v, const torch::Tensor& positions);
+// gemm family (csrc/gemm/dispatch.cpp)
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                     const std::string& path);
+torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
+                   const std::optional<torch::Tensor>& c, bool trans_a, bool trans_b, const std::string& path);
+torch::Tensor tensor_core_gemm(const torch::Tensor& a, const torch::Tensor& b);
+torch::Tensor gemm_int8(const torch::Tensor& a, const torch::Tensor& b);
 
 }  // namespace minfer

@@ -93,3 +93,46 @@ def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     # k_cache, v_cache [batch, capacity, kv_heads, head_dim]; k, v [batch, seq, kv_heads, head_dim]
     # (batch and seq may be strided); positions [batch, seq]. Positions outside [0, capacity) are skipped.
     _ops.kv_cache_write(k_cache, v_cache, k, v, positions.contiguous())
+# ---- gemm family (csrc/gemm/) ----
+# Extra trailing argument on the ops (not on the wrappers): path = auto | wmma | sm80 | sm90 | gemv | simt.
+
+@torch.library.register_fake("minfer::linear")
+def _linear_fake(x, w, bias=None, path="auto"):
+    return x.new_empty((x.shape[0], w.shape[0]))
+
+
+@torch.library.register_fake("minfer::gemm")
+def _gemm_fake(a, b, alpha=1.0, beta=0.0, c=None, trans_a=False, trans_b=False, path="auto"):
+    m = a.shape[1] if trans_a else a.shape[0]
+    n = b.shape[0] if trans_b else b.shape[1]
+    return a.new_empty((m, n))
+
+
+@torch.library.register_fake("minfer::tensor_core_gemm")
+def _tensor_core_gemm_fake(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
+
+
+@torch.library.register_fake("minfer::gemm_int8")
+def _gemm_int8_fake(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    # x [tokens, in] (last dim contiguous), weight [out, in], bias [out] -> [tokens, out]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return _ops.linear(x, weight, bias)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
+         trans_a: bool = False, trans_b: bool = False) -> torch.Tensor:
+    return _ops.gemm(a, b, alpha, beta, c, trans_a, trans_b)
+
+
+def tensor_core_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _ops.tensor_core_gemm(a, b)
+
+
+def gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _ops.gemm_int8(a, b)

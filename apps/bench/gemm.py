@@ -1,0 +1,68 @@
+"""GEMM family benchmark: minfer linear (x W^T) against cuBLAS (F.linear), shape (M, N, K).
+
+Default sweep: squares 1024..8192, Llama-3-8B's linear shapes at M in {1, 8, 64, 512, 4096}, and
+SmolLM2-135M's at M in {1, 4096}. Everything in ALL_SHAPES can be run with --shape M,N,K.
+--path wmma|sm80|sm90|gemv forces one kernel path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .common import Case
+
+# (hidden, intermediate, heads, kv_heads, head_dim, vocab)
+MODELS = {
+    "smollm2-135m": (576, 1536, 9, 3, 64, 49152),
+    "llama-3.2-1b": (2048, 8192, 32, 8, 64, 128256),
+    "llama-3-8b": (4096, 14336, 32, 8, 128, 128256),
+}
+TOKENS = (1, 8, 64, 512, 4096)
+
+
+def model_shapes(name: str, tokens=TOKENS) -> list[tuple]:
+    """(M, N, K) of fused qkv, o, fused gate_up, down and lm_head."""
+    h, inter, heads, kv, hd, vocab = MODELS[name]
+    per_m = [((heads + 2 * kv) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter), (vocab, h)]
+    return [(m, n, k) for m in tokens for n, k in per_m]
+
+
+SQUARES = [(s, s, s) for s in (512, 1024, 2048, 4096, 8192)]
+ALL_SHAPES = SQUARES + [s for name in MODELS for s in model_shapes(name)]
+DEFAULT = [(s, s, s) for s in (1024, 2048, 4096, 8192)] + model_shapes("llama-3-8b") + \
+    model_shapes("smollm2-135m", (1, 4096))
+
+
+def _inputs(shape, dtype):
+    m, n, k = shape
+    return {"x": torch.randn(m, k, device="cuda", dtype=dtype),
+            "w": torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5}
+
+
+def _ours(path):
+    return lambda x, w: torch.ops.minfer.linear(x, w, None, path)
+
+
+def _bytes(shape, dtype):
+    m, n, k = shape
+    return (m * k + n * k + m * n) * torch.finfo(dtype).bits // 8
+
+
+try:
+    import minfer.ops.cuda  # noqa: F401  registers torch.ops.minfer
+except ImportError:  # extension not built: the ref side still runs
+    pass
+
+CASES = {
+    "gemm": Case(
+        shapes=DEFAULT,
+        make_inputs=_inputs,
+        ref=lambda x, w: F.linear(x, w),
+        minfer=_ours("auto"),
+        bytes=_bytes,
+        flops=lambda shape: 2 * shape[0] * shape[1] * shape[2],
+        shape_names="M x N x K (x [M, K] @ W[N, K]^T)",
+        paths={p: _ours(p) for p in ("wmma", "sm80", "sm90", "gemv")},
+        dtypes=(torch.float16, torch.bfloat16),
+    ),
+}

@@ -1,0 +1,45 @@
+// The shared epilogue: alpha, bias and beta * C applied to one accumulator in fp32.
+#pragma once
+#include <type_traits>
+
+#include "common/vec.h"
+#include "gemm/gemm.h"
+
+namespace minfer::gemm_impl {
+
+template <typename T, typename Out, typename Acc>
+__device__ __forceinline__ void store_out(const Params<T, Out>& p, int m, int n, Acc acc) {
+  if constexpr (std::is_same_v<Out, int32_t>) {
+    p.D[(int64_t)m * p.ldd + n] = acc;
+  } else {
+    float v = p.alpha * static_cast<float>(acc);
+    if (p.bias) v += to_float(p.bias[n]);
+    if (p.C) v += p.beta * to_float(p.C[(int64_t)m * p.ldc + n]);  // C is null when beta == 0
+    p.D[(int64_t)m * p.ldd + n] = from_float<Out>(v);
+  }
+}
+
+// Two neighbouring columns (n even) of one row: one 4-byte store for 16-bit outputs when aligned,
+// so a warp writes whole 16-byte runs instead of 2-byte scatters.
+template <typename T, typename Out>
+__device__ __forceinline__ void store_out2(const Params<T, Out>& p, int m, int n, float a0, float a1) {
+  if constexpr (sizeof(Out) == 2) {
+    const bool paired = n + 1 < p.N && (p.ldd & 1) == 0 && (reinterpret_cast<uintptr_t>(p.D) & 3) == 0;
+    if (paired) {
+      float v0 = p.alpha * a0, v1 = p.alpha * a1;
+      if (p.bias) v0 += to_float(p.bias[n]), v1 += to_float(p.bias[n + 1]);
+      if (p.C) {
+        const Out* c = p.C + (int64_t)m * p.ldc + n;
+        v0 += p.beta * to_float(c[0]);
+        v1 += p.beta * to_float(c[1]);
+      }
+      Out pair[2] = {from_float<Out>(v0), from_float<Out>(v1)};
+      *reinterpret_cast<uint32_t*>(p.D + (int64_t)m * p.ldd + n) = *reinterpret_cast<const uint32_t*>(pair);
+      return;
+    }
+  }
+  if (n < p.N) store_out(p, m, n, a0);
+  if (n + 1 < p.N) store_out(p, m, n + 1, a1);
+}
+
+}  // namespace minfer::gemm_impl

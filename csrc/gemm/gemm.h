@@ -1,0 +1,40 @@
+// The GEMM family's internal interface: one problem description shared by every kernel path.
+//
+// Every path computes D[M, N] = alpha * A . B^T + bias[n] + beta * C[m, n]
+// with A(m, k) = A[m * sam + k * sak] and B(n, k) = B[n * sbn + k * sbk] (B is "weight-like":
+// linear's W [out, in] is B with sbn = in, sbk = 1). Accumulation is fp32 (int32 for int8).
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace minfer::gemm_impl {
+
+template <typename T, typename Out>
+struct Params {
+  const T* A;
+  int64_t sam, sak;
+  const T* B;
+  int64_t sbn, sbk;
+  Out* D;  // [M, N], row stride ldd
+  int64_t ldd;
+  const Out* bias;  // [N] or nullptr
+  const Out* C;     // [M, N] row stride ldc, or nullptr (then beta is ignored)
+  int64_t ldc;
+  float alpha, beta;
+  int M, N, K;
+};
+
+// Host launchers, one per path (explicitly instantiated in their .cu files).
+// T is __half or __nv_bfloat16 unless said otherwise.
+template <typename T, typename Out> void launch_wmma(const Params<T, Out>& p, cudaStream_t s);  // any strides
+// sak = sbk = 1, 16B rows. splits > 1: split-K through ws (fp32, splits * M * N), see sm80_split_k.
+template <typename T> void launch_sm80(const Params<T, T>& p, cudaStream_t s, float* ws, int splits);
+int sm80_split_k(int M, int N, int K, int sms);
+void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      // K % 16 == 0, 16B rows
+template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s);  // sak = sbk = 1, 16B rows
+template <typename T> void launch_sm90(const Params<T, T>& p, cudaStream_t s);  // sak = sbk = 1, 16B rows
+void launch_simt(const Params<float, float>& p, cudaStream_t s);               // any strides
+
+int num_sms(int device);
+
+}  // namespace minfer::gemm_impl

@@ -1,0 +1,194 @@
+"""GEMM family: linear, gemm, tensor_core_gemm, gemm_int8, every path forced on its own.
+
+Low-precision results are bounded by torch's own error at the same precision (flash-attention's
+rule): |ours - ref64| <= 2 |torch_lowp - ref64| + eps, elementwise, with eps one output ulp."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+ULP = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 ** -20}
+
+
+def _ops():
+    import minfer.ops.cuda  # noqa: F401  registers the fakes
+    return torch.ops.minfer
+
+
+def _paths(m):
+    paths = ["auto", "wmma", "sm80"]
+    if m <= 16:
+        paths.append("gemv")
+    if torch.cuda.get_device_capability()[0] == 9:
+        paths.append("sm90")
+    return paths
+
+
+def _check(ours, torch_out, ref64, dtype, absprod=None):
+    # absprod = |A| @ |B| (fp64): scales the fp32-accumulation slack where terms cancel (fp32 outputs).
+    assert ours.dtype == torch_out.dtype and ours.shape == torch_out.shape
+    assert not torch.isnan(ours).any(), "NaN in output (an element was not written?)"
+    ref = ref64.float()
+    err = (ours.float() - ref).abs()
+    base = (torch_out.float() - ref).abs()
+    eps = ULP[dtype] * (ref.abs() + 1e-2 * ref.abs().max() + 1e-6)
+    if absprod is not None:
+        eps = eps + 2.0 ** -16 * absprod.float()
+    bad = err > 2 * base + eps
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} elements off; worst err {err.max().item():.3g} "
+                           f"(torch's worst {base.max().item():.3g})")
+
+
+def _rand(*shape, dtype):
+    return torch.randn(*shape, device=DEV, dtype=torch.float32).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("nk", [(200, 328), (576, 576), (1536, 576)])
+@pytest.mark.parametrize("m", [1, 7, 113, 4097])
+def test_linear_paths(m, nk, dtype):
+    ops = _ops()
+    n, k = nk
+    x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
+    ref64 = x.double() @ w.double().t() + bias.double()
+    torch_out = F.linear(x, w, bias)
+    for path in _paths(m):
+        if path == "gemv" and m > 16:
+            continue
+        _check(ops.linear(x, w, bias, path), torch_out, ref64, dtype)
+    _check(ops.linear(x, w, None, "auto"), F.linear(x, w), x.double() @ w.double().t(), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 5, 64, 300])
+def test_linear_strided_and_odd_k(m, dtype):
+    ops = _ops()
+    w = _rand(96, 256, dtype=dtype)
+    big = _rand(m, 256 + 24, dtype=dtype)
+    x = big[:, 8:8 + 256]  # row stride 280 > in, still 16-byte aligned
+    ref64 = x.double() @ w.double().t()
+    for path in _paths(m):
+        _check(ops.linear(x, w, None, path), F.linear(x, w), ref64, dtype)
+    # K % 8 != 0: auto falls back to wmma; the cp.async paths refuse with the rule in the message.
+    x2, w2 = _rand(m, 13, dtype=dtype), _rand(40, 13, dtype=dtype)
+    _check(ops.linear(x2, w2), F.linear(x2, w2), x2.double() @ w2.double().t(), dtype)
+    with pytest.raises(RuntimeError, match="K % 8 == 0"):
+        ops.linear(x2, w2, None, "sm80")
+    with pytest.raises(RuntimeError, match="K % 8 == 0"):
+        ops.linear(x2, w2, None, "gemv")
+
+
+def test_linear_wrapper_matches_reference():
+    import inspect
+
+    from minfer.ops import cuda, reference
+    assert inspect.signature(cuda.linear) == inspect.signature(reference.linear)
+    x, w, b = _rand(3, 64, dtype=torch.bfloat16), _rand(32, 64, dtype=torch.bfloat16), _rand(32, dtype=torch.bfloat16)
+    _check(cuda.linear(x, w, b), reference.linear(x, w, b), x.double() @ w.double().t() + b.double(), torch.bfloat16)
+
+
+@pytest.mark.parametrize("m", [1, 113])
+def test_linear_fp32_simt(m):
+    ops = _ops()
+    x, w, b = _rand(m, 328, dtype=torch.float32), _rand(200, 328, dtype=torch.float32), _rand(200, dtype=torch.float32)
+    ref64, absprod = x.double() @ w.double().t() + b.double(), x.double().abs() @ w.double().abs().t()
+    _check(ops.linear(x, w, b), F.linear(x, w, b), ref64, torch.float32, absprod)
+    _check(ops.linear(x, w, b, "simt"), F.linear(x, w, b), ref64, torch.float32, absprod)
+    with pytest.raises(RuntimeError, match="float32 runs on the simt path"):
+        ops.linear(x, w, b, "sm80")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm_alpha_beta_transposes(trans_a, trans_b, dtype):
+    ops = _ops()
+    m, n, k = 113, 200, 328
+    a = _rand(k, m, dtype=dtype) if trans_a else _rand(m, k, dtype=dtype)
+    b = _rand(n, k, dtype=dtype) if trans_b else _rand(k, n, dtype=dtype)
+    opa, opb = (a.t() if trans_a else a), (b.t() if trans_b else b)
+    c = _rand(m, n, dtype=dtype)
+    paths = ["auto"] if dtype == torch.float32 else ["auto", "wmma", "sm80"]
+    absprod = (opa.double().abs() @ opb.double().abs()) if dtype == torch.float32 else None
+    for path in paths:
+        ref64 = 0.5 * (opa.double() @ opb.double()) + 1.5 * c.double()
+        torch_out = torch.addmm(c, opa, opb, beta=1.5, alpha=0.5)
+        _check(ops.gemm(a, b, 0.5, 1.5, c, trans_a, trans_b, path), torch_out, ref64, dtype, absprod)
+        # beta == 0 must ignore C entirely, NaNs included.
+        nan_c = torch.full((m, n), float("nan"), device=DEV, dtype=dtype)
+        out = ops.gemm(a, b, 2.0, 0.0, nan_c, trans_a, trans_b, path)
+        _check(out, 2.0 * (opa @ opb), 2.0 * (opa.double() @ opb.double()), dtype,
+               None if absprod is None else 2 * absprod)
+
+
+def test_gemm_wrapper_and_broadcast_c():
+    from minfer.ops import cuda, reference
+    a, b = _rand(7, 64, dtype=torch.float16), _rand(64, 24, dtype=torch.float16)
+    c = _rand(24, dtype=torch.float16)  # broadcast over rows, as in the reference
+    ours = cuda.gemm(a, b, 1.0, 1.0, c)
+    _check(ours, reference.gemm(a, b, 1.0, 1.0, c), a.double() @ b.double() + c.double(), torch.float16)
+
+
+@pytest.mark.parametrize("mnk", [(1, 200, 328), (113, 200, 328), (128, 128, 512), (300, 72, 40)])
+def test_tensor_core_gemm(mnk):
+    ops = _ops()
+    m, n, k = mnk
+    a, b = _rand(m, k, dtype=torch.float16), _rand(k, n, dtype=torch.float16)
+    ours = ops.tensor_core_gemm(a, b)
+    assert ours.dtype == torch.float32
+    ref64 = a.double() @ b.double()
+    _check(ours, a.float() @ b.float(), ref64, torch.float32, a.double().abs() @ b.double().abs())
+
+
+@pytest.mark.parametrize("mnk", [(1, 200, 328), (113, 200, 328), (4097, 64, 100), (128, 256, 4096), (7, 9, 3)])
+def test_gemm_int8_exact(mnk):
+    ops = _ops()
+    m, n, k = mnk
+    a = torch.randint(-128, 128, (m, k), device=DEV, dtype=torch.int8)
+    b = torch.randint(-128, 128, (k, n), device=DEV, dtype=torch.int8)
+    ours = ops.gemm_int8(a, b)
+    ref = (a.cpu().long() @ b.cpu().long()).to(torch.int32)
+    assert ours.dtype == torch.int32
+    assert torch.equal(ours.cpu(), ref)
+
+
+def test_opcheck():
+    ops = _ops()
+    x, w, b = _rand(5, 64, dtype=torch.float16), _rand(24, 64, dtype=torch.float16), _rand(24, dtype=torch.float16)
+    torch.library.opcheck(ops.linear, (x, w, b))
+    torch.library.opcheck(ops.linear, (x, w, None, "wmma"))
+    a, bb, c = _rand(16, 64, dtype=torch.bfloat16), _rand(64, 24, dtype=torch.bfloat16), _rand(16, 24, dtype=torch.bfloat16)
+    torch.library.opcheck(ops.gemm, (a, bb, 0.5, 2.0, c, False, False))
+    torch.library.opcheck(ops.tensor_core_gemm, (_rand(16, 32, dtype=torch.float16), _rand(32, 8, dtype=torch.float16)))
+    i8 = torch.randint(-128, 128, (16, 32), device=DEV, dtype=torch.int8)
+    torch.library.opcheck(ops.gemm_int8, (i8, i8.t().contiguous()))
+
+
+def test_bad_inputs():
+    ops = _ops()
+    x, w = _rand(4, 64, dtype=torch.float16), _rand(8, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="in dimensions differ"):
+        ops.linear(x, _rand(8, 32, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.linear(x, w.float())
+    with pytest.raises(RuntimeError, match="float32, float16 or bfloat16"):
+        ops.linear(x.to(torch.int32), w.to(torch.int32))
+    with pytest.raises(RuntimeError, match="CUDA tensor"):
+        ops.linear(x, w.cpu())
+    with pytest.raises(RuntimeError):
+        ops.linear(x.cpu(), w.cpu())  # no CPU kernel registered
+    with pytest.raises(RuntimeError, match="bias must be"):
+        ops.linear(x, w, _rand(9, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="unknown path"):
+        ops.linear(x, w, None, "fast")
+    with pytest.raises(RuntimeError, match="K dimensions differ"):
+        ops.gemm(x, _rand(32, 8, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="float16"):
+        ops.tensor_core_gemm(x.bfloat16(), w.t().bfloat16())
+    with pytest.raises(RuntimeError, match="int8"):
+        ops.gemm_int8(x, w.t())
+    if torch.cuda.get_device_capability()[0] != 9:
+        with pytest.raises(RuntimeError, match="9.x"):
+            ops.linear(x, w, None, "sm90")
