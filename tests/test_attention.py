@@ -17,6 +17,15 @@ LOWP = (torch.float16, torch.bfloat16)
 EPS = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-4}
 
 
+@pytest.fixture(autouse=True)
+def _exact_fp32():
+    # the fp32 references must not run on TF32 tensor cores
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def _cuda():
     from minfer.ops import cuda
     return cuda
