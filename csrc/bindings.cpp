@@ -19,6 +19,11 @@ TORCH_LIBRARY(minfer, m) {
         "bool trans_b=False, str path=\"auto\") -> Tensor");
   m.def("tensor_core_gemm(Tensor a, Tensor b) -> Tensor");
   m.def("gemm_int8(Tensor a, Tensor b) -> Tensor");
+  // attention family
+  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale) -> Tensor");
+  m.def("naive_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
+  m.def("tiled_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
+  m.def("flash_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
@@ -34,6 +39,11 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("gemm", &minfer::gemm);
   m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);
   m.impl("gemm_int8", &minfer::gemm_int8);
+  // attention family
+  m.impl("attention", &minfer::attention);
+  m.impl("naive_attention", &minfer::naive_attention);
+  m.impl("tiled_attention", &minfer::tiled_attention);
+  m.impl("flash_attention", &minfer::flash_attention);
 }
 
 // memory-bound kernels: CPU tensors reach the same launchers, whose first check names the CPU argument

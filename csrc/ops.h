@@ -23,5 +23,14 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha,
                    const std::optional<torch::Tensor>& c, bool trans_a, bool trans_b, const std::string& path);
 torch::Tensor tensor_core_gemm(const torch::Tensor& a, const torch::Tensor& b);
 torch::Tensor gemm_int8(const torch::Tensor& a, const torch::Tensor& b);
+// attention/ (attention.cu): engine op + seed API
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& start_pos, double scale);
+torch::Tensor naive_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              std::optional<double> scale, bool is_causal);
+torch::Tensor tiled_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              std::optional<double> scale, bool is_causal);
+torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              std::optional<double> scale, bool is_causal);
 
 }  // namespace minfer

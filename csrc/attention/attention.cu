@@ -1,0 +1,161 @@
+// Launchers of the attention family: validation at the boundary, then dispatch.
+//   attention (engine op): seq > 1 -> flash prefill (flash_prefill.cu), seq == 1 -> split-KV decode
+//   (flash_decode.cu). naive/tiled/flash_attention: the seed API on [batch, heads, seq, head_dim].
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cmath>
+#include <limits>
+
+#include "attention/attention.h"
+#include "common/checks.h"
+#include "common/vec.h"
+#include "ops.h"
+
+namespace minfer {
+
+namespace attn {
+torch::Tensor naive_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   double scale, bool is_causal);
+}
+
+namespace {
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// 16-byte rows for cp.async / vector loads: every stride but the last a multiple of 8 elements (16-bit
+// types), the last stride 1, and the base pointer 16-byte aligned.
+bool rows_aligned16(const torch::Tensor& t) {
+  if (t.stride(-1) != 1 || !is_aligned16(t.data_ptr())) return false;
+  for (int i = 0; i + 1 < t.dim(); ++i)
+    if (t.size(i) > 1 && t.stride(i) % 8 != 0) return false;
+  return true;
+}
+
+void check_seed(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const char* name) {
+  MINFER_CHECK_CUDA(q);
+  MINFER_CHECK_CUDA(k);
+  MINFER_CHECK_CUDA(v);
+  MINFER_CHECK_SAME_DEVICE(q, k);
+  MINFER_CHECK_SAME_DEVICE(q, v);
+  MINFER_CHECK_FLOAT(q);
+  MINFER_CHECK_SAME_DTYPE(q, k);
+  MINFER_CHECK_SAME_DTYPE(q, v);
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, name,
+              ": q, k, v must be [batch, heads, seq, head_dim], got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes(), name, ": k and v must have the same shape, got ", k.sizes(), " and ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3), name,
+              ": q and k must agree in batch and head_dim, got ", q.sizes(), " and ", k.sizes());
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, name, ": q heads (", q.size(1),
+              ") must be a multiple of kv heads (", k.size(1), ")");
+  TORCH_CHECK(q.size(2) <= kIntMax && k.size(2) <= kIntMax && q.numel() / std::max<int64_t>(q.size(3), 1) <= kIntMax,
+              name, ": sizes too large");
+}
+
+double seed_scale(const torch::Tensor& q, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& start_pos, double scale) {
+  MINFER_CHECK_CUDA(q_in);
+  MINFER_CHECK_CUDA(k_cache);
+  MINFER_CHECK_CUDA(v_cache);
+  MINFER_CHECK_CUDA(start_pos);
+  MINFER_CHECK_SAME_DEVICE(q_in, k_cache);
+  MINFER_CHECK_SAME_DEVICE(q_in, v_cache);
+  MINFER_CHECK_SAME_DEVICE(q_in, start_pos);
+  TORCH_CHECK(q_in.scalar_type() == at::kHalf || q_in.scalar_type() == at::kBFloat16,
+              "attention: q must be float16 or bfloat16, got ", q_in.scalar_type());
+  MINFER_CHECK_SAME_DTYPE(q_in, k_cache);
+  MINFER_CHECK_SAME_DTYPE(q_in, v_cache);
+  TORCH_CHECK(start_pos.scalar_type() == at::kInt, "attention: start_pos must be int32, got ", start_pos.scalar_type());
+  TORCH_CHECK(q_in.dim() == 4, "attention: q must be [batch, seq, heads, head_dim], got ", q_in.sizes());
+  TORCH_CHECK(k_cache.dim() == 4, "attention: k_cache must be [batch, capacity, kv_heads, head_dim], got ",
+              k_cache.sizes());
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache and v_cache must have the same shape, got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  const int64_t batch = q_in.size(0), seq = q_in.size(1), heads = q_in.size(2), head_dim = q_in.size(3);
+  const int64_t capacity = k_cache.size(1), kv_heads = k_cache.size(2);
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "attention: head_dim must be 64 or 128, got ", head_dim);
+  TORCH_CHECK(k_cache.size(0) == batch && k_cache.size(3) == head_dim,
+              "attention: k_cache must be [batch, capacity, kv_heads, head_dim] = [", batch, ", *, *, ", head_dim,
+              "], got ", k_cache.sizes());
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: q heads (", heads,
+              ") must be a multiple of kv_heads (", kv_heads, ")");
+  TORCH_CHECK(start_pos.dim() == 1 && start_pos.size(0) == batch && start_pos.is_contiguous(),
+              "attention: start_pos must be a contiguous [batch] = [", batch, "] tensor, got ", start_pos.sizes());
+  TORCH_CHECK(rows_aligned16(k_cache) && rows_aligned16(v_cache),
+              "attention: k_cache and v_cache must have a contiguous head_dim, strides that are multiples of 8 "
+              "elements and 16-byte aligned data (the contiguous KV cache layout)");
+  TORCH_CHECK(seq <= kIntMax && capacity <= kIntMax && batch <= 65535 && heads <= 65535,
+              "attention: sizes too large, got q ", q_in.sizes(), " and cache ", k_cache.sizes());
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  // q may be a strided view into the fused qkv projection; copy only when its rows are not 16-byte aligned.
+  const torch::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
+  auto out = torch::empty({batch, seq, heads, head_dim}, q.options());  // [batch, seq, heads, head_dim]
+  if (out.numel() == 0) return out;
+  if (seq == 1) {
+    attn::flash_decode(q, k_cache, v_cache, start_pos, scale, out);
+    return out;
+  }
+  attn::FlashParams p{};
+  p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
+  p.q_bs = q.stride(0), p.q_ss = q.stride(1), p.q_hs = q.stride(2);
+  p.k_bs = k_cache.stride(0), p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
+  p.v_bs = v_cache.stride(0), p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);
+  p.o_bs = out.stride(0), p.o_ss = out.stride(1), p.o_hs = out.stride(2);
+  p.seq_q = seq, p.seq_k = capacity, p.group = heads / kv_heads;
+  p.start_pos = start_pos.data_ptr<int>();
+  p.scale_log2 = static_cast<float>(scale) * attn::kLog2e;
+  attn::flash_prefill(p, q.scalar_type(), head_dim, /*causal=*/true, batch, heads,
+                      c10::cuda::getCurrentCUDAStream());
+  return out;
+}
+
+torch::Tensor naive_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              std::optional<double> scale, bool is_causal) {
+  check_seed(q, k, v, "naive_attention");
+  const c10::cuda::CUDAGuard guard(q.device());
+  return attn::naive_attention_impl(q.contiguous(), k.contiguous(), v.contiguous(), seed_scale(q, scale), is_causal);
+}
+
+torch::Tensor tiled_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              std::optional<double> scale, bool is_causal) {
+  check_seed(q, k, v, "tiled_attention");
+  const c10::cuda::CUDAGuard guard(q.device());
+  return attn::tiled_attention_impl(q.contiguous(), k.contiguous(), v.contiguous(), seed_scale(q, scale), is_causal);
+}
+
+torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+                              std::optional<double> scale, bool is_causal) {
+  check_seed(q_in, k_in, v_in, "flash_attention");
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const int64_t head_dim = q_in.size(3);
+  // Tensor cores take 16-bit inputs and the kernel is built for head_dim 64/128: anything else
+  // (fp32 inputs included) runs on the CUDA-core tiled kernel.
+  if (q_in.scalar_type() == at::kFloat || (head_dim != 64 && head_dim != 128))
+    return attn::tiled_attention_impl(q_in.contiguous(), k_in.contiguous(), v_in.contiguous(),
+                                      seed_scale(q_in, scale), is_causal);
+  auto aligned = [](const torch::Tensor& t) { return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous); };
+  const torch::Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
+  const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2);
+  auto out = torch::empty({batch, heads, seq_q, head_dim}, q.options());  // [batch, heads, seq_q, head_dim]
+  if (out.numel() == 0) return out;
+  TORCH_CHECK(batch <= 65535 && heads <= 65535, "flash_attention: batch and heads must be <= 65535");
+  attn::FlashParams p{};
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = out.data_ptr();
+  p.q_bs = q.stride(0), p.q_hs = q.stride(1), p.q_ss = q.stride(2);
+  p.k_bs = k.stride(0), p.k_hs = k.stride(1), p.k_ss = k.stride(2);
+  p.v_bs = v.stride(0), p.v_hs = v.stride(1), p.v_ss = v.stride(2);
+  p.o_bs = out.stride(0), p.o_hs = out.stride(1), p.o_ss = out.stride(2);
+  p.seq_q = seq_q, p.seq_k = k.size(2), p.group = heads / k.size(1);
+  p.start_pos = nullptr;
+  p.scale_log2 = static_cast<float>(seed_scale(q, scale)) * attn::kLog2e;
+  attn::flash_prefill(p, q.scalar_type(), head_dim, is_causal, batch, heads, c10::cuda::getCurrentCUDAStream());
+  return out;
+}
+
+}  // namespace minfer

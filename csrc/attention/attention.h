@@ -1,0 +1,41 @@
+// Shared host/device declarations of the attention family (csrc/attention/*.cu).
+#pragma once
+#include <cuda_runtime.h>
+#include <torch/all.h>
+
+namespace minfer::attn {
+
+// Where the flash prefill kernel finds its operands. Strides are in elements; head_dim is contiguous.
+struct FlashParams {
+  const void* q;  // rows (batch b, query s, head h) at b*q_bs + s*q_ss + h*q_hs
+  const void* k;  // rows (b, key j, kv head) likewise
+  const void* v;
+  void* o;
+  int64_t q_bs, q_ss, q_hs;
+  int64_t k_bs, k_ss, k_hs;
+  int64_t v_bs, v_ss, v_hs;
+  int64_t o_bs, o_ss, o_hs;
+  int seq_q;
+  int seq_k;               // keys per sequence; with start_pos: the cache capacity (an upper bound)
+  int group;               // q heads per kv head
+  const int* start_pos;    // [batch] or nullptr. Set: query s sits at start_pos[b] + s, causal, kv length
+                           // start_pos[b] + seq_q. Null: bottom-right causal (if asked) over seq_k keys.
+  float scale_log2;        // softmax scale * log2(e)
+};
+
+// flash_prefill.cu: fp16/bf16, head_dim 64 or 128.
+void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
+                   cudaStream_t stream);
+
+// flash_decode.cu: the engine op for seq == 1. q [batch, 1, heads, head_dim] (strided batch),
+// caches [batch, capacity, kv_heads, head_dim]; out [batch, 1, heads, head_dim] contiguous.
+void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                  const torch::Tensor& start_pos, double scale, torch::Tensor& out);
+
+// tiled.cu: the CUDA-core tiled kernel (also the fp32 path of flash_attention).
+torch::Tensor tiled_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   double scale, bool is_causal);
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+}  // namespace minfer::attn

@@ -1,0 +1,267 @@
+// FlashAttention-2 style prefill on tensor cores (mma.sync m16n8k16, fp16/bf16, head_dim 64/128).
+// One CTA owns BM = 64 * MT query rows of one (batch, head); each of its 4 warps owns 16 * MT rows and
+// keeps their softmax state (max, sum) and output accumulator in fp32 registers. K/V tiles of BN = 64 keys
+// stream through shared memory with cp.async: V[t] loads while S = Q K^T runs, K[t+1] while softmax
+// and O += P V run. Scores are prescaled by scale * log2(e) so that exp2f does the softmax.
+//
+// One kernel serves both APIs (FlashParams says where each sequence's queries sit):
+//   engine attention: queries at positions start_pos[b] + s, keys 0 .. start_pos[b] + s visible;
+//   seed flash_attention: q_off = seq_k - seq_q (bottom-right causal) or no mask but the kv length.
+// Memory is O(N): no score matrix exists outside registers.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cmath>
+
+#include "attention/attention.h"
+#include "attention/mma.cuh"
+#include "common/vec.h"
+
+namespace minfer::attn {
+
+namespace {
+
+constexpr int kThreads = 128, kBN = 64;
+
+// Copies rows [0, rows_valid) of a [ROWS, D] tile (row stride in elements) into swizzled shared memory;
+// rows past rows_valid are zero-filled and never read. g must point at row 0, which must be valid.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int rows_valid) {
+  constexpr int CH = D / 8;
+  for (int i = threadIdx.x; i < ROWS * CH; i += kThreads) {
+    const int r = i / CH, c = i % CH;
+    const bool ok = r < rows_valid;
+    cp_async16(s + swz<D>(r, c), ok ? g + r * row_stride + c * 8 : g, ok);
+  }
+}
+
+// MT: 16-row m-tiles per warp (BM = 64 * MT). Each K/V fragment read from shared memory feeds MT
+// MMAs, so MT = 2 halves the shared-memory traffic per FLOP (ldmatrix bandwidth is what bounds
+// MT = 1); it costs registers, so it is used where they fit (head_dim 64).
+template <typename T, int D, int MT, bool CAUSAL>
+__global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashParams p) {
+  constexpr int BM = 64 * MT;
+  constexpr int KD = D / 16;   // k-steps of Q K^T
+  constexpr int NT = kBN / 8;  // 8-wide score tiles
+  constexpr int DT = D / 8;    // 8-wide output tiles
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // [BM, D]
+  T* sK = sQ + BM * D;                     // [BN, D]
+  T* sV = sK + kBN * D;                    // [BN, D]
+
+  // Heaviest (last) query blocks first: causal blocks near the end see the most keys.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int kvh = head / p.group;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int m_start = m_block * BM;
+
+  int q_off, kv_len;
+  if (p.start_pos != nullptr) {
+    q_off = p.start_pos[b];
+    kv_len = min(q_off + p.seq_q, p.seq_k);  // seq_k is the cache capacity: never read past it
+  } else {
+    q_off = p.seq_k - p.seq_q;
+    kv_len = p.seq_k;
+  }
+  // Keys past kv_end are invisible to every row of this block.
+  int kv_end = kv_len;
+  if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + BM, p.seq_q));
+  const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
+
+  const T* qg = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head * p.q_hs + m_start * p.q_ss;
+  const T* kg = reinterpret_cast<const T*>(p.k) + b * p.k_bs + kvh * p.k_hs;
+  const T* vg = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs;
+
+  load_tile<T, D, BM>(sQ, qg, p.q_ss, p.seq_q - m_start);
+  cp_async_commit();
+  if (n_tiles > 0) load_tile<T, D, kBN>(sK, kg, p.k_ss, kv_end);
+  cp_async_commit();
+  cp_async_wait<1>();  // Q has landed (K[0] may still be in flight)
+  __syncthreads();
+
+  // Row block of m-tile mt of this warp: rows wrow + mt * 16 .. + 15 of the CTA's BM rows.
+  const int wrow = warp * 16 * MT;
+  uint32_t qf[MT][KD][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk)
+      ldsm_x4(qf[mt][kk], sQ + swz<D>(wrow + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk * 2 + lane / 16));
+
+  // Per thread: rows (mt, half) = m_start + wrow + mt * 16 + half * 8 + lane / 4, index h = 2 mt + half.
+  float acc[MT][DT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < DT; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+  float m_row[2 * MT], l_row[2 * MT];
+  int pos[2 * MT];  // positions of this thread's query rows
+#pragma unroll
+  for (int h = 0; h < 2 * MT; ++h) {
+    m_row[h] = -INFINITY, l_row[h] = 0.f;
+    pos[h] = q_off + m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
+  }
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int n_start = t * kBN;
+    load_tile<T, D, kBN>(sV, vg + n_start * p.v_ss, p.v_ss, kv_end - n_start);
+    cp_async_commit();
+    cp_async_wait<1>();  // K[t] has landed
+    __syncthreads();
+
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+#pragma unroll
+      for (int nn = 0; nn < NT / 2; ++nn) {
+        uint32_t bf[4];
+        ldsm_x4(bf, sK + swz<D>(nn * 16 + (lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(s[mt][2 * nn], qf[mt][kk], bf[0], bf[1]);
+          mma_16816<T>(s[mt][2 * nn + 1], qf[mt][kk], bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with sK: it can be refilled
+    if (t + 1 < n_tiles) load_tile<T, D, kBN>(sK, kg + (n_start + kBN) * p.k_ss, p.k_ss, kv_end - n_start - kBN);
+    cp_async_commit();  // (possibly empty group: keeps the wait counts uniform)
+
+    // Mask only the tiles that cross the kv length or the diagonal.
+    const bool need_mask = n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > q_off + m_start);
+    float mx[2 * MT];
+#pragma unroll
+    for (int h = 0; h < 2 * MT; ++h) mx[h] = -INFINITY;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = 2 * mt + e / 2;
+          float x = s[mt][j][e] * p.scale_log2;
+          if (need_mask) {
+            const int col = n_start + j * 8 + (lane % 4) * 2 + (e & 1);
+            if (col >= kv_len || (CAUSAL && col > pos[h])) x = -INFINITY;
+          }
+          s[mt][j][e] = x;
+          mx[h] = fmaxf(mx[h], x);
+        }
+      }
+    }
+    float alpha[2 * MT], base[2 * MT];
+#pragma unroll
+    for (int h = 0; h < 2 * MT; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+      const float m_new = fmaxf(m_row[h], mx[h]);
+      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: avoid inf - inf
+      alpha[h] = exp2f(m_row[h] - base[h]);
+      m_row[h] = m_new;
+      l_row[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = 2 * mt + e / 2;
+          s[mt][j][e] = exp2f(s[mt][j][e] - base[h]);
+          l_row[h] += s[mt][j][e];  // this thread's columns only; the quad is summed at the end
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        acc[mt][i][0] *= alpha[2 * mt], acc[mt][i][1] *= alpha[2 * mt];
+        acc[mt][i][2] *= alpha[2 * mt + 1], acc[mt][i][3] *= alpha[2 * mt + 1];
+      }
+    }
+
+    cp_async_wait<1>();  // V[t] has landed (K[t+1] may still be in flight)
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      // The C fragments of score tiles 2kk and 2kk+1 are exactly the A fragment of P for this k-step.
+      uint32_t pf[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pf[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pf[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pf[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pf[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dd = 0; dd < DT / 2; ++dd) {
+        uint32_t vf[4];
+        ldsm_x4_trans(vf, sV + swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, dd * 2 + lane / 16));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(acc[mt][2 * dd], pf[mt], vf[0], vf[1]);
+          mma_16816<T>(acc[mt][2 * dd + 1], pf[mt], vf[2], vf[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with sV: it can be refilled
+  }
+  cp_async_wait<0>();
+
+  T* o_base = reinterpret_cast<T*>(p.o) + b * p.o_bs + head * p.o_hs;
+#pragma unroll
+  for (int h = 0; h < 2 * MT; ++h) {
+    float l = l_row[h];
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key gets zeros
+    const int row = m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
+    if (row >= p.seq_q) continue;
+    T* orow = o_base + row * p.o_ss;
+    const int mt = h / 2, e0 = (h % 2) * 2;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      const uint32_t v = pack2<T>(acc[mt][i][e0] * inv, acc[mt][i][e0 + 1] * inv);
+      *reinterpret_cast<uint32_t*>(orow + i * 8 + (lane % 4) * 2) = v;
+    }
+  }
+}
+
+template <typename T, int D, bool CAUSAL>
+void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
+  constexpr int MT = D <= 64 ? 2 : 1;
+  constexpr int BM = 64 * MT;
+  constexpr int smem = (BM + 2 * kBN) * D * sizeof(T);  // Q + K + V tiles
+  auto kernel = flash_prefill_kernel<T, D, MT, CAUSAL>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid((p.seq_q + BM - 1) / BM, heads, batch);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
+                   cudaStream_t stream) {
+  if (p.seq_q == 0 || batch == 0 || heads == 0) return;
+  auto go = [&](auto t_tag, auto d_tag) {
+    using T = decltype(t_tag);
+    constexpr int D = decltype(d_tag)::value;
+    if (causal) launch<T, D, true>(p, batch, heads, stream);
+    else launch<T, D, false>(p, batch, heads, stream);
+  };
+  auto by_dim = [&](auto t_tag) {
+    if (head_dim == 64) go(t_tag, std::integral_constant<int, 64>{});
+    else if (head_dim == 128) go(t_tag, std::integral_constant<int, 128>{});
+    else TORCH_CHECK(false, "flash prefill: head_dim must be 64 or 128, got ", head_dim);
+  };
+  if (dtype == at::kHalf) by_dim(__half{});
+  else if (dtype == at::kBFloat16) by_dim(__nv_bfloat16{});
+  else TORCH_CHECK(false, "flash prefill: dtype must be float16 or bfloat16, got ", dtype);
+}
+
+}  // namespace minfer::attn

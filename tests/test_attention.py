@@ -1,0 +1,282 @@
+"""Attention family: the engine op (flash prefill / split-KV decode) and the seed API (naive, tiled, flash).
+
+Error rule (flash-attention's): |ours - ref32| <= 2 * |torch_lowp - ref32| + eps, max-abs over the output,
+where ref32 is the computation in fp32 and torch_lowp the same computation by torch in the low dtype.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minfer.ops import reference
+
+pytestmark = pytest.mark.gpu
+
+LOWP = (torch.float16, torch.bfloat16)
+EPS = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-4}
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32():
+    # the fp32 references must not run on TF32 tensor cores
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _cuda():
+    from minfer.ops import cuda
+    return cuda
+
+
+def _check(ours, ref32, lowp, dtype, what=""):
+    assert ours.dtype == dtype and ours.shape == ref32.shape, what
+    assert torch.isfinite(ours).all(), f"{what}: non-finite output"
+    err = (ours.float() - ref32).abs().max().item()
+    base = (lowp.float() - ref32).abs().max().item()
+    assert err <= 2 * base + EPS[dtype], f"{what}: max err {err:.3e} vs torch {base:.3e}"
+
+
+def _make_cache(batch, capacity, kv_heads, hd, dtype, gen_len):
+    """Random caches whose slots past each sequence's length are NaN (never read by a correct kernel)."""
+    k = torch.randn(batch, capacity, kv_heads, hd, device="cuda", dtype=dtype)
+    v = torch.randn(batch, capacity, kv_heads, hd, device="cuda", dtype=dtype)
+    kp, vp = k.clone(), v.clone()
+    for b, n in enumerate(gen_len):
+        kp[b, n:] = float("nan")
+        vp[b, n:] = float("nan")
+    return k, v, kp, vp
+
+
+def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, strided=False, poison=True):
+    starts_t = torch.tensor(starts, device="cuda", dtype=torch.int32)
+    lens = [s + seq for s in starts]
+    capacity = capacity or max(lens) + 5
+    k, v, kp, vp = _make_cache(batch, capacity, kv_heads, hd, dtype, lens)
+    if strided:  # q as the model passes it: a view into the fused qkv projection
+        w = (heads + 2 * kv_heads) * hd
+        qkv = torch.randn(batch * seq, w, device="cuda", dtype=dtype)
+        q = qkv[:, : heads * hd].reshape(-1, heads, hd).view(batch, seq, heads, hd)
+        assert not q.is_contiguous()
+    else:
+        q = torch.randn(batch, seq, heads, hd, device="cuda", dtype=dtype)
+    scale = 1.0 / math.sqrt(hd)
+    ours = _cuda().attention(q, kp if poison else k, vp if poison else v, starts_t, scale)
+    ref32 = reference.attention(q.float(), k.float(), v.float(), starts_t, scale)
+    lowp = reference.attention(q, k, v, starts_t, scale)
+    return ours, ref32, lowp
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("seq", [1, 17, 113, 1000])
+def test_engine_from_zero(seq, hd, dtype):
+    ours, ref32, lowp = _engine_case(2, seq, 8, 2, hd, dtype, [0, 0])
+    _check(ours, ref32, lowp, dtype, f"seq={seq}")
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+def test_engine_long_prefill(dtype):
+    ours, ref32, lowp = _engine_case(1, 4097, 4, 1, 128, dtype, [0])
+    _check(ours, ref32, lowp, dtype)
+
+
+@pytest.mark.parametrize("ratio", [1, 3, 4, 8])
+@pytest.mark.parametrize("seq", [1, 113])
+def test_engine_gqa(ratio, seq):
+    dtype = torch.bfloat16
+    ours, ref32, lowp = _engine_case(2, seq, 2 * ratio, 2, 128, dtype, [37, 300])
+    _check(ours, ref32, lowp, dtype, f"ratio={ratio}")
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("seq", [1, 17, 113])
+def test_engine_mixed_offsets(seq, dtype):
+    # continued/chunked prefill and decode with a different position per sequence, in a roomy cache
+    ours, ref32, lowp = _engine_case(4, seq, 8, 2, 64, dtype, [0, 5, 999, 4100], capacity=8192)
+    _check(ours, ref32, lowp, dtype, f"seq={seq}")
+
+
+@pytest.mark.parametrize("seq", [1, 113])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_engine_strided_q(seq, hd):
+    dtype = torch.float16
+    ours, ref32, lowp = _engine_case(3, seq, 8, 2, hd, dtype, [0, 64, 129], strided=True)
+    _check(ours, ref32, lowp, dtype)
+
+
+@pytest.mark.parametrize("ctx", [1, 63, 64, 65, 2048, 20000])
+def test_decode_context_lengths(ctx):
+    # tails of the split-KV chunks, many splits, and a cache far larger than the context
+    dtype = torch.bfloat16
+    ours, ref32, lowp = _engine_case(1, 1, 32, 8, 128, dtype, [ctx - 1], capacity=32768)
+    _check(ours, ref32, lowp, dtype, f"ctx={ctx}")
+
+
+@pytest.mark.parametrize("batch", [16, 70])  # 70 * 8 CTAs fill the GPU: one split, no combine kernel
+def test_decode_large_batch(batch):
+    dtype = torch.float16
+    starts = [int(x) for x in torch.randint(0, 1000, (batch,))]
+    ours, ref32, lowp = _engine_case(batch, 1, 32, 8, 128, dtype, starts, capacity=1024)
+    _check(ours, ref32, lowp, dtype)
+
+
+def test_engine_fp32_falls_back():
+    ours, ref32, _ = _engine_case(2, 5, 4, 2, 64, torch.float32, [0, 3], poison=False)
+    torch.testing.assert_close(ours, ref32, atol=1e-5, rtol=1e-5)
+
+
+def test_engine_cuda_graph():
+    # no host syncs: the op can be captured and replayed with new start positions
+    cuda = _cuda()
+    k = torch.randn(2, 256, 2, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    q = torch.randn(2, 1, 8, 64, device="cuda", dtype=torch.float16)
+    start = torch.tensor([10, 20], device="cuda", dtype=torch.int32)
+    cuda.attention(q, k, v, start, 0.125)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cuda.attention(q, k, v, start, 0.125)
+    start.copy_(torch.tensor([100, 200], dtype=torch.int32))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = reference.attention(q.float(), k.float(), v.float(), start, 0.125)
+    torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_prefill_131k_matches_chunked_reference():
+    # O(N) memory: a causal prefill of 131072 tokens (1 kv head, head_dim 128); checked on sampled
+    # query blocks against fp32 attention computed block by block.
+    n, hd, dtype = 131072, 128, torch.bfloat16
+    q = torch.randn(1, n, 1, hd, device="cuda", dtype=dtype)
+    k = torch.randn(1, n, 1, hd, device="cuda", dtype=dtype)
+    v = torch.randn(1, n, 1, hd, device="cuda", dtype=dtype)
+    start = torch.zeros(1, device="cuda", dtype=torch.int32)
+    scale = 1.0 / math.sqrt(hd)
+    out = _cuda().attention(q, k, v, start, scale)  # [1, n, 1, hd]
+    rows = 1024
+    for a in (0, 40000, n // 2, n - rows):
+        end = a + rows
+        qb = q[0, a:end, 0]  # [rows, hd]
+        kb, vb = k[0, :end, 0], v[0, :end, 0]  # [end, hd]
+        keep = torch.arange(end, device="cuda")[None, :] <= torch.arange(a, end, device="cuda")[:, None]
+        ref32 = F.scaled_dot_product_attention(qb.float()[None], kb.float()[None], vb.float()[None],
+                                               attn_mask=keep[None], scale=scale)[0]
+        lowp = F.scaled_dot_product_attention(qb[None], kb[None], vb[None], attn_mask=keep[None], scale=scale)[0]
+        _check(out[0, a:end, 0], ref32, lowp, dtype, f"rows {a}..{end}")
+
+
+# ---- seed API: q, k, v [batch, heads, seq, head_dim] ----
+
+def _seed_inputs(batch, heads, kv_heads, sq, sk, hd, dtype):
+    q = torch.randn(batch, heads, sq, hd, device="cuda", dtype=dtype)
+    k = torch.randn(batch, kv_heads, sk, hd, device="cuda", dtype=dtype)
+    v = torch.randn(batch, kv_heads, sk, hd, device="cuda", dtype=dtype)
+    return q, k, v
+
+
+def _seed_lowp(q, k, v, scale, causal):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    mask = None
+    if causal:  # bottom-right aligned (SDPA's is_causal is top-left)
+        sq, sk = q.shape[-2], k.shape[-2]
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+SEED_SHAPES = [(1, 4, 4, 17, 17, 64), (2, 4, 2, 113, 200, 128), (1, 6, 2, 64, 64, 80), (2, 2, 2, 1, 77, 64),
+               (1, 2, 1, 300, 37, 64)]
+
+
+@pytest.mark.parametrize("op", ["naive_attention", "tiled_attention", "flash_attention"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SEED_SHAPES)
+def test_seed(op, dtype, causal, shape):
+    batch, heads, kv_heads, sq, sk, hd = shape
+    if causal and sq > sk:
+        pytest.skip("bottom-right causal with seq_q > seq_k leaves rows with no key (NaN in the reference)")
+    q, k, v = _seed_inputs(batch, heads, kv_heads, sq, sk, hd, dtype)
+    scale = None if sq % 2 else 0.3
+    ours = getattr(_cuda(), op)(q, k, v, scale=scale, is_causal=causal)
+    group = heads // kv_heads
+    ref32 = reference._seed_attention(q.float(), k.float().repeat_interleave(group, 1),
+                                      v.float().repeat_interleave(group, 1), scale, causal)
+    s = 1.0 / math.sqrt(hd) if scale is None else scale
+    lowp = _seed_lowp(q, k, v, s, causal) if dtype != torch.float32 else ref32
+    _check(ours, ref32, lowp, dtype, op)
+
+
+def test_seed_flash_long():
+    q, k, v = _seed_inputs(1, 4, 4, 1000, 4097, 128, torch.float16)
+    for causal in (False, True):
+        ours = _cuda().flash_attention(q, k, v, is_causal=causal)
+        ref32 = reference._seed_attention(q.float(), k.float(), v.float(), None, causal)
+        _check(ours, ref32, _seed_lowp(q, k, v, 1 / math.sqrt(128), causal), torch.float16)
+
+
+# ---- opcheck and bad inputs ----
+
+def test_opcheck():
+    ops = torch.ops.minfer
+    q = torch.randn(2, 3, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 16, 2, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    start = torch.tensor([0, 7], device="cuda", dtype=torch.int32)
+    torch.library.opcheck(ops.attention.default, (q, k, v, start, 0.125))
+    torch.library.opcheck(ops.attention.default, (q[:, :1], k, v, start, 0.125))
+    qs, ks, vs = _seed_inputs(1, 4, 2, 33, 40, 64, torch.bfloat16)
+    for name in ("naive_attention", "tiled_attention", "flash_attention"):
+        torch.library.opcheck(getattr(ops, name).default, (qs, ks, vs, None, True))
+        torch.library.opcheck(getattr(ops, name).default, (qs, ks, vs, 0.2, False))
+
+
+def _good():
+    q = torch.randn(1, 4, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 32, 2, 64, device="cuda", dtype=torch.float16)
+    return q, k, k.clone(), torch.zeros(1, device="cuda", dtype=torch.int32)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda q, k, v, s: (q[..., :48].contiguous(), k[..., :48].contiguous(), v[..., :48].contiguous(), s),
+     "head_dim must be 64 or 128"),
+    (lambda q, k, v, s: (q[:, :, :3], k, v, s), "multiple of kv_heads"),
+    (lambda q, k, v, s: (q, k.bfloat16(), v, s), "same dtype"),
+    (lambda q, k, v, s: (q, k, v, s.long()), "start_pos must be int32"),
+    (lambda q, k, v, s: (q.cpu(), k, v, s), "must be a CUDA tensor"),
+    (lambda q, k, v, s: (q, k, v, s.cpu()), "must be a CUDA tensor"),
+    (lambda q, k, v, s: (q.int(), k, v, s), "float16 or bfloat16"),
+    (lambda q, k, v, s: (q, k[:, :, :, :32], v, s), "same shape"),
+    (lambda q, k, v, s: (q, k, v, torch.zeros(3, device="cuda", dtype=torch.int32)), r"start_pos must be"),
+])
+def test_engine_bad_inputs(bad, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.minfer.attention(*bad(*_good()), 0.125)
+
+
+def test_engine_bad_device():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    q, k, v, s = _good()
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ops.minfer.attention(q, k.to("cuda:1"), v, s, 0.125)
+
+
+@pytest.mark.parametrize("op", ["naive_attention", "tiled_attention", "flash_attention"])
+def test_seed_bad_inputs(op):
+    fn = getattr(torch.ops.minfer, op)
+    q, k, v = _seed_inputs(1, 4, 2, 8, 8, 64, torch.float16)
+    with pytest.raises(RuntimeError, match="multiple of kv heads"):
+        fn(q, k[:, :1].expand(1, 3, 8, 64), v[:, :1].expand(1, 3, 8, 64))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        fn(q, k.float(), v)
+    with pytest.raises(RuntimeError, match="must be a CUDA tensor"):
+        fn(q.cpu(), k, v)
+    with pytest.raises(RuntimeError, match=r"\[batch, heads, seq, head_dim\]"):
+        fn(q[0], k, v)
+    with pytest.raises(RuntimeError, match="head_dim"):
+        fn(q, k[..., :32], v[..., :32])
