@@ -20,6 +20,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos and bos_token_id is not None
+        self.eos_token_id = eos_token_ids[0] if eos_token_ids else None  # the template's eos_token
         stops = set(eos_token_ids)
         for t in END_OF_TURN:
             i = tok.token_to_id(t)
@@ -50,7 +51,7 @@ class Tokenizer:
         tok_text = lambda i: self.tok.id_to_token(i) if i is not None else ""  # noqa: E731
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=True, bos_token=tok_text(self.bos_token_id),
-            eos_token=tok_text(self.stop_ids[0] if self.stop_ids else None))
+            eos_token=tok_text(self.eos_token_id))
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         # The template writes any BOS itself, so none is added here.

@@ -78,10 +78,13 @@ def test_hf_folder_bos_detection(tmp_path):
     assert t.encode("a b") == [0, 1, 2]
     assert t.stop_ids == [2]
     # the probe text encoding to the BOS id (as unk) is not a BOS-adding post-processor
-    tok = HFTokenizer(models.WordLevel({"<s>": 0, "b": 1}, unk_token="<s>"))
+    tok = HFTokenizer(models.WordLevel({"</s>": 0, "b": 1, "<s>": 2}, unk_token="<s>"))
     tok.save(str(tmp_path / "tokenizer.json"))
     with open(tmp_path / "tokenizer_config.json", "w") as f:
-        json.dump({"bos_token": "<s>", "chat_template": "{% for m in messages %}[{{ m.content }}]{% endfor %}"}, f)
+        json.dump({"bos_token": "<s>", "eos_token": "b",
+                   "chat_template": "{% for m in messages %}[{{ m.content }}]{{ eos_token }}{% endfor %}"}, f)
     t = mtok.from_hf_folder(str(tmp_path), [], None)
-    assert t.encode("b") == [1]
-    assert t.apply_chat_template([{"role": "user", "content": "hi"}]) == "[hi]"
+    assert t.encode("c") == [2] and t.encode("b") == [1]
+    assert t.stop_ids == [0, 1]  # "</s>" ends a turn in many formats, so it stops too
+    # but the template's eos_token is the model's eos, not the smallest stop id
+    assert t.apply_chat_template([{"role": "user", "content": "hi"}]) == "[hi]b"
