@@ -52,7 +52,8 @@ def run(args) -> None:
 
     _check(args)
     prompts = args.prompt or ["Hello"]
-    prompts = [sys.stdin.read() if p == "-" else p for p in prompts]
+    # One trailing newline (from echo or a file) is not part of the prompt.
+    prompts = [sys.stdin.read().removesuffix("\n") if p == "-" else p for p in prompts]
     engine = Engine(args.checkpoint, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                     backend=args.backend, max_context=args.max_context)
     if engine.ops.fallbacks:

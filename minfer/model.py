@@ -7,6 +7,7 @@ import math
 import torch
 
 from .config import ModelConfig
+from .errors import MinferError
 from .kv_cache import KVCache
 from .ops import Backend
 
@@ -74,6 +75,11 @@ class Transformer:
         positions = start_pos[:, None] + torch.arange(seq, device=ids.device, dtype=start_pos.dtype)  # [batch, seq]
         flat_pos = positions.reshape(-1)  # [tokens]
         scale = 1.0 / math.sqrt(hd)
+        if start_pos.device.type == "cpu":  # on a GPU this check would cost a host sync per step; the
+            end = int(start_pos.max()) + seq  # engine sizes the cache so that it cannot overflow there
+            cache.check_fits(end)
+            if end > self.cos_sin.shape[0]:
+                raise MinferError(f"position {end - 1} is past the {self.cos_sin.shape[0]} positions the model was built for")
 
         residual = ops.embedding(ids.reshape(-1), self.embed)  # [tokens, hidden]
         x = ops.rms_norm(residual, self.layers[0]["attn_norm"], cfg.rms_norm_eps)

@@ -20,6 +20,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos and bos_token_id is not None
+        self.eos_token_id = eos_token_ids[0] if eos_token_ids else None  # the template's eos_token
         stops = set(eos_token_ids)
         for t in END_OF_TURN:
             i = tok.token_to_id(t)
@@ -50,7 +51,7 @@ class Tokenizer:
         tok_text = lambda i: self.tok.id_to_token(i) if i is not None else ""  # noqa: E731
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=True, bos_token=tok_text(self.bos_token_id),
-            eos_token=tok_text(self.stop_ids[0] if self.stop_ids else None))
+            eos_token=tok_text(self.eos_token_id))
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         # The template writes any BOS itself, so none is added here.
@@ -58,26 +59,26 @@ class Tokenizer:
 
 
 class StreamDecoder:
-    """Turns a growing list of ids into text deltas, holding back bytes of an unfinished UTF-8
-    character (a multi-byte character can span tokens)."""
+    """Turns a growing list of ids into text deltas (the incremental detokenizer of HF's TextStreamer
+    and vLLM). Each step decodes a short window ids[prefix:] and returns what it adds to the text of
+    ids[prefix:read]: the context tokens keep decoders that strip a leading space (SentencePiece
+    Metaspace) from eating it at the window's edge, and bytes of an unfinished UTF-8 character (a
+    multi-byte character can span tokens) are held back until the character is complete."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.prefix = 0  # ids[prefix:] are decoded together so that merges at the seam decode right
-        self.emitted = 0  # characters of decode(ids[prefix:]) already returned
+        self.prefix = 0  # ids[prefix:read]: context already emitted, decoded again for the seam
+        self.read = 0  # ids[read:]: not emitted yet
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
         text = self.tokenizer.decode(self.ids[self.prefix:])
-        if text.endswith("\ufffd"):
-            return ""  # wait for the rest of the character
-        delta = text[self.emitted:]
-        if len(self.ids) - self.prefix > 16:  # keep the decoded window short
-            self.prefix, self.emitted = len(self.ids), 0
-        else:
-            self.emitted = len(text)
-        return delta
+        if len(text) <= len(before) or text.endswith("\ufffd"):
+            return ""  # nothing visible yet, or wait for the rest of the character
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before):]
 
 
 def from_hf_folder(folder: str, eos_token_ids: list[int], bos_token_id: int | None) -> Tokenizer:
@@ -116,7 +117,9 @@ def from_hf_folder(folder: str, eos_token_ids: list[int], bos_token_id: int | No
 def _post_processor_adds_bos(tok, bos: int | None) -> bool:
     if bos is None:
         return False
-    return tok.encode("a", add_special_tokens=True).ids[:1] == [bos]
+    # Compare with and without special tokens: the probe text itself may encode to the BOS id (e.g. as unk).
+    plain, special = tok.encode("a", add_special_tokens=False).ids, tok.encode("a", add_special_tokens=True).ids
+    return len(special) > len(plain) and special[0] == bos
 
 
 def from_gguf(reader) -> Tokenizer:

@@ -1,0 +1,215 @@
+"""GGUF: the default model (SmolLM2-135M-Instruct Q4_1) vs transformers reading the same file, plus unit
+tests for the dequantizers and the Q/K un-permute against the `gguf` package and llama.cpp's formula."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from minfer import gguf as mgguf
+from minfer import loader
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+MODEL_DIR = loader.cache_dir()
+MODEL_FILE = loader.DEFAULT_MODEL_FILE
+MODEL_PATH = os.path.join(MODEL_DIR, MODEL_FILE)
+needs_model = pytest.mark.skipif(not os.path.exists(MODEL_PATH), reason=f"default model not at {MODEL_PATH}")
+
+TEXTS = [
+    "Hello world",
+    "The year 2024 had 366 days; 3.14159 and 1,000,000 and 0x1F.",
+    "héllo wörld ñ Ünïcödé — «quotes» 中文 日本語 한국어 Ελληνικά русский",
+    "emoji: 🤖🎉👍🏽 👨‍👩‍👧 🇫🇷!",
+    "def f(x):\n    return x ** 2  # square\n\n\nclass A:\n\tpass\n",
+    "  leading   spaces\t\ttabs\n\n\n  and   runs      ",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n",
+    "don't I'll WE'RE they've 'quoted' $$$ ... !!! ???",
+    "<|endoftext|>text after end<|im_end|>",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    return transformers.AutoTokenizer.from_pretrained(MODEL_DIR, gguf_file=MODEL_FILE)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    """transformers' own GGUF reader (gguf.quants.dequantize + its own Q/K reverse permute).
+    AutoModelForCausalLM.from_pretrained(gguf_file=...) needs `accelerate`, which CI does not have,
+    so the model is built from the GGUF config and the state dict that reader returns."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    cfg = transformers.AutoConfig.from_pretrained(MODEL_DIR, gguf_file=MODEL_FILE)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    state = load_gguf_checkpoint(MODEL_PATH, return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    model.tie_weights()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model.eval(), state
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from minfer.engine import Engine
+    return Engine(None, dtype=torch.float32, device="cpu", backend="ref", max_context=256)
+
+
+@needs_model
+@pytest.mark.parametrize("text", TEXTS)
+def test_token_ids_match_hf(text, engine, hf_tokenizer):
+    ours = engine.tokenizer.encode(text)
+    ref = hf_tokenizer.encode(text, add_special_tokens=False)
+    assert ours == ref
+    if "<|im_start|>" in text:  # special tokens are single ids
+        assert ours[0] == hf_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    # Every text but the special-token ones round-trips through decode.
+    if "<|" not in text:
+        assert engine.tokenizer.decode(ours) == text
+
+
+@needs_model
+def test_chat_template_matches_hf(engine, hf_tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2? 🤔"}]
+    ref = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert engine.tokenizer.apply_chat_template(messages) == ref
+    assert engine.tokenizer.encode_chat(messages) == hf_tokenizer.encode(ref, add_special_tokens=False)
+
+
+@needs_model
+def test_dequantized_weights_match_hf(engine, hf_model):
+    _, state = hf_model
+    m, cfg = engine.model, engine.cfg
+    assert cfg.tie_word_embeddings and "lm_head.weight" not in state
+    cat = lambda *names: torch.cat([state[n] for n in names]).float()  # noqa: E731  the model's fused layout
+    pairs = [(m.embed, state["model.embed_tokens.weight"]), (m.final_norm, state["model.norm.weight"])]
+    for i, layer in enumerate(m.layers):
+        p = f"model.layers.{i}."
+        pairs += [(layer["attn_norm"], state[p + "input_layernorm.weight"]),
+                  (layer["mlp_norm"], state[p + "post_attention_layernorm.weight"]),
+                  (layer["qkv"], cat(*(p + f"self_attn.{x}_proj.weight" for x in "qkv"))),
+                  (layer["o"], state[p + "self_attn.o_proj.weight"]),
+                  (layer["gate_up"], cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+                  (layer["down"], state[p + "mlp.down_proj.weight"])]
+    assert len(pairs) == 2 + 6 * cfg.num_layers and len(state) == 2 + 9 * cfg.num_layers  # every tensor covered
+    for ours, ref in pairs:
+        # Same blocks dequantized in fp32 by two implementations: equal up to fp32 rounding of d * q + m.
+        torch.testing.assert_close(ours, ref.float(), atol=1e-6, rtol=0)
+
+
+@needs_model
+def test_teacher_forced_logits_match_hf(engine, hf_model):
+    from minfer.kv_cache import KVCache
+
+    model, _ = hf_model
+    text = "The quick brown fox jumps over the lazy dog. In 2024, scientists 🤖 discovered that"
+    ids = engine.tokenizer.encode(text)
+    assert len(ids) >= 20
+    cfg = engine.cfg
+    cache = KVCache(cfg.num_layers, 1, 64, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+    ours = engine.model.forward(torch.tensor([ids]), torch.zeros(1, dtype=torch.int32), cache)[0]
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0]
+    # Both sides run fp32 on bit-identical dequantized weights (test above), so the only difference is
+    # fp32 summation order over 30 layers: measured max |diff| ~7e-5 with logits up to ~30. 1e-3 leaves
+    # >10x margin; a real bug (RoPE pairing, norm, a wrong scale) moves logits by O(0.1..10).
+    assert (ours - ref).abs().max().item() <= 1e-3
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@needs_model
+def test_greedy_30_tokens_match_hf_generate(engine, hf_model):
+    from minfer.sampling import SamplingParams
+
+    model, _ = hf_model
+    ids = engine.tokenizer.encode("The capital of France is")
+    outs, _ = engine.generate([ids], SamplingParams(temperature=0.0), max_new_tokens=30)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=30, do_sample=False, eos_token_id=None)[0, len(ids):].tolist()
+    stops = set(engine.tokenizer.stop_ids)
+    cut = next((i for i, t in enumerate(ref) if t in stops), len(ref))
+    assert outs[0].token_ids == ref[:cut]
+    assert outs[0].text.startswith(" Paris")
+
+
+# ---- dequantizers and the Q/K un-permute ----
+
+def _write_and_read(tmp_path, arrays):
+    """Write {name: (float32 array [rows, cols], qtype)} to a GGUF file; return the reader's tensors by name."""
+    path = str(tmp_path / "t.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    for name, (x, qtype) in arrays.items():
+        if qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, x)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)  # shape from the byte shape
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+
+
+@pytest.mark.parametrize("kind", QTYPES)
+def test_dequantize_matches_gguf_package(kind, tmp_path):
+    qtype = gguf.GGMLQuantizationType[kind]
+    rng = np.random.default_rng()
+    shapes = [(5, 96), (1, 32), (3, 256)]
+    arrays = {f"t{i}": ((rng.standard_normal(s) * rng.uniform(0.01, 10)).astype(np.float32) + rng.uniform(-1, 1),
+                        qtype) for i, s in enumerate(shapes)}
+    tensors = _write_and_read(tmp_path, arrays)
+    for name, (x, _) in arrays.items():
+        t = tensors[name]
+        assert t.tensor_type.name == kind
+        ours = mgguf.tensor_to_torch(t).float()
+        ref = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)).reshape(x.shape)
+        assert ours.shape == x.shape
+        torch.testing.assert_close(ours, ref, atol=0, rtol=1e-6)
+        # and close to the original values (quantization error is bounded by the block scale)
+        step = {"F32": 0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 1 / 127, "Q4_0": 1 / 7, "Q4_1": 1 / 15}[kind]
+        bound = np.abs(x).reshape(-1, 32).max(1).repeat(32).reshape(x.shape) * step + 1e-6
+        if kind == "Q4_1":
+            bound = (np.ptp(x.reshape(-1, 32), 1) * step / 2 * 1.01 + np.abs(x).reshape(-1, 32).max(1) * 1e-3).repeat(32).reshape(x.shape)  # + fp16 rounding of m
+        assert (np.abs(ours.numpy() - x) <= bound).all()
+
+
+def _llamacpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """convert_hf_to_gguf.py's LlamaModel.permute: rotate-half pairs -> interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("n_head,head_dim,cols", [(9, 64, 576), (3, 64, 576), (4, 8, 13), (1, 2, 5)])
+def test_unpermute_qk_inverts_llamacpp_permute(n_head, head_dim, cols):
+    w = torch.randn(n_head * head_dim, cols)
+    permuted = _llamacpp_permute(w, n_head)
+    if head_dim > 2:
+        assert not torch.equal(permuted, w)
+    assert torch.equal(mgguf.unpermute_qk(permuted, n_head), w)
+
+
+def test_unpermute_turns_interleaved_rope_into_rotate_half():
+    """Semantics, not just the round trip: RoPE with interleaved pairs on llama.cpp's rows equals
+    rotate-half RoPE on the un-permuted rows (up to the same row permutation)."""
+    from minfer.ops import reference
+
+    n_head, hd, hidden, tokens = 2, 8, 12, 5
+    w_hf = torch.randn(n_head * hd, hidden)
+    x = torch.randn(tokens, hidden)
+    angles = torch.arange(tokens)[:, None] * (1.0 / 100 ** (torch.arange(0, hd, 2) / hd))[None]
+    cos_sin = torch.cat([angles.cos(), angles.sin()], -1)
+    pos = torch.arange(tokens)
+    q_neox = (x @ mgguf.unpermute_qk(_llamacpp_permute(w_hf, n_head), n_head).T).view(tokens, n_head, hd)
+    q_inter = (x @ _llamacpp_permute(w_hf, n_head).T).view(tokens, n_head, hd)
+    reference.rope(q_neox, q_neox.clone(), pos, cos_sin, True)
+    reference.rope(q_inter, q_inter.clone(), pos, cos_sin, False)
+    back = mgguf.unpermute_qk(q_inter.reshape(tokens, -1).T, n_head).T.reshape(tokens, n_head, hd)
+    torch.testing.assert_close(back, q_neox)

@@ -1,0 +1,90 @@
+"""Tokenizer wrapper and the streaming decoder, on small tokenizers built in the test."""
+import json
+import os
+import random
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from minfer import tokenizer as mtok
+from minfer.gguf import _bytes_to_unicode
+
+
+def byte_tokenizer():
+    """Byte-level BPE with no merges: every UTF-8 byte is its own token, so characters span tokens."""
+    chars = _bytes_to_unicode()
+    tok = HFTokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return mtok.Tokenizer(tok, None, None, [], False)
+
+
+def metaspace_tokenizer():
+    """SentencePiece-style words with a leading '▁' whose decoder strips the first space."""
+    words = ["▁the", "▁cat", "▁sat", "▁on", "▁a", "▁mat", "s", "."]
+    tok = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="."))
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return mtok.Tokenizer(tok, None, None, [], False), len(words)
+
+
+def stream(tokenizer, ids):
+    dec = mtok.StreamDecoder(tokenizer)
+    return [dec.push(i) for i in ids]
+
+
+@pytest.mark.parametrize("text", ["🤖", "héllo 🤖🎉 wörld 中文 👨‍👩‍👧", "a" * 40 + "👍🏽" * 10])
+def test_stream_decoder_holds_split_utf8(text):
+    tok = byte_tokenizer()
+    ids = tok.encode(text)
+    assert len(ids) == len(text.encode("utf-8"))  # one token per byte: characters really span tokens
+    deltas = stream(tok, ids)
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in d for d in deltas)
+    if any(ord(c) > 127 for c in text):
+        assert "" in deltas  # a multi-byte character was held back at least once
+    # each delta ends on a character boundary: the prefixes are exactly the text's prefixes
+    acc = ""
+    for d in deltas:
+        acc += d
+        assert text.startswith(acc)
+
+
+def test_stream_decoder_unfinished_character_is_not_emitted():
+    tok = byte_tokenizer()
+    ids = tok.encode("ok 🤖")
+    assert "".join(stream(tok, ids[:-1])) == "ok "
+
+
+def test_stream_decoder_keeps_spaces_across_the_window():
+    tok, vocab = metaspace_tokenizer()
+    rng = random.Random(os.urandom(8))
+    ids = [rng.randrange(vocab) for _ in range(60)]
+    deltas = stream(tok, ids)
+    assert "".join(deltas) == tok.decode(ids)
+
+
+def test_hf_folder_bos_detection(tmp_path):
+    from tokenizers import processors
+
+    tok = HFTokenizer(models.WordLevel({"<s>": 0, "a": 1, "b": 2, "<unk>": 3}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    t = mtok.from_hf_folder(str(tmp_path), [2], 0)
+    assert t.encode("a b") == [1, 2]  # no post-processor: no BOS
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    t = mtok.from_hf_folder(str(tmp_path), [2], 0)
+    assert t.encode("a b") == [0, 1, 2]
+    assert t.stop_ids == [2]
+    # the probe text encoding to the BOS id (as unk) is not a BOS-adding post-processor
+    tok = HFTokenizer(models.WordLevel({"</s>": 0, "b": 1, "<s>": 2}, unk_token="<s>"))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with open(tmp_path / "tokenizer_config.json", "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "b",
+                   "chat_template": "{% for m in messages %}[{{ m.content }}]{{ eos_token }}{% endfor %}"}, f)
+    t = mtok.from_hf_folder(str(tmp_path), [], None)
+    assert t.encode("c") == [2] and t.encode("b") == [1]
+    assert t.stop_ids == [0, 1]  # "</s>" ends a turn in many formats, so it stops too
+    # but the template's eos_token is the model's eos, not the smallest stop id
+    assert t.apply_chat_template([{"role": "user", "content": "hi"}]) == "[hi]b"
