@@ -47,10 +47,10 @@ void launch_silu_and_mul(T* out, const T* x, int64_t x_stride, int inter, int64_
 torch::Tensor silu_and_mul(const torch::Tensor& x) {
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_FLOAT(x);
-  TORCH_CHECK(x.dim() == 2, "silu_and_mul: x must be [tokens, 2 * inter], got shape ", x.sizes());
+  MINFER_CHECK(x.dim() == 2, "silu_and_mul: x must be [tokens, 2 * inter], got shape ", x.sizes());
   MINFER_CHECK_LAST_DIM_CONTIGUOUS(x);
-  TORCH_CHECK(x.size(1) % 2 == 0, "silu_and_mul: x's last dim must be even (gate | up), got ", x.size(1));
-  TORCH_CHECK(x.size(1) < (int64_t(1) << 31), "silu_and_mul: rows too long (", x.size(1), ")");
+  MINFER_CHECK(x.size(1) % 2 == 0, "silu_and_mul: x's last dim must be even (gate | up), got ", x.size(1));
+  MINFER_CHECK(x.size(1) < (int64_t(1) << 31), "silu_and_mul: rows too long (", x.size(1), ")");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t tokens = x.size(0), inter = x.size(1) / 2;
   auto out = torch::empty({tokens, inter}, x.options());

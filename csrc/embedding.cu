@@ -53,9 +53,9 @@ torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight) {
   MINFER_CHECK_CONTIGUOUS(weight);
   MINFER_CHECK_CONTIGUOUS(ids);
   MINFER_CHECK_INDEX(ids);
-  TORCH_CHECK(weight.size(1) > 0 && weight.size(1) < (int64_t(1) << 31), "embedding: hidden must be in [1, 2^31), got ",
+  MINFER_CHECK(weight.size(1) > 0 && weight.size(1) < (int64_t(1) << 31), "embedding: hidden must be in [1, 2^31), got ",
               weight.size(1));
-  TORCH_CHECK(ids.numel() < (int64_t(1) << 31), "embedding: too many ids (", ids.numel(), ")");
+  MINFER_CHECK(ids.numel() < (int64_t(1) << 31), "embedding: too many ids (", ids.numel(), ")");
   const c10::cuda::CUDAGuard guard(weight.device());
   const int64_t vocab = weight.size(0), hidden = weight.size(1);
   auto out_sizes = ids.sizes().vec();

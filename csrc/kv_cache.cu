@@ -42,9 +42,9 @@ __global__ void kv_cache_write_kernel(T* __restrict__ k_cache,           // [cac
 
 void check_kv(const torch::Tensor& t, const char* name) {
   MINFER_CHECK_CUDA(t);
-  TORCH_CHECK(t.dim() == 4, "kv_cache_write: ", name, " must be [batch, seq, kv_heads, head_dim], got shape ",
+  MINFER_CHECK(t.dim() == 4, "kv_cache_write: ", name, " must be [batch, seq, kv_heads, head_dim], got shape ",
               t.sizes());
-  TORCH_CHECK(t.stride(3) == 1 && (t.size(2) <= 1 || t.stride(2) == t.size(3)), "kv_cache_write: ", name,
+  MINFER_CHECK(t.stride(3) == 1 && (t.size(2) <= 1 || t.stride(2) == t.size(3)), "kv_cache_write: ", name,
               " must have contiguous [kv_heads, head_dim] (strides head_dim, 1); only batch and seq may be strided, "
               "got strides ", t.strides());
 }
@@ -66,25 +66,25 @@ void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, 
   MINFER_CHECK_SAME_DTYPE(k_cache, v_cache);
   MINFER_CHECK_SAME_DTYPE(k, k_cache);
   MINFER_CHECK_SAME_DTYPE(v, v_cache);
-  TORCH_CHECK(k_cache.dim() == 4, "kv_cache_write: k_cache must be [batch, capacity, kv_heads, head_dim], got shape ",
+  MINFER_CHECK(k_cache.dim() == 4, "kv_cache_write: k_cache must be [batch, capacity, kv_heads, head_dim], got shape ",
               k_cache.sizes());
-  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "kv_cache_write: v_cache must have k_cache's shape ",
+  MINFER_CHECK(v_cache.sizes() == k_cache.sizes(), "kv_cache_write: v_cache must have k_cache's shape ",
               k_cache.sizes(), ", got ", v_cache.sizes());
   MINFER_CHECK_CONTIGUOUS(k_cache);
   MINFER_CHECK_CONTIGUOUS(v_cache);
-  TORCH_CHECK(v.sizes() == k.sizes(), "kv_cache_write: v must have k's shape ", k.sizes(), ", got ", v.sizes());
+  MINFER_CHECK(v.sizes() == k.sizes(), "kv_cache_write: v must have k's shape ", k.sizes(), ", got ", v.sizes());
   const int64_t batch = k.size(0), seq = k.size(1), kv_heads = k.size(2), head_dim = k.size(3);
-  TORCH_CHECK(batch <= k_cache.size(0) && kv_heads == k_cache.size(2) && head_dim == k_cache.size(3),
+  MINFER_CHECK(batch <= k_cache.size(0) && kv_heads == k_cache.size(2) && head_dim == k_cache.size(3),
               "kv_cache_write: k [batch, seq, kv_heads, head_dim] = ", k.sizes(),
               " does not fit k_cache [batch, capacity, kv_heads, head_dim] = ", k_cache.sizes());
-  TORCH_CHECK(positions.dim() == 2 && positions.size(0) == batch && positions.size(1) == seq,
+  MINFER_CHECK(positions.dim() == 2 && positions.size(0) == batch && positions.size(1) == seq,
               "kv_cache_write: positions must be [batch, seq] = [", batch, ", ", seq, "], got shape ",
               positions.sizes());
   MINFER_CHECK_CONTIGUOUS(positions);
   MINFER_CHECK_INDEX(positions);
   const int64_t tokens = batch * seq, row = kv_heads * head_dim;
   if (tokens == 0 || row == 0) return;
-  TORCH_CHECK(row < (int64_t(1) << 31), "kv_cache_write: kv_heads * head_dim too large (", row, ")");
+  MINFER_CHECK(row < (int64_t(1) << 31), "kv_cache_write: kv_heads * head_dim too large (", row, ")");
   const c10::cuda::CUDAGuard guard(k_cache.device());
   auto stream = c10::cuda::getCurrentCUDAStream();
   const KvStrides st{k.stride(0), k.stride(1), v.stride(0), v.stride(1)};

@@ -171,14 +171,14 @@ void check_norm_args(const torch::Tensor& x, const torch::Tensor& weight, const 
   MINFER_CHECK_SAME_DEVICE(x, weight);
   MINFER_CHECK_FLOAT(x);
   MINFER_CHECK_SAME_DTYPE(x, weight);
-  TORCH_CHECK(x.dim() == 2, op, ": x must be [tokens, hidden], got shape ", x.sizes());
+  MINFER_CHECK(x.dim() == 2, op, ": x must be [tokens, hidden], got shape ", x.sizes());
   MINFER_CHECK_LAST_DIM_CONTIGUOUS(x);
   MINFER_CHECK_DIM(weight, 1);
   MINFER_CHECK_CONTIGUOUS(weight);
-  TORCH_CHECK(weight.size(0) == x.size(1), op, ": weight must be [hidden] = [", x.size(1), "], got shape ",
+  MINFER_CHECK(weight.size(0) == x.size(1), op, ": weight must be [hidden] = [", x.size(1), "], got shape ",
               weight.sizes());
-  TORCH_CHECK(x.size(1) > 0 && x.size(1) <= (1 << 24), op, ": hidden must be in [1, 2^24], got ", x.size(1));
-  TORCH_CHECK(x.size(0) < (int64_t(1) << 31), op, ": too many rows (", x.size(0), ")");
+  MINFER_CHECK(x.size(1) > 0 && x.size(1) <= (1 << 24), op, ": hidden must be in [1, 2^24], got ", x.size(1));
+  MINFER_CHECK(x.size(0) < (int64_t(1) << 31), op, ": too many rows (", x.size(0), ")");
 }
 
 }  // namespace
@@ -210,12 +210,12 @@ void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, c
   MINFER_CHECK_CUDA(residual);
   MINFER_CHECK_SAME_DEVICE(x, residual);
   MINFER_CHECK_SAME_DTYPE(x, residual);
-  TORCH_CHECK(residual.sizes() == x.sizes(), "fused_add_rms_norm: residual must have x's shape ", x.sizes(),
+  MINFER_CHECK(residual.sizes() == x.sizes(), "fused_add_rms_norm: residual must have x's shape ", x.sizes(),
               ", got ", residual.sizes());
   MINFER_CHECK_LAST_DIM_CONTIGUOUS(residual);
   const int64_t rows = x.size(0), hidden = x.size(1);
   // In place: overlapping rows would race.
-  TORCH_CHECK(rows <= 1 || (x.stride(0) >= hidden && residual.stride(0) >= hidden),
+  MINFER_CHECK(rows <= 1 || (x.stride(0) >= hidden && residual.stride(0) >= hidden),
               "fused_add_rms_norm: rows of x and residual must not overlap (stride(0) >= hidden)");
   if (rows == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());

@@ -81,10 +81,10 @@ void launch_rope(T* q, int64_t q_stride, T* k, int64_t k_stride, const index_t* 
 }
 
 void check_heads(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dim() == 3, "rope: ", name, " must be [tokens, heads, head_dim], got shape ", t.sizes());
-  TORCH_CHECK(t.stride(2) == 1, "rope: ", name, " must have a contiguous head_dim (stride(2) == 1), got stride ",
+  MINFER_CHECK(t.dim() == 3, "rope: ", name, " must be [tokens, heads, head_dim], got shape ", t.sizes());
+  MINFER_CHECK(t.stride(2) == 1, "rope: ", name, " must have a contiguous head_dim (stride(2) == 1), got stride ",
               t.stride(2));
-  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == t.size(2), "rope: ", name,
+  MINFER_CHECK(t.size(1) <= 1 || t.stride(1) == t.size(2), "rope: ", name,
               " must have its heads packed (stride(1) == head_dim); only the token stride may be arbitrary, got "
               "strides ", t.strides());
 }
@@ -105,23 +105,23 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
   check_heads(q, "q");
   check_heads(k, "k");
   const int64_t tokens = q.size(0), head_dim = q.size(2);
-  TORCH_CHECK(k.size(0) == tokens && k.size(2) == head_dim, "rope: k must be [tokens, kv_heads, head_dim] = [",
+  MINFER_CHECK(k.size(0) == tokens && k.size(2) == head_dim, "rope: k must be [tokens, kv_heads, head_dim] = [",
               tokens, ", *, ", head_dim, "] like q, got shape ", k.sizes());
-  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == tokens, "rope: positions must be [tokens] = [", tokens,
+  MINFER_CHECK(positions.dim() == 1 && positions.size(0) == tokens, "rope: positions must be [tokens] = [", tokens,
               "], got shape ", positions.sizes());
   MINFER_CHECK_CONTIGUOUS(positions);
   MINFER_CHECK_INDEX(positions);
-  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat, "rope: cos_sin must be float32, got ", cos_sin.scalar_type());
-  TORCH_CHECK(cos_sin.dim() == 2, "rope: cos_sin must be [max_position, rotary_dim], got shape ", cos_sin.sizes());
+  MINFER_CHECK(cos_sin.scalar_type() == at::kFloat, "rope: cos_sin must be float32, got ", cos_sin.scalar_type());
+  MINFER_CHECK(cos_sin.dim() == 2, "rope: cos_sin must be [max_position, rotary_dim], got shape ", cos_sin.sizes());
   MINFER_CHECK_CONTIGUOUS(cos_sin);
   const int64_t rot = cos_sin.size(1), max_position = cos_sin.size(0);
-  TORCH_CHECK(rot >= 2 && rot % 2 == 0 && rot <= head_dim, "rope: rotary_dim (cos_sin.size(1)) must be even and in [2, ",
+  MINFER_CHECK(rot >= 2 && rot % 2 == 0 && rot <= head_dim, "rope: rotary_dim (cos_sin.size(1)) must be even and in [2, ",
               "head_dim = ", head_dim, "], got ", rot);
-  TORCH_CHECK(head_dim <= 4096, "rope: head_dim must be at most 4096, got ", head_dim);
-  TORCH_CHECK(tokens < (int64_t(1) << 31), "rope: too many tokens (", tokens, ")");
+  MINFER_CHECK(head_dim <= 4096, "rope: head_dim must be at most 4096, got ", head_dim);
+  MINFER_CHECK(tokens < (int64_t(1) << 31), "rope: too many tokens (", tokens, ")");
   const int64_t heads = q.size(1), kv_heads = k.size(1);
   if (tokens == 0 || heads + kv_heads == 0) return;
-  TORCH_CHECK(heads + kv_heads <= (1 << 16), "rope: too many heads (", heads, " + ", kv_heads, ")");
+  MINFER_CHECK(heads + kv_heads <= (1 << 16), "rope: too many heads (", heads, " + ", kv_heads, ")");
   const c10::cuda::CUDAGuard guard(q.device());
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_FLOAT(q.scalar_type(), "rope", [&] {

@@ -41,14 +41,14 @@ void check_seed(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
   MINFER_CHECK_FLOAT(q);
   MINFER_CHECK_SAME_DTYPE(q, k);
   MINFER_CHECK_SAME_DTYPE(q, v);
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, name,
+  MINFER_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, name,
               ": q, k, v must be [batch, heads, seq, head_dim], got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(k.sizes() == v.sizes(), name, ": k and v must have the same shape, got ", k.sizes(), " and ", v.sizes());
-  TORCH_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3), name,
+  MINFER_CHECK(k.sizes() == v.sizes(), name, ": k and v must have the same shape, got ", k.sizes(), " and ", v.sizes());
+  MINFER_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3), name,
               ": q and k must agree in batch and head_dim, got ", q.sizes(), " and ", k.sizes());
-  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, name, ": q heads (", q.size(1),
+  MINFER_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, name, ": q heads (", q.size(1),
               ") must be a multiple of kv heads (", k.size(1), ")");
-  TORCH_CHECK(q.size(2) <= kIntMax && k.size(2) <= kIntMax && q.numel() / std::max<int64_t>(q.size(3), 1) <= kIntMax,
+  MINFER_CHECK(q.size(2) <= kIntMax && k.size(2) <= kIntMax && q.numel() / std::max<int64_t>(q.size(3), 1) <= kIntMax,
               name, ": sizes too large");
 }
 
@@ -67,30 +67,30 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
   MINFER_CHECK_SAME_DEVICE(q_in, k_cache);
   MINFER_CHECK_SAME_DEVICE(q_in, v_cache);
   MINFER_CHECK_SAME_DEVICE(q_in, start_pos);
-  TORCH_CHECK(q_in.scalar_type() == at::kHalf || q_in.scalar_type() == at::kBFloat16,
+  MINFER_CHECK(q_in.scalar_type() == at::kHalf || q_in.scalar_type() == at::kBFloat16,
               "attention: q must be float16 or bfloat16, got ", q_in.scalar_type());
   MINFER_CHECK_SAME_DTYPE(q_in, k_cache);
   MINFER_CHECK_SAME_DTYPE(q_in, v_cache);
-  TORCH_CHECK(start_pos.scalar_type() == at::kInt, "attention: start_pos must be int32, got ", start_pos.scalar_type());
-  TORCH_CHECK(q_in.dim() == 4, "attention: q must be [batch, seq, heads, head_dim], got ", q_in.sizes());
-  TORCH_CHECK(k_cache.dim() == 4, "attention: k_cache must be [batch, capacity, kv_heads, head_dim], got ",
+  MINFER_CHECK(start_pos.scalar_type() == at::kInt, "attention: start_pos must be int32, got ", start_pos.scalar_type());
+  MINFER_CHECK(q_in.dim() == 4, "attention: q must be [batch, seq, heads, head_dim], got ", q_in.sizes());
+  MINFER_CHECK(k_cache.dim() == 4, "attention: k_cache must be [batch, capacity, kv_heads, head_dim], got ",
               k_cache.sizes());
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache and v_cache must have the same shape, got ",
+  MINFER_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache and v_cache must have the same shape, got ",
               k_cache.sizes(), " and ", v_cache.sizes());
   const int64_t batch = q_in.size(0), seq = q_in.size(1), heads = q_in.size(2), head_dim = q_in.size(3);
   const int64_t capacity = k_cache.size(1), kv_heads = k_cache.size(2);
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "attention: head_dim must be 64 or 128, got ", head_dim);
-  TORCH_CHECK(k_cache.size(0) == batch && k_cache.size(3) == head_dim,
+  MINFER_CHECK(head_dim == 64 || head_dim == 128, "attention: head_dim must be 64 or 128, got ", head_dim);
+  MINFER_CHECK(k_cache.size(0) == batch && k_cache.size(3) == head_dim,
               "attention: k_cache must be [batch, capacity, kv_heads, head_dim] = [", batch, ", *, *, ", head_dim,
               "], got ", k_cache.sizes());
-  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: q heads (", heads,
+  MINFER_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: q heads (", heads,
               ") must be a multiple of kv_heads (", kv_heads, ")");
-  TORCH_CHECK(start_pos.dim() == 1 && start_pos.size(0) == batch && start_pos.is_contiguous(),
+  MINFER_CHECK(start_pos.dim() == 1 && start_pos.size(0) == batch && start_pos.is_contiguous(),
               "attention: start_pos must be a contiguous [batch] = [", batch, "] tensor, got ", start_pos.sizes());
-  TORCH_CHECK(rows_aligned16(k_cache) && rows_aligned16(v_cache),
+  MINFER_CHECK(rows_aligned16(k_cache) && rows_aligned16(v_cache),
               "attention: k_cache and v_cache must have a contiguous head_dim, strides that are multiples of 8 "
               "elements and 16-byte aligned data (the contiguous KV cache layout)");
-  TORCH_CHECK(seq <= kIntMax && capacity <= kIntMax && batch <= 65535 && heads <= 65535,
+  MINFER_CHECK(seq <= kIntMax && capacity <= kIntMax && batch <= 65535 && heads <= 65535,
               "attention: sizes too large, got q ", q_in.sizes(), " and cache ", k_cache.sizes());
   const c10::cuda::CUDAGuard guard(q_in.device());
   // q may be a strided view into the fused qkv projection; copy only when its rows are not 16-byte aligned.
@@ -144,7 +144,7 @@ torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_
   const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2);
   auto out = torch::empty({batch, heads, seq_q, head_dim}, q.options());  // [batch, heads, seq_q, head_dim]
   if (out.numel() == 0) return out;
-  TORCH_CHECK(batch <= 65535 && heads <= 65535, "flash_attention: batch and heads must be <= 65535");
+  MINFER_CHECK(batch <= 65535 && heads <= 65535, "flash_attention: batch and heads must be <= 65535");
   attn::FlashParams p{};
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = out.data_ptr();
   p.q_bs = q.stride(0), p.q_hs = q.stride(1), p.q_ss = q.stride(2);

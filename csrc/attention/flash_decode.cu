@@ -9,6 +9,7 @@
 // count (host side, no sync); each CTA divides the actual kv length (start_pos[b] + 1, read on the
 // device) evenly, so splits past the end are empty and write (max -inf, sum 0). A second kernel
 // merges the splits with log-sum-exp; with one split the first kernel writes the output itself.
+#include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -259,7 +260,7 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   auto by_dim = [&](auto t_tag) {
     if (head_dim == 64) go(t_tag, std::integral_constant<int, 64>{});
     else if (head_dim == 128) go(t_tag, std::integral_constant<int, 128>{});
-    else TORCH_CHECK(false, "attention: head_dim must be 64 or 128, got ", head_dim);
+    else MINFER_CHECK(false, "attention: head_dim must be 64 or 128, got ", head_dim);
   };
   if (q.scalar_type() == at::kHalf) by_dim(__half{});
   else by_dim(__nv_bfloat16{});

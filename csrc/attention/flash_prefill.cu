@@ -8,6 +8,7 @@
 //   engine attention: queries at positions start_pos[b] + s, keys 0 .. start_pos[b] + s visible;
 //   seed flash_attention: q_off = seq_k - seq_q (bottom-right causal) or no mask but the kv length.
 // Memory is O(N): no score matrix exists outside registers.
+#include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -257,11 +258,11 @@ void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, boo
   auto by_dim = [&](auto t_tag) {
     if (head_dim == 64) go(t_tag, std::integral_constant<int, 64>{});
     else if (head_dim == 128) go(t_tag, std::integral_constant<int, 128>{});
-    else TORCH_CHECK(false, "flash prefill: head_dim must be 64 or 128, got ", head_dim);
+    else MINFER_CHECK(false, "flash prefill: head_dim must be 64 or 128, got ", head_dim);
   };
   if (dtype == at::kHalf) by_dim(__half{});
   else if (dtype == at::kBFloat16) by_dim(__nv_bfloat16{});
-  else TORCH_CHECK(false, "flash prefill: dtype must be float16 or bfloat16, got ", dtype);
+  else MINFER_CHECK(false, "flash prefill: dtype must be float16 or bfloat16, got ", dtype);
 }
 
 }  // namespace minfer::attn

@@ -3,6 +3,7 @@
 // serves row t / 8; the 8 threads of a row split the tile's keys for the scores (4 each) and the
 // head dims for the output (d = t % 8 + 8 i). Rows (pad +1) avoid shared-memory bank conflicts.
 // Also the fp32 path of flash_attention (tensor cores take only 16-bit inputs there).
+#include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -131,7 +132,7 @@ torch::Tensor tiled_attention_impl(const torch::Tensor& q, const torch::Tensor& 
                                    double scale, bool is_causal) {
   auto out = torch::empty_like(q, at::MemoryFormat::Contiguous);
   const int64_t D = q.size(3);
-  TORCH_CHECK(D >= 1 && D <= 256, "tiled_attention: head_dim must be in [1, 256], got ", D);
+  MINFER_CHECK(D >= 1 && D <= 256, "tiled_attention: head_dim must be in [1, 256], got ", D);
   if (out.numel() == 0) return out;
   MINFER_DISPATCH_FLOAT(q.scalar_type(), "tiled_attention", [&] {
     if (D <= 64) launch<scalar_t, 8>(q, k, v, out, scale, is_causal);

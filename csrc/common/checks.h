@@ -1,20 +1,55 @@
 // Argument checks shared by every launcher. Each message names the argument and the rule.
 #pragma once
+#include <string>
+#include <type_traits>
+
 #include <torch/all.h>
 
-#define MINFER_CHECK_CUDA(t) TORCH_CHECK((t).is_cuda(), #t " must be a CUDA tensor, got device ", (t).device())
-#define MINFER_CHECK_CONTIGUOUS(t) TORCH_CHECK((t).is_contiguous(), #t " must be contiguous")
+namespace minfer::detail {
+// Messages are assembled from std::string pieces here rather than streamed by c10::str: on the GPU
+// machine (torch 2.11) a failing TORCH_CHECK that streamed an integer crashed the process instead of
+// raising, while plain-string messages raise cleanly.
+inline std::string piece(const std::string& s) { return s; }
+inline std::string piece(const char* s) { return s; }
+inline std::string piece(char c) { return std::string(1, c); }
+inline std::string piece(bool b) { return b ? "true" : "false"; }
+template <typename T>
+  requires std::is_integral_v<T>
+std::string piece(T v) { return std::to_string(v); }
+template <typename T>
+  requires std::is_floating_point_v<T>
+std::string piece(T v) { return std::to_string(v); }
+inline std::string piece(c10::ScalarType t) { return c10::toString(t); }
+inline std::string piece(const caffe2::TypeMeta& t) { return std::string(t.name()); }
+inline std::string piece(const c10::Device& d) { return d.str(); }
+inline std::string piece(c10::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+template <typename... Args>
+std::string msg(const Args&... args) {
+  std::string out;
+  (out += ... += piece(args));
+  return out;
+}
+}  // namespace minfer::detail
+
+#define MINFER_CHECK(cond, ...) TORCH_CHECK(cond, ::minfer::detail::msg(__VA_ARGS__))
+
+#define MINFER_CHECK_CUDA(t) MINFER_CHECK((t).is_cuda(), #t " must be a CUDA tensor, got device ", (t).device())
+#define MINFER_CHECK_CONTIGUOUS(t) MINFER_CHECK((t).is_contiguous(), #t " must be contiguous")
 #define MINFER_CHECK_LAST_DIM_CONTIGUOUS(t) \
-  TORCH_CHECK((t).stride(-1) == 1, #t " must have a contiguous last dimension (stride 1), got stride ", (t).stride(-1))
-#define MINFER_CHECK_DIM(t, n) TORCH_CHECK((t).dim() == (n), #t " must have ", n, " dimensions, got shape ", (t).sizes())
+  MINFER_CHECK((t).stride(-1) == 1, #t " must have a contiguous last dimension (stride 1), got stride ", (t).stride(-1))
+#define MINFER_CHECK_DIM(t, n) MINFER_CHECK((t).dim() == (n), #t " must have ", n, " dimensions, got shape ", (t).sizes())
 #define MINFER_CHECK_FLOAT(t)                                                                                  \
-  TORCH_CHECK((t).scalar_type() == at::kFloat || (t).scalar_type() == at::kHalf ||                             \
+  MINFER_CHECK((t).scalar_type() == at::kFloat || (t).scalar_type() == at::kHalf ||                             \
                   (t).scalar_type() == at::kBFloat16,                                                          \
               #t " must be float32, float16 or bfloat16, got ", (t).scalar_type())
 #define MINFER_CHECK_SAME_DTYPE(a, b) \
-  TORCH_CHECK((a).scalar_type() == (b).scalar_type(), #a " and " #b " must have the same dtype, got ", (a).scalar_type(), " and ", (b).scalar_type())
+  MINFER_CHECK((a).scalar_type() == (b).scalar_type(), #a " and " #b " must have the same dtype, got ", (a).scalar_type(), " and ", (b).scalar_type())
 #define MINFER_CHECK_SAME_DEVICE(a, b) \
-  TORCH_CHECK((a).device() == (b).device(), #a " and " #b " must be on the same device, got ", (a).device(), " and ", (b).device())
+  MINFER_CHECK((a).device() == (b).device(), #a " and " #b " must be on the same device, got ", (a).device(), " and ", (b).device())
 #define MINFER_CHECK_INDEX(t)                                                                                  \
-  TORCH_CHECK((t).scalar_type() == at::kInt || (t).scalar_type() == at::kLong, #t " must be int32 or int64, got ", \
+  MINFER_CHECK((t).scalar_type() == at::kInt || (t).scalar_type() == at::kLong, #t " must be int32 or int64, got ", \
               (t).scalar_type())

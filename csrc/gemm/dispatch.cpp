@@ -41,11 +41,11 @@ std::string shape(const torch::Tensor& t) {
   return s + "]";
 }
 void check_dim2(const torch::Tensor& t, const char* name, const char* op) {
-  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must have 2 dimensions, got shape ", shape(t));
+  MINFER_CHECK(t.dim() == 2, op, ": ", name, " must have 2 dimensions, got shape ", shape(t));
 }
 void check_cuda(const torch::Tensor& t, const torch::Tensor& ref, const char* name, const char* op) {
-  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a ", t.device().type() == at::kCPU ? "CPU" : "non-CUDA", " tensor");
-  TORCH_CHECK(t.get_device() == ref.get_device(), op, ": ", name, " must be on the same device as the first input");
+  MINFER_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a ", t.device().type() == at::kCPU ? "CPU" : "non-CUDA", " tensor");
+  MINFER_CHECK(t.get_device() == ref.get_device(), op, ": ", name, " must be on the same device as the first input");
 }
 
 enum class Path { kAuto, kWmma, kSm80, kSm90, kGemv, kSimt };
@@ -57,7 +57,7 @@ Path parse_path(const std::string& name, const char* op) {
   if (name == "sm90") return Path::kSm90;
   if (name == "gemv") return Path::kGemv;
   if (name == "simt") return Path::kSimt;
-  TORCH_CHECK(false, op, ": unknown path '", name, "' (auto, wmma, sm80, sm90, gemv, simt)");
+  MINFER_CHECK(false, op, ": unknown path '", name, "' (auto, wmma, sm80, sm90, gemv, simt)");
 }
 
 // The cp.async / TMA / 16-byte-load paths read A and B in 16-byte chunks along K.
@@ -87,12 +87,12 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       launch_wmma<T, T>(p, stream);
       return;
     case Path::kGemv:
-      TORCH_CHECK(aligned, op, ": path gemv needs ", rule, " (got K=" + num(p.K) + ")");
+      MINFER_CHECK(aligned, op, ": path gemv needs ", rule, " (got K=" + num(p.K) + ")");
       launch_gemv<T>(p, stream);
       return;
     case Path::kSm80:
-      TORCH_CHECK(major >= 8, op, ": path sm80 needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
-      TORCH_CHECK(aligned, op, ": path sm80 needs ", rule, " (got K=" + num(p.K) + ")");
+      MINFER_CHECK(major >= 8, op, ": path sm80 needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
+      MINFER_CHECK(aligned, op, ": path sm80 needs ", rule, " (got K=" + num(p.K) + ")");
       {
         const int splits = sm80_split_k(p.M, p.N, p.K, num_sms(device.index()));
         torch::Tensor ws;
@@ -102,17 +102,17 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       }
       return;
     case Path::kSm90:
-      TORCH_CHECK(major == 9, op, ": path sm90 needs compute capability 9.x (Hopper), got " + num(major) + "." + num(minor));
-      TORCH_CHECK(aligned, op, ": path sm90 needs ", rule, " (got K=" + num(p.K) + ")");
+      MINFER_CHECK(major == 9, op, ": path sm90 needs compute capability 9.x (Hopper), got " + num(major) + "." + num(minor));
+      MINFER_CHECK(aligned, op, ": path sm90 needs ", rule, " (got K=" + num(p.K) + ")");
       launch_sm90<T>(p, stream);
       return;
     default:
-      TORCH_CHECK(false, op, ": path simt is for float32 only; float16/bfloat16 take auto, wmma, sm80, sm90 or gemv");
+      MINFER_CHECK(false, op, ": path simt is for float32 only; float16/bfloat16 take auto, wmma, sm80, sm90 or gemv");
   }
 }
 
 void run_fp32(const Params<float, float>& p, Path path, const char* op) {
-  TORCH_CHECK(path == Path::kAuto || path == Path::kSimt, op,
+  MINFER_CHECK(path == Path::kAuto || path == Path::kSimt, op,
               ": float32 runs on the simt path only (path auto or simt); wmma/sm80/sm90/gemv need float16 or bfloat16");
   launch_simt(p, c10::cuda::getCurrentCUDAStream());
 }
@@ -129,7 +129,7 @@ const T* ptr(const torch::Tensor& t) {
 }
 
 void check_int_range(int64_t v, const char* what, const char* op) {
-  TORCH_CHECK(v < (int64_t(1) << 31), op, ": ", what, " = " + num(v) + " is too large (must fit in int32)");
+  MINFER_CHECK(v < (int64_t(1) << 31), op, ": ", what, " = " + num(v) + " is too large (must fit in int32)");
 }
 
 }  // namespace
@@ -146,17 +146,17 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
   MINFER_CHECK_SAME_DTYPE(x, weight);
   check_dim2(x, "x", "linear");
   check_dim2(weight, "weight", "linear");
-  TORCH_CHECK(x.size(1) == weight.size(1), "linear: x is [tokens, in] = " + shape(x) + " and weight is [out, in] = " +
+  MINFER_CHECK(x.size(1) == weight.size(1), "linear: x is [tokens, in] = " + shape(x) + " and weight is [out, in] = " +
               shape(weight) + ": the in dimensions differ");
   const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
-  TORCH_CHECK(x.stride(1) == 1 || K <= 1, "linear: x must have a contiguous last dimension (stride 1)");
-  TORCH_CHECK(weight.stride(1) == 1 || K <= 1, "linear: weight must have a contiguous last dimension (stride 1)");
+  MINFER_CHECK(x.stride(1) == 1 || K <= 1, "linear: x must have a contiguous last dimension (stride 1)");
+  MINFER_CHECK(weight.stride(1) == 1 || K <= 1, "linear: weight must have a contiguous last dimension (stride 1)");
   torch::Tensor b;
   if (bias.has_value() && bias->defined()) {
     b = *bias;
     check_cuda(b, x, "bias", "linear");
     MINFER_CHECK_SAME_DTYPE(x, b);
-    TORCH_CHECK(b.dim() == 1 && b.size(0) == N, "linear: bias must be [out] = [" + num(N) + "], got " + shape(b));
+    MINFER_CHECK(b.dim() == 1 && b.size(0) == N, "linear: bias must be [out] = [" + num(N) + "], got " + shape(b));
     b = b.contiguous();
   }
   check_int_range(M, "tokens", "linear");
@@ -188,7 +188,7 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha,
   // opA [M, K]; opBt = op(B)^T [N, K]: the kernels read B weight-like.
   torch::Tensor opA = trans_a ? a.t() : a, opBt = trans_b ? b : b.t();
   const int64_t M = opA.size(0), K = opA.size(1), N = opBt.size(0);
-  TORCH_CHECK(opBt.size(1) == K, "gemm: op(A) is [M, K] = " + shape(opA) + " but op(B) is [K, N] = [" +
+  MINFER_CHECK(opBt.size(1) == K, "gemm: op(A) is [M, K] = " + shape(opA) + " but op(B) is [K, N] = [" +
                                      num(opBt.size(1)) + ", " + num(N) + "]: the K dimensions differ");
   check_int_range(M, "M", "gemm");
   check_int_range(N, "N", "gemm");
@@ -198,7 +198,7 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha,
   if (beta != 0.0 && c.has_value() && c->defined()) {
     check_cuda(*c, a, "c", "gemm");
     MINFER_CHECK_FLOAT((*c));
-    TORCH_CHECK(c->dim() <= 2, "gemm: c must be broadcastable to [M, N] = [" + num(M) + ", " + num(N) + "], got " +
+    MINFER_CHECK(c->dim() <= 2, "gemm: c must be broadcastable to [M, N] = [" + num(M) + ", " + num(N) + "], got " +
                                    shape(*c));
     cc = c->to(a.scalar_type()).expand({M, N}).contiguous();
   }
@@ -228,11 +228,11 @@ torch::Tensor tensor_core_gemm(const torch::Tensor& a, const torch::Tensor& b) {
   using namespace gemm_impl;
   check_cuda(a, a, "a", "tensor_core_gemm");
   check_cuda(b, a, "b", "tensor_core_gemm");
-  TORCH_CHECK(a.scalar_type() == at::kHalf && b.scalar_type() == at::kHalf,
+  MINFER_CHECK(a.scalar_type() == at::kHalf && b.scalar_type() == at::kHalf,
               "tensor_core_gemm: a and b must be float16, got ", a.scalar_type(), " and ", b.scalar_type());
   check_dim2(a, "a", "tensor_core_gemm");
   check_dim2(b, "b", "tensor_core_gemm");
-  TORCH_CHECK(a.size(1) == b.size(0), "tensor_core_gemm: a is [M, K] = " + shape(a) + " and b is [K, N] = " + shape(b) +
+  MINFER_CHECK(a.size(1) == b.size(0), "tensor_core_gemm: a is [M, K] = " + shape(a) + " and b is [K, N] = " + shape(b) +
                                           ": the K dimensions differ");
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   check_int_range(M, "M", "tensor_core_gemm");
@@ -252,20 +252,20 @@ torch::Tensor gemm_int8(const torch::Tensor& a, const torch::Tensor& b) {
   using namespace gemm_impl;
   check_cuda(a, a, "a", "gemm_int8");
   check_cuda(b, a, "b", "gemm_int8");
-  TORCH_CHECK(a.scalar_type() == at::kChar && b.scalar_type() == at::kChar, "gemm_int8: a and b must be int8, got ",
+  MINFER_CHECK(a.scalar_type() == at::kChar && b.scalar_type() == at::kChar, "gemm_int8: a and b must be int8, got ",
               a.scalar_type(), " and ", b.scalar_type());
   check_dim2(a, "a", "gemm_int8");
   check_dim2(b, "b", "gemm_int8");
-  TORCH_CHECK(a.size(1) == b.size(0), "gemm_int8: a is [M, K] = " + shape(a) + " and b is [K, N] = " + shape(b) +
+  MINFER_CHECK(a.size(1) == b.size(0), "gemm_int8: a is [M, K] = " + shape(a) + " and b is [K, N] = " + shape(b) +
                                           ": the K dimensions differ");
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   check_int_range(M, "M", "gemm_int8");
   check_int_range(N, "N", "gemm_int8");
-  TORCH_CHECK(K <= (int64_t(1) << 17), "gemm_int8: K = " + num(K) + " could overflow the int32 accumulator (K <= 131072)");
+  MINFER_CHECK(K <= (int64_t(1) << 17), "gemm_int8: K = " + num(K) + " could overflow the int32 accumulator (K <= 131072)");
   const c10::cuda::CUDAGuard guard(a.device());
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.device().index()));
-  TORCH_CHECK(major >= 8, "gemm_int8: needs compute capability >= 8.0 (mma.sync m16n8k32 s8)");
+  MINFER_CHECK(major >= 8, "gemm_int8: needs compute capability >= 8.0 (mma.sync m16n8k32 s8)");
   auto out = torch::empty({M, N}, a.options().dtype(at::kInt));
   if (M == 0 || N == 0) return out;
   // The kernel reads K in 16-byte chunks from K-contiguous rows: B is transposed to [N, Kp] and both

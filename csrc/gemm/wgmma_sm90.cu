@@ -9,6 +9,7 @@
 // Advancing K by 16 elements inside the 64-wide tile is a +32 B start address.
 // Out-of-bounds rows/columns are zero-filled by TMA; the epilogue stores with bounds checks.
 // Requirements (checked by the dispatcher): K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases.
+#include "common/checks.h"
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -178,7 +179,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
     void* ptr = nullptr;
     cudaDriverEntryPointQueryResult status{};
     C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
-    TORCH_CHECK(status == cudaDriverEntryPointSuccess && ptr, "linear: sm90 path: cuTensorMapEncodeTiled not found");
+    MINFER_CHECK(status == cudaDriverEntryPointSuccess && ptr, "linear: sm90 path: cuTensorMapEncodeTiled not found");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
   }();
   return fn;
@@ -196,7 +197,7 @@ CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride) {
   const CUresult r = encode_fn()(&map, dtype, 2, const_cast<T*>(ptr), dims, strides, box, elem_strides,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TORCH_CHECK(r == CUDA_SUCCESS, "linear: sm90 path: cuTensorMapEncodeTiled failed with error " + std::to_string(int(r)) +
+  MINFER_CHECK(r == CUDA_SUCCESS, "linear: sm90 path: cuTensorMapEncodeTiled failed with error " + std::to_string(int(r)) +
                                      " (rows=" + std::to_string(rows) + ", K=" + std::to_string(K) +
                                      ", row stride=" + std::to_string(row_stride) + ")");
   return map;
