@@ -69,7 +69,6 @@ class Engine:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         return self.tokenizer.encode_chat(messages)
 
-    @torch.inference_mode()
     def _decode_step(self, cache: KVCache, next_ids: torch.Tensor, pos: torch.Tensor):
         """A function (ids [batch], pos [batch]) -> logits [batch, vocab] for one decode step.
 
@@ -103,6 +102,7 @@ class Engine:
 
         return replay
 
+    @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
                  stop: list[str] | None = None, on_text=None) -> tuple[list[Output], Stats]:
         """prompts: token ids per sequence. on_text(seq_index, text_delta) is called as text decodes."""

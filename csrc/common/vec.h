@@ -55,7 +55,9 @@ __host__ inline bool rows_aligned16(const void* base, int64_t elems, int64_t row
   return is_aligned16(base) && (elems * elem_size) % 16 == 0 && (row_stride * elem_size) % 16 == 0;
 }
 
+#ifdef __CUDACC__
 __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fc00000); }
+#endif
 
 __host__ inline int round_up(int64_t x, int m) { return static_cast<int>((x + m - 1) / m * m); }
 
