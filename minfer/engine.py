@@ -137,7 +137,6 @@ class Engine:
         next_ids = sample(logits, params, generator, seen)  # [batch]
         pos = torch.tensor(lens, dtype=torch.int32, device=dev)  # position of next_ids
 
-        decode_step = self._decode_step(cache, next_ids, pos)
         outputs = [Output() for _ in range(batch)]
         decoders = [StreamDecoder(self.tokenizer) for _ in range(batch)]
         emitted = [0] * batch
@@ -150,6 +149,7 @@ class Engine:
             if step == 0:
                 stats.ttft_s = stats.prefill_s = time.perf_counter() - t0
                 t_decode = time.perf_counter()
+                decode_step = self._decode_step(cache, next_ids, pos)  # graph capture counts as decode time
             for b, tok in enumerate(host_ids):
                 if done[b]:
                     continue
