@@ -1,0 +1,24 @@
+"""Runs every attention kernel once on small awkward shapes, for `compute-sanitizer --tool racecheck`.
+
+The attention tests also launch torch's own SDPA for their references, and racecheck reports that kernel's
+shared-memory hazards too; this script launches only ours:
+    compute-sanitizer --tool racecheck python apps/race_attention.py
+"""
+import torch
+
+import minfer.ops.cuda as kernels
+
+torch.manual_seed(0)
+opts = dict(device="cuda", dtype=torch.bfloat16)
+for hd in (64, 128):
+    k_cache, v_cache = torch.randn(2, 300, 2, hd, **opts), torch.randn(2, 300, 2, hd, **opts)  # [batch, cap, kv, hd]
+    q = torch.randn(2, 113, 8, hd, **opts)  # [batch, seq, heads, hd]
+    kernels.attention(q, k_cache, v_cache, torch.tensor([0, 57], device="cuda", dtype=torch.int32), hd ** -0.5)
+    kernels.attention(q[:, :1].contiguous(), k_cache, v_cache, torch.tensor([150, 299], device="cuda",
+                      dtype=torch.int32), hd ** -0.5)  # decode: split-KV + combine
+    x = torch.randn(1, 4, 200, hd, **opts)  # [batch, heads, seq, hd]
+    kernels.flash_attention(x, x, x, is_causal=True)
+    kernels.tiled_attention(x, x, x, is_causal=True)
+    kernels.naive_attention(x[:, :, :64], x, x)
+torch.cuda.synchronize()
+print("race_attention: done")
