@@ -1,193 +1,307 @@
-// Split-KV flash decode (one query per sequence). Decode reads every K/V byte once and does ~1 FLOP
-// per byte, so it is bound by HBM bandwidth; the work is to keep enough loads in flight on every SM.
+// Split-KV flash decode (one query per sequence) on tensor cores, with the split combine fused in.
+// Decode reads every K/V byte once and does ~1 FLOP per byte: it is bound by HBM bandwidth, and at
+// small batch by fixed costs (ramp-up, the combine). So: many bytes in flight from the first cycle,
+// little issue work per byte, one launch.
 //
-// Grid (split, q-head block, batch). A CTA owns HP q heads that share one kv head, so each K/V row
-// is loaded once for all of them, and streams its split of the cache with 16-byte loads: a key row
-// is read by LPK = head_dim / 8 lanes (8 elements each), a warp covers 32 / LPK keys per step and R
-// steps per iteration (all loads issued before any math). Each warp keeps an online softmax state;
-// the warps merge through shared memory. The number of splits comes from the capacity and the SM
-// count (host side, no sync); each CTA divides the actual kv length (start_pos[b] + 1, read on the
-// device) evenly, so splits past the end are empty and write (max -inf, sum 0). A second kernel
-// merges the splits with log-sum-exp; with one split the first kernel writes the output itself.
+// Grid (split, kv block, batch). A kv block is up to 16 q heads of one kv group (heads / kv_heads of
+// them; more than 16 take several blocks), so each K/V byte is read once for all of them. The heads are
+// the 16 rows of the A operand of mma.sync m16n8k16 (rows past the group are zeros): per 16 keys a warp
+// does S = Q K^T (head_dim/8 MMAs), an online softmax on the S fragments, and O += P V (head_dim/8
+// MMAs), with K/V fragments from ldmatrix on XOR-swizzled shared memory.
+//
+// Each of the 4 warps streams its own tiles of 16 keys (tiles of the CTA's key range dealt round robin)
+// through its own cp.async ring of STAGES tiles (24 KB): no CTA barrier in the main loop, and the whole
+// ring is in flight before the first tile is used. The warps merge through shared memory at the end.
+//
+// Splits: chosen on the host from the capacity and the resident-CTA count (no sync); each CTA reads
+// start_pos[b] and divides the ACTUAL kv length evenly (whole tiles), so CTAs past the end exit at once.
+// With one active split the CTA writes the output. Otherwise each split writes its partial (max, sum,
+// unnormalised O) to a workspace and bumps a per-(batch, kv block) counter; the CTA that arrives last
+// merges all partials by log-sum-exp, writes the output and resets the counter to zero, so the counters
+// are zero again after every launch (CUDA-graph replay included).
 #include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <mutex>
 
 #include "attention/attention.h"
+#include "attention/mma.cuh"
 #include "common/vec.h"
 
 namespace minfer::attn {
 
 namespace {
 
-constexpr int kThreads = 128, kWarps = kThreads / 32;
-constexpr int kMinChunk = 64;  // fewest keys worth a split
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kTK = 16;               // keys per warp tile (the k of the P V mma)
+constexpr int kRows = 16;             // q heads per CTA (the m of the mma)
+constexpr int kRingBytes = 24 << 10;  // per warp: 3 tiles of K+V at head_dim 128, 6 at 64
+constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
+constexpr int kMaxSplits = 128;
 
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
   const void* k;  // k[b, j, kvh, :] at b*k_bs + j*k_ss + kvh*k_hs
   const void* v;
-  void* o;        // final output [batch, heads, D] (contiguous), written when num_splits == 1
-  float* ws_o;    // [batch, heads, num_splits, D] unnormalised partial outputs
-  float* ws_ml;   // [batch, heads, num_splits, 2] (max in log2 units, sum)
+  void* o;          // [batch, heads, D] contiguous
+  float* ws_o;      // [batch * kv_blocks, num_splits, rows, D] unnormalised partial outputs
+  float2* ws_ml;    // [batch * kv_blocks, num_splits, rows] (max in log2 units, sum)
+  int* counters;    // [batch * kv_blocks], zero between launches
   const int* start_pos;
   int64_t q_bs, q_hs, k_bs, k_ss, k_hs, v_bs, v_ss, v_hs;
-  int heads, group, capacity, num_splits;
+  int heads, group;
+  int hblocks;      // kv blocks per kv head: ceil(group / 16)
+  int rows;         // q heads per kv block: min(group, 16) (the last block of a group may have fewer)
+  int capacity, num_splits;
   float scale_log2;
 };
 
-template <typename T, int D, int HP>
-__global__ void __launch_bounds__(kThreads) flash_decode_kernel(const DecodeParams p) {
-  constexpr int LPK = D / 8;               // lanes per key row
-  constexpr int KPS = 32 / LPK;            // keys per warp step
-  constexpr int R = HP >= 8 ? 4 : 8;       // steps per iteration (loads in flight per lane: 2R)
-  constexpr int KPI = KPS * R;             // keys per warp iteration
-  __shared__ float s_m[kWarps][HP], s_l[kWarps][HP];
-  __shared__ float s_acc[kWarps][HP][D];
+template <typename T>
+__device__ __forceinline__ void store4(T* dst, float4 x) {  // 4 elements, 8-byte aligned
+  uint2 u;
+  u.x = pack2<T>(x.x, x.y);
+  u.y = pack2<T>(x.z, x.w);
+  *reinterpret_cast<uint2*>(dst) = u;
+}
 
-  const int split = blockIdx.x, hblk = blockIdx.y, b = blockIdx.z;
-  const int head0 = hblk * HP, kvh = head0 / p.group;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int c = lane % LPK, kg = lane / LPK;  // this lane's 8-element chunk and key slot
+__device__ __forceinline__ void fma4(float4& o, float4 x, float w) {
+  o.x = fmaf(x.x, w, o.x), o.y = fmaf(x.y, w, o.y), o.z = fmaf(x.z, w, o.z), o.w = fmaf(x.w, w, o.w);
+}
 
-  const int kv_len = max(0, min(p.start_pos[b] + 1, p.capacity));
-  int chunk = (kv_len + p.num_splits - 1) / p.num_splits;
-  chunk = max(kMinChunk, (chunk + 15) / 16 * 16);
-  const int s0 = split * chunk, s1 = min(s0 + chunk, kv_len);  // this split's keys [s0, s1); may be empty
+__device__ __forceinline__ float4 scale4(float4 x, float w) { return make_float4(x.x * w, x.y * w, x.z * w, x.w * w); }
 
-  float qr[HP][8];
-#pragma unroll
-  for (int h = 0; h < HP; ++h) {
-    const T* qh = reinterpret_cast<const T*>(p.q) + b * p.q_bs + (head0 + h) * p.q_hs + c * 8;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) qr[h][e] = to_float(qh[e]) * p.scale_log2;  // scores come out in log2 units
-  }
-  float m[HP], l[HP], acc[HP][8];
-#pragma unroll
-  for (int h = 0; h < HP; ++h) {
-    m[h] = -INFINITY, l[h] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[h][e] = 0.f;
-  }
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeParams p) {
+  constexpr int KD = D / 16;  // k-steps of Q K^T
+  constexpr int DT = D / 8;   // 8-wide output tiles
+  constexpr int CH = D / 8;   // 16-byte chunks per row
+  constexpr int TILE = kTK * D;                                         // elements of one K (or V) tile
+  constexpr int STAGES = kRingBytes / (2 * TILE * int(sizeof(T)));      // 3 at D = 128, 6 at D = 64
+  constexpr int OS = D + 8;   // float row stride of the warp partials (conflict-free float2 stores)
+  static_assert(STAGES >= 2 && kRows * OS * 4 <= kRingBytes, "ring too small");
+  extern __shared__ __align__(16) unsigned char smem[];  // kWarps rings of kRingBytes
+  __shared__ float s_m[kWarps][kRows], s_l[kWarps][kRows];
+  __shared__ int s_last;
 
-  const T* kb = reinterpret_cast<const T*>(p.k) + b * p.k_bs + kvh * p.k_hs + c * 8;
-  const T* vb = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs + c * 8;
-  for (int base = s0 + warp * KPI; base < s1; base += kWarps * KPI) {
-    Vec<T> kr[R], vr[R];
+  const int split = blockIdx.x, blk = blockIdx.y, b = blockIdx.z;
+  const int kvh = blk / p.hblocks, hb = blk % p.hblocks;
+  const int head0 = kvh * p.group + hb * kRows;
+  const int rows = min(kRows, p.group - hb * kRows);  // valid q heads of this block
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+
+  // This split's keys [s0, s1) of the actual length: whole tiles, at least kMinChunk keys.
+  const int len = max(0, min(p.start_pos[b] + 1, p.capacity));
+  int chunk = (len + p.num_splits - 1) / p.num_splits;
+  chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
+  const int n_active = max(1, (len + chunk - 1) / chunk);
+  if (split >= n_active) return;
+  const int s0 = split * chunk, s1 = min(s0 + chunk, len);
+  const int n_tiles = max(0, (s1 - s0 + kTK - 1) / kTK);
+  const int n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;  // tiles warp, warp+4, ...
+
+  // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory.
+  uint32_t qf[KD][4];
+  {
+    const T* qb = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head0 * p.q_hs + 2 * t;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int key = base + r * KPS + kg;
-      if (key < s1) {
-        kr[r].load(kb + key * p.k_ss);
-        vr[r].load(vb + key * p.v_ss);
-      } else {
+    for (int half = 0; half < 2; ++half) {
+      const int r = g + 8 * half;
+      const T* qr = qb + r * p.q_hs;
 #pragma unroll
-        for (int e = 0; e < Vec<T>::N; ++e) kr[r].v[e] = vr[r].v[e] = from_float<T>(0.f);
-      }
-    }
-    float sc[HP][R];
-#pragma unroll
-    for (int h = 0; h < HP; ++h) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(qr[h][e], to_float(kr[r].v[e]), dot);
-#pragma unroll
-        for (int off = 1; off < LPK; off <<= 1) dot += __shfl_xor_sync(0xffffffff, dot, off);
-        sc[h][r] = base + r * KPS + kg < s1 ? dot : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < HP; ++h) {
-      float mx = sc[h][0];
-#pragma unroll
-      for (int r = 1; r < R; ++r) mx = fmaxf(mx, sc[h][r]);
-#pragma unroll
-      for (int off = LPK; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
-      // mx is finite: key `base` (< s1) is in this iteration.
-      const float m_new = fmaxf(m[h], mx);
-      const float alpha = exp2f(m[h] - m_new);
-      m[h] = m_new;
-      l[h] *= alpha;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[h][e] *= alpha;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float pr = exp2f(sc[h][r] - m_new);
-        l[h] += pr;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(pr, to_float(vr[r].v[e]), acc[h][e]);
+      for (int kk = 0; kk < KD; ++kk) {
+        qf[kk][half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16) : 0u;
+        qf[kk][2 + half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16 + 8) : 0u;
       }
     }
   }
 
-  // Sum over the key slots of the warp (m is already uniform across the warp), then merge the warps.
+  T* ring = reinterpret_cast<T*>(smem + warp * kRingBytes);  // [STAGES][K tile, V tile], swizzled rows
+  const T* kg = reinterpret_cast<const T*>(p.k) + b * p.k_bs + kvh * p.k_hs;
+  const T* vg = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs;
+  // This warp's tile i starts at key s0 + (warp + i * kWarps) * kTK; keys >= s1 are zero-filled (never
+  // read: the cache past the length may hold anything, NaN included).
+  auto load_tile = [&](int i, int st) {
+    const int key0 = s0 + (warp + i * kWarps) * kTK, valid = s1 - key0;
+    T* dk = ring + st * 2 * TILE;
+    T* dv = dk + TILE;
+    const T* gk = kg + key0 * p.k_ss;
+    const T* gv = vg + key0 * p.v_ss;
 #pragma unroll
-  for (int h = 0; h < HP; ++h) {
-#pragma unroll
-    for (int off = LPK; off < 32; off <<= 1) {
-      l[h] += __shfl_xor_sync(0xffffffff, l[h], off);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[h][e] += __shfl_xor_sync(0xffffffff, acc[h][e], off);
+    for (int j = 0; j < kTK * CH / 32; ++j) {
+      const int idx = lane + 32 * j, r = idx / CH, c = idx % CH;
+      const bool ok = r < valid;
+      cp_async16(dk + swz<D>(r, c), gk + (ok ? r : 0) * p.k_ss + c * 8, ok);
+      cp_async16(dv + swz<D>(r, c), gv + (ok ? r : 0) * p.v_ss + c * 8, ok);
     }
-    if (lane == 0) s_m[warp][h] = m[h], s_l[warp][h] = l[h];
-    if (kg == 0) {
+  };
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s_acc[warp][h][c * 8 + e] = acc[h][e];
+  for (int i = 0; i < STAGES; ++i) {
+    if (i < n_my) load_tile(i, i);
+    cp_async_commit();
+  }
+
+  // Per thread: rows g (index 0) and g + 8 (index 1) of the 16 heads.
+  float acc[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.f, 0.f};
+
+  int st = 0;
+  for (int i = 0; i < n_my; ++i) {
+    cp_async_wait<STAGES - 1>();  // tile i has landed (this lane's copies) ...
+    __syncwarp();                 // ... and every lane's
+    const T* tk = ring + st * 2 * TILE;
+    const T* tv = tk + TILE;
+
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0-7, 8-15 of the tile
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      uint32_t bf[4];
+      ldsm_x4(bf, tk + swz<D>((lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
+      mma_16816<T>(s[0], qf[kk], bf[0], bf[1]);
+      mma_16816<T>(s[1], qf[kk], bf[2], bf[3]);
     }
+
+    const int valid = s1 - (s0 + (warp + i * kWarps) * kTK);  // >= 1
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[j][e] * p.scale_log2;  // log2 units: exp2f below
+        if (j * 8 + 2 * t + (e & 1) >= valid) x = -INFINITY;
+        s[j][e] = x;
+        mx[e / 2] = fmaxf(mx[e / 2], x);
+      }
+    }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+      const float m_new = fmaxf(m_row[h], mx[h]);  // finite: key 0 of the tile is valid
+      base[h] = m_new;
+      alpha[h] = exp2f(m_row[h] - m_new);  // 0 on the first tile (m_row = -inf)
+      m_row[h] = m_new;
+      l_row[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - base[e / 2]);
+        l_row[e / 2] += s[j][e];  // this thread's columns; the quad is summed at the end
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      acc[d][0] *= alpha[0], acc[d][1] *= alpha[0];
+      acc[d][2] *= alpha[1], acc[d][3] *= alpha[1];
+    }
+    // The C fragments of the two score tiles are the A fragment of P (16 heads x 16 keys).
+    uint32_t pf[4];
+    pf[0] = pack2<T>(s[0][0], s[0][1]);
+    pf[1] = pack2<T>(s[0][2], s[0][3]);
+    pf[2] = pack2<T>(s[1][0], s[1][1]);
+    pf[3] = pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dd = 0; dd < DT / 2; ++dd) {
+      uint32_t vf[4];
+      ldsm_x4_trans(vf, tv + swz<D>((lane % 8) + ((lane / 8) % 2) * 8, dd * 2 + lane / 16));
+      mma_16816<T>(acc[2 * dd], pf, vf[0], vf[1]);
+      mma_16816<T>(acc[2 * dd + 1], pf, vf[2], vf[3]);
+    }
+
+    __syncwarp();  // every lane is done with slot st: refill it
+    if (i + STAGES < n_my) load_tile(i + STAGES, st);
+    cp_async_commit();
+    st = st + 1 == STAGES ? 0 : st + 1;
+  }
+  cp_async_wait<0>();
+  __syncwarp();
+
+  // Warp partials into the warp's own ring: O [16][OS] floats, max and sum per row.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_row[h] += __shfl_xor_sync(0xffffffff, l_row[h], 1);
+    l_row[h] += __shfl_xor_sync(0xffffffff, l_row[h], 2);
+  }
+  float* so = reinterpret_cast<float*>(ring);
+#pragma unroll
+  for (int d = 0; d < DT; ++d) {
+    *reinterpret_cast<float2*>(so + g * OS + d * 8 + 2 * t) = make_float2(acc[d][0], acc[d][1]);
+    *reinterpret_cast<float2*>(so + (g + 8) * OS + d * 8 + 2 * t) = make_float2(acc[d][2], acc[d][3]);
+  }
+  if (t == 0) {
+    s_m[warp][g] = m_row[0], s_m[warp][g + 8] = m_row[1];
+    s_l[warp][g] = l_row[0], s_l[warp][g + 8] = l_row[1];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < HP * D; i += kThreads) {
-    const int h = i / D, d = i % D;
+
+  // Merge the warps: thread per (row, 4 dims). Idle warps have max -inf and weigh 0.
+  const int64_t pair = static_cast<int64_t>(b) * gridDim.y + blk;  // (batch, kv block)
+  const int64_t slot0 = pair * p.num_splits;                        // its split 0 in the workspace
+  T* out = reinterpret_cast<T*>(p.o) + (static_cast<int64_t>(b) * p.heads + head0) * D;
+  for (int qi = tid; qi < rows * (D / 4); qi += kThreads) {
+    const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
     float mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
-    float sum = 0.f, o = 0.f;
-    if (mx != -INFINITY) {
+    const float mb = mx == -INFINITY ? 0.f : mx;  // no key at all (len 0): avoid inf - inf
+    float sum = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float wt = exp2f(s_m[w][h] - mx);  // 0 for an idle warp (max -inf)
-        sum += s_l[w][h] * wt;
-        o += s_acc[w][h][d] * wt;
-      }
+    for (int w = 0; w < kWarps; ++w) {
+      const float wt = exp2f(s_m[w][h] - mb);
+      sum += s_l[w][h] * wt;
+      fma4(o, *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(smem + w * kRingBytes) + h * OS + d),
+           wt);
     }
-    const int64_t bh = static_cast<int64_t>(b) * p.heads + head0 + h;
-    if (p.num_splits == 1) {
-      reinterpret_cast<T*>(p.o)[bh * D + d] = from_float<T>(sum > 0.f ? o / sum : 0.f);
+    if (n_active == 1) {
+      store4(out + h * D + d, scale4(o, sum > 0.f ? 1.f / sum : 0.f));
     } else {
-      const int64_t slot = bh * p.num_splits + split;
-      p.ws_o[slot * D + d] = o;
-      if (d == 0) p.ws_ml[slot * 2] = mx, p.ws_ml[slot * 2 + 1] = sum;
+      const int64_t r = (slot0 + split) * p.rows + h;
+      *reinterpret_cast<float4*>(p.ws_o + r * D + d) = o;
+      if (d == 0) p.ws_ml[r] = make_float2(mx, sum);
     }
   }
-}
+  if (n_active == 1) return;
 
-// out[b, h, :] = sum_s exp2(m_s - M) acc_s / sum_s exp2(m_s - M) l_s over the non-empty splits.
-// Grid: batch * heads; block: D threads.
-template <typename T, int D>
-__global__ void __launch_bounds__(D) flash_decode_combine_kernel(const float* __restrict__ ws_o,
-                                                                 const float* __restrict__ ws_ml,
-                                                                 T* __restrict__ out, int num_splits) {
-  const int64_t bh = blockIdx.x;
-  const int d = threadIdx.x;
-  const float* ml = ws_ml + bh * num_splits * 2;
-  float mx = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ml[2 * s]);
-  float sum = 0.f, o = 0.f;
-  if (mx != -INFINITY) {
-    for (int s = 0; s < num_splits; ++s) {
-      const float ms = ml[2 * s];
-      if (ms == -INFINITY) continue;  // empty split: its partial output is zeros but skip it anyway
-      const float wt = exp2f(ms - mx);
-      sum += ml[2 * s + 1] * wt;
-      o += ws_o[(bh * num_splits + s) * D + d] * wt;
-    }
+  // Last CTA of this (batch, kv block) to arrive merges the splits. Writers fence before the count,
+  // the last CTA fences after seeing it, and reads the partials from L2 (__ldcg).
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(p.counters + pair, 1);
+    s_last = prev == n_active - 1;
+    if (s_last) atomicExch(p.counters + pair, 0);  // every split has arrived: ready for the next launch
   }
-  out[bh * D + d] = from_float<T>(sum > 0.f ? o / sum : 0.f);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+
+  float2* sml = reinterpret_cast<float2*>(smem);  // [n_active][rows]; the warp partials are consumed
+  for (int i = tid; i < n_active * p.rows; i += kThreads) sml[i] = __ldcg(p.ws_ml + slot0 * p.rows + i);
+  __syncthreads();
+  for (int qi = tid; qi < rows * (D / 4); qi += kThreads) {
+    const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
+    float mx = -INFINITY;
+    for (int s = 0; s < n_active; ++s) mx = fmaxf(mx, sml[s * p.rows + h].x);  // finite: no split is empty
+    float sum = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float* src = p.ws_o + (slot0 * p.rows + h) * D + d;
+#pragma unroll 8
+    for (int s = 0; s < n_active; ++s) {
+      const float2 ml = sml[s * p.rows + h];
+      const float wt = exp2f(ml.x - mx);
+      sum += ml.y * wt;
+      fma4(o, __ldcg(reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * p.rows * D)), wt);
+    }
+    store4(out + h * D + d, scale4(o, sum > 0.f ? 1.f / sum : 0.f));
+  }
 }
 
 int sm_count(int device) {
@@ -201,32 +315,63 @@ int sm_count(int device) {
   return cached[device];
 }
 
-template <typename T, int D, int HP>
-void launch(DecodeParams p, int batch, const torch::Tensor& q, torch::Tensor& out, cudaStream_t stream) {
-  const int ctas = batch * (p.heads / HP);
-  // Enough CTAs to fill the GPU ~4 times over at batch 1; no split shorter than kMinChunk keys of the
-  // capacity; a bounded workspace.
-  int splits = (4 * sm_count(q.get_device()) + ctas - 1) / ctas;
-  splits = std::min({splits, (p.capacity + kMinChunk - 1) / kMinChunk, 128});
-  const int64_t per_split = static_cast<int64_t>(batch) * p.heads * (D + 2) * sizeof(float);
-  splits = static_cast<int>(std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
-  splits = std::max(splits, 1);
-  p.num_splits = splits;
-  torch::Tensor ws;
+// Split counters, zero between launches (the last CTA of each pair resets its own). One buffer per
+// device, made outside any graph capture and kept for the life of the process, so captured graphs can
+// keep pointing at it. Launches on several streams of one device at once would share it: the engine
+// decodes on one stream. Where it cannot serve (first use inside a capture, or more pairs than it holds),
+// the call gets counters of its own, zeroed on the stream (a memset node in a graph).
+int* split_counters(int64_t n, int device, cudaStream_t stream, const torch::TensorOptions& opts,
+                    torch::Tensor& own) {
+  constexpr int64_t kShared = 1 << 16;
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static torch::Tensor* shared[kMaxDevices] = {};
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (n <= kShared && device >= 0 && device < kMaxDevices) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (shared[device] == nullptr && capture == cudaStreamCaptureStatusNone)
+      shared[device] = new torch::Tensor(torch::zeros({kShared}, opts.dtype(torch::kInt32)));  // never freed
+    if (shared[device] != nullptr) return shared[device]->data_ptr<int>();
+  }
+  own = torch::empty({n}, opts.dtype(torch::kInt32));
+  C10_CUDA_CHECK(cudaMemsetAsync(own.data_ptr(), 0, n * sizeof(int), stream));
+  return own.data_ptr<int>();
+}
+
+template <typename T, int D>
+void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
+  constexpr int smem = kWarps * kRingBytes;
+  auto kernel = flash_decode_kernel<T, D>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  static const int per_sm = [&] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+    return std::max(n, 1);
+  }();
+  const int device = q.get_device();
+  const int kv_blocks = kv_heads * p.hblocks;
+  const int64_t pairs = static_cast<int64_t>(batch) * kv_blocks;
+  // One wave: enough splits that every resident-CTA slot has work (each CTA streams its range with a
+  // deep pipeline, so more, shorter CTAs would only add ramp-ups and combine work). Bounded by the
+  // capacity (no split under kMinChunk keys) and a 256 MB workspace.
+  const int64_t resident = static_cast<int64_t>(per_sm) * sm_count(device);
+  int64_t splits = std::max<int64_t>(1, resident / pairs);
+  splits = std::min<int64_t>({splits, (p.capacity + kMinChunk - 1) / kMinChunk, kMaxSplits});
+  const int64_t per_split = pairs * p.rows * (D + 2) * static_cast<int64_t>(sizeof(float));
+  splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
+  p.num_splits = static_cast<int>(splits);
+  torch::Tensor ws, own_counters;
   if (splits > 1) {
-    ws = torch::empty({static_cast<int64_t>(batch) * p.heads * splits * (D + 2)},
-                      q.options().dtype(torch::kFloat32));
+    const int64_t n_o = pairs * splits * p.rows * D;
+    ws = torch::empty({n_o + 2 * pairs * splits * p.rows}, q.options().dtype(torch::kFloat32));
     p.ws_o = ws.data_ptr<float>();
-    p.ws_ml = p.ws_o + static_cast<int64_t>(batch) * p.heads * splits * D;
+    p.ws_ml = reinterpret_cast<float2*>(p.ws_o + n_o);  // n_o is a multiple of 4: 16-byte aligned
+    p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
-  const dim3 grid(splits, p.heads / HP, batch);
-  flash_decode_kernel<T, D, HP><<<grid, kThreads, 0, stream>>>(p);
+  const dim3 grid(p.num_splits, kv_blocks, batch);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (splits > 1) {
-    flash_decode_combine_kernel<T, D><<<batch * p.heads, D, 0, stream>>>(
-        p.ws_o, p.ws_ml, reinterpret_cast<T*>(out.data_ptr()), splits);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
 }
 
 }  // namespace
@@ -235,6 +380,7 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
                   const torch::Tensor& start_pos, double scale, torch::Tensor& out) {
   const int batch = q.size(0), heads = q.size(2), head_dim = q.size(3);
   const int kv_heads = k_cache.size(2);
+  if (batch == 0 || heads == 0) return;
   DecodeParams p{};
   p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
   p.start_pos = start_pos.data_ptr<int>();
@@ -242,24 +388,13 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   p.k_bs = k_cache.stride(0), p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
   p.v_bs = v_cache.stride(0), p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);
   p.heads = heads, p.group = heads / kv_heads, p.capacity = k_cache.size(1);
+  p.hblocks = (p.group + kRows - 1) / kRows, p.rows = std::min(p.group, kRows);
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  if (batch == 0 || heads == 0) return;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  // HP: the most q heads of one group a CTA can share K/V loads across (1, 2, 4 or 8).
-  const int hp = p.group % 8 == 0 ? 8 : p.group % 4 == 0 ? 4 : p.group % 2 == 0 ? 2 : 1;
-  auto go = [&](auto t_tag, auto d_tag) {
-    using T = decltype(t_tag);
-    constexpr int D = decltype(d_tag)::value;
-    switch (hp) {
-      case 8: launch<T, D, 8>(p, batch, q, out, stream); break;
-      case 4: launch<T, D, 4>(p, batch, q, out, stream); break;
-      case 2: launch<T, D, 2>(p, batch, q, out, stream); break;
-      default: launch<T, D, 1>(p, batch, q, out, stream); break;
-    }
-  };
   auto by_dim = [&](auto t_tag) {
-    if (head_dim == 64) go(t_tag, std::integral_constant<int, 64>{});
-    else if (head_dim == 128) go(t_tag, std::integral_constant<int, 128>{});
+    using T = decltype(t_tag);
+    if (head_dim == 64) launch<T, 64>(p, batch, kv_heads, q, stream);
+    else if (head_dim == 128) launch<T, 128>(p, batch, kv_heads, q, stream);
     else MINFER_CHECK(false, "attention: head_dim must be 64 or 128, got ", head_dim);
   };
   if (q.scalar_type() == at::kHalf) by_dim(__half{});
