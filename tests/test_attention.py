@@ -50,6 +50,12 @@ def _make_cache(batch, capacity, kv_heads, hd, dtype, gen_len):
     return k, v, kp, vp
 
 
+def _nan_freed(shape, dtype):
+    """Leaves a NaN-filled block of this size in the caching allocator, so that an output the op
+    allocates next (torch::empty) starts as NaN and any element it fails to write shows."""
+    torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
 def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, strided=False, poison=True):
     starts_t = torch.tensor(starts, device="cuda", dtype=torch.int32)
     lens = [s + seq for s in starts]
@@ -63,6 +69,7 @@ def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, 
     else:
         q = torch.randn(batch, seq, heads, hd, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(hd)
+    _nan_freed(q.shape, dtype)  # the op's output allocation likely reuses this NaN block
     ours = _cuda().attention(q, kp if poison else k, vp if poison else v, starts_t, scale)
     ref32 = reference.attention(q.float(), k.float(), v.float(), starts_t, scale)
     lowp = reference.attention(q, k, v, starts_t, scale)
@@ -107,12 +114,37 @@ def test_engine_strided_q(seq, hd):
     _check(ours, ref32, lowp, dtype)
 
 
-@pytest.mark.parametrize("ctx", [1, 63, 64, 65, 2048, 20000])
+@pytest.mark.parametrize("ctx", [1, 17, 31, 32, 33, 63, 64, 65, 113, 1000, 2048, 4097, 20000])
 def test_decode_context_lengths(ctx):
-    # tails of the split-KV chunks, many splits, and a cache far larger than the context
+    # tails of the 16-key tiles and of the split chunks, many splits, a cache far larger than the context
     dtype = torch.bfloat16
     ours, ref32, lowp = _engine_case(1, 1, 32, 8, 128, dtype, [ctx - 1], capacity=32768)
     _check(ours, ref32, lowp, dtype, f"ctx={ctx}")
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("ctx", [17, 4097, 16500])
+def test_decode_dtypes_dims(ctx, hd, dtype):
+    ours, ref32, lowp = _engine_case(2, 1, 16, 4, hd, dtype, [ctx - 1, ctx // 3], capacity=ctx + 300)
+    _check(ours, ref32, lowp, dtype, f"ctx={ctx}")
+
+
+@pytest.mark.parametrize("ratio", [1, 3, 4, 8, 16, 20])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_decode_gqa(ratio, hd):
+    # ratio 20: more q heads per kv head than one CTA's 16 rows (a full and a partial head block)
+    dtype = torch.float16
+    ours, ref32, lowp = _engine_case(2, 1, 2 * ratio, 2, hd, dtype, [4500, 77], capacity=6000)
+    _check(ours, ref32, lowp, dtype, f"ratio={ratio}")
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_decode_mixed_lengths(hd):
+    # length 1 beside long ones in one batch, in a cache much larger than any of them
+    dtype = torch.bfloat16
+    ours, ref32, lowp = _engine_case(4, 1, 8, 2, hd, dtype, [0, 17000, 40, 4096], capacity=32768)
+    _check(ours, ref32, lowp, dtype)
 
 
 @pytest.mark.parametrize("batch", [16, 70])  # 70 * 8 CTAs fill the GPU: one split, no combine kernel
@@ -145,6 +177,33 @@ def test_engine_cuda_graph():
     torch.cuda.synchronize()
     ref = reference.attention(q.float(), k.float(), v.float(), start, 0.125)
     torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_decode_replays_reuse_counters():
+    # split counters reset themselves: one captured graph replayed with new lengths (NaN-filled output
+    # between replays), then eager calls on the same shared counters
+    cuda, dtype = _cuda(), torch.bfloat16
+    k = torch.randn(2, 20000, 2, 128, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=dtype)
+    start = torch.tensor([5000, 3], device="cuda", dtype=torch.int32)
+    scale = 1.0 / math.sqrt(128)
+    cuda.attention(q, k, v, start, scale)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cuda.attention(q, k, v, start, scale)
+    for starts in ([5000, 3], [19999, 12000], [0, 700], [4096, 4095]):
+        start.copy_(torch.tensor(starts, dtype=torch.int32))
+        out.fill_(float("nan"))
+        g.replay()
+        ref32 = reference.attention(q.float(), k.float(), v.float(), start, scale)
+        _check(out, ref32, reference.attention(q, k, v, start, scale), dtype, f"replay {starts}")
+    for starts in ([19999, 1], [8, 9000]):
+        start.copy_(torch.tensor(starts, dtype=torch.int32))
+        ours = cuda.attention(q, k, v, start, scale)
+        ref32 = reference.attention(q.float(), k.float(), v.float(), start, scale)
+        _check(ours, ref32, reference.attention(q, k, v, start, scale), dtype, f"eager {starts}")
 
 
 def test_prefill_131k_matches_chunked_reference():
