@@ -15,7 +15,7 @@ for hd in (64, 128):
     q = torch.randn(2, 113, 8, hd, **opts)  # [batch, seq, heads, hd]
     kernels.attention(q, k_cache, v_cache, torch.tensor([0, 57], device="cuda", dtype=torch.int32), hd ** -0.5)
     kernels.attention(q[:, :1].contiguous(), k_cache, v_cache, torch.tensor([150, 299], device="cuda",
-                      dtype=torch.int32), hd ** -0.5)  # decode: split-KV + combine
+                      dtype=torch.int32), hd ** -0.5)  # decode: split-KV, fused combine
     x = torch.randn(1, 4, 200, hd, **opts)  # [batch, heads, seq, hd]
     kernels.flash_attention(x, x, x, is_causal=True)
     kernels.tiled_attention(x, x, x, is_causal=True)
