@@ -14,6 +14,13 @@
 // (~4.2 TB/s x ~1 us / 132 SMs ~ 32 KB per SM). W goes through the non-allocating L1 path; X (a few
 // KB) stays resident in L1/L2 and is re-read per tile. Larger M (forced path) walks 16-row blocks of
 // A along grid.y, re-reading W once per block.
+//
+// Fixed costs (a 32 MB W streams in 8 us): on Hopper the kernel is launched as a programmatic
+// dependent of the previous kernel in the stream and lets its own dependents launch at once, so
+// its CTAs can be resident while the previous grid drains. Before griddepcontrol.wait, which
+// returns once the previous grid is complete and its writes are visible, a CTA reads nothing: it
+// only asks L2 to fetch its first round of W (a prefetch into L2, the point where every write lands,
+// cannot return stale data), so the DRAM stream starts before the dependency resolves.
 // Needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned bases (checked by the dispatcher) and
 // sm_80 (mma.sync with bf16).
 #include <cuda_bf16.h>
@@ -90,6 +97,16 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Params<T, T> p,
   const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
   const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane < 16 && s_end > s_begin && tile * 16 + lane < p.N) {  // one bulk prefetch per W row
+    const int c0 = 4 * s_begin, c1 = min(chunks, 4 * min(s_end, s_begin + U));
+    const T* row = p.B + (int64_t)(tile * 16 + lane) * p.sbn + 8 * c0;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(16 * (c1 - c0)) : "memory");
+  }
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the previous kernel's writes are visible from here
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
   for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
     bool x_ok[NT];
@@ -158,9 +175,18 @@ void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
   int ks_log2 = 0;
   auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
   while (ks_log2 < 3 && ctas(ks_log2) < 2 * num_sms(device)) ++ks_log2;
-  const dim3 grid((unsigned)((tiles + (kWarps >> ks_log2) - 1) / (kWarps >> ks_log2)), grid_y);
-  gemv_kernel<T, NT, U><<<grid, kThreads, 0, stream>>>(p, ks_log2);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((unsigned)((tiles + (kWarps >> ks_log2) - 1) / (kWarps >> ks_log2)), grid_y);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see the top of the file
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = major >= 9 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemv_kernel<T, NT, U>, p, ks_log2));
 }
 
 }  // namespace
