@@ -175,8 +175,13 @@ void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
   int ks_log2 = 0;
   auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
   while (ks_log2 < 3 && ctas(ks_log2) < 2 * num_sms(device)) ++ks_log2;
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  // Programmatic launch only where the code that runs waits for it: the virtual arch it was compiled
+  // for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
+  static const int ptx_version = [] {
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, gemv_kernel<T, NT, U>));
+    return attr.ptxVersion;
+  }();
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3((unsigned)((tiles + (kWarps >> ks_log2) - 1) / (kWarps >> ks_log2)), grid_y);
   config.blockDim = dim3(kThreads);
@@ -185,7 +190,7 @@ void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see the top of the file
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = pdl;
-  config.numAttrs = major >= 9 ? 1 : 0;
+  config.numAttrs = ptx_version >= 90 ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemv_kernel<T, NT, U>, p, ks_log2));
 }
 
