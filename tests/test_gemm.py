@@ -61,6 +61,77 @@ def test_linear_paths(m, nk, dtype):
     _check(ops.linear(x, w, None, "auto"), F.linear(x, w), x.double() @ w.double().t(), dtype)
 
 
+def _nan_next(m, n, dtype):
+    """Free a NaN-filled [m, n] block so that the op's output most likely reuses it (caching allocator)."""
+    t = torch.full((m, n), float("nan"), device=DEV, dtype=dtype)
+    del t
+
+
+# gemv: 16-row W tiles, 32-wide k steps of four 8-element chunks (K % 32 != 0 leaves a partial step),
+# one or two n8 tiles of A rows (M <= 8, <= 16; forced M = 40 walks blocks of 16 along grid.y).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("nk", [(1000, 584), (4099, 56), (37, 8), (1000, 4104)])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 40])
+def test_gemv_path(m, nk, dtype):
+    ops = _ops()
+    n, k = nk
+    x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
+    _nan_next(m, n, dtype)
+    _check(ops.linear(x, w, bias, "gemv"), F.linear(x, w, bias), x.double() @ w.double().t() + bias.double(), dtype)
+    c = _rand(m, n, dtype=dtype)
+    _nan_next(m, n, dtype)
+    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "gemv"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
+           0.5 * (x.double() @ w.double().t()) + 1.5 * c.double(), dtype)
+
+
+# Many tiles: one warp per tile streams all of K in several rounds (no K split).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 16, 40])
+def test_gemv_path_many_tiles(m, dtype):
+    ops = _ops()
+    n, k = 40000, 1048
+    x, w = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5
+    _nan_next(m, n, dtype)
+    _check(ops.linear(x, w, None, "gemv"), F.linear(x, w), x.double() @ w.double().t(), dtype)
+
+
+# On Hopper gemv launches as a programmatic dependent of the previous kernel and prefetches W to L2
+# before its dependency wait: X and W written by the kernel just before must still be read fresh,
+# eagerly and inside a CUDA graph.
+def test_gemv_chained_dependencies():
+    ops = _ops()
+    dtype, n = torch.float16, 1032
+    x0, w0 = _rand(3, n, dtype=dtype), _rand(n, n, dtype=dtype) / n ** 0.5
+
+    def chain(x, w, linear):
+        for i in range(4):
+            w = w.neg() if i % 2 else w * 2.0  # the kernel right before the linear writes W ...
+            x = linear(x, w)  # ... and the previous linear wrote X
+        return x
+
+    def gemv(x, w):
+        return ops.linear(x, w, None, "gemv")
+
+    # Stale W or X would be off by O(1); four fp16 layers drift by a few ulps.
+    ref = chain(x0.double(), w0.double(), F.linear).float()
+    tol = dict(atol=1e-2 * ref.abs().max().item(), rtol=1e-2)
+    torch.testing.assert_close(chain(x0, w0, gemv).float(), ref, **tol)
+
+    static_x, static_w = x0.clone(), w0.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain(static_x, static_w, gemv)  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(static_x, static_w, gemv)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 5, 64, 300])
 def test_linear_strided_and_odd_k(m, dtype):

@@ -2,9 +2,12 @@
 
 Default sweep: squares 1024..8192, Llama-3-8B's linear shapes at M in {1, 8, 64, 512, 4096}, and
 SmolLM2-135M's at M in {1, 4096}. Everything in ALL_SHAPES can be run with --shape M,N,K.
+gemm_decode: every model's linear shapes at M in {1, 8, 16} (the gemv path's range).
 --path wmma|sm80|sm90|gemv forces one kernel path.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +32,7 @@ def model_shapes(name: str, tokens=TOKENS) -> list[tuple]:
 
 SQUARES = [(s, s, s) for s in (512, 1024, 2048, 4096, 8192)]
 ALL_SHAPES = SQUARES + [s for name in MODELS for s in model_shapes(name)]
+DECODE = [s for name in MODELS for s in model_shapes(name, (1, 8, 16))]
 DEFAULT = [(s, s, s) for s in (1024, 2048, 4096, 8192)] + model_shapes("llama-3-8b") + \
     model_shapes("smollm2-135m", (1, 4096))
 
@@ -66,3 +70,5 @@ CASES = {
         dtypes=(torch.float16, torch.bfloat16),
     ),
 }
+# fp16 only by default (45 shapes); --dtype bfloat16 for the other.
+CASES["gemm_decode"] = dataclasses.replace(CASES["gemm"], shapes=DECODE, dtypes=(torch.float16,))

@@ -4,7 +4,7 @@
 //
 // Paths (str path): "auto"; "wmma" (baseline, any layout); "sm80" (mma.sync + cp.async pipeline);
 // "sm90" (wgmma + TMA, Hopper only); "gemv" (weight streaming, small M); "simt" (fp32).
-// auto: fp32 -> simt; fp16/bf16 -> gemv for M <= 4, sm90 for M >= 128 on Hopper, else sm80;
+// auto: fp32 -> simt; fp16/bf16 -> gemv for M <= 16, sm90 for M >= 128 on Hopper, else sm80;
 // wmma when the cp.async rules (K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases) fail.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -77,7 +77,9 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
   const bool aligned = chunk_aligned(p);
   const char* rule = "K % 8 == 0, row strides % 8 == 0 (elements), K-contiguous rows and 16-byte aligned base pointers";
   if (path == Path::kAuto) {
-    if (aligned && p.M <= 4) path = Path::kGemv;  // measured: split-K sm80 wins from M = 8
+    // gemv streams W once for up to 16 activation rows (two n8 mma tiles) at the cost of M = 1; from
+    // M = 17 it would stream W once per 16 rows, where split-K sm80 reads it once.
+    if (aligned && major >= 8 && p.M <= 16) path = Path::kGemv;
     else if (aligned && major == 9 && p.M >= 128) path = Path::kSm90;
     else if (aligned && major >= 8) path = Path::kSm80;
     else path = Path::kWmma;
@@ -87,6 +89,7 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       launch_wmma<T, T>(p, stream);
       return;
     case Path::kGemv:
+      MINFER_CHECK(major >= 8, op, ": path gemv needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
       MINFER_CHECK(aligned, op, ": path gemv needs ", rule, " (got K=" + num(p.K) + ")");
       launch_gemv<T>(p, stream);
       return;

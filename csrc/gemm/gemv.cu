@@ -1,131 +1,205 @@
 // Small-M (decode) path: stream W once at HBM speed. D[m, n] = sum_k A[m, k] * W[n, k].
 //
-// One warp owns one row n of W (or a 1/KS slice of its K when N is too small to fill the GPU; the
-// KS partial sums meet in shared memory). Lanes read consecutive 16-byte chunks (a warp reads 512
-// contiguous bytes), four chunks in flight per lane, W through the non-allocating L1 path; the few
-// activation rows (MT <= 8 per block row) are re-read through L1/L2, where they stay resident.
-// Needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned bases (checked by the dispatcher).
+// Tensor cores with the operands swapped: 16 rows of W are the A operand of mma.sync m16n8k16 and
+// up to 8 (NT = 1) or 16 (NT = 2) activation rows are the B operand, so the math costs nothing and
+// the kernel is a pure W stream. A dot product may take its k terms in any order, so every thread
+// loads W and X straight from global into registers in 16-byte chunks under one k permutation: in a
+// 32-wide k step, thread (g = lane / 4, t = lane % 4) holds W rows g and g + 8 and X row g at
+// k = 8t .. 8t + 7; the low and high halves of those uint4 feed two mma k-steps (see mma_step).
+//
+// A warp owns a 16-row tile of W and a slice of K; KS = 1..8 warps of a CTA split one tile's K and
+// meet in shared memory, where the 8 / KS tiles of the CTA go through store_out. Every load of a
+// round (U steps of W, then X) is issued before its first mma: U = 8 puts 8 KB of W in flight per
+// warp, two CTAs of 8 warps per SM put 128 KB, well past what HBM latency times bandwidth needs
+// (~4.2 TB/s x ~1 us / 132 SMs ~ 32 KB per SM). W goes through the non-allocating L1 path; X (a few
+// KB) stays resident in L1/L2 and is re-read per tile. Larger M (forced path) walks 16-row blocks of
+// A along grid.y, re-reading W once per block.
+//
+// Fixed costs (a 32 MB W streams in 8 us): on Hopper the kernel is launched as a programmatic
+// dependent of the previous kernel in the stream and lets its own dependents launch at once, so
+// its CTAs can be resident while the previous grid drains. Before griddepcontrol.wait, which
+// returns once the previous grid is complete and its writes are visible, a CTA reads nothing: it
+// only asks L2 to fetch its first round of W (a prefetch into L2, the point where every write lands,
+// cannot return stale data), so the DRAM stream starts before the dependency resolves.
+// Needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned bases (checked by the dispatcher) and
+// sm_80 (mma.sync with bf16).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <c10/cuda/CUDAException.h>
 
-#include "common/reduce.h"
+#include <algorithm>
+
 #include "gemm/epilogue.h"
+#include "gemm/ptx.h"
 
 namespace minfer::gemm_impl {
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32, kUnroll = 4;
+constexpr int kThreads = 256, kWarps = kThreads / 32;
 
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+// 16 bytes of W, read once: skip L1, let L2 fetch 256 bytes (the rest of the row's run comes next).
+// pred false: zeros, nothing read.
+__device__ __forceinline__ uint4 ld_w(const uint4* ptr, bool pred) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+      " @p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(ptr), "r"((int)pred));
   return v;
 }
 
-__device__ __forceinline__ float2 to_float2(uint32_t v, __half) { return __half22float2(*reinterpret_cast<__half2*>(&v)); }
-__device__ __forceinline__ float2 to_float2(uint32_t v, __nv_bfloat16) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+// 16 bytes of X: every tile re-reads them, so they stay in L1.
+__device__ __forceinline__ uint4 ld_x(const uint4* ptr, bool pred) {
+  uint4 v;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+      " @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(ptr), "r"((int)pred));
+  return v;
 }
 
-// Unpack 8 packed 16-bit values to fp32.
-template <typename T>
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const uint32_t r[4] = {v.x, v.y, v.z, v.w};
+// One 32-wide k step as two m16n8k16 mmas. wa / wb: W rows g / g + 8, x: X row g (n index), all at
+// physical k = 8t .. 8t + 7, i.e. registers r = 0..3 hold k = 8t + 2r, +1. Half j takes r = 2j and
+// 2j + 1, which the fragment layouts call k = 2t (+1) and 2t + 8 (+1): W and X see the same mapping.
+template <typename T, int NT>
+__device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint4& wa, const uint4& wb, const uint4 (&x)[NT]) {
+  const uint32_t a[2][4] = {{wa.x, wb.x, wa.y, wb.y}, {wa.z, wb.z, wa.w, wb.w}};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 p = to_float2(r[i], T());
-    f[2 * i] = p.x;
-    f[2 * i + 1] = p.y;
-  }
-}
-
-// Block: kWarps / KS rows of W, each split over KS warps; blockIdx.y picks MT rows of A.
-template <typename T, int MT>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const Params<T, T> p, int ks_log2) {
-  const int ks = 1 << ks_log2, rows_per_block = kWarps >> ks_log2;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int split = warp & (ks - 1);
-  const int n = blockIdx.x * rows_per_block + (warp >> ks_log2);
-  const int m_base = blockIdx.y * MT;
-  const int num_chunks = p.K / 8;
-
-  float acc[MT];
+  for (int j = 0; j < 2; ++j) {
 #pragma unroll
-  for (int m = 0; m < MT; ++m) acc[m] = 0.f;
-
-  if (n < p.N) {
-    const uint4* w_row = reinterpret_cast<const uint4*>(p.B + (int64_t)n * p.sbn);
-    const int step = ks * 32;
-    for (int base = split * 32 + lane; base < num_chunks; base += kUnroll * step) {
-      uint4 w[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {  // issue every load before the first use
-        const int c = base + u * step;
-        w[u] = c < num_chunks ? ld_stream(w_row + c) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = base + u * step;
-        if (c >= num_chunks) break;
-        float wf[8];
-        unpack8<T>(w[u], wf);  // once per chunk, shared by the MT activation rows
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          if (m_base + m < p.M) {
-            float xf[8];
-            unpack8<T>(reinterpret_cast<const uint4*>(p.A + (int64_t)(m_base + m) * p.sam)[c], xf);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[m] = fmaf(wf[i], xf[i], acc[m]);
-          }
-        }
-      }
-    }
-  }
-
-  __shared__ float partial[kWarps][MT];
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-    const float s = warp_sum(acc[m]);  // every lane takes part, also in warps past N
-    if (lane == 0) partial[warp][m] = s;
-  }
-  __syncthreads();
-  for (int t = threadIdx.x; t < rows_per_block * MT; t += kThreads) {
-    const int r = t / MT, m = t % MT;
-    const int row = blockIdx.x * rows_per_block + r, mm = m_base + m;
-    if (row < p.N && mm < p.M) {
-      float s = 0.f;
-      for (int k = 0; k < ks; ++k) s += partial[r * ks + k][m];
-      store_out(p, mm, row, s);
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint32_t b[2] = {j ? x[nt].z : x[nt].x, j ? x[nt].w : x[nt].y};
+      mma<T>(acc[nt], a[j], b);
     }
   }
 }
 
-template <typename T, int MT>
-void launch_mt(const Params<T, T>& p, cudaStream_t stream) {
+// Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y (and
+// its strides) picks 8 * NT rows of A at a time.
+template <typename T, int NT, int U>
+__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Params<T, T> p, int ks_log2) {
+  const int ks = 1 << ks_log2, tiles = kWarps >> ks_log2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int split = warp & (ks - 1), tile = blockIdx.x * tiles + (warp >> ks_log2);
+  const int n0 = tile * 16 + g;  // this thread's W rows: n0, n0 + 8
+
+  // K in 32-wide steps (4 chunks of 8), split in whole pairs of steps so that warps meet on 128-byte lines.
+  const int chunks = p.K / 8, steps = (chunks + 3) / 4, pairs = (steps + 1) / 2;
+  const int s_begin = min(steps, 2 * ((split * pairs) >> ks_log2));
+  const int s_end = tile * 16 < p.N ? min(steps, 2 * (((split + 1) * pairs) >> ks_log2)) : s_begin;
+
+  const bool a_ok = n0 < p.N, b_ok = n0 + 8 < p.N;
+  const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
+  const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane < 16 && s_end > s_begin && tile * 16 + lane < p.N) {  // one bulk prefetch per W row
+    const int c0 = 4 * s_begin, c1 = min(chunks, 4 * min(s_end, s_begin + U));
+    const T* row = p.B + (int64_t)(tile * 16 + lane) * p.sbn + 8 * c0;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(16 * (c1 - c0)) : "memory");
+  }
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the previous kernel's writes are visible from here
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+
+  __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
+  for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
+    bool x_ok[NT];
+    const uint4* xp[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int m = m_base + nt * 8 + g;
+      x_ok[nt] = m < p.M;
+      xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? m : 0) * p.sam) + t;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+    for (int s0 = s_begin; s0 < s_end; s0 += U) {
+      uint4 va[U], vb[U], vx[U][NT];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {  // the round's W loads first: they carry the latency
+        const int s = s0 + u;
+        const bool ok = s < s_end && 4 * s + t < chunks;  // past the warp's slice or K's tail: zeros
+        va[u] = ld_w(wa + 4 * (int64_t)s, ok && a_ok);
+        vb[u] = ld_w(wb + 4 * (int64_t)s, ok && b_ok);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int s = s0 + u;
+        const bool ok = s < s_end && 4 * s + t < chunks;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) vx[u][nt] = ld_x(xp[nt] + 4 * (int64_t)s, ok && x_ok[nt]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
+    }
+
+    // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][nt * 4 + i][lane] = acc[nt][i];
+    __syncthreads();
+    // Consecutive threads take consecutive n of one output row.
+    for (int i = threadIdx.x; i < tiles * 16 * 8 * NT; i += kThreads) {
+      const int tl = i / (16 * 8 * NT), r = i % (16 * 8 * NT), ml = r / 16, nl = r % 16;
+      const int n = (blockIdx.x * tiles + tl) * 16 + nl, m = m_base + ml;
+      if (n < p.N && m < p.M) {
+        const int src_lane = 4 * (nl & 7) + ((ml & 7) >> 1), j = (ml >> 3) * 4 + (nl >> 3) * 2 + (ml & 1);
+        float s = 0.f;
+        for (int w = 0; w < ks; ++w) s += red[tl * ks + w][j][src_lane];
+        store_out(p, m, n, s);
+      }
+    }
+    __syncthreads();  // red is rewritten by the next block of A rows
+  }
+}
+
+template <typename T, int NT, int U>
+void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  const int grid_y = (p.M + MT - 1) / MT;
-  // Split K only as far as needed to give every SM several blocks (small N, e.g. 576 rows).
+  const int grid_y = (int)std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
+  const int64_t tiles = (p.N + 15) / 16;
+  // Split K (more, smaller CTAs) only until every SM gets about two CTAs: 4096 x 4096 takes KS = 8
+  // (256 CTAs, 2 rounds of 8 steps per warp), 128256 x 4096 KS = 1 (1002 CTAs of 8 tiles).
   int ks_log2 = 0;
-  auto blocks = [&](int l) { return (int64_t)((p.N + (kWarps >> l) - 1) / (kWarps >> l)) * grid_y; };
-  while (ks_log2 < 3 && blocks(ks_log2) < 4 * num_sms(device)) ++ks_log2;
-  const dim3 grid((p.N + (kWarps >> ks_log2) - 1) / (kWarps >> ks_log2), grid_y);
-  gemv_kernel<T, MT><<<grid, kThreads, 0, stream>>>(p, ks_log2);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
+  while (ks_log2 < 3 && ctas(ks_log2) < 2 * num_sms(device)) ++ks_log2;
+  // Programmatic launch only where the code that runs waits for it: the virtual arch it was compiled
+  // for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
+  static const int ptx_version = [] {
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, gemv_kernel<T, NT, U>));
+    return attr.ptxVersion;
+  }();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((unsigned)((tiles + (kWarps >> ks_log2) - 1) / (kWarps >> ks_log2)), grid_y);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see the top of the file
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = ptx_version >= 90 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemv_kernel<T, NT, U>, p, ks_log2));
 }
 
 }  // namespace
 
 template <typename T>
 void launch_gemv(const Params<T, T>& p, cudaStream_t s) {
-  if (p.M <= 1) launch_mt<T, 1>(p, s);
-  else if (p.M <= 2) launch_mt<T, 2>(p, s);
-  else if (p.M <= 4) launch_mt<T, 4>(p, s);
-  else launch_mt<T, 8>(p, s);  // larger M (forced path): blocks of 8 rows along grid.y
+  if (p.M <= 8) launch_nt<T, 1, 8>(p, s);  // 8 KB of W in flight per warp
+  else launch_nt<T, 2, 4>(p, s);           // two n8 tiles: fewer steps per round for the X registers
 }
 template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t);
 template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);
