@@ -199,8 +199,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) wgmma_rs_tb<T, D>(o, pf[kk], desc_sw128(dv + kk * 2048, kBN * 128, 1024), 1);
   };
-  // Online softmax of tile t on sacc: rescales o and l_run, leaves P (unnormalised) in pf.
-  auto softmax = [&](int t) {
+  // Online softmax of tile t, first half: masks and scales sacc, updates the running max and sum, leaves
+  // P = exp2(s - max) (unnormalised) in sacc and returns the factors that rescale the older output.
+  // Touches neither o nor pf, so it runs while P V of the previous tile is in flight.
+  auto softmax = [&](int t, float (&alpha)[2]) {
     const int n_start = t * kBN;
     const bool need_mask = n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > wg_first_pos);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -210,12 +212,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (need_mask) {
         const int col = n_start + 8 * (i / 4) + 2 * t4 + (i & 1);
         const int pos = (i & 2) ? pos1 : pos0;
-        if (col >= kv_len || (CAUSAL && col > pos)) x = -INFINITY;
+        if (col >= kv_len || (CAUSAL && col > pos)) x = -INFINITY;  // a select: masked NaN keys vanish too
       }
       sacc[i] = x;
       mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
     }
-    float alpha[2], base[2];
+    float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
@@ -232,6 +234,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       sacc[i] = exp2f(sacc[i] - base[h]);
       l_run[h] += sacc[i];  // this thread's columns only; the quad is summed at the end
     }
+  };
+  // Second half, once P V of the previous tile is done: rescale o, P -> 16-bit A fragments.
+  auto rescale_and_pack = [&](const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
 #pragma unroll
@@ -244,22 +249,44 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   if (n_tiles > 0) {
+    // Software pipeline: S(t) = Q K[t]^T and O += P(t-1) V[t-1] are issued back to back; the softmax of
+    // S(t) runs while P V is still on the tensor cores. wgmma groups complete in order, so wait<1> means
+    // S(t) is done. The fence_regs keep the compiler from touching sacc / o before their waits.
+    float alpha[2];
     mbar_wait(smem_u32(&bar_q), 0);
-    for (int t = 0; t < n_tiles; ++t) {
-      const int s = t % kStages;
-      const uint32_t phase = (t / kStages) & 1;
-      mbar_wait(smem_u32(&full_k[s]), phase);
+    mbar_wait(smem_u32(&full_k[0]), 0);
+    issue_s(0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sacc);
+    if (tid == 0) mbar_arrive(smem_u32(&empty_k[0]));
+    softmax(0, alpha);
+    rescale_and_pack(alpha);
+    for (int t = 1; t < n_tiles; ++t) {
+      const int s = t % kStages, sp = (t - 1) % kStages;
+      mbar_wait(smem_u32(&full_k[s]), (t / kStages) & 1);
       issue_s(t);
       wgmma_commit();
-      wgmma_wait<0>();
-      if (tid == 0) mbar_arrive(smem_u32(&empty_k[s]));  // K[t] is consumed: the slot can be refilled
-      softmax(t);
-      mbar_wait(smem_u32(&full_v[s]), phase);
-      issue_pv(t);
+      mbar_wait(smem_u32(&full_v[sp]), ((t - 1) / kStages) & 1);
+      issue_pv(t - 1);
       wgmma_commit();
-      wgmma_wait<0>();
-      if (tid == 0) mbar_arrive(smem_u32(&empty_v[s]));
+      fence_regs(o);
+      wgmma_wait<1>();  // S(t) is done
+      fence_regs(sacc);
+      if (tid == 0) mbar_arrive(smem_u32(&empty_k[s]));  // K[t] is consumed: the slot can be refilled
+      softmax(t, alpha);
+      wgmma_wait<0>();  // P(t-1) V[t-1] is done: o and pf may change
+      fence_regs(o);
+      if (tid == 0) mbar_arrive(smem_u32(&empty_v[sp]));
+      rescale_and_pack(alpha);
     }
+    const int sl = (n_tiles - 1) % kStages;
+    mbar_wait(smem_u32(&full_v[sl]), ((n_tiles - 1) / kStages) & 1);
+    issue_pv(n_tiles - 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    if (tid == 0) mbar_arrive(smem_u32(&empty_v[sl]));
   }
 
   // Epilogue: normalise by the row sums, convert, store the rows inside the sequence.
