@@ -277,6 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax(t, alpha);
       wgmma_wait<0>();  // P(t-1) V[t-1] is done: o and pf may change
       fence_regs(o);
+      fence_regs(sacc);  // the new pf is packed from sacc only after this point
       if (tid == 0) mbar_arrive(smem_u32(&empty_v[sp]));
       rescale_and_pack(alpha);
     }
