@@ -26,6 +26,14 @@ def _exact_fp32():
     torch.backends.cuda.matmul.allow_tf32 = old
 
 
+@pytest.fixture(autouse=True)
+def _prefill_path(monkeypatch):
+    # On Hopper every prefill here must run the wgmma + TMA kernel: no silent fallback to the sm_80 one
+    # (test_prefill_sm80_path_on_hopper keeps that kernel covered there).
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        monkeypatch.setenv("MINFER_PREFILL_PATH", "sm90")
+
+
 def _cuda():
     from minfer.ops import cuda
     return cuda
@@ -85,24 +93,28 @@ def test_engine_from_zero(seq, hd, dtype):
 
 
 @pytest.mark.parametrize("dtype", LOWP)
-def test_engine_long_prefill(dtype):
-    ours, ref32, lowp = _engine_case(1, 4097, 4, 1, 128, dtype, [0])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_engine_long_prefill(hd, dtype):
+    ours, ref32, lowp = _engine_case(1, 4097, 4, 1, hd, dtype, [0])
     _check(ours, ref32, lowp, dtype)
 
 
 @pytest.mark.parametrize("ratio", [1, 3, 4, 8])
-@pytest.mark.parametrize("seq", [1, 113])
-def test_engine_gqa(ratio, seq):
+@pytest.mark.parametrize("seq", [1, 113, 1000])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_engine_gqa(ratio, seq, hd):
     dtype = torch.bfloat16
-    ours, ref32, lowp = _engine_case(2, seq, 2 * ratio, 2, 128, dtype, [37, 300])
+    ours, ref32, lowp = _engine_case(2, seq, 2 * ratio, 2, hd, dtype, [37, 300])
     _check(ours, ref32, lowp, dtype, f"ratio={ratio}")
 
 
 @pytest.mark.parametrize("dtype", LOWP)
-@pytest.mark.parametrize("seq", [1, 17, 113])
-def test_engine_mixed_offsets(seq, dtype):
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("seq", [1, 17, 113, 1000])
+def test_engine_mixed_offsets(seq, hd, dtype):
     # continued/chunked prefill and decode with a different position per sequence, in a roomy cache
-    ours, ref32, lowp = _engine_case(4, seq, 8, 2, 64, dtype, [0, 5, 999, 4100], capacity=8192)
+    # (slots past each sequence are NaN: masked keys, and V rows the kernel must not let through)
+    ours, ref32, lowp = _engine_case(4, seq, 8, 2, hd, dtype, [0, 5, 999, 4100], capacity=8192)
     _check(ours, ref32, lowp, dtype, f"seq={seq}")
 
 
@@ -268,6 +280,42 @@ def test_seed(op, dtype, causal, shape):
     s = 1.0 / math.sqrt(hd) if scale is None else scale
     lowp = _seed_lowp(q, k, v, s, causal) if dtype != torch.float32 else ref32
     _check(ours, ref32, lowp, dtype, op)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("ratio", [1, 4, 8])
+@pytest.mark.parametrize("sq, sk", [(1, 1), (17, 17), (113, 200), (1000, 1000), (130, 4097)])
+def test_seed_flash_gqa(sq, sk, ratio, hd, causal):
+    # the prefill kernel through the seed API: plain and bottom-right causal, GQA, ragged tiles
+    dtype = torch.bfloat16 if (sq + hd) % 2 else torch.float16
+    q, k, v = _seed_inputs(2, 2 * ratio, 2, sq, sk, hd, dtype)
+    ours = _cuda().flash_attention(q, k, v, is_causal=causal)
+    ref32 = reference._seed_attention(q.float(), k.float().repeat_interleave(ratio, 1),
+                                      v.float().repeat_interleave(ratio, 1), None, causal)
+    _check(ours, ref32, _seed_lowp(q, k, v, 1 / math.sqrt(hd), causal), dtype, f"{sq}x{sk}")
+
+
+def test_seed_flash_strided_views():
+    # [batch, seq, heads, head_dim] storage seen as [batch, heads, seq, head_dim] (the benchmark's layout)
+    dtype = torch.bfloat16
+    q = torch.randn(2, 300, 8, 128, device="cuda", dtype=dtype).transpose(1, 2)
+    k = torch.randn(2, 300, 2, 128, device="cuda", dtype=dtype).transpose(1, 2)
+    v = torch.randn(2, 300, 2, 128, device="cuda", dtype=dtype).transpose(1, 2)
+    for causal in (False, True):
+        ours = _cuda().flash_attention(q, k, v, is_causal=causal)
+        ref32 = reference._seed_attention(q.float(), k.float().repeat_interleave(4, 1),
+                                          v.float().repeat_interleave(4, 1), None, causal)
+        _check(ours, ref32, _seed_lowp(q, k, v, 1 / math.sqrt(128), causal), dtype)
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_prefill_sm80_path_on_hopper(hd, monkeypatch):
+    # the mma.sync kernel stays the sm_80 path and the fallback: keep it tested where sm90 is the default
+    monkeypatch.setenv("MINFER_PREFILL_PATH", "sm80")
+    dtype = torch.bfloat16
+    ours, ref32, lowp = _engine_case(2, 113, 8, 2, hd, dtype, [0, 300])
+    _check(ours, ref32, lowp, dtype)
 
 
 def test_seed_flash_long():

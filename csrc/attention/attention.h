@@ -23,9 +23,15 @@ struct FlashParams {
   float scale_log2;        // softmax scale * log2(e)
 };
 
-// flash_prefill.cu: fp16/bf16, head_dim 64 or 128.
+// flash_prefill.cu: fp16/bf16, head_dim 64 or 128. On Hopper it runs flash_prefill_sm90 when that takes
+// the case, else the mma.sync kernel (the sm_80 path).
 void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
                    cudaStream_t stream);
+
+// flash_prefill_sm90.cu: the wgmma + TMA kernel. Returns false (launching nothing) when the device is not
+// compute capability 9.x or TMA cannot describe the operands (16-byte aligned bases and strides needed).
+bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
+                        cudaStream_t stream);
 
 // flash_decode.cu: the engine op for seq == 1. q [batch, 1, heads, head_dim] (strided batch),
 // caches [batch, capacity, kv_heads, head_dim]; out [batch, 1, heads, head_dim] contiguous.

@@ -1,4 +1,5 @@
-// FlashAttention-2 style prefill on tensor cores (mma.sync m16n8k16, fp16/bf16, head_dim 64/128).
+// FlashAttention-2 style prefill on tensor cores (mma.sync m16n8k16, fp16/bf16, head_dim 64/128): the sm_80
+// path, and the fallback on Hopper where flash_prefill_sm90.cu does not take the case.
 // One CTA owns BM = 64 * MT query rows of one (batch, head); each of its 4 warps owns 16 * MT rows and
 // keeps their softmax state (max, sum) and output accumulator in fp32 registers. K/V tiles of BN = 64 keys
 // stream through shared memory with cp.async: V[t] loads while S = Q K^T runs, K[t+1] while softmax
@@ -14,6 +15,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
@@ -249,6 +252,18 @@ void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
 void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
                    cudaStream_t stream) {
   if (p.seq_q == 0 || batch == 0 || heads == 0) return;
+  // MINFER_PREFILL_PATH: auto (default: the sm90 kernel where it takes the case), sm80 (this kernel
+  // always), sm90 (an error where it cannot run: the tests use it so that Hopper never falls back silently).
+  const char* env = std::getenv("MINFER_PREFILL_PATH");
+  const std::string path = env != nullptr && env[0] != '\0' ? env : "auto";
+  MINFER_CHECK(path == "auto" || path == "sm80" || path == "sm90", "flash prefill: MINFER_PREFILL_PATH must be auto, "
+               "sm80 or sm90, got '", path, "'");
+  if (path != "sm80") {
+    if (flash_prefill_sm90(p, dtype, head_dim, causal, batch, heads, stream)) return;  // Hopper: wgmma + TMA
+    MINFER_CHECK(path != "sm90", "flash prefill: MINFER_PREFILL_PATH=sm90 but the sm90 kernel cannot take this case "
+                 "(it needs compute capability 9.x, float16/bfloat16, head_dim 64/128 and TMA-describable operands: "
+                 "16-byte aligned base and row strides)");
+  }
   auto go = [&](auto t_tag, auto d_tag) {
     using T = decltype(t_tag);
     constexpr int D = decltype(d_tag)::value;

@@ -1,0 +1,387 @@
+// Hopper flash prefill (sm_90a): FlashAttention-3 style, wgmma + TMA, warp-specialized.
+//
+// CTA = 3 warpgroups (384 threads) for BM = 128 query rows of one (batch, q head):
+//   warpgroup 0 = producer: one warp issues every TMA copy (Q once, then K and V tiles of BN = 128 keys
+//     through 2-stage mbarrier rings); it gives most of its registers away (setmaxnreg 24).
+//   warpgroups 1, 2 = consumers (setmaxnreg 240), each owns 64 of the 128 rows:
+//     S = Q K^T    wgmma m64n128k16, Q and K K-major in shared memory;
+//     online softmax on the S accumulators in registers (scale * log2 e folded into exp2);
+//     O += P V     wgmma m64nDk16 with P from registers (the S accumulator converted pairwise to 16 bit IS
+//                  the A fragment: k-slice j = S columns 16 j .. 16 j + 15) and V MN-major in shared memory.
+//   Within a consumer, S of tile t+1 is issued before P V of tile t and the softmax of tile t+1 runs while
+//   P V of tile t is still on the tensor cores.
+//
+// Shared memory tiles are TMA boxes of 64 columns (128 bytes, one 128-byte swizzle row) x rows, with the
+// 128-byte swizzle: 16-byte chunk c of row r lands at chunk c ^ (r % 8), within 1024-byte-aligned 8-row
+// groups. head_dim 128 is two such column halves, stored one after the other. Descriptor math:
+//   Q [BM, D] and K [BN, D] are K-major operands (K = head_dim contiguous): rows 128 B apart, 8-row
+//   groups SBO = 1024 B apart; k-step kk (16 columns) = half kk / 4 at byte offset 32 * (kk % 4).
+//   V [BN keys, D] is B of O = P V with K = keys and N = head_dim contiguous: "MN-major". PTX's canonical
+//   MN-major SW128 layout is ((8, 8, m), (8, k)) : ((1, 8, LBO), (64, SBO)) in elements, swizzled on the
+//   address: N runs 64 elements along a 128-byte row, one row per key, 8-key groups SBO apart and 64-wide
+//   N blocks LBO apart. Here a row is one key (128 B), so SBO = 1024 B, LBO = the distance between the
+//   two column halves (BN * 128 B), and k-step kk (16 keys) starts at + kk * 16 * 128 = 2048 kk bytes,
+//   a multiple of 1024, so the address-based swizzle of TMA and of wgmma agree. (Element (key, d):
+//   half * BN*128 + key * 128 + ((d / 8 % 8) ^ (key % 8)) * 16 + (d % 8) * 2 in both views.)
+//
+// Semantics as flash_prefill.cu (FlashParams): queries of sequence b at start_pos[b] + s (causal over
+// start_pos[b] + seq_q keys) or, without start_pos, bottom-right causal / plain over seq_k keys; GQA by
+// head / group. Key tiles entirely above the diagonal are never loaded, only tiles crossing the diagonal
+// or the kv length are masked, and query blocks run heaviest-first. TMA zero-fills rows past the tensor
+// (seq_q, seq_k); cache slots in [kv_len, seq_k) may hold anything (NaN), so their scores are masked
+// (a select, not an add) and the producer zeroes those V rows in shared memory (0 * NaN would poison O).
+#include <c10/cuda/CUDAException.h>
+
+#include <cmath>
+
+#include "attention/attention.h"
+#include "common/checks.h"
+#include "common/sm90.cuh"
+
+namespace minfer::attn {
+
+namespace {
+
+constexpr int kBM = 128, kBN = 128, kThreads = 384, kStages = 2;
+
+template <int D>
+constexpr int smem_bytes() {
+  return (kBM + 2 * kStages * kBN) * D * 2 + 1024;  // Q + K ring + V ring (16-bit) + alignment slack
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+using namespace sm90;
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+#endif
+
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_prefill_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, const FlashParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int HALVES = D / 64;              // 64-column TMA boxes per row
+  constexpr int kQBytes = kBM * D * 2;        // every box is counted whole by TMA, zero-filled parts too
+  constexpr int kTileBytes = kBN * D * 2;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, full_k[kStages], empty_k[kStages], full_v[kStages], empty_v[kStages],
+      bar_vfix;
+  const uint32_t sQ = (smem_u32(smem_raw) + 1023) & ~1023u;  // swizzled tiles need 1024-byte alignment
+  const uint32_t sK = sQ + kQBytes;                          // stage s at sK + s * kTileBytes
+  const uint32_t sV = sK + kStages * kTileBytes;
+
+  // Grid (heads, batch, query blocks): all heads' heaviest blocks launch first, and CTAs of one GQA group
+  // are neighbours (their K/V tiles come from L2).
+  const int head = blockIdx.x, b = blockIdx.y;
+  const int m_start = (gridDim.z - 1 - blockIdx.z) * kBM;
+  const int kvh = head / p.group;
+  int q_off, kv_len;
+  if (p.start_pos != nullptr) {
+    q_off = p.start_pos[b];
+    kv_len = min(q_off + p.seq_q, p.seq_k);  // seq_k is the cache capacity: never read past it
+  } else {
+    q_off = p.seq_k - p.seq_q;
+    kv_len = p.seq_k;
+  }
+  int kv_end = kv_len;  // keys past kv_end are invisible to every row of this block
+  if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + kBM, p.seq_q));
+  const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
+
+  if (threadIdx.x == 0) {
+    mbar_init(smem_u32(&bar_q), 1);
+    mbar_init(smem_u32(&bar_vfix), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&full_k[s]), 1);   // the producer's expect_tx arrival (+ the TMA bytes)
+      mbar_init(smem_u32(&full_v[s]), 1);
+      mbar_init(smem_u32(&empty_k[s]), 2);  // one arrival per consumer warpgroup
+      mbar_init(smem_u32(&empty_v[s]), 2);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    setmaxnreg_dec<24>();
+    if (threadIdx.x >= 32 || n_tiles == 0) return;  // one warp; nothing is loaded for a block that sees no key
+    const bool leader = threadIdx.x == 0;
+    if (leader) {
+      mbar_expect_tx(smem_u32(&bar_q), kQBytes);
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h) tma_load_4d(sQ + h * kBM * 128, &tm_q, smem_u32(&bar_q), h * 64, head, m_start, b);
+    }
+    for (int t = 0; t < n_tiles; ++t) {
+      const int s = t % kStages;
+      const uint32_t phase = (t / kStages) & 1;
+      const int n_start = t * kBN;
+      const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
+      mbar_wait(smem_u32(&empty_k[s]), phase ^ 1);  // first pass: a fresh barrier's parity 1 counts as done
+      if (leader) {
+        mbar_expect_tx(smem_u32(&full_k[s]), kTileBytes);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+          tma_load_4d(dk + h * kBN * 128, &tm_k, smem_u32(&full_k[s]), h * 64, kvh, n_start, b);
+      }
+      mbar_wait(smem_u32(&empty_v[s]), phase ^ 1);
+      const int valid = kv_len - n_start;  // >= 1: tile t starts below kv_end <= kv_len
+      if (valid < kBN && kv_len < p.seq_k) {
+        // The last tile reaches into cache slots past this sequence: load it, zero those rows, then
+        // publish it. Only the last tile can, so this waits on bar_vfix at most once (parity 0).
+        if (leader) {
+          mbar_expect_tx(smem_u32(&bar_vfix), kTileBytes);
+#pragma unroll
+          for (int h = 0; h < HALVES; ++h)
+            tma_load_4d(dv + h * kBN * 128, &tm_v, smem_u32(&bar_vfix), h * 64, kvh, n_start, b);
+        }
+        mbar_wait(smem_u32(&bar_vfix), 0);
+        const int lane = threadIdx.x;
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)  // whole 128-byte rows: the swizzle only permutes chunks in a row
+          for (int off = valid * 128 + lane * 16; off < kBN * 128; off += 32 * 16)
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dv + h * kBN * 128 + off), "r"(0)
+                         : "memory");
+        fence_proxy_async();  // generic-proxy stores, read next by wgmma (async proxy)
+        __syncwarp();
+        if (leader) mbar_arrive(smem_u32(&full_v[s]));
+      } else if (leader) {
+        mbar_expect_tx(smem_u32(&full_v[s]), kTileBytes);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+          tma_load_4d(dv + h * kBN * 128, &tm_v, smem_u32(&full_v[s]), h * 64, kvh, n_start, b);
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  setmaxnreg_inc<240>();
+  const int c = wg - 1;  // rows [64 c, 64 c + 64) of the block
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  // Accumulator layout (m64nNk16, f32): this thread holds rows r0 = 16 warp + g (registers 4 j + 0, 1) and
+  // r0 + 8 (4 j + 2, 3) of the warpgroup's 64, columns 8 j + 2 t4 + {0, 1}.
+  const int row0 = m_start + 64 * c + 16 * warp + g;  // query index in the sequence; row1 = row0 + 8
+  const int pos0 = q_off + row0, pos1 = pos0 + 8;
+  const int wg_first_pos = q_off + m_start + 64 * c;
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float sacc[kBN / 2];
+  uint32_t pf[kBN / 16][4];
+
+  // Issues S = Q K^T for tile t (async; the caller commits and waits).
+  auto issue_s = [&](int t) {
+    const uint32_t dk = sK + (t % kStages) * kTileBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t qa = sQ + (kk / 4) * kBM * 128 + c * 64 * 128 + (kk % 4) * 32;
+      const uint32_t kb = dk + (kk / 4) * kBN * 128 + (kk % 4) * 32;
+      wgmma_ss<T, kBN>(sacc, desc_sw128(qa, 16, 1024), desc_sw128(kb, 16, 1024), kk > 0);
+    }
+  };
+  // Issues O += P V for tile t from pf.
+  auto issue_pv = [&](int t) {
+    const uint32_t dv = sV + (t % kStages) * kTileBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) wgmma_rs_tb<T, D>(o, pf[kk], desc_sw128(dv + kk * 2048, kBN * 128, 1024), 1);
+  };
+  // Online softmax of tile t, first half: masks and scales sacc, updates the running max and sum, leaves
+  // P = exp2(s - max) (unnormalised) in sacc and returns the factors that rescale the older output.
+  // Touches neither o nor pf, so it runs while P V of the previous tile is in flight.
+  auto softmax = [&](int t, float (&alpha)[2]) {
+    const int n_start = t * kBN;
+    const bool need_mask = n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > wg_first_pos);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < kBN / 2; ++i) {
+      float x = sacc[i] * p.scale_log2;
+      if (need_mask) {
+        const int col = n_start + 8 * (i / 4) + 2 * t4 + (i & 1);
+        const int pos = (i & 2) ? pos1 : pos0;
+        if (col >= kv_len || (CAUSAL && col > pos)) x = -INFINITY;  // a select: masked NaN keys vanish too
+      }
+      sacc[i] = x;
+      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
+    }
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+      const float m_new = fmaxf(m_run[h], mx[h]);
+      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: avoid inf - inf
+      alpha[h] = exp2f(m_run[h] - base[h]);
+      m_run[h] = m_new;
+      l_run[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kBN / 2; ++i) {
+      const int h = (i >> 1) & 1;
+      sacc[i] = exp2f(sacc[i] - base[h]);
+      l_run[h] += sacc[i];  // this thread's columns only; the quad is summed at the end
+    }
+  };
+  // Second half, once P V of the previous tile is done: rescale o, P -> 16-bit A fragments.
+  auto rescale_and_pack = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      pf[kk][0] = pack2<T>(sacc[8 * kk + 0], sacc[8 * kk + 1]);  // row g,     keys 16 kk + 2 t4
+      pf[kk][1] = pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]);  // row g + 8, keys 16 kk + 2 t4
+      pf[kk][2] = pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);  // row g,     keys 16 kk + 8 + 2 t4
+      pf[kk][3] = pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);  // row g + 8, keys 16 kk + 8 + 2 t4
+    }
+  };
+
+  if (n_tiles > 0) {
+    // Software pipeline: S(t) = Q K[t]^T and O += P(t-1) V[t-1] are issued back to back; the softmax of
+    // S(t) runs while P V is still on the tensor cores. wgmma groups complete in order, so wait<1> means
+    // S(t) is done. The fence_regs keep the compiler from touching sacc / o before their waits.
+    float alpha[2];
+    mbar_wait(smem_u32(&bar_q), 0);
+    mbar_wait(smem_u32(&full_k[0]), 0);
+    issue_s(0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sacc);
+    if (tid == 0) mbar_arrive(smem_u32(&empty_k[0]));
+    softmax(0, alpha);
+    rescale_and_pack(alpha);
+    for (int t = 1; t < n_tiles; ++t) {
+      const int s = t % kStages, sp = (t - 1) % kStages;
+      mbar_wait(smem_u32(&full_k[s]), (t / kStages) & 1);
+      issue_s(t);
+      wgmma_commit();
+      mbar_wait(smem_u32(&full_v[sp]), ((t - 1) / kStages) & 1);
+      issue_pv(t - 1);
+      wgmma_commit();
+      fence_regs(o);
+      wgmma_wait<1>();  // S(t) is done
+      fence_regs(sacc);
+      if (tid == 0) mbar_arrive(smem_u32(&empty_k[s]));  // K[t] is consumed: the slot can be refilled
+      softmax(t, alpha);
+      wgmma_wait<0>();  // P(t-1) V[t-1] is done: o and pf may change
+      fence_regs(o);
+      fence_regs(sacc);  // the new pf is packed from sacc only after this point
+      if (tid == 0) mbar_arrive(smem_u32(&empty_v[sp]));
+      rescale_and_pack(alpha);
+    }
+    const int sl = (n_tiles - 1) % kStages;
+    mbar_wait(smem_u32(&full_v[sl]), ((n_tiles - 1) / kStages) & 1);
+    issue_pv(n_tiles - 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    if (tid == 0) mbar_arrive(smem_u32(&empty_v[sl]));
+  }
+
+  // Epilogue: normalise by the row sums, convert, store the rows inside the sequence.
+  T* o_base = reinterpret_cast<T*>(p.o) + b * p.o_bs + head * p.o_hs;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key gets zeros
+    const int row = row0 + 8 * h;
+    if (row >= p.seq_q) continue;
+    T* orow = o_base + int64_t(row) * p.o_ss;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t4) = pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+  }
+#else
+  __trap();  // built without sm_90a; the dispatcher only launches this on compute capability 9.x
+#endif
+}
+
+// A 4D map {head_dim, heads, seq, batch} over rows at the given element strides, boxes of 64 columns x
+// `rows` rows of one (head, batch), 128-byte swizzle. False when TMA cannot describe the tensor.
+template <typename T>
+bool make_map(CUtensorMap* map, const void* ptr, int D, int64_t heads, int64_t seq, int64_t batch, int64_t hs,
+              int64_t ss, int64_t bs, int rows) {
+  const int64_t dims[3] = {heads, seq, batch}, strides[3] = {hs, ss, bs};
+  cuuint64_t gdim[4] = {(cuuint64_t)D, 0, 0, 0}, gstride[3];
+  int64_t packed = D * int64_t(sizeof(T));  // a stand-in stride for extent-1 dims (never stepped along)
+  for (int i = 0; i < 3; ++i) {
+    gdim[i + 1] = (cuuint64_t)dims[i];
+    int64_t bytes = strides[i] * int64_t(sizeof(T));
+    if (dims[i] == 1) bytes = packed;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40)) return false;
+    gstride[i] = (cuuint64_t)bytes;
+    packed = bytes * dims[i];
+  }
+  const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = sm90::tensor_map_encoder()(map, sm90::tensor_map_dtype<T>(), 4, const_cast<void*>(ptr), gdim,
+                                                gstride, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+template <typename T, int D, bool CAUSAL>
+bool launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
+  const int kv_heads = heads / p.group;
+  CUtensorMap tm_q, tm_k, tm_v;
+  if (!make_map<T>(&tm_q, p.q, D, heads, p.seq_q, batch, p.q_hs, p.q_ss, p.q_bs, kBM) ||
+      !make_map<T>(&tm_k, p.k, D, kv_heads, p.seq_k, batch, p.k_hs, p.k_ss, p.k_bs, kBN) ||
+      !make_map<T>(&tm_v, p.v, D, kv_heads, p.seq_k, batch, p.v_hs, p.v_ss, p.v_bs, kBN))
+    return false;
+  auto kernel = flash_prefill_sm90_kernel<T, D, CAUSAL>;
+  static bool configured = [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>()));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(heads, batch, (p.seq_q + kBM - 1) / kBM);
+  kernel<<<grid, kThreads, smem_bytes<D>(), stream>>>(tm_q, tm_k, tm_v, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
+bool is_hopper() {
+  int device = 0, major = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major == 9;
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
+                        cudaStream_t stream) {
+  if (head_dim != 64 && head_dim != 128) return false;
+  if (dtype != at::kHalf && dtype != at::kBFloat16) return false;
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v)) return false;
+  if ((p.seq_q + kBM - 1) / kBM > 65535 || batch > 65535) return false;
+  if (!is_hopper()) return false;
+  auto go = [&](auto t_tag, auto d_tag) {
+    using T = decltype(t_tag);
+    constexpr int D = decltype(d_tag)::value;
+    return causal ? launch<T, D, true>(p, batch, heads, stream) : launch<T, D, false>(p, batch, heads, stream);
+  };
+  auto by_dim = [&](auto t_tag) {
+    return head_dim == 64 ? go(t_tag, std::integral_constant<int, 64>{}) : go(t_tag, std::integral_constant<int, 128>{});
+  };
+  return dtype == at::kHalf ? by_dim(__half{}) : by_dim(__nv_bfloat16{});
+}
+
+}  // namespace minfer::attn
