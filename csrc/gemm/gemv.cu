@@ -166,26 +166,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Params<T, T> p,
 
 template <typename T, int NT, int U>
 void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
   const int grid_y = (int)std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
   const int64_t tiles = (p.N + 15) / 16;
-  // Split K (more, smaller CTAs) for the best last wave: CTAs are all the same size, so the share of
-  // resident slots the final wave fills is the efficiency. 4096 x 4096 takes KS = 8 (256 CTAs in 264
-  // slots), 28672 x 4096 KS = 8 (1792 CTAs, 97%; KS = 1 would leave 224 CTAs, one wave at 85%),
-  // 49152 x 576 KS = 2. Ties go to the smaller split (less reduction through shared memory).
-  static const int slots = [] {
-    int device = 0, per_sm = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&device));
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<T, NT, U>, kThreads, 0));
-    return std::max(1, per_sm) * num_sms(device);
-  }();
-  auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
-  auto wave_efficiency = [&](int l) {
-    const int64_t n = ctas(l), waves = (n + slots - 1) / slots;
-    return double(n) / double(waves * slots);
-  };
+  // Split K (more, smaller CTAs) only until every SM gets about two CTAs: 4096 x 4096 takes KS = 8
+  // (256 CTAs, 2 rounds of 8 steps per warp), 128256 x 4096 KS = 1 (1002 CTAs of 8 tiles).
   int ks_log2 = 0;
-  for (int l = 1; l <= 3; ++l)
-    if (wave_efficiency(l) > wave_efficiency(ks_log2) + 0.02) ks_log2 = l;
+  auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
+  while (ks_log2 < 3 && ctas(ks_log2) < 2 * num_sms(device)) ++ks_log2;
   // Programmatic launch only where the code that runs waits for it: the virtual arch it was compiled
   // for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
   static const int ptx_version = [] {
