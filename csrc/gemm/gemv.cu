@@ -79,125 +79,102 @@ __device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint4& wa, c
   }
 }
 
-// A work item is 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K. CTAs are
-// persistent (grid.x = resident slots at most) and take items blockIdx.x, + gridDim.x, ..., so a big
-// N spreads evenly instead of leaving a partial last wave. blockIdx.y (and its strides) picks 8 * NT
-// rows of A at a time.
+// Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y (and
+// its strides) picks 8 * NT rows of A at a time.
 template <typename T, int NT, int U>
 __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Params<T, T> p, int ks_log2) {
   const int ks = 1 << ks_log2, tiles = kWarps >> ks_log2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int split = warp & (ks - 1);
-  const int items = ((p.N + 15) / 16 + tiles - 1) / tiles;
+  const int split = warp & (ks - 1), tile = blockIdx.x * tiles + (warp >> ks_log2);
+  const int n0 = tile * 16 + g;  // this thread's W rows: n0, n0 + 8
 
   // K in 32-wide steps (4 chunks of 8), split in whole pairs of steps so that warps meet on 128-byte lines.
   const int chunks = p.K / 8, steps = (chunks + 3) / 4, pairs = (steps + 1) / 2;
-  const int s_first = min(steps, 2 * ((split * pairs) >> ks_log2));
-  const int s_last = min(steps, 2 * (((split + 1) * pairs) >> ks_log2));
+  const int s_begin = min(steps, 2 * ((split * pairs) >> ks_log2));
+  const int s_end = tile * 16 < p.N ? min(steps, 2 * (((split + 1) * pairs) >> ks_log2)) : s_begin;
 
-  // Ask L2 for the first round of this warp's rows of `item` (one bulk prefetch per W row): a
-  // prefetch into L2, where every write lands, cannot return stale data.
-  auto prefetch_first_round = [&](int item) {
+  const bool a_ok = n0 < p.N, b_ok = n0 + 8 < p.N;
+  const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
+  const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int tile = item * tiles + (warp >> ks_log2);
-    if (item < items && lane < 16 && s_last > s_first && tile * 16 + lane < p.N) {
-      const int c0 = 4 * s_first, c1 = min(chunks, 4 * min(s_last, s_first + U));
-      const T* row = p.B + (int64_t)(tile * 16 + lane) * p.sbn + 8 * c0;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(16 * (c1 - c0)) : "memory");
-    }
-#endif
-  };
-  prefetch_first_round(blockIdx.x);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane < 16 && s_end > s_begin && tile * 16 + lane < p.N) {  // one bulk prefetch per W row
+    const int c0 = 4 * s_begin, c1 = min(chunks, 4 * min(s_end, s_begin + U));
+    const T* row = p.B + (int64_t)(tile * 16 + lane) * p.sbn + 8 * c0;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(16 * (c1 - c0)) : "memory");
+  }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the previous kernel's writes are visible from here
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    prefetch_first_round(item + gridDim.x);  // keeps DRAM busy through this item's reduction
-    const int tile = item * tiles + (warp >> ks_log2);
-    const int n0 = tile * 16 + g;  // this thread's W rows: n0, n0 + 8
-    const int s_begin = s_first, s_end = tile * 16 < p.N ? s_last : s_first;
-    const bool a_ok = n0 < p.N, b_ok = n0 + 8 < p.N;
-    const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
-    const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
-
-    for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
-      bool x_ok[NT];
-      const uint4* xp[NT];
+  for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
+    bool x_ok[NT];
+    const uint4* xp[NT];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int m = m_base + nt * 8 + g;
-        x_ok[nt] = m < p.M;
-        xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? m : 0) * p.sam) + t;
-      }
-      float acc[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
-
-      for (int s0 = s_begin; s0 < s_end; s0 += U) {
-        uint4 va[U], vb[U], vx[U][NT];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {  // the round's W loads first: they carry the latency
-          const int s = s0 + u;
-          const bool ok = s < s_end && 4 * s + t < chunks;  // past the warp's slice or K's tail: zeros
-          va[u] = ld_w(wa + 4 * (int64_t)s, ok && a_ok);
-          vb[u] = ld_w(wb + 4 * (int64_t)s, ok && b_ok);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int s = s0 + u;
-          const bool ok = s < s_end && 4 * s + t < chunks;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) vx[u][nt] = ld_x(xp[nt] + 4 * (int64_t)s, ok && x_ok[nt]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
-      }
-
-      // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][nt * 4 + i][lane] = acc[nt][i];
-      __syncthreads();
-      // Consecutive threads take consecutive n of one output row.
-      for (int i = threadIdx.x; i < tiles * 16 * 8 * NT; i += kThreads) {
-        const int tl = i / (16 * 8 * NT), r = i % (16 * 8 * NT), ml = r / 16, nl = r % 16;
-        const int n = (item * tiles + tl) * 16 + nl, m = m_base + ml;
-        if (n < p.N && m < p.M) {
-          const int src_lane = 4 * (nl & 7) + ((ml & 7) >> 1), j = (ml >> 3) * 4 + (nl >> 3) * 2 + (ml & 1);
-          float s = 0.f;
-          for (int w = 0; w < ks; ++w) s += red[tl * ks + w][j][src_lane];
-          store_out(p, m, n, s);
-        }
-      }
-      __syncthreads();  // red is rewritten by the next block of A rows or the next item
+    for (int nt = 0; nt < NT; ++nt) {
+      const int m = m_base + nt * 8 + g;
+      x_ok[nt] = m < p.M;
+      xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? m : 0) * p.sam) + t;
     }
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+    for (int s0 = s_begin; s0 < s_end; s0 += U) {
+      uint4 va[U], vb[U], vx[U][NT];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {  // the round's W loads first: they carry the latency
+        const int s = s0 + u;
+        const bool ok = s < s_end && 4 * s + t < chunks;  // past the warp's slice or K's tail: zeros
+        va[u] = ld_w(wa + 4 * (int64_t)s, ok && a_ok);
+        vb[u] = ld_w(wb + 4 * (int64_t)s, ok && b_ok);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int s = s0 + u;
+        const bool ok = s < s_end && 4 * s + t < chunks;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) vx[u][nt] = ld_x(xp[nt] + 4 * (int64_t)s, ok && x_ok[nt]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
+    }
+
+    // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][nt * 4 + i][lane] = acc[nt][i];
+    __syncthreads();
+    // Consecutive threads take consecutive n of one output row.
+    for (int i = threadIdx.x; i < tiles * 16 * 8 * NT; i += kThreads) {
+      const int tl = i / (16 * 8 * NT), r = i % (16 * 8 * NT), ml = r / 16, nl = r % 16;
+      const int n = (blockIdx.x * tiles + tl) * 16 + nl, m = m_base + ml;
+      if (n < p.N && m < p.M) {
+        const int src_lane = 4 * (nl & 7) + ((ml & 7) >> 1), j = (ml >> 3) * 4 + (nl >> 3) * 2 + (ml & 1);
+        float s = 0.f;
+        for (int w = 0; w < ks; ++w) s += red[tl * ks + w][j][src_lane];
+        store_out(p, m, n, s);
+      }
+    }
+    __syncthreads();  // red is rewritten by the next block of A rows
   }
 }
 
 template <typename T, int NT, int U>
 void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
   const int grid_y = (int)std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
   const int64_t tiles = (p.N + 15) / 16;
-  // Split K over the warps of a CTA: all 8 (one tile per CTA, the most CTAs) when N is small or K long
-  // enough that each warp still gets a full round; else as far as a round per warp allows (K = 576:
-  // KS = 2). Items (8 / KS tiles) are dealt to at most the resident CTAs, which loop over them.
-  static const int slots = [] {
-    int dev = 0, per_sm = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&dev));
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<T, NT, U>, kThreads, 0));
-    return std::max(1, per_sm) * num_sms(dev);
-  }();
-  const int steps = (p.K / 8 + 3) / 4;
-  int ks_log2 = 3;
-  if (tiles * grid_y > slots)
-    while (ks_log2 > 0 && (steps >> ks_log2) < U) --ks_log2;
-  const int64_t items = (tiles + (kWarps >> ks_log2) - 1) / (kWarps >> ks_log2);
+  // Split K (more, smaller CTAs) only until every SM gets about two CTAs: 4096 x 4096 takes KS = 8
+  // (256 CTAs, 2 rounds of 8 steps per warp), 128256 x 4096 KS = 1 (1002 CTAs of 8 tiles).
+  int ks_log2 = 0;
+  auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
+  while (ks_log2 < 3 && ctas(ks_log2) < 2 * num_sms(device)) ++ks_log2;
   // Programmatic launch only where the code that runs waits for it: the virtual arch it was compiled
   // for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
   static const int ptx_version = [] {
@@ -206,7 +183,7 @@ void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
     return attr.ptxVersion;
   }();
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((unsigned)std::max<int64_t>(1, std::min<int64_t>(items, (slots + grid_y - 1) / grid_y)), grid_y);
+  config.gridDim = dim3((unsigned)((tiles + (kWarps >> ks_log2) - 1) / (kWarps >> ks_log2)), grid_y);
   config.blockDim = dim3(kThreads);
   config.stream = stream;
   cudaLaunchAttribute pdl[1];
