@@ -1,12 +1,14 @@
-// sm_90a production path: wgmma (m64n128k16) fed by TMA (cp.async.bulk.tensor) through a 4-stage
+// sm_90a production path: wgmma (m64n256k16) fed by TMA (cp.async.bulk.tensor) through a 4-stage
 // mbarrier pipeline, warp-specialized.
 //
-// Block tile 128 (M) x 128 (N) x 64 (K), 384 threads = 3 warpgroups: warpgroup 0 is the producer
-// (one thread issues the TMA copies), warpgroups 1 and 2 each own 64 rows of the tile and run
-// wgmma on shared-memory descriptors. TMA writes each 128 x 64 tile as rows of 128 bytes with the
-// 128-byte swizzle (16-byte chunk c of row r stored at c ^ (r % 8)), which is exactly the K-major
-// SWIZZLE_128B layout wgmma reads: core-matrix groups of 8 rows x 128 B, 1024 B apart (SBO).
-// Advancing K by 16 elements inside the 64-wide tile is a +32 B start address.
+// Block tile 128 (M) x 256 (N) x 64 (K), 384 threads = 3 warpgroups: warpgroup 0 is the producer
+// (one thread issues the TMA copies; setmaxnreg gives its registers to the others), warpgroups 1 and
+// 2 each own 64 rows x 256 columns of the tile (128 fp32 accumulators per thread) and run wgmma on
+// shared-memory descriptors. A stage is A 128 x 64 (16 KB) + B 256 x 64 (32 KB), 4 stages = 192 KB.
+// TMA writes each tile as rows of 128 bytes with the 128-byte swizzle (16-byte chunk c of row r
+// stored at c ^ (r % 8)), which is exactly the K-major SWIZZLE_128B layout wgmma reads: core-matrix
+// groups of 8 rows x 128 B, 1024 B apart (SBO). Advancing K by 16 elements inside the 64-wide tile
+// is a +32 B start address.
 // Out-of-bounds rows/columns are zero-filled by TMA; the epilogue stores with bounds checks.
 // Requirements (checked by the dispatcher): K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases.
 #include "common/checks.h"
@@ -19,6 +21,7 @@
 #include <torch/all.h>
 
 #include <string>
+#include <type_traits>
 
 #include "gemm/epilogue.h"
 #include "gemm/ptx.h"
@@ -26,12 +29,17 @@
 namespace minfer::gemm_impl {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 4, kThreads = 384;
-constexpr int kTileBytes = kBM * kBK * 2;  // A and B tiles are both 128 rows x 128 B = 16 KB
-constexpr int kStageBytes = 2 * kTileBytes;
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
+constexpr int kATileBytes = kBM * kBK * 2;  // 128 rows x 128 B = 16 KB
+constexpr int kBTileBytes = kBN * kBK * 2;  // 256 rows x 128 B = 32 KB
+constexpr int kStageBytes = kATileBytes + kBTileBytes;
 constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the tiles to 1024 B
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Register split (setmaxnreg): the producer needs few, each consumer thread holds 128 accumulators.
+// 128 x 40 + 256 x 232 = 64512 = the 168 per thread that __launch_bounds__(384, 1) grants at entry.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -71,35 +79,62 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr) {
   return d;
 }
 
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+// Keeps the compiler from moving accumulator reads or writes across a wgmma fence or wait.
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
-// D[64 x 128] += A[64 x 16] . B[128 x 16]^T, both operands from shared memory (scale-d = 1).
+// D[64 x 256] += A[64 x 16] . B[256 x 16]^T, both operands from shared memory (scale-d = 1).
+// Operands: %0..%127 the accumulators, %128 / %129 the descriptors, %130 the scale-d flag.
+#define MINFER_WGMMA_D128 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define MINFER_WGMMA_ACC128(d) \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define MINFER_WGMMA_M64N256K16(dtype)                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                      \
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32." dtype "." dtype " {" MINFER_WGMMA_D128 \
+               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"                                                \
+               : MINFER_WGMMA_ACC128(d)                                                             \
+               : "l"(desc_a), "l"(desc_b), "r"(1))
+
 template <typename T>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b);
-
-template <>
-__device__ __forceinline__ void wgmma_m64n128k16<__half>(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_m64n128k16<__nv_bfloat16>(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (std::is_same_v<T, __half>) MINFER_WGMMA_M64N256K16("f16");
+  else MINFER_WGMMA_M64N256K16("bf16");
 }
 
 #endif  // sm_90a
@@ -126,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {  // producer
+    setmaxnreg_dec<kProducerRegs>();
     if (tid_wg == 0) {
       for (int kt = 0; kt < num_k; ++kt) {
         const int s = kt % kStages;
@@ -135,40 +171,41 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_expect_tx(bar, kStageBytes);  // TMA counts the whole box, zero-filled parts too
         const uint32_t sa = base + s * kStageBytes;
         tma_load_2d(sa, &map_a, bar, kt * kBK, m0);
-        tma_load_2d(sa + kTileBytes, &map_b, bar, kt * kBK, n0);
+        tma_load_2d(sa + kATileBytes, &map_b, bar, kt * kBK, n0);
       }
     }
-    return;
-  }
-
-  // consumers: warpgroup c = wg - 1 owns tile rows [64 c, 64 c + 64)
-  const int c = wg - 1;
-  float acc[64];
+  } else {
+    // consumers: warpgroup c = wg - 1 owns tile rows [64 c, 64 c + 64) and all 256 columns
+    setmaxnreg_inc<kConsumerRegs>();
+    const int c = wg - 1;
+    float acc[128];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  for (int kt = 0; kt < num_k; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(smem_addr(&full[s]), (kt / kStages) & 1);
-    const uint32_t sa = base + s * kStageBytes + c * 64 * 128, sb = base + s * kStageBytes + kTileBytes;
-    wgmma_fence();
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    for (int kt = 0; kt < num_k; ++kt) {
+      const int s = kt % kStages;
+      mbar_wait(smem_addr(&full[s]), (kt / kStages) & 1);
+      const uint32_t sa = base + s * kStageBytes + c * 64 * 128, sb = base + s * kStageBytes + kATileBytes;
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n128k16<T>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
-    wgmma_commit();
-    wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage can be refilled
-    if (kt > 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[(kt - 1) % kStages]));
-  }
-  wgmma_wait<0>();
-
-  // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
-  // register 4 j + e holds column 8 j + 2 (lane % 4) + (e & 1), row + 8 when e >= 2.
-  const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = m0 + c * 64 + warp * 16 + g + h * 8, n = n0 + j * 8 + t4 * 2;
-      if (m < p.M) store_out2(p, m, n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16<T>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage can be refilled
+      if (kt > 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[(kt - 1) % kStages]));
     }
+    wgmma_wait<0>();
+    fence_acc(acc);
+
+    // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
+    // register 4 j + e holds column 8 j + 2 (lane % 4) + (e & 1), row + 8 when e >= 2.
+    const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + c * 64 + warp * 16 + g + h * 8, n = n0 + j * 8 + t4 * 2;
+        if (m < p.M) store_out2(p, m, n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+  }
 #else
   __trap();  // built without sm_90a; the dispatcher only launches this on compute capability 9.x
 #endif
@@ -185,13 +222,13 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A 2D map over a [rows, K] K-contiguous matrix, boxes of 128 rows x 64 K with the 128-byte swizzle.
+// A 2D map over a [rows, K] K-contiguous matrix, boxes of box_rows rows x 64 K with the 128-byte swizzle.
 template <typename T>
-CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride) {
+CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride, int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
   const cuuint64_t strides[1] = {(cuuint64_t)row_stride * sizeof(T)};
-  const cuuint32_t box[2] = {kBK, kBM};
+  const cuuint32_t box[2] = {kBK, (cuuint32_t)box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
   const auto dtype = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUresult r = encode_fn()(&map, dtype, 2, const_cast<T*>(ptr), dims, strides, box, elem_strides,
@@ -209,8 +246,8 @@ template <typename T>
 void launch_sm90(const Params<T, T>& p, cudaStream_t stream) {
   // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
   const int k_map = p.K > 0 ? p.K : 8;
-  const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map);
-  const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map);
+  const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
+  const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, kBN);
   auto kernel = wgmma_kernel<T>;
   static bool configured = [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
