@@ -9,6 +9,9 @@
 // stored at c ^ (r % 8)), which is exactly the K-major SWIZZLE_128B layout wgmma reads: core-matrix
 // groups of 8 rows x 128 B, 1024 B apart (SBO). Advancing K by 16 elements inside the 64-wide tile
 // is a +32 B start address.
+// Persistent: min(tiles, SMs) CTAs each walk tiles blockIdx.x, + gridDim.x, ... in a grouped order
+// (tile_origin); the mbarrier ring runs on across tiles, so the producer loads the next tile while
+// the consumers store this one.
 // Out-of-bounds rows/columns are zero-filled by TMA; the epilogue stores with bounds checks.
 // Requirements (checked by the dispatcher): K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases.
 #include "common/checks.h"
@@ -20,6 +23,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <torch/all.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -40,6 +44,7 @@ constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align th
 // Register split (setmaxnreg): the producer needs few, each consumer thread holds 128 accumulators.
 // 128 x 40 + 256 x 232 = 64512 = the 168 per thread that __launch_bounds__(384, 1) grants at entry.
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr int kGroupM = 16;  // tile-order group height in M tiles (see tile_origin)
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -137,6 +142,25 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
   else MINFER_WGMMA_M64N256K16("bf16");
 }
 
+// Persistent tile order: groups of kGroupM M-tiles walk their N-tiles with M fastest, so the CTAs
+// running at one time cover about 16 x 8 tiles (2048 x 2048 outputs): every A and B panel they read
+// is shared by 8-16 of them through L2.
+__device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int& m0, int& n0) {
+  const int per_group = kGroupM * num_n, group = t / per_group, r = t - group * per_group;
+  const int first = group * kGroupM, rows = min(kGroupM, num_m - first);
+  m0 = (first + r % rows) * kBM;
+  n0 = (r / rows) * kBN;
+}
+
+// One ring position: stage s of the pipeline and the parity its barriers complete with this pass.
+struct Ring {
+  int s = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++s == kStages) s = 0, phase ^= 1;
+  }
+};
+
 #endif  // sm_90a
 
 template <typename T>
@@ -147,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles need 1024 B alignment
-  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;  // M fastest: W tiles are reused from L2
+  const int num_m = (p.M + kBM - 1) / kBM, num_n = (p.N + kBN - 1) / kBN, num_tiles = num_m * num_n;
   const int num_k = (p.K + kBK - 1) / kBK;
   const int wg = threadIdx.x / 128, tid_wg = threadIdx.x % 128;
 
@@ -160,51 +184,65 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  // Producer and consumers walk the same tiles (t = blockIdx.x, + gridDim.x, ...) and the same K
+  // steps, so their ring positions stay in step across tiles: the producer fills the next tile's
+  // first stages while the consumers are still in this tile's epilogue.
   if (wg == 0) {  // producer
     setmaxnreg_dec<kProducerRegs>();
     if (tid_wg == 0) {
-      for (int kt = 0; kt < num_k; ++kt) {
-        const int s = kt % kStages;
-        // First pass over the ring: parity 1 of a fresh barrier counts as complete.
-        mbar_wait(smem_addr(&empty[s]), ((kt / kStages) & 1) ^ 1);
-        const uint32_t bar = smem_addr(&full[s]);
-        mbar_expect_tx(bar, kStageBytes);  // TMA counts the whole box, zero-filled parts too
-        const uint32_t sa = base + s * kStageBytes;
-        tma_load_2d(sa, &map_a, bar, kt * kBK, m0);
-        tma_load_2d(sa + kATileBytes, &map_b, bar, kt * kBK, n0);
+      Ring ring;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int m0, n0;
+        tile_origin(t, num_m, num_n, m0, n0);
+        for (int kt = 0; kt < num_k; ++kt, ring.next()) {
+          // First pass over the ring: parity 1 of a fresh barrier counts as complete.
+          mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
+          const uint32_t bar = smem_addr(&full[ring.s]);
+          mbar_expect_tx(bar, kStageBytes);  // TMA counts the whole box, zero-filled parts too
+          const uint32_t sa = base + ring.s * kStageBytes;
+          tma_load_2d(sa, &map_a, bar, kt * kBK, m0);
+          tma_load_2d(sa + kATileBytes, &map_b, bar, kt * kBK, n0);
+        }
       }
     }
   } else {
     // consumers: warpgroup c = wg - 1 owns tile rows [64 c, 64 c + 64) and all 256 columns
     setmaxnreg_inc<kConsumerRegs>();
     const int c = wg - 1;
-    float acc[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-    for (int kt = 0; kt < num_k; ++kt) {
-      const int s = kt % kStages;
-      mbar_wait(smem_addr(&full[s]), (kt / kStages) & 1);
-      const uint32_t sa = base + s * kStageBytes + c * 64 * 128, sb = base + s * kStageBytes + kATileBytes;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16<T>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage can be refilled
-      if (kt > 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[(kt - 1) % kStages]));
-    }
-    wgmma_wait<0>();
-    fence_acc(acc);
-
-    // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
-    // register 4 j + e holds column 8 j + 2 (lane % 4) + (e & 1), row + 8 when e >= 2.
     const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
+    Ring ring;
+    float acc[128];
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      int m0, n0;
+      tile_origin(t, num_m, num_n, m0, n0);
 #pragma unroll
-    for (int j = 0; j < kBN / 8; ++j)
+      for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+      int prev = -1;  // the stage whose wgmmas may still be reading it
+      for (int kt = 0; kt < num_k; ++kt, ring.next()) {
+        mbar_wait(smem_addr(&full[ring.s]), ring.phase);
+        const uint32_t sa = base + ring.s * kStageBytes + c * 64 * 128, sb = base + ring.s * kStageBytes + kATileBytes;
+        wgmma_fence();  // orders the accumulator registers (zeroed or read back) before the wgmmas
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int m = m0 + c * 64 + warp * 16 + g + h * 8, n = n0 + j * 8 + t4 * 2;
-        if (m < p.M) store_out2(p, m, n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16<T>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous step's wgmmas are done: its stage can be refilled
+        if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
+        prev = ring.s;
       }
+      wgmma_wait<0>();
+      fence_acc(acc);
+      if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
+
+      // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
+      // register 4 j + e holds column 8 j + 2 (lane % 4) + (e & 1), row + 8 when e >= 2.
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = m0 + c * 64 + warp * 16 + g + h * 8, n = n0 + j * 8 + t4 * 2;
+          if (m < p.M) store_out2(p, m, n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    }
   }
 #else
   __trap();  // built without sm_90a; the dispatcher only launches this on compute capability 9.x
@@ -243,7 +281,7 @@ CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride, int box_
 }  // namespace
 
 template <typename T>
-void launch_sm90(const Params<T, T>& p, cudaStream_t stream) {
+void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms) {
   // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
@@ -254,11 +292,14 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const dim3 grid((p.M + kBM - 1) / kBM, (p.N + kBN - 1) / kBN);
+  // Persistent: one CTA per SM (192 KB of shared memory each), or fewer when there are fewer tiles.
+  const int64_t tiles = int64_t((p.M + kBM - 1) / kBM) * ((p.N + kBN - 1) / kBN);
+  MINFER_CHECK(tiles < (int64_t(1) << 31), "linear: sm90 path: too many output tiles (" + std::to_string(tiles) + ")");
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
-template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t);
-template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);
+template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int);
+template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int);
 
 }  // namespace minfer::gemm_impl
