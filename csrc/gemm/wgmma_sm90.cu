@@ -12,6 +12,9 @@
 // Persistent: min(tiles, SMs) CTAs each walk tiles blockIdx.x, + gridDim.x, ... in a grouped order
 // (tile_origin); the mbarrier ring runs on across tiles, so the producer loads the next tile while
 // the consumers store this one.
+// Epilogue: alpha, bias and beta * C are applied in fp32 in registers (epilogue_value), the rounded
+// outputs go through a small swizzled shared buffer per consumer warpgroup (not the pipeline
+// stages, which the producer is already refilling) and leave as coalesced 16-byte stores.
 // Out-of-bounds rows/columns are zero-filled by TMA; the epilogue stores with bounds checks.
 // Requirements (checked by the dispatcher): K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases.
 #include "common/checks.h"
@@ -37,7 +40,11 @@ constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
 constexpr int kATileBytes = kBM * kBK * 2;  // 128 rows x 128 B = 16 KB
 constexpr int kBTileBytes = kBN * kBK * 2;  // 256 rows x 128 B = 32 KB
 constexpr int kStageBytes = kATileBytes + kBTileBytes;
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the tiles to 1024 B
+// Epilogue staging: each consumer warpgroup writes its 64 x 256 outputs in 4 chunks of 64 x 64
+// (8 KB of 16-bit values), double-buffered, after the pipeline stages. 4 x 48 + 2 x 2 x 8 = 224 KB
+// (+ 1 KB alignment slack) of the 227 KB a block may have.
+constexpr int kEpiCols = 64, kEpiBufBytes = 64 * kEpiCols * 2;
+constexpr int kSmemBytes = kStages * kStageBytes + 2 * 2 * kEpiBufBytes + 1024;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -210,6 +217,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<kConsumerRegs>();
     const int c = wg - 1;
     const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
+    uint8_t* epi = smem_raw + (base - smem_addr(smem_raw)) + kStages * kStageBytes + c * 2 * kEpiBufBytes;
+    const bool vec_ok = p.ldd % 8 == 0 && (reinterpret_cast<uintptr_t>(p.D) & 15) == 0;  // 16-byte row chunks
     Ring ring;
     float acc[128];
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
@@ -233,15 +242,45 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_acc(acc);
       if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
 
+      // Epilogue, per 64-column chunk: registers -> shared (final values in T) -> global in 16-byte
+      // stores, a warp writing 4 whole 128-byte row segments at a time.
       // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
       // register 4 j + e holds column 8 j + 2 (lane % 4) + (e & 1), row + 8 when e >= 2.
+      // In the buffer (64 rows x 128 B), 16-byte chunk k of row r sits at k ^ (r % 8), so the 8 rows a
+      // warp stores to at once fall in different banks. Buffer q % 2 is rewritten two chunks later,
+      // after every thread of the warpgroup has passed the barrier of the chunk in between.
 #pragma unroll
-      for (int j = 0; j < kBN / 8; ++j)
+      for (int q = 0; q < kBN / kEpiCols; ++q) {
+        uint8_t* buf = epi + (q % 2) * kEpiBufBytes;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int m = m0 + c * 64 + warp * 16 + g + h * 8, n = n0 + j * 8 + t4 * 2;
-          if (m < p.M) store_out2(p, m, n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        for (int jj = 0; jj < kEpiCols / 8; ++jj)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int j = q * (kEpiCols / 8) + jj, r = warp * 16 + g + h * 8;
+            const int m = m0 + c * 64 + r, n = n0 + j * 8 + t4 * 2;
+            const T pair[2] = {from_float<T>(epilogue_value(p, m, n, acc[4 * j + 2 * h])),
+                               from_float<T>(epilogue_value(p, m, n + 1, acc[4 * j + 2 * h + 1]))};
+            *reinterpret_cast<uint32_t*>(buf + r * 128 + ((jj ^ g) << 4) + t4 * 4) =
+                *reinterpret_cast<const uint32_t*>(pair);
+          }
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");  // this warpgroup only
+#pragma unroll
+        for (int i = 0; i < 64 * 8 / 128; ++i) {
+          const int idx = tid_wg + 128 * i, r = idx / 8, k = idx % 8;
+          const int m = m0 + c * 64 + r, n = n0 + q * kEpiCols + k * 8;
+          const uint8_t* src = buf + r * 128 + ((k ^ (r % 8)) << 4);
+          if (m < p.M && n < p.N) {
+            T* dst = p.D + (int64_t)m * p.ldd + n;
+            if (vec_ok && n + 8 <= p.N) {
+              *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            } else {
+#pragma unroll
+              for (int e = 0; e < 8; ++e)
+                if (n + e < p.N) dst[e] = reinterpret_cast<const T*>(src)[e];
+            }
+          }
         }
+      }
     }
   }
 #else
