@@ -36,15 +36,22 @@
 namespace minfer::gemm_impl {
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
+// BN (the N tile) is 256, or 128 where 256-wide tiles would leave SMs idle (launch_sm90).
+constexpr int kBM = 128, kBK = 64, kStages = 4, kThreads = 384;
 constexpr int kATileBytes = kBM * kBK * 2;  // 128 rows x 128 B = 16 KB
-constexpr int kBTileBytes = kBN * kBK * 2;  // 256 rows x 128 B = 32 KB
-constexpr int kStageBytes = kATileBytes + kBTileBytes;
-// Epilogue staging: each consumer warpgroup writes its 64 x 256 outputs in 4 chunks of 64 x 64
-// (8 KB of 16-bit values), double-buffered, after the pipeline stages. 4 x 48 + 2 x 2 x 8 = 224 KB
+template <int BN>
+constexpr int stage_bytes() {
+  return kATileBytes + BN * kBK * 2;  // + B: BN rows x 128 B (32 KB for BN = 256)
+}
+// Epilogue staging: each consumer warpgroup writes its 64 x BN outputs in chunks of 64 x 64 (8 KB of
+// 16-bit values), double-buffered, after the pipeline stages. BN = 256: 4 x 48 + 2 x 2 x 8 = 224 KB
 // (+ 1 KB alignment slack) of the 227 KB a block may have.
 constexpr int kEpiCols = 64, kEpiBufBytes = 64 * kEpiCols * 2;
-constexpr int kSmemBytes = kStages * kStageBytes + 2 * 2 * kEpiBufBytes + 1024;
+template <int BN>
+constexpr int smem_bytes() {
+  return kStages * stage_bytes<BN>() + 2 * 2 * kEpiBufBytes + 1024;
+}
+static_assert(smem_bytes<256>() + 64 <= 232448, "over the 227 KB of shared memory a block may have");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -108,18 +115,20 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
-// D[64 x 256] += A[64 x 16] . B[256 x 16]^T, both operands from shared memory (scale-d = 1).
-// Operands: %0..%127 the accumulators, %128 / %129 the descriptors, %130 the scale-d flag.
-#define MINFER_WGMMA_D128 \
+// D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands from shared memory (scale-d = 1), N = 128 or
+// 256. Operands: the N / 2 accumulators, then the two descriptors, then the scale-d flag.
+#define MINFER_WGMMA_D64 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MINFER_WGMMA_D128 \
+  MINFER_WGMMA_D64 ", " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define MINFER_WGMMA_ACC128(d) \
+#define MINFER_WGMMA_ACC64(d) \
       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
@@ -127,7 +136,9 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define MINFER_WGMMA_ACC128(d) \
+      MINFER_WGMMA_ACC64(d), \
       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
       "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
@@ -136,27 +147,32 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
       "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
       "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#define MINFER_WGMMA_M64N256K16(dtype)                                                               \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                      \
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32." dtype "." dtype " {" MINFER_WGMMA_D128 \
-               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"                                                \
-               : MINFER_WGMMA_ACC128(d)                                                             \
+#define MINFER_WGMMA(shape, dtype, dregs, descs, scale, accs)                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " scale ", 0;\n"                                \
+               "wgmma.mma_async.sync.aligned." shape ".f32." dtype "." dtype " {" dregs "}, " descs \
+               ", p, 1, 1, 0, 0;\n}\n"                                                            \
+               : accs                                                                         \
                : "l"(desc_a), "l"(desc_b), "r"(1))
 
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-  if constexpr (std::is_same_v<T, __half>) MINFER_WGMMA_M64N256K16("f16");
-  else MINFER_WGMMA_M64N256K16("bf16");
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(N == 128 || N == 256);
+  constexpr bool f16 = std::is_same_v<T, __half>;
+  if constexpr (N == 256 && f16) MINFER_WGMMA("m64n256k16", "f16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d));
+  else if constexpr (N == 256) MINFER_WGMMA("m64n256k16", "bf16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d));
+  else if constexpr (f16) MINFER_WGMMA("m64n128k16", "f16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d));
+  else MINFER_WGMMA("m64n128k16", "bf16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d));
 }
 
 // Persistent tile order: groups of kGroupM M-tiles walk their N-tiles with M fastest, so the CTAs
 // running at one time cover about 16 x 8 tiles (2048 x 2048 outputs): every A and B panel they read
 // is shared by 8-16 of them through L2.
+template <int BN>
 __device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int& m0, int& n0) {
   const int per_group = kGroupM * num_n, group = t / per_group, r = t - group * per_group;
   const int first = group * kGroupM, rows = min(kGroupM, num_m - first);
   m0 = (first + r % rows) * kBM;
-  n0 = (r / rows) * kBN;
+  n0 = (r / rows) * BN;
 }
 
 // One ring position: stage s of the pipeline and the parity its barriers complete with this pass.
@@ -170,7 +186,7 @@ struct Ring {
 
 #endif  // sm_90a
 
-template <typename T>
+template <typename T, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                  const Params<T, T> p) {
@@ -178,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles need 1024 B alignment
-  const int num_m = (p.M + kBM - 1) / kBM, num_n = (p.N + kBN - 1) / kBN, num_tiles = num_m * num_n;
+  const int num_m = (p.M + kBM - 1) / kBM, num_n = (p.N + BN - 1) / BN, num_tiles = num_m * num_n;
   const int num_k = (p.K + kBK - 1) / kBK;
   const int wg = threadIdx.x / 128, tid_wg = threadIdx.x % 128;
 
@@ -200,13 +216,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       Ring ring;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         int m0, n0;
-        tile_origin(t, num_m, num_n, m0, n0);
+        tile_origin<BN>(t, num_m, num_n, m0, n0);
         for (int kt = 0; kt < num_k; ++kt, ring.next()) {
           // First pass over the ring: parity 1 of a fresh barrier counts as complete.
           mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
           const uint32_t bar = smem_addr(&full[ring.s]);
-          mbar_expect_tx(bar, kStageBytes);  // TMA counts the whole box, zero-filled parts too
-          const uint32_t sa = base + ring.s * kStageBytes;
+          mbar_expect_tx(bar, stage_bytes<BN>());  // TMA counts the whole box, zero-filled parts too
+          const uint32_t sa = base + ring.s * stage_bytes<BN>();
           tma_load_2d(sa, &map_a, bar, kt * kBK, m0);
           tma_load_2d(sa + kATileBytes, &map_b, bar, kt * kBK, n0);
         }
@@ -217,22 +233,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<kConsumerRegs>();
     const int c = wg - 1;
     const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
-    uint8_t* epi = smem_raw + (base - smem_addr(smem_raw)) + kStages * kStageBytes + c * 2 * kEpiBufBytes;
+    uint8_t* epi = smem_raw + (base - smem_addr(smem_raw)) + kStages * stage_bytes<BN>() + c * 2 * kEpiBufBytes;
     const bool vec_ok = p.ldd % 8 == 0 && (reinterpret_cast<uintptr_t>(p.D) & 15) == 0;  // 16-byte row chunks
     Ring ring;
-    float acc[128];
+    float acc[BN / 2];
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       int m0, n0;
-      tile_origin(t, num_m, num_n, m0, n0);
+      tile_origin<BN>(t, num_m, num_n, m0, n0);
 #pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
       int prev = -1;  // the stage whose wgmmas may still be reading it
       for (int kt = 0; kt < num_k; ++kt, ring.next()) {
         mbar_wait(smem_addr(&full[ring.s]), ring.phase);
-        const uint32_t sa = base + ring.s * kStageBytes + c * 64 * 128, sb = base + ring.s * kStageBytes + kATileBytes;
+        const uint32_t sa = base + ring.s * stage_bytes<BN>() + c * 64 * 128, sb = base + ring.s * stage_bytes<BN>() + kATileBytes;
         wgmma_fence();  // orders the accumulator registers (zeroed or read back) before the wgmmas
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16<T>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
+        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64k16<T, BN>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
         wgmma_commit();
         wgmma_wait<1>();  // the previous step's wgmmas are done: its stage can be refilled
         if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
@@ -249,8 +265,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // In the buffer (64 rows x 128 B), 16-byte chunk k of row r sits at k ^ (r % 8), so the 8 rows a
       // warp stores to at once fall in different banks. Buffer q % 2 is rewritten two chunks later,
       // after every thread of the warpgroup has passed the barrier of the chunk in between.
+      static_assert(BN / kEpiCols % 2 == 0, "an even number of chunks per tile keeps the buffers alternating");
 #pragma unroll
-      for (int q = 0; q < kBN / kEpiCols; ++q) {
+      for (int q = 0; q < BN / kEpiCols; ++q) {
         uint8_t* buf = epi + (q % 2) * kEpiBufBytes;
 #pragma unroll
         for (int jj = 0; jj < kEpiCols / 8; ++jj)
@@ -317,6 +334,20 @@ CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride, int box_
   return map;
 }
 
+template <typename T, int BN>
+void launch(const Params<T, T>& p, cudaStream_t stream, int grid, const CUtensorMap& map_a) {
+  const int k_map = p.K > 0 ? p.K : 8;
+  const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, BN);
+  auto kernel = wgmma_kernel<T, BN>;
+  static bool configured = [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN>()));
+    return true;
+  }();
+  (void)configured;
+  kernel<<<grid, kThreads, smem_bytes<BN>(), stream>>>(map_a, map_b, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 template <typename T>
@@ -324,19 +355,18 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms) {
   // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
-  const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, kBN);
-  auto kernel = wgmma_kernel<T>;
-  static bool configured = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)configured;
-  // Persistent: one CTA per SM (192 KB of shared memory each), or fewer when there are fewer tiles.
-  const int64_t tiles = int64_t((p.M + kBM - 1) / kBM) * ((p.N + kBN - 1) / kBN);
+  // Persistent: one CTA per SM, or fewer when there are fewer tiles. The busiest CTA runs
+  // ceil(tiles / sms) tiles; a 128-wide tile costs about half a 256-wide one (a bit more: its wgmmas
+  // read 1.2x the shared-memory bytes per FLOP), so 128 wins only where it needs fewer rounds, e.g.
+  // 512 x 4096: 128 tiles of 128 wide (1 round) against 64 of 256 (1 round, twice as long).
+  const int64_t m_tiles = (p.M + kBM - 1) / kBM;
+  const int64_t t256 = m_tiles * ((p.N + 255) / 256), t128 = m_tiles * ((p.N + 127) / 128);
+  const bool narrow = 1.15 * ((t128 + sms - 1) / sms) < 2.0 * ((t256 + sms - 1) / sms);
+  const int64_t tiles = narrow ? t128 : t256;
   MINFER_CHECK(tiles < (int64_t(1) << 31), "linear: sm90 path: too many output tiles (" + std::to_string(tiles) + ")");
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (narrow) launch<T, 128>(p, stream, grid, map_a);
+  else launch<T, 256>(p, stream, grid, map_a);
 }
 template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int);
 template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int);
