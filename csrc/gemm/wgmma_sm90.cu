@@ -1,10 +1,11 @@
-// sm_90a production path: wgmma (m64n256k16) fed by TMA (cp.async.bulk.tensor) through a 4-stage
-// mbarrier pipeline, warp-specialized.
+// sm_90a production path: wgmma (m64n256k16, or m64n128k16) fed by TMA (cp.async.bulk.tensor)
+// through a 4-stage mbarrier pipeline, warp-specialized, persistent.
 //
-// Block tile 128 (M) x 256 (N) x 64 (K), 384 threads = 3 warpgroups: warpgroup 0 is the producer
-// (one thread issues the TMA copies; setmaxnreg gives its registers to the others), warpgroups 1 and
-// 2 each own 64 rows x 256 columns of the tile (128 fp32 accumulators per thread) and run wgmma on
-// shared-memory descriptors. A stage is A 128 x 64 (16 KB) + B 256 x 64 (32 KB), 4 stages = 192 KB.
+// Block tile 128 (M) x BN (N) x 64 (K), BN = 256 (128 where fewer rounds of tiles result, see
+// launch_sm90), 384 threads = 3 warpgroups: warpgroup 0 is the producer (one thread issues the TMA
+// copies; setmaxnreg gives its registers to the others), warpgroups 1 and 2 each own 64 rows x BN
+// columns of the tile (BN / 2 fp32 accumulators per thread) and run wgmma on shared-memory
+// descriptors. A stage is A 128 x 64 (16 KB) + B BN x 64 (32 KB at 256), 4 stages = 192 KB.
 // TMA writes each tile as rows of 128 bytes with the 128-byte swizzle (16-byte chunk c of row r
 // stored at c ^ (r % 8)), which is exactly the K-major SWIZZLE_128B layout wgmma reads: core-matrix
 // groups of 8 rows x 128 B, 1024 B apart (SBO). Advancing K by 16 elements inside the 64-wide tile
@@ -55,7 +56,7 @@ static_assert(smem_bytes<256>() + 64 <= 232448, "over the 227 KB of shared memor
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// Register split (setmaxnreg): the producer needs few, each consumer thread holds 128 accumulators.
+// Register split (setmaxnreg): the producer needs few, a consumer thread holds up to 128 accumulators.
 // 128 x 40 + 256 x 232 = 64512 = the 168 per thread that __launch_bounds__(384, 1) grants at entry.
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr int kGroupM = 16;  // tile-order group height in M tiles (see tile_origin)
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    // consumers: warpgroup c = wg - 1 owns tile rows [64 c, 64 c + 64) and all 256 columns
+    // consumers: warpgroup c = wg - 1 owns tile rows [64 c, 64 c + 64) and all BN columns
     setmaxnreg_inc<kConsumerRegs>();
     const int c = wg - 1;
     const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
