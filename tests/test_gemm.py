@@ -17,11 +17,15 @@ def _ops():
     return torch.ops.minfer
 
 
+def _hopper():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
 def _paths(m):
     paths = ["auto", "wmma", "sm80"]
     if m <= 16:
         paths.append("gemv")
-    if torch.cuda.get_device_capability()[0] == 9:
+    if _hopper():
         paths.append("sm90")
     return paths
 
@@ -132,6 +136,29 @@ def test_gemv_chained_dependencies():
     torch.testing.assert_close(out.float(), ref, **tol)
 
 
+# sm90 tiles are 128 x 256 x 64 and the grid is persistent (one CTA per SM): tails in M, N and K,
+# N odd (element-wise stores) and N % 8 == 0 (16-byte stores), one K step (40) and several, and
+# 396 / 272 tiles (2-3 per SM on 132 SMs, so the pipeline ring runs on across tiles).
+SM90_SHAPES = [(113, 257, 72), (300, 2056, 40), (4097, 1000, 328), (4097, 3000, 136), (2100, 4095, 200)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="sm90 path needs Hopper")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mnk", SM90_SHAPES)
+def test_sm90_tails_persistent_epilogue(mnk, dtype):
+    ops = _ops()
+    m, n, k = mnk
+    x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
+    prod64 = x.double() @ w.double().t()
+    _check(ops.linear(x, w, bias, "sm90"), F.linear(x, w, bias), prod64 + bias.double(), dtype)
+    _check(ops.linear(x, w, None, "sm90"), F.linear(x, w), prod64, dtype)
+    # gemm: alpha, beta * C; b = w^T read weight-like (trans_b) so no copy is made.
+    c = _rand(m, n, dtype=dtype)
+    ours = ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90")
+    _check(ours, torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5), 0.5 * prod64 + 1.5 * c.double(), dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 5, 64, 300])
 def test_linear_strided_and_odd_k(m, dtype):
@@ -182,6 +209,8 @@ def test_gemm_alpha_beta_transposes(trans_a, trans_b, dtype):
     opa, opb = (a.t() if trans_a else a), (b.t() if trans_b else b)
     c = _rand(m, n, dtype=dtype)
     paths = ["auto"] if dtype == torch.float32 else ["auto", "wmma", "sm80"]
+    if dtype != torch.float32 and _hopper():
+        paths.append("sm90")
     absprod = (opa.double().abs() @ opb.double().abs()) if dtype == torch.float32 else None
     for path in paths:
         ref64 = 0.5 * (opa.double() @ opb.double()) + 1.5 * c.double()

@@ -107,7 +107,7 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
     case Path::kSm90:
       MINFER_CHECK(major == 9, op, ": path sm90 needs compute capability 9.x (Hopper), got " + num(major) + "." + num(minor));
       MINFER_CHECK(aligned, op, ": path sm90 needs ", rule, " (got K=" + num(p.K) + ")");
-      launch_sm90<T>(p, stream);
+      launch_sm90<T>(p, stream, num_sms(device.index()));
       return;
     default:
       MINFER_CHECK(false, op, ": path simt is for float32 only; float16/bfloat16 take auto, wmma, sm80, sm90 or gemv");

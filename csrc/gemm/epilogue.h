@@ -19,6 +19,16 @@ __device__ __forceinline__ void store_out(const Params<T, Out>& p, int m, int n,
   }
 }
 
+// alpha * acc + bias[n] + beta * C[m, n] in fp32, before the one rounding to Out; bias and C are read
+// only inside [M, N] (the value outside is never stored).
+template <typename T, typename Out>
+__device__ __forceinline__ float epilogue_value(const Params<T, Out>& p, int m, int n, float acc) {
+  float v = p.alpha * acc;
+  if (p.bias && n < p.N) v += to_float(p.bias[n]);
+  if (p.C && m < p.M && n < p.N) v += p.beta * to_float(p.C[(int64_t)m * p.ldc + n]);
+  return v;
+}
+
 // Two neighbouring columns (n even) of one row: one 4-byte store for 16-bit outputs when aligned,
 // so a warp writes whole 16-byte runs instead of 2-byte scatters.
 template <typename T, typename Out>

@@ -32,7 +32,8 @@ template <typename T> void launch_sm80(const Params<T, T>& p, cudaStream_t s, fl
 int sm80_split_k(int M, int N, int K, int sms);
 void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      // K % 16 == 0, 16B rows
 template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s);  // sak = sbk = 1, 16B rows
-template <typename T> void launch_sm90(const Params<T, T>& p, cudaStream_t s);  // sak = sbk = 1, 16B rows
+// sak = sbk = 1, 16B rows; persistent, min(tiles, sms) CTAs
+template <typename T> void launch_sm90(const Params<T, T>& p, cudaStream_t s, int sms);
 void launch_simt(const Params<float, float>& p, cudaStream_t s);               // any strides
 
 int num_sms(int device);

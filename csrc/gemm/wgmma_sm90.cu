@@ -1,46 +1,201 @@
-// sm_90a production path: wgmma (m64n128k16) fed by TMA (cp.async.bulk.tensor) through a 4-stage
-// mbarrier pipeline, warp-specialized.
+// sm_90a production path: wgmma (m64n256k16, or m64n128k16) fed by TMA (cp.async.bulk.tensor)
+// through a 4-stage mbarrier pipeline, warp-specialized, persistent.
 //
-// Block tile 128 (M) x 128 (N) x 64 (K), 384 threads = 3 warpgroups: warpgroup 0 is the producer
-// (one thread issues the TMA copies), warpgroups 1 and 2 each own 64 rows of the tile and run
-// wgmma on shared-memory descriptors. TMA writes each 128 x 64 tile as rows of 128 bytes with the
-// 128-byte swizzle (16-byte chunk c of row r stored at c ^ (r % 8)), which is exactly the K-major
-// SWIZZLE_128B layout wgmma reads: core-matrix groups of 8 rows x 128 B, 1024 B apart (SBO).
-// Advancing K by 16 elements inside the 64-wide tile is a +32 B start address.
+// Block tile 128 (M) x BN (N) x 64 (K), BN = 256 (128 where fewer rounds of tiles result, see
+// launch_sm90), 384 threads = 3 warpgroups: warpgroup 0 is the producer (one thread issues the TMA
+// copies; setmaxnreg gives its registers to the others), warpgroups 1 and 2 each own 64 rows x BN
+// columns of the tile (BN / 2 fp32 accumulators per thread) and run wgmma on shared-memory
+// descriptors. A stage is A 128 x 64 (16 KB) + B BN x 64 (32 KB at 256), 4 stages = 192 KB.
+// TMA writes each tile as rows of 128 bytes with the 128-byte swizzle (16-byte chunk c of row r
+// stored at c ^ (r % 8)), which is exactly the K-major SWIZZLE_128B layout wgmma reads: core-matrix
+// groups of 8 rows x 128 B, 1024 B apart (SBO). Advancing K by 16 elements inside the 64-wide tile
+// is a +32 B start address.
+// Persistent: min(tiles, SMs) CTAs each walk tiles blockIdx.x, + gridDim.x, ... in a grouped order
+// (tile_origin); the mbarrier ring runs on across tiles, so the producer loads the next tile while
+// the consumers store this one.
+// Epilogue: alpha, bias and beta * C are applied in fp32 in registers (epilogue_value), the rounded
+// outputs go through a small swizzled shared buffer per consumer warpgroup (not the pipeline
+// stages, which the producer is already refilling) and leave as coalesced 16-byte stores.
 // Out-of-bounds rows/columns are zero-filled by TMA; the epilogue stores with bounds checks.
 // Requirements (checked by the dispatcher): K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases.
 #include "common/checks.h"
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <c10/cuda/CUDAException.h>
 #include <torch/all.h>
 
+#include <algorithm>
 #include <string>
+#include <type_traits>
 
-#include "common/sm90.cuh"
 #include "gemm/epilogue.h"
 #include "gemm/ptx.h"
 
 namespace minfer::gemm_impl {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 4, kThreads = 384;
-constexpr int kTileBytes = kBM * kBK * 2;  // A and B tiles are both 128 rows x 128 B = 16 KB
-constexpr int kStageBytes = 2 * kTileBytes;
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack to align the tiles to 1024 B
+// BN (the N tile) is 256, or 128 where 256-wide tiles would leave SMs idle (launch_sm90).
+constexpr int kBM = 128, kBK = 64, kStages = 4, kThreads = 384;
+constexpr int kATileBytes = kBM * kBK * 2;  // 128 rows x 128 B = 16 KB
+template <int BN>
+constexpr int stage_bytes() {
+  return kATileBytes + BN * kBK * 2;  // + B: BN rows x 128 B (32 KB for BN = 256)
+}
+// Epilogue staging: each consumer warpgroup writes its 64 x BN outputs in chunks of 64 x 64 (8 KB of
+// 16-bit values), double-buffered, after the pipeline stages. BN = 256: 4 x 48 + 2 x 2 x 8 = 224 KB
+// (+ 1 KB alignment slack) of the 227 KB a block may have.
+constexpr int kEpiCols = 64, kEpiBufBytes = 64 * kEpiCols * 2;
+template <int BN>
+constexpr int smem_bytes() {
+  return kStages * stage_bytes<BN>() + 2 * 2 * kEpiBufBytes + 1024;
+}
+static_assert(smem_bytes<256>() + 64 <= 232448, "over the 227 KB of shared memory a block may have");
 
-template <typename T>
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Register split (setmaxnreg): the producer needs few, a consumer thread holds up to 128 accumulators.
+// 128 x 40 + 256 x 232 = 64512 = the 168 per thread that __launch_bounds__(384, 1) grants at entry.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr int kGroupM = 16;  // tile-order group height in M tiles (see tile_origin)
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr) {
+  uint64_t d = (addr & 0x3FFFF) >> 4;    // start address
+  d |= uint64_t(1) << 16;                // leading byte offset (unused for swizzled K-major)
+  d |= uint64_t(1024 >> 4) << 32;        // stride byte offset
+  d |= uint64_t(1) << 62;                // SWIZZLE_128B
+  return d;
+}
+
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+// Keeps the compiler from moving accumulator reads or writes across a wgmma fence or wait.
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands from shared memory (scale-d = 1), N = 128 or
+// 256. Operands: the N / 2 accumulators, then the two descriptors, then the scale-d flag.
+#define MINFER_WGMMA_D64 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MINFER_WGMMA_D128 \
+  MINFER_WGMMA_D64 ", " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define MINFER_WGMMA_ACC64(d) \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define MINFER_WGMMA_ACC128(d) \
+      MINFER_WGMMA_ACC64(d), \
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define MINFER_WGMMA(shape, dtype, dregs, descs, scale, accs)                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " scale ", 0;\n"                                \
+               "wgmma.mma_async.sync.aligned." shape ".f32." dtype "." dtype " {" dregs "}, " descs \
+               ", p, 1, 1, 0, 0;\n}\n"                                                            \
+               : accs                                                                         \
+               : "l"(desc_a), "l"(desc_b), "r"(1))
+
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(N == 128 || N == 256);
+  constexpr bool f16 = std::is_same_v<T, __half>;
+  if constexpr (N == 256 && f16) MINFER_WGMMA("m64n256k16", "f16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d));
+  else if constexpr (N == 256) MINFER_WGMMA("m64n256k16", "bf16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d));
+  else if constexpr (f16) MINFER_WGMMA("m64n128k16", "f16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d));
+  else MINFER_WGMMA("m64n128k16", "bf16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d));
+}
+
+// Persistent tile order: groups of kGroupM M-tiles walk their N-tiles with M fastest, so the CTAs
+// running at one time cover about 16 x 8 tiles (2048 x 2048 outputs): every A and B panel they read
+// is shared by 8-16 of them through L2.
+template <int BN>
+__device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int& m0, int& n0) {
+  const int per_group = kGroupM * num_n, group = t / per_group, r = t - group * per_group;
+  const int first = group * kGroupM, rows = min(kGroupM, num_m - first);
+  m0 = (first + r % rows) * kBM;
+  n0 = (r / rows) * BN;
+}
+
+// One ring position: stage s of the pipeline and the parity its barriers complete with this pass.
+struct Ring {
+  int s = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++s == kStages) s = 0, phase ^= 1;
+  }
+};
+
+#endif  // sm_90a
+
+template <typename T, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                  const Params<T, T> p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using namespace sm90;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles need 1024 B alignment
-  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;  // M fastest: W tiles are reused from L2
+  const int num_m = (p.M + kBM - 1) / kBM, num_n = (p.N + BN - 1) / BN, num_tiles = num_m * num_n;
   const int num_k = (p.K + kBK - 1) / kBK;
   const int wg = threadIdx.x / 128, tid_wg = threadIdx.x % 128;
 
@@ -49,97 +204,172 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(smem_addr(&full[s]), 1);   // the producer's expect_tx arrival (+ TMA bytes)
       mbar_init(smem_addr(&empty[s]), 2);  // one arrival per consumer warpgroup
     }
-    mbar_init_fence();
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
+  // Producer and consumers walk the same tiles (t = blockIdx.x, + gridDim.x, ...) and the same K
+  // steps, so their ring positions stay in step across tiles: the producer fills the next tile's
+  // first stages while the consumers are still in this tile's epilogue.
   if (wg == 0) {  // producer
+    setmaxnreg_dec<kProducerRegs>();
     if (tid_wg == 0) {
-      for (int kt = 0; kt < num_k; ++kt) {
-        const int s = kt % kStages;
-        // First pass over the ring: parity 1 of a fresh barrier counts as complete.
-        mbar_wait(smem_addr(&empty[s]), ((kt / kStages) & 1) ^ 1);
-        const uint32_t bar = smem_addr(&full[s]);
-        mbar_expect_tx(bar, kStageBytes);  // TMA counts the whole box, zero-filled parts too
-        const uint32_t sa = base + s * kStageBytes;
-        tma_load_2d(sa, &map_a, bar, kt * kBK, m0);
-        tma_load_2d(sa + kTileBytes, &map_b, bar, kt * kBK, n0);
+      Ring ring;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int m0, n0;
+        tile_origin<BN>(t, num_m, num_n, m0, n0);
+        for (int kt = 0; kt < num_k; ++kt, ring.next()) {
+          // First pass over the ring: parity 1 of a fresh barrier counts as complete.
+          mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
+          const uint32_t bar = smem_addr(&full[ring.s]);
+          mbar_expect_tx(bar, stage_bytes<BN>());  // TMA counts the whole box, zero-filled parts too
+          const uint32_t sa = base + ring.s * stage_bytes<BN>();
+          tma_load_2d(sa, &map_a, bar, kt * kBK, m0);
+          tma_load_2d(sa + kATileBytes, &map_b, bar, kt * kBK, n0);
+        }
       }
     }
-    return;
-  }
+  } else {
+    // consumers: warpgroup c = wg - 1 owns tile rows [64 c, 64 c + 64) and all BN columns
+    setmaxnreg_inc<kConsumerRegs>();
+    const int c = wg - 1;
+    const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
+    uint8_t* epi = smem_raw + (base - smem_addr(smem_raw)) + kStages * stage_bytes<BN>() + c * 2 * kEpiBufBytes;
+    const bool vec_ok = p.ldd % 8 == 0 && (reinterpret_cast<uintptr_t>(p.D) & 15) == 0;  // 16-byte row chunks
+    Ring ring;
+    float acc[BN / 2];
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      int m0, n0;
+      tile_origin<BN>(t, num_m, num_n, m0, n0);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+      int prev = -1;  // the stage whose wgmmas may still be reading it
+      for (int kt = 0; kt < num_k; ++kt, ring.next()) {
+        mbar_wait(smem_addr(&full[ring.s]), ring.phase);
+        const uint32_t sa = base + ring.s * stage_bytes<BN>() + c * 64 * 128, sb = base + ring.s * stage_bytes<BN>() + kATileBytes;
+        wgmma_fence();  // orders the accumulator registers (zeroed or read back) before the wgmmas
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64k16<T, BN>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous step's wgmmas are done: its stage can be refilled
+        if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
+        prev = ring.s;
+      }
+      wgmma_wait<0>();
+      fence_acc(acc);
+      if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
 
-  // consumers: warpgroup c = wg - 1 owns tile rows [64 c, 64 c + 64)
-  const int c = wg - 1;
-  float acc[64];
+      // Epilogue, per 64-column chunk: registers -> shared (final values in T) -> global in 16-byte
+      // stores, a warp writing 4 whole 128-byte row segments at a time.
+      // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
+      // register 4 j + e holds column 8 j + 2 (lane % 4) + (e & 1), row + 8 when e >= 2.
+      // In the buffer (64 rows x 128 B), 16-byte chunk k of row r sits at k ^ (r % 8), so the 8 rows a
+      // warp stores to at once fall in different banks. Buffer q % 2 is rewritten two chunks later,
+      // after every thread of the warpgroup has passed the barrier of the chunk in between.
+      static_assert(BN / kEpiCols % 2 == 0, "an even number of chunks per tile keeps the buffers alternating");
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  for (int kt = 0; kt < num_k; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(smem_addr(&full[s]), (kt / kStages) & 1);
-    const uint32_t sa = base + s * kStageBytes + c * 64 * 128, sb = base + s * kStageBytes + kTileBytes;
-    wgmma_fence();
+      for (int q = 0; q < BN / kEpiCols; ++q) {
+        uint8_t* buf = epi + (q % 2) * kEpiBufBytes;
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)  // K-major, 8-row groups 1024 B apart; +32 B per 16-wide K step
-      wgmma_ss<T, 128>(acc, desc_sw128(sa + kk * 32, 16, 1024), desc_sw128(sb + kk * 32, 16, 1024), 1);
-    wgmma_commit();
-    wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage can be refilled
-    if (kt > 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[(kt - 1) % kStages]));
-  }
-  wgmma_wait<0>();
-
-  // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
-  // register 4 j + e holds column 8 j + 2 (lane % 4) + (e & 1), row + 8 when e >= 2.
-  const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
+        for (int jj = 0; jj < kEpiCols / 8; ++jj)
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+          for (int h = 0; h < 2; ++h) {
+            const int j = q * (kEpiCols / 8) + jj, r = warp * 16 + g + h * 8;
+            const int m = m0 + c * 64 + r, n = n0 + j * 8 + t4 * 2;
+            const T pair[2] = {from_float<T>(epilogue_value(p, m, n, acc[4 * j + 2 * h])),
+                               from_float<T>(epilogue_value(p, m, n + 1, acc[4 * j + 2 * h + 1]))};
+            *reinterpret_cast<uint32_t*>(buf + r * 128 + ((jj ^ g) << 4) + t4 * 4) =
+                *reinterpret_cast<const uint32_t*>(pair);
+          }
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");  // this warpgroup only
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = m0 + c * 64 + warp * 16 + g + h * 8, n = n0 + j * 8 + t4 * 2;
-      if (m < p.M) store_out2(p, m, n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        for (int i = 0; i < 64 * 8 / 128; ++i) {
+          const int idx = tid_wg + 128 * i, r = idx / 8, k = idx % 8;
+          const int m = m0 + c * 64 + r, n = n0 + q * kEpiCols + k * 8;
+          const uint8_t* src = buf + r * 128 + ((k ^ (r % 8)) << 4);
+          if (m < p.M && n < p.N) {
+            T* dst = p.D + (int64_t)m * p.ldd + n;
+            if (vec_ok && n + 8 <= p.N) {
+              *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            } else {
+#pragma unroll
+              for (int e = 0; e < 8; ++e)
+                if (n + e < p.N) dst[e] = reinterpret_cast<const T*>(src)[e];
+            }
+          }
+        }
+      }
     }
+  }
 #else
   __trap();  // built without sm_90a; the dispatcher only launches this on compute capability 9.x
 #endif
 }
 
-// A 2D map over a [rows, K] K-contiguous matrix, boxes of 128 rows x 64 K with the 128-byte swizzle.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
+    MINFER_CHECK(status == cudaDriverEntryPointSuccess && ptr, "linear: sm90 path: cuTensorMapEncodeTiled not found");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// A 2D map over a [rows, K] K-contiguous matrix, boxes of box_rows rows x 64 K with the 128-byte swizzle.
 template <typename T>
-CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride) {
+CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride, int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
   const cuuint64_t strides[1] = {(cuuint64_t)row_stride * sizeof(T)};
-  const cuuint32_t box[2] = {kBK, kBM};
+  const cuuint32_t box[2] = {kBK, (cuuint32_t)box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = sm90::tensor_map_encoder()(&map, sm90::tensor_map_dtype<T>(), 2, const_cast<T*>(ptr), dims,
-                                                strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const auto dtype = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encode_fn()(&map, dtype, 2, const_cast<T*>(ptr), dims, strides, box, elem_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MINFER_CHECK(r == CUDA_SUCCESS, "linear: sm90 path: cuTensorMapEncodeTiled failed with error " + std::to_string(int(r)) +
                                      " (rows=" + std::to_string(rows) + ", K=" + std::to_string(K) +
                                      ", row stride=" + std::to_string(row_stride) + ")");
   return map;
 }
 
-}  // namespace
-
-template <typename T>
-void launch_sm90(const Params<T, T>& p, cudaStream_t stream) {
-  // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
+template <typename T, int BN>
+void launch(const Params<T, T>& p, cudaStream_t stream, int grid, const CUtensorMap& map_a) {
   const int k_map = p.K > 0 ? p.K : 8;
-  const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map);
-  const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map);
-  auto kernel = wgmma_kernel<T>;
+  const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, BN);
+  auto kernel = wgmma_kernel<T, BN>;
   static bool configured = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN>()));
     return true;
   }();
   (void)configured;
-  const dim3 grid((p.M + kBM - 1) / kBM, (p.N + kBN - 1) / kBN);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
+  kernel<<<grid, kThreads, smem_bytes<BN>(), stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
-template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t);
-template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);
+
+}  // namespace
+
+template <typename T>
+void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms) {
+  // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
+  const int k_map = p.K > 0 ? p.K : 8;
+  const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
+  // Persistent: one CTA per SM, or fewer when there are fewer tiles. The busiest CTA runs
+  // ceil(tiles / sms) tiles; a 128-wide tile costs about half a 256-wide one (a bit more: its wgmmas
+  // read 1.2x the shared-memory bytes per FLOP), so 128 wins only where it needs fewer rounds, e.g.
+  // 512 x 4096: 128 tiles of 128 wide (1 round) against 64 of 256 (1 round, twice as long).
+  const int64_t m_tiles = (p.M + kBM - 1) / kBM;
+  const int64_t t256 = m_tiles * ((p.N + 255) / 256), t128 = m_tiles * ((p.N + 127) / 128);
+  const bool narrow = 1.15 * ((t128 + sms - 1) / sms) < 2.0 * ((t256 + sms - 1) / sms);
+  const int64_t tiles = narrow ? t128 : t256;
+  MINFER_CHECK(tiles < (int64_t(1) << 31), "linear: sm90 path: too many output tiles (" + std::to_string(tiles) + ")");
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
+  if (narrow) launch<T, 128>(p, stream, grid, map_a);
+  else launch<T, 256>(p, stream, grid, map_a);
+}
+template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int);
+template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int);
 
 }  // namespace minfer::gemm_impl
