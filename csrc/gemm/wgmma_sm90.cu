@@ -31,6 +31,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/sm90.cuh"
 #include "gemm/epilogue.h"
 #include "gemm/ptx.h"
 
@@ -61,60 +62,11 @@ static_assert(smem_bytes<256>() + 64 <= 232448, "over the 227 KB of shared memor
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr int kGroupM = 16;  // tile-order group height in M tiles (see tile_origin)
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
+// The mbarrier / TMA / wgmma / setmaxnreg wrappers are shared with the attention kernels.
+using namespace ::minfer::sm90;
 
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr) {
-  uint64_t d = (addr & 0x3FFFF) >> 4;    // start address
-  d |= uint64_t(1) << 16;                // leading byte offset (unused for swizzled K-major)
-  d |= uint64_t(1024 >> 4) << 32;        // stride byte offset
-  d |= uint64_t(1) << 62;                // SWIZZLE_128B
-  return d;
-}
-
-template <int R>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
-template <int R>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
-
-// Keeps the compiler from moving accumulator reads or writes across a wgmma fence or wait.
-template <int N>
-__device__ __forceinline__ void fence_acc(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Shared-memory descriptor of a K-major 128-byte-swizzled tile: 8-row groups 1024 B apart.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128(addr, 16, 1024); }
 
 // D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands from shared memory (scale-d = 1), N = 128 or
 // 256. Operands: the N / 2 accumulators, then the two descriptors, then the scale-d flag.
@@ -204,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(smem_addr(&full[s]), 1);   // the producer's expect_tx arrival (+ TMA bytes)
       mbar_init(smem_addr(&empty[s]), 2);  // one arrival per consumer warpgroup
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -256,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         prev = ring.s;
       }
       wgmma_wait<0>();
-      fence_acc(acc);
+      fence_regs(acc);
       if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
 
       // Epilogue, per 64-column chunk: registers -> shared (final values in T) -> global in 16-byte
@@ -306,16 +258,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
-    MINFER_CHECK(status == cudaDriverEntryPointSuccess && ptr, "linear: sm90 path: cuTensorMapEncodeTiled not found");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
-  return fn;
-}
 
 // A 2D map over a [rows, K] K-contiguous matrix, boxes of box_rows rows x 64 K with the 128-byte swizzle.
 template <typename T>
@@ -325,8 +267,7 @@ CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride, int box_
   const cuuint64_t strides[1] = {(cuuint64_t)row_stride * sizeof(T)};
   const cuuint32_t box[2] = {kBK, (cuuint32_t)box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const auto dtype = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const CUresult r = encode_fn()(&map, dtype, 2, const_cast<T*>(ptr), dims, strides, box, elem_strides,
+  const CUresult r = sm90::tensor_map_encoder()(&map, sm90::tensor_map_dtype<T>(), 2, const_cast<T*>(ptr), dims, strides, box, elem_strides,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MINFER_CHECK(r == CUDA_SUCCESS, "linear: sm90 path: cuTensorMapEncodeTiled failed with error " + std::to_string(int(r)) +
