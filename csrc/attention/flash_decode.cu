@@ -10,8 +10,13 @@
 // MMAs), with K/V fragments from ldmatrix on XOR-swizzled shared memory.
 //
 // Each of the 4 warps streams its own tiles of 16 keys (tiles of the CTA's key range dealt round robin)
-// through its own cp.async ring of STAGES tiles (24 KB): no CTA barrier in the main loop, and the whole
-// ring is in flight before the first tile is used. The warps merge through shared memory at the end.
+// through its own ring of STAGES tiles (24 KB): no CTA barrier in the main loop, and the whole ring is in
+// flight before the first tile is used. The warps merge through shared memory at the end.
+// Loads: on Hopper, TMA (lane 0 of the warp issues a tile as 2 boxes of {64 columns, 16 keys} per K/V
+// half, completing on the stage's mbarrier), so no warp spends issue slots or LSU request slots on
+// copies; elsewhere (and where TMA cannot describe the cache) 16-byte cp.async by every lane. Both
+// write the same layout, TMA's 128-byte swizzle: a tile is D/64 column halves of [16 keys][128 bytes],
+// 16-byte chunk c of row r at chunk c ^ (r % 8), so ldmatrix addressing is shared.
 //
 // Splits: chosen on the host from the capacity and the resident-CTA count (no sync); each CTA reads
 // start_pos[b] and divides the ACTUAL kv length evenly (whole tiles), so CTAs past the end exit at once.
@@ -29,7 +34,14 @@
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
+#include "common/sm90.cuh"
 #include "common/vec.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MINFER_DECODE_TMA 1  // this device pass can issue TMA copies
+#else
+#define MINFER_DECODE_TMA 0
+#endif
 
 namespace minfer::attn {
 
@@ -41,6 +53,8 @@ constexpr int kRows = 16;             // q heads per CTA (the m of the mma)
 constexpr int kRingBytes = 24 << 10;  // per warp: 3 tiles of K+V at head_dim 128, 6 at 64
 constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
+constexpr int kMaxStages = 6;         // ring depth at head_dim 64
+constexpr int kSmemBytes = kWarps * kRingBytes + 1024;  // + slack to align the rings to 1024 bytes (swizzle)
 
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
@@ -57,7 +71,15 @@ struct DecodeParams {
   int rows;         // q heads per kv block: min(group, 16) (the last block of a group may have fewer)
   int capacity, num_splits;
   float scale_log2;
+  int tma;          // load K/V through the tensor maps (Hopper, sm_90a code)
 };
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a [kTK, D] tile stored as TMA writes it with the
+// 128-byte swizzle: column half chunk / 8 is a [kTK][64] block, chunks XOR-swizzled with the row (mod 8).
+// The 8 rows one ldmatrix reads hit 8 different bank groups.
+__device__ __forceinline__ int tile_off(int row, int chunk) {
+  return (chunk >> 3) * (kTK * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+}
 
 template <typename T>
 __device__ __forceinline__ void store4(T* dst, float4 x) {  // 4 elements, 8-byte aligned
@@ -74,35 +96,45 @@ __device__ __forceinline__ void fma4(float4& o, float4 x, float w) {
 __device__ __forceinline__ float4 scale4(float4 x, float w) { return make_float4(x.x * w, x.y * w, x.z * w, x.w * w); }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, 2)
+    flash_decode_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                        const DecodeParams p) {
   constexpr int KD = D / 16;  // k-steps of Q K^T
   constexpr int DT = D / 8;   // 8-wide output tiles
   constexpr int CH = D / 8;   // 16-byte chunks per row
   constexpr int TILE = kTK * D;                                         // elements of one K (or V) tile
-  constexpr int STAGES = kRingBytes / (2 * TILE * int(sizeof(T)));      // 3 at D = 128, 6 at D = 64
+  constexpr int TILE_BYTES = TILE * int(sizeof(T));
+  constexpr int STAGES = kRingBytes / (2 * TILE_BYTES);                 // 3 at D = 128, 6 at D = 64
   constexpr int OS = D + 8;   // float row stride of the warp partials (conflict-free float2 stores)
-  static_assert(STAGES >= 2 && kRows * OS * 4 <= kRingBytes, "ring too small");
-  extern __shared__ __align__(16) unsigned char smem[];  // kWarps rings of kRingBytes
+  static_assert(STAGES >= 2 && STAGES <= kMaxStages && kRows * OS * 4 <= kRingBytes, "ring too small");
+  static_assert(kRingBytes % 1024 == 0 && TILE_BYTES % 1024 == 0, "swizzled tiles need 1024-byte alignment");
+  extern __shared__ unsigned char smem_raw[];  // kWarps rings of kRingBytes, from a 1024-byte boundary
   __shared__ float s_m[kWarps][kRows], s_l[kWarps][kRows];
   __shared__ int s_last;
+#if MINFER_DECODE_TMA
+  __shared__ __align__(8) uint64_t s_full[kWarps][kMaxStages];  // TMA path: stage st of warp w has landed
+#endif
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
 
   const int split = blockIdx.x, blk = blockIdx.y, b = blockIdx.z;
   const int kvh = blk / p.hblocks, hb = blk % p.hblocks;
   const int head0 = kvh * p.group + hb * kRows;
   const int rows = min(kRows, p.group - hb * kRows);  // valid q heads of this block
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const bool tma = MINFER_DECODE_TMA && p.tma;
 
-  // This split's keys [s0, s1) of the actual length: whole tiles, at least kMinChunk keys.
-  const int len = max(0, min(p.start_pos[b] + 1, p.capacity));
-  int chunk = (len + p.num_splits - 1) / p.num_splits;
-  chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
-  const int n_active = max(1, (len + chunk - 1) / chunk);
-  if (split >= n_active) return;
-  const int s0 = split * chunk, s1 = min(s0 + chunk, len);
-  const int n_tiles = max(0, (s1 - s0 + kTK - 1) / kTK);
-  const int n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;  // tiles warp, warp+4, ...
+#if MINFER_DECODE_TMA
+  if (tma && lane == 0) {  // each warp owns its ring and its barriers: no CTA barrier needed
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) sm90::mbar_init(smem_addr(&s_full[warp][st]), 1);
+    sm90::mbar_init_fence();
+    if (warp == 0) sm90::prefetch_tensormap(&tm_k), sm90::prefetch_tensormap(&tm_v);
+  }
+  __syncwarp();
+#endif
 
-  // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory.
+  // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory;
+  // issued before the length is known (it does not depend on it).
   uint32_t qf[KD][4];
   {
     const T* qb = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head0 * p.q_hs + 2 * t;
@@ -118,29 +150,56 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
     }
   }
 
-  T* ring = reinterpret_cast<T*>(smem + warp * kRingBytes);  // [STAGES][K tile, V tile], swizzled rows
+  // This split's keys [s0, s1) of the actual length: whole tiles, at least kMinChunk keys.
+  const int len = max(0, min(p.start_pos[b] + 1, p.capacity));
+  int chunk = (len + p.num_splits - 1) / p.num_splits;
+  chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
+  const int n_active = max(1, (len + chunk - 1) / chunk);
+  if (split >= n_active) return;
+  const int s0 = split * chunk, s1 = min(s0 + chunk, len);
+  const int n_tiles = max(0, (s1 - s0 + kTK - 1) / kTK);
+  const int n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;  // tiles warp, warp+4, ...
+
+  T* ring = reinterpret_cast<T*>(smem + warp * kRingBytes);  // [STAGES][K tile, V tile], tile_off layout
   const T* kg = reinterpret_cast<const T*>(p.k) + b * p.k_bs + kvh * p.k_hs;
   const T* vg = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs;
-  // This warp's tile i starts at key s0 + (warp + i * kWarps) * kTK; keys >= s1 are zero-filled (never
-  // read: the cache past the length may hold anything, NaN included).
+  // This warp's tile i starts at key s0 + (warp + i * kWarps) * kTK. The cp.async path zero-fills keys
+  // >= s1 (never reads them); TMA reads whole tiles (zeros past the capacity), so the consumer masks the
+  // scores of keys >= s1 with a select and zeroes the V rows of keys >= s1 (0 * NaN would poison O).
   auto load_tile = [&](int i, int st) {
-    const int key0 = s0 + (warp + i * kWarps) * kTK, valid = s1 - key0;
+    const int key0 = s0 + (warp + i * kWarps) * kTK;
     T* dk = ring + st * 2 * TILE;
     T* dv = dk + TILE;
+#if MINFER_DECODE_TMA
+    if (tma) {
+      if (lane == 0) {
+        const uint32_t bar = smem_addr(&s_full[warp][st]);
+        sm90::mbar_expect_tx(bar, 2 * TILE_BYTES);
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h) {
+          sm90::tma_load_4d(smem_addr(dk + h * kTK * 64), &tm_k, bar, h * 64, kvh, key0, b);
+          sm90::tma_load_4d(smem_addr(dv + h * kTK * 64), &tm_v, bar, h * 64, kvh, key0, b);
+        }
+      }
+      return;
+    }
+#endif
+    const int valid = s1 - key0;
     const T* gk = kg + key0 * p.k_ss;
     const T* gv = vg + key0 * p.v_ss;
 #pragma unroll
     for (int j = 0; j < kTK * CH / 32; ++j) {
       const int idx = lane + 32 * j, r = idx / CH, c = idx % CH;
       const bool ok = r < valid;
-      cp_async16(dk + swz<D>(r, c), gk + (ok ? r : 0) * p.k_ss + c * 8, ok);
-      cp_async16(dv + swz<D>(r, c), gv + (ok ? r : 0) * p.v_ss + c * 8, ok);
+      cp_async16(dk + tile_off(r, c), gk + (ok ? r : 0) * p.k_ss + c * 8, ok);
+      cp_async16(dv + tile_off(r, c), gv + (ok ? r : 0) * p.v_ss + c * 8, ok);
     }
+    cp_async_commit();
   };
 #pragma unroll
   for (int i = 0; i < STAGES; ++i) {
     if (i < n_my) load_tile(i, i);
-    cp_async_commit();
+    else if (!tma) cp_async_commit();  // keep one group per stage: the waits count groups
   }
 
   // Per thread: rows g (index 0) and g + 8 (index 1) of the 16 heads.
@@ -150,29 +209,46 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.f, 0.f};
 
   int st = 0;
+  uint32_t phase = 0;  // TMA path: parity of the current pass over the ring
   for (int i = 0; i < n_my; ++i) {
-    cp_async_wait<STAGES - 1>();  // tile i has landed (this lane's copies) ...
-    __syncwarp();                 // ... and every lane's
-    const T* tk = ring + st * 2 * TILE;
-    const T* tv = tk + TILE;
+    T* tk = ring + st * 2 * TILE;
+    T* tv = tk + TILE;
+    const int valid = s1 - (s0 + (warp + i * kWarps) * kTK);  // >= 1
+#if MINFER_DECODE_TMA
+    if (tma) {
+      sm90::mbar_wait(smem_addr(&s_full[warp][st]), phase);  // tile i has landed, visible to this lane
+      if (valid < kTK) {
+        // The last tile of the split: rows past s1 may be cache slots past the length (anything, NaN).
+        // Whole 128-byte rows: the swizzle only permutes chunks within a row.
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h)
+          for (int off = valid * 64 + lane * 8; off < kTK * 64; off += 32 * 8)
+            *reinterpret_cast<uint4*>(tv + h * kTK * 64 + off) = make_uint4(0u, 0u, 0u, 0u);
+        __syncwarp();
+      }
+    } else
+#endif
+    {
+      cp_async_wait<STAGES - 1>();  // tile i has landed (this lane's copies) ...
+      __syncwarp();                 // ... and every lane's
+    }
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0-7, 8-15 of the tile
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       uint32_t bf[4];
-      ldsm_x4(bf, tk + swz<D>((lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
+      ldsm_x4(bf, tk + tile_off((lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
       mma_16816<T>(s[0], qf[kk], bf[0], bf[1]);
       mma_16816<T>(s[1], qf[kk], bf[2], bf[3]);
     }
 
-    const int valid = s1 - (s0 + (warp + i * kWarps) * kTK);  // >= 1
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[j][e] * p.scale_log2;  // log2 units: exp2f below
-        if (j * 8 + 2 * t + (e & 1) >= valid) x = -INFINITY;
+        if (j * 8 + 2 * t + (e & 1) >= valid) x = -INFINITY;  // a select: NaN scores of stray keys vanish
         s[j][e] = x;
         mx[e / 2] = fmaxf(mx[e / 2], x);
       }
@@ -210,17 +286,17 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
 #pragma unroll
     for (int dd = 0; dd < DT / 2; ++dd) {
       uint32_t vf[4];
-      ldsm_x4_trans(vf, tv + swz<D>((lane % 8) + ((lane / 8) % 2) * 8, dd * 2 + lane / 16));
+      ldsm_x4_trans(vf, tv + tile_off((lane % 8) + ((lane / 8) % 2) * 8, dd * 2 + lane / 16));
       mma_16816<T>(acc[2 * dd], pf, vf[0], vf[1]);
       mma_16816<T>(acc[2 * dd + 1], pf, vf[2], vf[3]);
     }
 
     __syncwarp();  // every lane is done with slot st: refill it
     if (i + STAGES < n_my) load_tile(i + STAGES, st);
-    cp_async_commit();
-    st = st + 1 == STAGES ? 0 : st + 1;
+    else if (!tma) cp_async_commit();
+    if (++st == STAGES) st = 0, phase ^= 1u;
   }
-  cp_async_wait<0>();
+  if (!tma) cp_async_wait<0>();
   __syncwarp();
 
   // Warp partials into the warp's own ring: O [16][OS] floats, max and sum per row.
@@ -339,14 +415,20 @@ int* split_counters(int64_t n, int device, cudaStream_t stream, const torch::Ten
   return own.data_ptr<int>();
 }
 
+int compute_major(int device) {
+  static int cached[64] = {0};
+  if (device < 0 || device >= 64) return 0;
+  if (cached[device] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&cached[device], cudaDevAttrComputeCapabilityMajor, device));
+  return cached[device];
+}
+
 template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
-  constexpr int smem = kWarps * kRingBytes;
   auto kernel = flash_decode_kernel<T, D>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   static const int per_sm = [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, kSmemBytes));
     return std::max(n, 1);
   }();
   const int device = q.get_device();
@@ -369,8 +451,14 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
     p.ws_ml = reinterpret_cast<float2*>(p.ws_o + n_o);  // n_o is a multiple of 4: 16-byte aligned
     p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
+  // Hopper: K/V tiles by TMA, maps over the whole caches [batch, capacity, kv_heads, D] (built per call:
+  // a captured graph keeps the pointers they hold).
+  CUtensorMap tm_k{}, tm_v{};
+  p.tma = compute_major(device) == 9 &&
+          sm90::make_rows_map<T>(&tm_k, p.k, D, kv_heads, p.capacity, batch, p.k_hs, p.k_ss, p.k_bs, kTK) &&
+          sm90::make_rows_map<T>(&tm_v, p.v, D, kv_heads, p.capacity, batch, p.v_hs, p.v_ss, p.v_bs, kTK);
   const dim3 grid(p.num_splits, kv_blocks, batch);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_k, tm_v, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -310,38 +310,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// A 4D map {head_dim, heads, seq, batch} over rows at the given element strides, boxes of 64 columns x
-// `rows` rows of one (head, batch), 128-byte swizzle. False when TMA cannot describe the tensor.
-template <typename T>
-bool make_map(CUtensorMap* map, const void* ptr, int D, int64_t heads, int64_t seq, int64_t batch, int64_t hs,
-              int64_t ss, int64_t bs, int rows) {
-  const int64_t dims[3] = {heads, seq, batch}, strides[3] = {hs, ss, bs};
-  cuuint64_t gdim[4] = {(cuuint64_t)D, 0, 0, 0}, gstride[3];
-  int64_t packed = D * int64_t(sizeof(T));  // a stand-in stride for extent-1 dims (never stepped along)
-  for (int i = 0; i < 3; ++i) {
-    gdim[i + 1] = (cuuint64_t)dims[i];
-    int64_t bytes = strides[i] * int64_t(sizeof(T));
-    if (dims[i] == 1) bytes = packed;
-    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40)) return false;
-    gstride[i] = (cuuint64_t)bytes;
-    packed = bytes * dims[i];
-  }
-  const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = sm90::tensor_map_encoder()(map, sm90::tensor_map_dtype<T>(), 4, const_cast<void*>(ptr), gdim,
-                                                gstride, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
-
 template <typename T, int D, bool CAUSAL>
 bool launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
   const int kv_heads = heads / p.group;
   CUtensorMap tm_q, tm_k, tm_v;
-  if (!make_map<T>(&tm_q, p.q, D, heads, p.seq_q, batch, p.q_hs, p.q_ss, p.q_bs, kBM) ||
-      !make_map<T>(&tm_k, p.k, D, kv_heads, p.seq_k, batch, p.k_hs, p.k_ss, p.k_bs, kBN) ||
-      !make_map<T>(&tm_v, p.v, D, kv_heads, p.seq_k, batch, p.v_hs, p.v_ss, p.v_bs, kBN))
+  if (!sm90::make_rows_map<T>(&tm_q, p.q, D, heads, p.seq_q, batch, p.q_hs, p.q_ss, p.q_bs, kBM) ||
+      !sm90::make_rows_map<T>(&tm_k, p.k, D, kv_heads, p.seq_k, batch, p.k_hs, p.k_ss, p.k_bs, kBN) ||
+      !sm90::make_rows_map<T>(&tm_v, p.v, D, kv_heads, p.seq_k, batch, p.v_hs, p.v_ss, p.v_bs, kBN))
     return false;
   auto kernel = flash_prefill_sm90_kernel<T, D, CAUSAL>;
   static bool configured = [&] {

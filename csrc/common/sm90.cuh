@@ -1,6 +1,7 @@
-// Hopper (sm_90a) building blocks shared by the wgmma GEMM (csrc/gemm/wgmma_sm90.cu) and the flash
-// prefill (csrc/attention/flash_prefill_sm90.cu): mbarriers, TMA (cp.async.bulk.tensor) loads, wgmma
-// descriptors and instructions, setmaxnreg; and on the host, the driver's tensor-map encoder.
+// Hopper (sm_90a) building blocks shared by the wgmma GEMM (csrc/gemm/wgmma_sm90.cu), the flash
+// prefill (csrc/attention/flash_prefill_sm90.cu) and the decode's TMA path (flash_decode.cu):
+// mbarriers, TMA (cp.async.bulk.tensor) loads, wgmma descriptors and instructions, setmaxnreg; and on
+// the host, the driver's tensor-map encoder and a builder for maps over [batch, seq, heads, D] rows.
 //
 // Device code exists only in the sm_90a pass: guard its use with
 //   #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -34,6 +35,31 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 template <typename T>
 constexpr CUtensorMapDataType tensor_map_dtype() {
   return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+// A 4D map {head_dim, heads, seq, batch} over 16-bit rows at the given element strides, boxes of 64
+// columns (128 bytes) x `rows` rows of one (head, batch), 128-byte swizzle; rows past seq read as zeros.
+// False when TMA cannot describe the tensor (strides must be multiples of 16 bytes, below 2^40).
+template <typename T>
+bool make_rows_map(CUtensorMap* map, const void* ptr, int D, int64_t heads, int64_t seq, int64_t batch, int64_t hs,
+                   int64_t ss, int64_t bs, int rows) {
+  const int64_t dims[3] = {heads, seq, batch}, strides[3] = {hs, ss, bs};
+  cuuint64_t gdim[4] = {(cuuint64_t)D, 0, 0, 0}, gstride[3];
+  int64_t packed = D * int64_t(sizeof(T));  // a stand-in stride for extent-1 dims (never stepped along)
+  for (int i = 0; i < 3; ++i) {
+    gdim[i + 1] = (cuuint64_t)dims[i];
+    int64_t bytes = strides[i] * int64_t(sizeof(T));
+    if (dims[i] == 1) bytes = packed;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40)) return false;
+    gstride[i] = (cuuint64_t)bytes;
+    packed = bytes * dims[i];
+  }
+  const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = tensor_map_encoder()(map, tensor_map_dtype<T>(), 4, const_cast<void*>(ptr), gdim, gstride, box,
+                                          elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -80,6 +106,11 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+
+// Pulls a __grid_constant__ tensor map into the TMA unit's cache ahead of its first copy.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
 // Orders this thread's ordinary shared-memory stores before later async-proxy reads (wgmma, TMA).
