@@ -131,6 +131,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (warp == 0) sm90::prefetch_tensormap(&tm_k), sm90::prefetch_tensormap(&tm_v);
   }
   __syncwarp();
+  // Launched as a programmatic dependent: everything above overlapped the previous kernel's tail; q,
+  // start_pos, the caches, the counters and the workspace may be its outputs (or in use by it).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 
   // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory;
@@ -298,6 +301,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   if (!tma) cp_async_wait<0>();
   __syncwarp();
+#if MINFER_DECODE_TMA
+  // Every CTA of the grid past its stream (or gone): the next kernel may launch and run its prologue
+  // while the partials merge. Its own griddepcontrol.wait still waits for this grid to finish.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 
   // Warp partials into the warp's own ring: O [16][OS] floats, max and sum per row.
 #pragma unroll
@@ -457,9 +465,24 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   p.tma = compute_major(device) == 9 &&
           sm90::make_rows_map<T>(&tm_k, p.k, D, kv_heads, p.capacity, batch, p.k_hs, p.k_ss, p.k_bs, kTK) &&
           sm90::make_rows_map<T>(&tm_v, p.v, D, kv_heads, p.capacity, batch, p.v_hs, p.v_ss, p.v_bs, kTK);
-  const dim3 grid(p.num_splits, kv_blocks, batch);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_k, tm_v, p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Programmatic dependent launch where the code that runs waits for it (the sm_90a build; a compute_80
+  // binary has no griddepcontrol.wait): launch, setup and barrier init overlap the previous kernel.
+  static const int ptx_version = [&] {
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.ptxVersion;
+  }();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(p.num_splits, kv_blocks, batch);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = ptx_version >= 90 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tm_k, tm_v, p));
 }
 
 }  // namespace
