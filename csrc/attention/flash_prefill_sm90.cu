@@ -9,7 +9,8 @@
 //     O += P V     wgmma m64nDk16 with P from registers (the S accumulator converted pairwise to 16 bit IS
 //                  the A fragment: k-slice j = S columns 16 j .. 16 j + 15) and V MN-major in shared memory.
 //   Within a consumer, S of tile t+1 is issued before P V of tile t and the softmax of tile t+1 runs while
-//   P V of tile t is still on the tensor cores.
+//   P V of tile t is still on the tensor cores. Between the consumers, ping-pong: they take turns issuing
+//   these GEMM pairs (named barriers), so one's softmax overlaps the other's GEMMs.
 //
 // Shared memory tiles are TMA boxes of 64 columns (128 bytes, one 128-byte swizzle row) x rows, with the
 // 128-byte swizzle: 16-byte chunk c of row r lands at chunk c ^ (r % 8), within 1024-byte-aligned 8-row
@@ -248,15 +249,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // Ping-pong between the consumers: their GEMM issues alternate (named barrier 1 + c = "consumer c may
+  // issue"), so one consumer's softmax runs while the other's GEMMs hold the tensor cores. Both run the
+  // same n_tiles + 1 issue turns (a CTA's tile count is shared), so each sync meets exactly one arrival
+  // of the other; consumer 1's last arrival is left pending at exit.
+  auto my_turn = [&] { named_bar_sync(1 + c, 256); };
+  auto your_turn = [&] { named_bar_arrive(2 - c, 256); };
   if (n_tiles > 0) {
     // Software pipeline: S(t) = Q K[t]^T and O += P(t-1) V[t-1] are issued back to back; the softmax of
     // S(t) runs while P V is still on the tensor cores. wgmma groups complete in order, so wait<1> means
     // S(t) is done. The fence_regs keep the compiler from touching sacc / o before their waits.
     float alpha[2];
+    if (c == 1) your_turn();  // consumer 0 goes first
     mbar_wait(smem_u32(&bar_q), 0);
     mbar_wait(smem_u32(&full_k[0]), 0);
+    my_turn();
     issue_s(0);
     wgmma_commit();
+    your_turn();
     wgmma_wait<0>();
     fence_regs(sacc);
     if (tid == 0) mbar_arrive(smem_u32(&empty_k[0]));
@@ -265,11 +275,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int t = 1; t < n_tiles; ++t) {
       const int s = t % kStages, sp = (t - 1) % kStages;
       mbar_wait(smem_u32(&full_k[s]), (t / kStages) & 1);
+      my_turn();
       issue_s(t);
       wgmma_commit();
       mbar_wait(smem_u32(&full_v[sp]), ((t - 1) / kStages) & 1);
       issue_pv(t - 1);
       wgmma_commit();
+      your_turn();
       fence_regs(o);
       wgmma_wait<1>();  // S(t) is done
       fence_regs(sacc);
@@ -283,8 +295,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int sl = (n_tiles - 1) % kStages;
     mbar_wait(smem_u32(&full_v[sl]), ((n_tiles - 1) / kStages) & 1);
+    my_turn();
     issue_pv(n_tiles - 1);
     wgmma_commit();
+    your_turn();
     wgmma_wait<0>();
     fence_regs(o);
     if (tid == 0) mbar_arrive(smem_u32(&empty_v[sl]));

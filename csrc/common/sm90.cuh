@@ -116,6 +116,15 @@ __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 // Orders this thread's ordinary shared-memory stores before later async-proxy reads (wgmma, TMA).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// ---- named barriers (ids 1..15; 0 is __syncthreads) over `count` threads, a multiple of 32 ----
+// sync blocks until `count` threads have arrived (this one included); arrive only counts this thread.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // ---- register reallocation between warpgroups (needs __launch_bounds__(threads, 1)) ----
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
