@@ -5,7 +5,7 @@
 //     through 2-stage mbarrier rings); it gives most of its registers away (setmaxnreg 24).
 //   warpgroups 1, 2 = consumers (setmaxnreg 240), each owns 64 of the 128 rows:
 //     S = Q K^T    wgmma m64n128k16, Q and K K-major in shared memory;
-//     online softmax on the S accumulators in registers (scale * log2 e folded into exp2);
+//     online softmax on the S accumulators in registers (scale * log2 e folded into one FFMA before ex2);
 //     O += P V     wgmma m64nDk16 with P from registers (the S accumulator converted pairwise to 16 bit IS
 //                  the A fragment: k-slice j = S columns 16 j .. 16 j + 15) and V MN-major in shared memory.
 //   Within a consumer, S of tile t+1 is issued before P V of tile t and the softmax of tile t+1 runs while
@@ -43,7 +43,7 @@ namespace minfer::attn {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kThreads = 384, kStages = 2;
+constexpr int kBM = 128, kBN = 128, kThreads = 384, kStages = 2;  // the softmax trees assume kBN = 128
 
 template <int D>
 constexpr int smem_bytes() {
@@ -52,6 +52,24 @@ constexpr int smem_bytes() {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 using namespace sm90;
+
+// 2^x on the SFU alone (exp2f wraps MUFU.EX2 in a range fix-up): x <= 0 here, results below 2^-126
+// flush to zero, which a softmax weight that small may.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// op over 16 values as a tree (depth 4 instead of a 15-long dependency chain).
+template <typename Op>
+__device__ __forceinline__ float tree16(float (&v)[16], Op op) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = op(v[j], v[j + 8]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = op(v[j], v[j + 4]);
+  return op(op(v[0], v[2]), op(v[1], v[3]));
+}
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -172,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Accumulator layout (m64nNk16, f32): this thread holds rows r0 = 16 warp + g (registers 4 j + 0, 1) and
   // r0 + 8 (4 j + 2, 3) of the warpgroup's 64, columns 8 j + 2 t4 + {0, 1}.
   const int row0 = m_start + 64 * c + 16 * warp + g;  // query index in the sequence; row1 = row0 + 8
-  const int pos0 = q_off + row0, pos1 = pos0 + 8;
+  const int pos0 = q_off + row0;  // row1's is pos0 + 8
   const int wg_first_pos = q_off + m_start + 64 * c;
 
   float o[D / 2];
@@ -200,41 +218,49 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) wgmma_rs_tb<T, D>(o, pf[kk], desc_sw128(dv + kk * 2048, kBN * 128, 1024), 1);
   };
-  // Online softmax of tile t, first half: masks and scales sacc, updates the running max and sum, leaves
-  // P = exp2(s - max) (unnormalised) in sacc and returns the factors that rescale the older output.
-  // Touches neither o nor pf, so it runs while P V of the previous tile is in flight.
+  // Online softmax of tile t, first half: masks sacc (diagonal / kv-length tiles only), updates the running
+  // max (raw scores: scale > 0 commutes with max) and sum, leaves P = exp2(s * scale - max * scale)
+  // (unnormalised, one FFMA + one MUFU per score) in sacc and returns the factors that rescale the older
+  // output. Touches neither o nor pf, so it runs while P V of the previous tile is in flight.
   auto softmax = [&](int t, float (&alpha)[2]) {
     const int n_start = t * kBN;
-    const bool need_mask = n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > wg_first_pos);
-    float mx[2] = {-INFINITY, -INFINITY};
+    if (n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > wg_first_pos)) {
+      // Row h sees columns <= last[h]; compared relative to this thread's first column 2 t4 of the tile,
+      // so each score costs one compare against a constant and one select (masked NaN keys vanish too).
+      int rel[2];
 #pragma unroll
-    for (int i = 0; i < kBN / 2; ++i) {
-      float x = sacc[i] * p.scale_log2;
-      if (need_mask) {
-        const int col = n_start + 8 * (i / 4) + 2 * t4 + (i & 1);
-        const int pos = (i & 2) ? pos1 : pos0;
-        if (col >= kv_len || (CAUSAL && col > pos)) x = -INFINITY;  // a select: masked NaN keys vanish too
-      }
-      sacc[i] = x;
-      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], x);
+      for (int h = 0; h < 2; ++h) rel[h] = (CAUSAL ? min(kv_len - 1, pos0 + 8 * h) : kv_len - 1) - n_start - 2 * t4;
+#pragma unroll
+      for (int i = 0; i < kBN / 2; ++i)
+        if (8 * (i / 4) + (i & 1) > rel[(i >> 1) & 1]) sacc[i] = -INFINITY;
     }
+    // Row h of this thread = registers 4 j + 2 h + {0, 1}: max and sum as trees, not 32-long chains.
+    float mx[2][kBN / 8];
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) mx[h][j] = fmaxf(sacc[4 * j + 2 * h], sacc[4 * j + 2 * h + 1]);
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-      const float m_new = fmaxf(m_run[h], mx[h]);
-      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: avoid inf - inf
-      alpha[h] = exp2f(m_run[h] - base[h]);
+      float m = tree16(mx[h], [](float a, float b) { return fmaxf(a, b); });
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+      const float m_new = fmaxf(m_run[h], m);
+      base[h] = m_new == -INFINITY ? 0.f : m_new * p.scale_log2;  // nothing visible yet: avoid inf - inf
+      alpha[h] = ex2(fmaf(m_run[h], p.scale_log2, -base[h]));    // 0 while m_run is still -inf
       m_run[h] = m_new;
-      l_run[h] *= alpha[h];
     }
 #pragma unroll
-    for (int i = 0; i < kBN / 2; ++i) {
-      const int h = (i >> 1) & 1;
-      sacc[i] = exp2f(sacc[i] - base[h]);
-      l_run[h] += sacc[i];  // this thread's columns only; the quad is summed at the end
-    }
+    for (int i = 0; i < kBN / 2; ++i) sacc[i] = ex2(fmaf(sacc[i], p.scale_log2, -base[(i >> 1) & 1]));
+    // Row sums: this thread's columns only; the quad is summed at the end.
+    float sm[2][kBN / 8];
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sm[h][j] = sacc[4 * j + 2 * h] + sacc[4 * j + 2 * h + 1];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_run[h] = fmaf(l_run[h], alpha[h], tree16(sm[h], [](float a, float b) { return a + b; }));
   };
   // Second half, once P V of the previous tile is done: rescale o, P -> 16-bit A fragments.
   auto rescale_and_pack = [&](const float (&alpha)[2]) {
