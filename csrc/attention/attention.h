@@ -23,6 +23,20 @@ struct FlashParams {
   float scale_log2;        // softmax scale * log2(e)
 };
 
+#ifdef __CUDACC__
+// Where sequence b's queries sit (query s at position q_off + s) and how many keys it has, for both
+// prefill kernels: after start_pos[b] in the cache (capped at the capacity seq_k), or bottom-right.
+__device__ __forceinline__ void query_window(const FlashParams& p, int b, int& q_off, int& kv_len) {
+  if (p.start_pos != nullptr) {
+    q_off = p.start_pos[b];
+    kv_len = min(q_off + p.seq_q, p.seq_k);  // seq_k is the cache capacity: never read past it
+  } else {
+    q_off = p.seq_k - p.seq_q;
+    kv_len = p.seq_k;
+  }
+}
+#endif
+
 // flash_prefill.cu: fp16/bf16, head_dim 64 or 128. On Hopper it runs flash_prefill_sm90 when that takes
 // the case, else the mma.sync kernel (the sm_80 path).
 void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,

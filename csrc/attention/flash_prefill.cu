@@ -62,13 +62,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   const int m_start = m_block * BM;
 
   int q_off, kv_len;
-  if (p.start_pos != nullptr) {
-    q_off = p.start_pos[b];
-    kv_len = min(q_off + p.seq_q, p.seq_k);  // seq_k is the cache capacity: never read past it
-  } else {
-    q_off = p.seq_k - p.seq_q;
-    kv_len = p.seq_k;
-  }
+  query_window(p, b, q_off, kv_len);
   // Keys past kv_end are invisible to every row of this block.
   int kv_end = kv_len;
   if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + BM, p.seq_q));

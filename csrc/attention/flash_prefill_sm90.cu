@@ -36,6 +36,7 @@
 #include <cmath>
 
 #include "attention/attention.h"
+#include "attention/mma.cuh"
 #include "common/checks.h"
 #include "common/sm90.cuh"
 
@@ -71,16 +72,6 @@ __device__ __forceinline__ float tree16(float (&v)[16], Op op) {
   return op(op(v[0], v[2]), op(v[1], v[3]));
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
 #endif
 
 template <typename T, int D, bool CAUSAL>
@@ -104,13 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m_start = (gridDim.z - 1 - blockIdx.z) * kBM;
   const int kvh = head / p.group;
   int q_off, kv_len;
-  if (p.start_pos != nullptr) {
-    q_off = p.start_pos[b];
-    kv_len = min(q_off + p.seq_q, p.seq_k);  // seq_k is the cache capacity: never read past it
-  } else {
-    q_off = p.seq_k - p.seq_q;
-    kv_len = p.seq_k;
-  }
+  query_window(p, b, q_off, kv_len);
   int kv_end = kv_len;  // keys past kv_end are invisible to every row of this block
   if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + kBM, p.seq_q));
   const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
