@@ -99,6 +99,20 @@ def test_gemv_path_many_tiles(m, dtype):
     _check(ops.linear(x, w, None, "gemv"), F.linear(x, w), x.double() @ w.double().t(), dtype)
 
 
+# The launch configurations of gemv (launch_best in gemv.cu) as a 132-SM GPU picks them: 4-step rounds
+# at 3 CTAs per SM (6136 rows) and 8-step rounds at 2 (2040 rows), for one and two n8 tiles; N and K off
+# the tile sizes.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("nk", [(6136, 4104), (2040, 8200)])
+@pytest.mark.parametrize("m", [1, 13])
+def test_gemv_launch_configs(m, nk, dtype):
+    ops = _ops()
+    n, k = nk
+    x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
+    _nan_next(m, n, dtype)
+    _check(ops.linear(x, w, bias, "gemv"), F.linear(x, w, bias), x.double() @ w.double().t() + bias.double(), dtype)
+
+
 # On Hopper gemv launches as a programmatic dependent of the previous kernel and prefetches W to L2
 # before its dependency wait: X and W written by the kernel just before must still be read fresh,
 # eagerly and inside a CUDA graph.

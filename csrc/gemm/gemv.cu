@@ -10,8 +10,9 @@
 // A warp owns a 16-row tile of W and a slice of K; KS = 1..8 warps of a CTA split one tile's K and
 // meet in shared memory, where the 8 / KS tiles of the CTA go through store_out. Every load of a
 // round (U steps of W, then X) is issued before its first mma: U = 8 puts 8 KB of W in flight per
-// warp, two CTAs of 8 warps per SM put 128 KB, well past what HBM latency times bandwidth needs
-// (~4.2 TB/s x ~1 us / 132 SMs ~ 32 KB per SM). W goes through the non-allocating L1 path; X (a few
+// warp, two CTAs of 8 warps per SM put 128 KB (U = 4 with three CTAs: 96 KB), well past what HBM
+// latency times bandwidth needs (~4.2 TB/s x ~1 us / 132 SMs ~ 32 KB per SM). Which U and K split a
+// shape gets is launch_best's choice: all CTAs resident at once, equal shares per SM. W goes through the non-allocating L1 path; X (a few
 // KB) stays resident in L1/L2 and is re-read per tile. Larger M (forced path) walks 16-row blocks of
 // A along grid.y, re-reading W once per block.
 //
@@ -29,6 +30,7 @@
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "gemm/epilogue.h"
 #include "gemm/ptx.h"
@@ -80,9 +82,10 @@ __device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint4& wa, c
 }
 
 // Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y (and
-// its strides) picks 8 * NT rows of A at a time.
-template <typename T, int NT, int U>
-__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Params<T, T> p, int ks_log2) {
+// its strides) picks 8 * NT rows of A at a time. MIN_BLOCKS caps the registers so that that many CTAs
+// fit on an SM (see launch_best).
+template <typename T, int NT, int U, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params<T, T> p, int ks_log2) {
   const int ks = 1 << ks_log2, tiles = kWarps >> ks_log2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int split = warp & (ks - 1), tile = blockIdx.x * tiles + (warp >> ks_log2);
@@ -164,26 +167,25 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(const Params<T, T> p,
   }
 }
 
-template <typename T, int NT, int U>
-void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const int grid_y = (int)std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
-  const int64_t tiles = (p.N + 15) / 16;
-  // Split K (more, smaller CTAs) only until every SM gets about two CTAs: 4096 x 4096 takes KS = 8
-  // (256 CTAs, 2 rounds of 8 steps per warp), 128256 x 4096 KS = 1 (1002 CTAs of 8 tiles).
-  int ks_log2 = 0;
-  auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
-  while (ks_log2 < 3 && ctas(ks_log2) < 2 * num_sms(device)) ++ks_log2;
+// One compiled shape of the kernel, with how many of its CTAs an SM holds.
+template <typename T>
+struct Variant {
+  void (*launch)(const Params<T, T>&, int ks_log2, dim3 grid, cudaStream_t);
+  int u, per_sm;
+};
+
+template <typename T, int NT, int U, int MIN_BLOCKS>
+void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t stream) {
+  auto kernel = gemv_kernel<T, NT, U, MIN_BLOCKS>;
   // Programmatic launch only where the code that runs waits for it: the virtual arch it was compiled
   // for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
-  static const int ptx_version = [] {
+  static const int ptx_version = [&] {
     cudaFuncAttributes attr;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, gemv_kernel<T, NT, U>));
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
     return attr.ptxVersion;
   }();
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((unsigned)((tiles + (kWarps >> ks_log2) - 1) / (kWarps >> ks_log2)), grid_y);
+  config.gridDim = grid;
   config.blockDim = dim3(kThreads);
   config.stream = stream;
   cudaLaunchAttribute pdl[1];
@@ -191,15 +193,66 @@ void launch_nt(const Params<T, T>& p, cudaStream_t stream) {
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = pdl;
   config.numAttrs = ptx_version >= 90 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemv_kernel<T, NT, U>, p, ks_log2));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, ks_log2));
+}
+
+template <typename T, int NT, int U, int MIN_BLOCKS>
+Variant<T> variant() {
+  static const int per_sm = [] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<T, NT, U, MIN_BLOCKS>, kThreads, 0));
+    return std::max(n, 1);
+  }();
+  return {&launch_variant<T, NT, U, MIN_BLOCKS>, U, per_sm};
+}
+
+// The stream runs fastest when every CTA is resident from the start and the SMs carry equal shares:
+// a second, partial wave runs with a fraction of the bytes in flight, and an SM with one CTA more
+// than its neighbours finishes last (6144 x 4096 took 17.3 us as 384 CTAs on 264 slots, 14.5 us
+// on 396). So among the variants (first = preferred) and K splits, keep the configurations whose
+// CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
+// warps get at least one full round; take the one with the most CTAs. Shapes with no such
+// configuration (far more tiles than slots, or too few) take the first variant with the smallest K
+// split that gives every SM about two CTAs: 4096 x 4096 takes KS = 8 (256 CTAs, 2 rounds of 8 steps
+// per warp), 128256 x 4096 KS = 1 (1002 CTAs of 8 tiles).
+template <typename T>
+void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> variants, int rows_per_block,
+                 cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const int sms = num_sms(device);
+  const int64_t grid_y = std::min<int64_t>((p.M + rows_per_block - 1) / rows_per_block, 65535);
+  const int64_t tiles = (p.N + 15) / 16, steps = (p.K / 8 + 3) / 4;  // 16-row tiles, 32-wide k steps
+  auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
+  const Variant<T>* best = nullptr;
+  int best_ks = 0;
+  int64_t best_ctas = 0;
+  for (const Variant<T>& v : variants) {
+    for (int l = 0; (kWarps >> l) >= 1; ++l) {
+      const int64_t n = ctas(l);
+      const double balance = double(n) / (double((n + sms - 1) / sms) * sms);
+      if (n > int64_t(v.per_sm) * sms || balance < 0.9 || (steps >> l) < v.u) continue;
+      if (n > best_ctas) best = &v, best_ks = l, best_ctas = n;
+    }
+  }
+  if (best == nullptr) {
+    best = variants.begin();
+    while (best_ks < 3 && ctas(best_ks) < 2 * sms) ++best_ks;
+  }
+  const int64_t grid_x = (tiles + (kWarps >> best_ks) - 1) / (kWarps >> best_ks);
+  best->launch(p, best_ks, dim3((unsigned)grid_x, (unsigned)grid_y), stream);
 }
 
 }  // namespace
 
 template <typename T>
 void launch_gemv(const Params<T, T>& p, cudaStream_t s) {
-  if (p.M <= 8) launch_nt<T, 1, 8>(p, s);  // 8 KB of W in flight per warp
-  else launch_nt<T, 2, 4>(p, s);           // two n8 tiles: fewer steps per round for the X registers
+  // Per warp in flight: U steps of 16 rows x 64 bytes. U = 8 (<= 128 registers): 2 CTAs per SM;
+  // U = 4 (<= 80): 3. (16-warp CTAs, one per SM, gained nothing at 2048 x 8192: 11.6 us either way.)
+  if (p.M <= 8)
+    launch_best<T>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, 8, s);
+  else  // two n8 tiles: fewer steps per round for the X registers
+    launch_best<T>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, 16, s);
 }
 template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t);
 template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);
