@@ -100,10 +100,10 @@ def test_gemv_path_many_tiles(m, dtype):
 
 
 # The launch configurations of gemv (launch_best in gemv.cu) as a 132-SM GPU picks them: 4-step rounds
-# at 3 CTAs per SM (6136 rows) and 8-step rounds at 2 (2040 rows), for one and two n8 tiles; N and K off
-# the tile sizes.
+# at 3 CTAs per SM (6136 rows), 8-step rounds at 2 (2040 rows) and the even split of many tiles over
+# one wave of warps (28680 rows), for one and two n8 tiles; N and K off the tile sizes.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("nk", [(6136, 4104), (2040, 8200)])
+@pytest.mark.parametrize("nk", [(6136, 4104), (2040, 8200), (28680, 1000)])
 @pytest.mark.parametrize("m", [1, 13])
 def test_gemv_launch_configs(m, nk, dtype):
     ops = _ops()

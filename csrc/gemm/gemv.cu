@@ -30,6 +30,7 @@
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 
 #include "gemm/epilogue.h"
@@ -81,6 +82,50 @@ __device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint4& wa, c
   }
 }
 
+// acc += W rows (n0, n0 + 8) . X rows over 32-wide k steps [s_begin, s_end), in rounds of U steps
+// whose loads are all issued before the first mma. wa / wb / xp point at this thread's chunk t of
+// step 0; rows that are off (a_ok, b_ok, x_ok false) read nothing and give zeros.
+template <typename T, int NT, int U>
+__device__ __forceinline__ void accumulate(float (&acc)[NT][4], const uint4* wa, const uint4* wb, bool a_ok, bool b_ok,
+                                           const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s_begin,
+                                           int s_end, int chunks, int t) {
+  for (int s0 = s_begin; s0 < s_end; s0 += U) {
+    uint4 va[U], vb[U], vx[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // the round's W loads first: they carry the latency
+      const int s = s0 + u;
+      const bool ok = s < s_end && 4 * s + t < chunks;  // past the warp's slice or K's tail: zeros
+      va[u] = ld_w(wa + 4 * (int64_t)s, ok && a_ok);
+      vb[u] = ld_w(wb + 4 * (int64_t)s, ok && b_ok);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u;
+      const bool ok = s < s_end && 4 * s + t < chunks;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) vx[u][nt] = ld_x(xp[nt] + 4 * (int64_t)s, ok && x_ok[nt]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
+  }
+}
+
+// Hopper kernel boundary (see the top of the file): lanes 0-15 ask L2 for the first round of the
+// warp's first tile, one bulk prefetch per W row, before waiting for the previous grid.
+template <typename T>
+__device__ __forceinline__ void prefetch_then_wait(const Params<T, T>& p, int tile, int s_begin, int s_end, int U,
+                                                   int chunks, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane < 16 && s_end > s_begin && tile * 16 + lane < p.N) {
+    const int c0 = 4 * s_begin, c1 = min(chunks, 4 * min(s_end, s_begin + U));
+    const T* row = p.B + (int64_t)(tile * 16 + lane) * p.sbn + 8 * c0;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(16 * (c1 - c0)) : "memory");
+  }
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the previous kernel's writes are visible from here
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y (and
 // its strides) picks 8 * NT rows of A at a time. MIN_BLOCKS caps the registers so that that many CTAs
 // fit on an SM (see launch_best).
@@ -100,15 +145,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
   const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
   const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane < 16 && s_end > s_begin && tile * 16 + lane < p.N) {  // one bulk prefetch per W row
-    const int c0 = 4 * s_begin, c1 = min(chunks, 4 * min(s_end, s_begin + U));
-    const T* row = p.B + (int64_t)(tile * 16 + lane) * p.sbn + 8 * c0;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(16 * (c1 - c0)) : "memory");
-  }
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the previous kernel's writes are visible from here
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  prefetch_then_wait(p, tile, s_begin, s_end, U, chunks, lane);
 
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
   for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
@@ -126,25 +163,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-    for (int s0 = s_begin; s0 < s_end; s0 += U) {
-      uint4 va[U], vb[U], vx[U][NT];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {  // the round's W loads first: they carry the latency
-        const int s = s0 + u;
-        const bool ok = s < s_end && 4 * s + t < chunks;  // past the warp's slice or K's tail: zeros
-        va[u] = ld_w(wa + 4 * (int64_t)s, ok && a_ok);
-        vb[u] = ld_w(wb + 4 * (int64_t)s, ok && b_ok);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int s = s0 + u;
-        const bool ok = s < s_end && 4 * s + t < chunks;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) vx[u][nt] = ld_x(xp[nt] + 4 * (int64_t)s, ok && x_ok[nt]);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
-    }
+    accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
 
     // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
 #pragma unroll
@@ -167,18 +186,51 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
   }
 }
 
-// One compiled shape of the kernel, with how many of its CTAs an SM holds.
-template <typename T>
-struct Variant {
-  void (*launch)(const Params<T, T>&, int ks_log2, dim3 grid, cudaStream_t);
-  int u, per_sm;
-};
+// Many tiles (far more than warps resident): every warp of a one-wave grid takes an equal, contiguous
+// range of whole tiles (all of K, no split, no shared memory) and writes its outputs itself. Each SM
+// then carries the same number of tiles within one, where CTAs of whole tiles would leave a partial
+// last wave (28672 x 4096: 448 CTAs of 4 tiles on 264 slots). M <= 8 * NT.
+template <typename T, int NT, int U>
+__global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params<T, T> p) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t warps = (int64_t)gridDim.x * kWarps, gw = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int64_t tiles = (p.N + 15) / 16;
+  const int t_begin = (int)(gw * tiles / warps), t_end = (int)((gw + 1) * tiles / warps);
+  const int chunks = p.K / 8, steps = (chunks + 3) / 4;
+  prefetch_then_wait(p, t_begin, 0, t_begin < t_end ? steps : 0, U, chunks, lane);
 
-template <typename T, int NT, int U, int MIN_BLOCKS>
-void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t stream) {
-  auto kernel = gemv_kernel<T, NT, U, MIN_BLOCKS>;
-  // Programmatic launch only where the code that runs waits for it: the virtual arch it was compiled
-  // for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
+  bool x_ok[NT];
+  const uint4* xp[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    x_ok[nt] = nt * 8 + g < p.M;
+    xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? nt * 8 + g : 0) * p.sam) + t;
+  }
+  for (int tile = t_begin; tile < t_end; ++tile) {
+    const int n0 = tile * 16 + g;
+    const bool a_ok = n0 < p.N, b_ok = n0 + 8 < p.N;
+    const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
+    const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, 0, steps, chunks, t);
+    // acc[nt][2h + e] is D[m = 8 nt + 2t + e][n = n0 + 8h].
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int m = nt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
+        if (m < p.M && n < p.N) store_out(p, m, n, acc[nt][i]);
+      }
+  }
+}
+
+// Launch with programmatic stream serialization where the code that runs waits for it: the virtual
+// arch it was compiled for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
+// The version is looked up once per kernel signature: every kernel here is built for the same archs.
+template <typename Kernel, typename... Args>
+void launch_pdl(Kernel kernel, dim3 grid, cudaStream_t stream, Args... args) {
   static const int ptx_version = [&] {
     cudaFuncAttributes attr;
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -193,16 +245,31 @@ void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t 
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = pdl;
   config.numAttrs = ptx_version >= 90 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, ks_log2));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+template <typename Kernel>
+int ctas_per_sm(Kernel kernel) {
+  int n = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
+  return std::max(n, 1);
+}
+
+// One compiled shape of gemv_kernel, with how many of its CTAs an SM holds.
+template <typename T>
+struct Variant {
+  void (*launch)(const Params<T, T>&, int ks_log2, dim3 grid, cudaStream_t);
+  int u, per_sm;
+};
+
+template <typename T, int NT, int U, int MIN_BLOCKS>
+void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t stream) {
+  launch_pdl(gemv_kernel<T, NT, U, MIN_BLOCKS>, grid, stream, p, ks_log2);
 }
 
 template <typename T, int NT, int U, int MIN_BLOCKS>
 Variant<T> variant() {
-  static const int per_sm = [] {
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<T, NT, U, MIN_BLOCKS>, kThreads, 0));
-    return std::max(n, 1);
-  }();
+  static const int per_sm = ctas_per_sm(gemv_kernel<T, NT, U, MIN_BLOCKS>);
   return {&launch_variant<T, NT, U, MIN_BLOCKS>, U, per_sm};
 }
 
@@ -211,11 +278,11 @@ Variant<T> variant() {
 // than its neighbours finishes last (6144 x 4096 took 17.3 us as 384 CTAs on 264 slots, 14.5 us
 // on 396). So among the variants (first = preferred) and K splits, keep the configurations whose
 // CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
-// warps get at least one full round; take the one with the most CTAs. Shapes with no such
-// configuration (far more tiles than slots, or too few) take the first variant with the smallest K
-// split that gives every SM about two CTAs: 4096 x 4096 takes KS = 8 (256 CTAs, 2 rounds of 8 steps
-// per warp), 128256 x 4096 KS = 1 (1002 CTAs of 8 tiles).
-template <typename T>
+// warps get at least one full round; take the one with the most CTAs. With far more tiles than that
+// (28672 x 4096, lm_head), gemv_stream_kernel: one wave whose warps split the tiles evenly. The rest
+// (too few tiles to balance) take the first variant with the smallest K split that gives every SM
+// about two CTAs: 3072 x 2048 takes KS = 8 (192 CTAs of one tile).
+template <typename T, int NT, int U>
 void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> variants, int rows_per_block,
                  cudaStream_t stream) {
   int device = 0;
@@ -224,15 +291,23 @@ void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> varian
   const int64_t grid_y = std::min<int64_t>((p.M + rows_per_block - 1) / rows_per_block, 65535);
   const int64_t tiles = (p.N + 15) / 16, steps = (p.K / 8 + 3) / 4;  // 16-row tiles, 32-wide k steps
   auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
+  auto balance = [&](double per_sm) { return per_sm / std::ceil(per_sm); };  // average / heaviest SM
   const Variant<T>* best = nullptr;
   int best_ks = 0;
   int64_t best_ctas = 0;
   for (const Variant<T>& v : variants) {
     for (int l = 0; (kWarps >> l) >= 1; ++l) {
       const int64_t n = ctas(l);
-      const double balance = double(n) / (double((n + sms - 1) / sms) * sms);
-      if (n > int64_t(v.per_sm) * sms || balance < 0.9 || (steps >> l) < v.u) continue;
+      if (n > int64_t(v.per_sm) * sms || balance(double(n) / sms) < 0.9 || (steps >> l) < v.u) continue;
       if (n > best_ctas) best = &v, best_ks = l, best_ctas = n;
+    }
+  }
+  if (best == nullptr && grid_y == 1) {
+    static const int stream_per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U>);
+    const int64_t grid = int64_t(stream_per_sm) * sms;
+    if (tiles * 2 >= grid * kWarps && balance(double(tiles) / sms) >= 0.9) {  // >= half the warps busy
+      launch_pdl(gemv_stream_kernel<T, NT, U>, dim3((unsigned)grid), stream, p);
+      return;
     }
   }
   if (best == nullptr) {
@@ -250,9 +325,9 @@ void launch_gemv(const Params<T, T>& p, cudaStream_t s) {
   // Per warp in flight: U steps of 16 rows x 64 bytes. U = 8 (<= 128 registers): 2 CTAs per SM;
   // U = 4 (<= 80): 3. (16-warp CTAs, one per SM, gained nothing at 2048 x 8192: 11.6 us either way.)
   if (p.M <= 8)
-    launch_best<T>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, 8, s);
+    launch_best<T, 1, 8>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, 8, s);
   else  // two n8 tiles: fewer steps per round for the X registers
-    launch_best<T>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, 16, s);
+    launch_best<T, 2, 4>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, 16, s);
 }
 template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t);
 template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);
