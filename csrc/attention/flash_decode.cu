@@ -12,11 +12,10 @@
 // Each of the 4 warps streams its own tiles of 16 keys (tiles of the CTA's key range dealt round robin)
 // through its own ring of STAGES tiles (24 KB): no CTA barrier in the main loop, and the whole ring is in
 // flight before the first tile is used. The warps merge through shared memory at the end.
-// Loads: on Hopper, TMA (lane 0 of the warp issues a tile as 2 boxes of {64 columns, 16 keys} per K/V
-// half, completing on the stage's mbarrier), so no warp spends issue slots or LSU request slots on
-// copies; elsewhere (and where TMA cannot describe the cache) 16-byte cp.async by every lane. Both
-// write the same layout, TMA's 128-byte swizzle: a tile is D/64 column halves of [16 keys][128 bytes],
-// 16-byte chunk c of row r at chunk c ^ (r % 8), so ldmatrix addressing is shared.
+// Loads: 16-byte cp.async by every lane of the warp. (Per-warp TMA boxes of {64 columns, 16 keys} were
+// slower on H200 from batch 16 up, 16 x 16k context 267 against 248-254 us, equal at batch 1.) A tile is
+// D/64 column halves of [16 keys][128 bytes], 16-byte chunk c of row r at chunk c ^ (r % 8), so the 8
+// rows one ldmatrix reads hit 8 different bank groups.
 //
 // Splits: chosen on the host from the capacity and the resident-CTA count (no sync); each CTA reads
 // start_pos[b] and divides the ACTUAL kv length evenly (whole tiles), so CTAs past the end exit at once.
@@ -34,13 +33,12 @@
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
-#include "common/sm90.cuh"
 #include "common/vec.h"
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MINFER_DECODE_TMA 1  // this device pass can issue TMA copies
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MINFER_DECODE_PDL 1  // this device pass has griddepcontrol (programmatic dependent launch)
 #else
-#define MINFER_DECODE_TMA 0
+#define MINFER_DECODE_PDL 0
 #endif
 
 namespace minfer::attn {
@@ -54,8 +52,7 @@ constexpr int kRingBytes = 24 << 10;  // per warp: 3 tiles of K+V at head_dim 12
 constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kShortSplit = 256;      // below this many keys per split, one CTA per SM (see launch)
 constexpr int kMaxSplits = 128;
-constexpr int kMaxStages = 6;         // ring depth at head_dim 64
-constexpr int kSmemBytes = kWarps * kRingBytes + 1024;  // + slack to align the rings to 1024 bytes (swizzle)
+constexpr int kSmemBytes = kWarps * kRingBytes + 1024;  // + slack to start the rings on a 1024-byte boundary
 
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
@@ -72,11 +69,10 @@ struct DecodeParams {
   int rows;         // q heads per kv block: min(group, 16) (the last block of a group may have fewer)
   int capacity, num_splits;
   float scale_log2;
-  int tma;          // load K/V through the tensor maps (Hopper, sm_90a code)
 };
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a [kTK, D] tile stored as TMA writes it with the
-// 128-byte swizzle: column half chunk / 8 is a [kTK][64] block, chunks XOR-swizzled with the row (mod 8).
+// Element offset of 16-byte chunk `chunk` of row `row` in a [kTK, D] tile: column half chunk / 8 is a
+// [kTK][64] block, chunks XOR-swizzled with the row (mod 8).
 // The 8 rows one ldmatrix reads hit 8 different bank groups.
 __device__ __forceinline__ int tile_off(int row, int chunk) {
   return (chunk >> 3) * (kTK * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
@@ -98,8 +94,7 @@ __device__ __forceinline__ float4 scale4(float4 x, float w) { return make_float4
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2)
-    flash_decode_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                        const DecodeParams p) {
+    flash_decode_kernel(const DecodeParams p) {
   constexpr int KD = D / 16;  // k-steps of Q K^T
   constexpr int DT = D / 8;   // 8-wide output tiles
   constexpr int CH = D / 8;   // 16-byte chunks per row
@@ -107,14 +102,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int TILE_BYTES = TILE * int(sizeof(T));
   constexpr int STAGES = kRingBytes / (2 * TILE_BYTES);                 // 3 at D = 128, 6 at D = 64
   constexpr int OS = D + 8;   // float row stride of the warp partials (conflict-free float2 stores)
-  static_assert(STAGES >= 2 && STAGES <= kMaxStages && kRows * OS * 4 <= kRingBytes, "ring too small");
-  static_assert(kRingBytes % 1024 == 0 && TILE_BYTES % 1024 == 0, "swizzled tiles need 1024-byte alignment");
+  static_assert(STAGES >= 2 && kRows * OS * 4 <= kRingBytes, "ring too small");
   extern __shared__ unsigned char smem_raw[];  // kWarps rings of kRingBytes, from a 1024-byte boundary
   __shared__ float s_m[kWarps][kRows], s_l[kWarps][kRows];
   __shared__ int s_last;
-#if MINFER_DECODE_TMA
-  __shared__ __align__(8) uint64_t s_full[kWarps][kMaxStages];  // TMA path: stage st of warp w has landed
-#endif
   unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
 
   const int split = blockIdx.x, blk = blockIdx.y, b = blockIdx.z;
@@ -122,18 +113,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int head0 = kvh * p.group + hb * kRows;
   const int rows = min(kRows, p.group - hb * kRows);  // valid q heads of this block
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const bool tma = MINFER_DECODE_TMA && p.tma;
 
-#if MINFER_DECODE_TMA
-  if (tma && lane == 0) {  // each warp owns its ring and its barriers: no CTA barrier needed
-#pragma unroll
-    for (int st = 0; st < STAGES; ++st) sm90::mbar_init(smem_addr(&s_full[warp][st]), 1);
-    sm90::mbar_init_fence();
-    if (warp == 0) sm90::prefetch_tensormap(&tm_k), sm90::prefetch_tensormap(&tm_v);
-  }
-  __syncwarp();
-  // Launched as a programmatic dependent: everything above overlapped the previous kernel's tail; q,
-  // start_pos, the caches, the counters and the workspace may be its outputs (or in use by it).
+#if MINFER_DECODE_PDL
+  // Launched as a programmatic dependent: the launch and the index setup above overlapped the previous
+  // kernel's tail; q, start_pos, the caches, the counters and the workspace may be its outputs.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 
@@ -167,27 +150,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   T* ring = reinterpret_cast<T*>(smem + warp * kRingBytes);  // [STAGES][K tile, V tile], tile_off layout
   const T* kg = reinterpret_cast<const T*>(p.k) + b * p.k_bs + kvh * p.k_hs;
   const T* vg = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs;
-  // This warp's tile i starts at key s0 + (warp + i * kWarps) * kTK. The cp.async path zero-fills keys
-  // >= s1 (never reads them); TMA reads whole tiles (zeros past the capacity), so the consumer masks the
-  // scores of keys >= s1 with a select and zeroes the V rows of keys >= s1 (0 * NaN would poison O).
+  // This warp's tile i starts at key s0 + (warp + i * kWarps) * kTK. Keys >= s1 are zero-filled, never
+  // read (a cache slot past the length may hold anything, NaN included); the consumer masks their scores.
   auto load_tile = [&](int i, int st) {
     const int key0 = s0 + (warp + i * kWarps) * kTK;
     T* dk = ring + st * 2 * TILE;
     T* dv = dk + TILE;
-#if MINFER_DECODE_TMA
-    if (tma) {
-      if (lane == 0) {
-        const uint32_t bar = smem_addr(&s_full[warp][st]);
-        sm90::mbar_expect_tx(bar, 2 * TILE_BYTES);
-#pragma unroll
-        for (int h = 0; h < D / 64; ++h) {
-          sm90::tma_load_4d(smem_addr(dk + h * kTK * 64), &tm_k, bar, h * 64, kvh, key0, b);
-          sm90::tma_load_4d(smem_addr(dv + h * kTK * 64), &tm_v, bar, h * 64, kvh, key0, b);
-        }
-      }
-      return;
-    }
-#endif
     const int valid = s1 - key0;
     const T* gk = kg + key0 * p.k_ss;
     const T* gv = vg + key0 * p.v_ss;
@@ -203,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int i = 0; i < STAGES; ++i) {
     if (i < n_my) load_tile(i, i);
-    else if (!tma) cp_async_commit();  // keep one group per stage: the waits count groups
+    else cp_async_commit();  // keep one group per stage: the waits count groups
   }
 
   // Per thread: rows g (index 0) and g + 8 (index 1) of the 16 heads.
@@ -213,29 +181,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.f, 0.f};
 
   int st = 0;
-  uint32_t phase = 0;  // TMA path: parity of the current pass over the ring
   for (int i = 0; i < n_my; ++i) {
     T* tk = ring + st * 2 * TILE;
     T* tv = tk + TILE;
     const int valid = s1 - (s0 + (warp + i * kWarps) * kTK);  // >= 1
-#if MINFER_DECODE_TMA
-    if (tma) {
-      sm90::mbar_wait(smem_addr(&s_full[warp][st]), phase);  // tile i has landed, visible to this lane
-      if (valid < kTK) {
-        // The last tile of the split: rows past s1 may be cache slots past the length (anything, NaN).
-        // Whole 128-byte rows: the swizzle only permutes chunks within a row.
-#pragma unroll
-        for (int h = 0; h < D / 64; ++h)
-          for (int off = valid * 64 + lane * 8; off < kTK * 64; off += 32 * 8)
-            *reinterpret_cast<uint4*>(tv + h * kTK * 64 + off) = make_uint4(0u, 0u, 0u, 0u);
-        __syncwarp();
-      }
-    } else
-#endif
-    {
-      cp_async_wait<STAGES - 1>();  // tile i has landed (this lane's copies) ...
-      __syncwarp();                 // ... and every lane's
-    }
+    cp_async_wait<STAGES - 1>();  // tile i has landed (this lane's copies) ...
+    __syncwarp();                 // ... and every lane's
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0-7, 8-15 of the tile
 #pragma unroll
@@ -297,12 +248,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     __syncwarp();  // every lane is done with slot st: refill it
     if (i + STAGES < n_my) load_tile(i + STAGES, st);
-    else if (!tma) cp_async_commit();
-    if (++st == STAGES) st = 0, phase ^= 1u;
+    else cp_async_commit();
+    if (++st == STAGES) st = 0;
   }
-  if (!tma) cp_async_wait<0>();
+  cp_async_wait<0>();
   __syncwarp();
-#if MINFER_DECODE_TMA
+#if MINFER_DECODE_PDL
   // Every CTA of the grid past its stream (or gone): the next kernel may launch and run its prologue
   // while the partials merge. Its own griddepcontrol.wait still waits for this grid to finish.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -424,13 +375,6 @@ int* split_counters(int64_t n, int device, cudaStream_t stream, const torch::Ten
   return own.data_ptr<int>();
 }
 
-int compute_major(int device) {
-  static int cached[64] = {0};
-  if (device < 0 || device >= 64) return 0;
-  if (cached[device] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&cached[device], cudaDevAttrComputeCapabilityMajor, device));
-  return cached[device];
-}
-
 template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
   auto kernel = flash_decode_kernel<T, D>;
@@ -464,14 +408,8 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
     p.ws_ml = reinterpret_cast<float2*>(p.ws_o + n_o);  // n_o is a multiple of 4: 16-byte aligned
     p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
-  // Hopper: K/V tiles by TMA, maps over the whole caches [batch, capacity, kv_heads, D] (built per call:
-  // a captured graph keeps the pointers they hold).
-  CUtensorMap tm_k{}, tm_v{};
-  p.tma = compute_major(device) == 9 &&
-          sm90::make_rows_map<T>(&tm_k, p.k, D, kv_heads, p.capacity, batch, p.k_hs, p.k_ss, p.k_bs, kTK) &&
-          sm90::make_rows_map<T>(&tm_v, p.v, D, kv_heads, p.capacity, batch, p.v_hs, p.v_ss, p.v_bs, kTK);
-  // Programmatic dependent launch where the code that runs waits for it (the sm_90a build; a compute_80
-  // binary has no griddepcontrol.wait): launch, setup and barrier init overlap the previous kernel.
+  // Programmatic dependent launch where the code that runs waits for it (the sm_90 build; a compute_80
+  // binary has no griddepcontrol.wait): launch and setup overlap the previous kernel.
   static const int ptx_version = [&] {
     cudaFuncAttributes attr;
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -487,7 +425,7 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = pdl;
   config.numAttrs = ptx_version >= 90 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, tm_k, tm_v, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
 }
 
 }  // namespace

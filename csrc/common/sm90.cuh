@@ -1,5 +1,5 @@
 // Hopper (sm_90a) building blocks shared by the wgmma GEMM (csrc/gemm/wgmma_sm90.cu), the flash
-// prefill (csrc/attention/flash_prefill_sm90.cu) and the decode's TMA path (flash_decode.cu):
+// prefill (csrc/attention/flash_prefill_sm90.cu):
 // mbarriers, TMA (cp.async.bulk.tensor) loads, wgmma descriptors and instructions, setmaxnreg; and on
 // the host, the driver's tensor-map encoder and a builder for maps over [batch, seq, heads, D] rows.
 //
@@ -106,11 +106,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
-}
-
-// Pulls a __grid_constant__ tensor map into the TMA unit's cache ahead of its first copy.
-__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
 // Orders this thread's ordinary shared-memory stores before later async-proxy reads (wgmma, TMA).
