@@ -167,6 +167,25 @@ def test_decode_large_batch(batch):
     _check(ours, ref32, lowp, dtype)
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+def test_decode_balanced_segments(hd):
+    # fewer (batch, kv head) pairs than SMs: the CTAs split all tiles evenly, so one long sequence spreads
+    # over most CTAs while single CTAs cover several short pairs (lengths 1 .. 100) back to back
+    dtype = torch.bfloat16
+    starts = [29999, 0, 1, 16, 32, 99, 5, 63, 64, 15, 2, 47]
+    ours, ref32, lowp = _engine_case(len(starts), 1, 8, 2, hd, dtype, starts, capacity=30100)
+    _check(ours, ref32, lowp, dtype)
+
+
+@pytest.mark.parametrize("batch, kv_heads", [(15, 8), (16, 8), (17, 8), (33, 4)])
+def test_decode_pairs_near_sm_count(batch, kv_heads):
+    # pair counts around the SM count (balanced below it, one CTA per pair from it), mixed lengths
+    dtype = torch.float16
+    starts = [int(x) for x in torch.randint(0, 3000, (batch,))]
+    ours, ref32, lowp = _engine_case(batch, 1, 4 * kv_heads, kv_heads, 128, dtype, starts, capacity=3072)
+    _check(ours, ref32, lowp, dtype, f"starts={starts}")
+
+
 def test_engine_fp32_falls_back():
     ours, ref32, _ = _engine_case(2, 5, 4, 2, 64, torch.float32, [0, 3], poison=False)
     torch.testing.assert_close(ours, ref32, atol=1e-5, rtol=1e-5)
