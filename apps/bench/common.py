@@ -33,8 +33,16 @@ def input_sets(case: Case, shape: tuple, dtype: torch.dtype, l2_bytes: int) -> l
     return [case.make_inputs(shape, dtype) for _ in range(n)]
 
 
-def time_us(fn: Callable[..., object], sets: list[dict], reps: int = 20, graph: bool = True) -> float:
-    """Median µs per call, cycling through `sets`. With graph=True one replay runs every set once."""
+# GPU cycles of busy-wait enqueued before each timed region (~100 µs): the host records the start
+# event and submits the work while the GPU is still busy, so the region holds the GPU's work alone and
+# not the host's launch latency (which otherwise lands inside it whenever the GPU sits idle).
+HOLD_CYCLES = 200_000
+
+
+def time_us(fn: Callable[..., object], sets: list[dict], reps: int = 20, graph: bool = True,
+            hold: bool = True) -> float:
+    """Median µs per call, cycling through `sets`. With graph=True one replay runs every set once.
+    hold=False leaves the host's launch latency in the timing (the GPU idles until the work arrives)."""
     for s in sets[:2]:
         fn(**s)  # warm-up: module load, autotuning, allocator
     torch.cuda.synchronize()
@@ -59,6 +67,8 @@ def time_us(fn: Callable[..., object], sets: list[dict], reps: int = 20, graph: 
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if hold:
+            torch.cuda._sleep(HOLD_CYCLES)
         start.record()
         run()
         end.record()
