@@ -58,6 +58,7 @@ def main(argv=None) -> int:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copy_gbs = copy_bandwidth_gbs()
     print(f"# {torch.cuda.get_device_name(0)} | copy bandwidth {copy_gbs:.0f} GB/s (read + write)")
+    hold = not args.host_latency
     names = sorted(cases) if args.kernel == "all" else [args.kernel]
     rows = []
     for name in names:
@@ -67,14 +68,13 @@ def main(argv=None) -> int:
         if args.path and args.path not in case.paths:
             print(f"{name}: no path {args.path!r} (has {', '.join(case.paths) or 'none'})", file=sys.stderr)
             return 2
-        print(f"\n## {name}{f' --path {args.path}' if args.path else ''}{' --host-latency' if args.host_latency else ''}"
-              f"  ({case.shape_names})")
+        flags = (f" --path {args.path}" if args.path else "") + (" --host-latency" if args.host_latency else "")
+        print(f"\n## {name}{flags}  ({case.shape_names})")
         print(f"{'dtype':>9} {'shape':>22} {'ref us':>10} {'minfer us':>10} {'speedup':>8} {'GB/s':>8} "
               f"{'%copy':>6} {'TFLOP/s':>8} {'%ref':>6}")
         for dtype in dtypes:
             for shape in args.shape or case.shapes:
                 sets = input_sets(case, shape, dtype, l2)
-                hold = not args.host_latency
                 ref_us = time_us(case.ref, sets, args.reps, hold=hold) if args.which in ("ref", "both") else float("nan")
                 our_us = time_us(mine, sets, args.reps, hold=hold) if args.which in ("minfer", "both") else float("nan")
                 best = our_us if args.which != "ref" else ref_us

@@ -168,9 +168,9 @@ def test_decode_large_batch(batch):
 
 
 @pytest.mark.parametrize("hd", [64, 128])
-def test_decode_balanced_segments(hd):
-    # fewer (batch, kv head) pairs than SMs: the CTAs split all tiles evenly, so one long sequence spreads
-    # over most CTAs while single CTAs cover several short pairs (lengths 1 .. 100) back to back
+def test_decode_long_beside_short(hd):
+    # 24 (batch, kv head) pairs share the splits chosen from the capacity: the 30k sequence merges all of
+    # them, the 1..100-key ones use one or two and their other CTAs exit at once
     dtype = torch.bfloat16
     starts = [29999, 0, 1, 16, 32, 99, 5, 63, 64, 15, 2, 47]
     ours, ref32, lowp = _engine_case(len(starts), 1, 8, 2, hd, dtype, starts, capacity=30100)
@@ -179,7 +179,7 @@ def test_decode_balanced_segments(hd):
 
 @pytest.mark.parametrize("batch, kv_heads", [(15, 8), (16, 8), (17, 8), (33, 4)])
 def test_decode_pairs_near_sm_count(batch, kv_heads):
-    # pair counts around the SM count (balanced below it, one CTA per pair from it), mixed lengths
+    # 120-136 (batch, kv head) pairs around 132 SMs: one split each, 136 spill into a second wave; mixed lengths
     dtype = torch.float16
     starts = [int(x) for x in torch.randint(0, 3000, (batch,))]
     ours, ref32, lowp = _engine_case(batch, 1, 4 * kv_heads, kv_heads, 128, dtype, starts, capacity=3072)
