@@ -72,13 +72,14 @@ def _nan_next(m, n, dtype):
 
 
 # gemv: 16-row W tiles, 32-wide k steps of four 8-element chunks (K % 32 != 0 leaves a partial step),
-# one or two n8 tiles of A rows (M <= 8, <= 16; forced M = 40 walks blocks of 16 along grid.y). The last
-# three shapes take the other launch configurations (launch_best in gemv.cu) as a 132-SM GPU picks
-# them: 4-step rounds at 3 CTAs per SM (6136 rows), 8-step rounds at 2 (2040 rows) and the even split
-# of many tiles over one wave of warps (28680 rows).
+# one or two n8 tiles of A rows (M <= 8, <= 16; forced M = 40 walks blocks of 16 along grid.y). Shapes
+# 6136, 2040 and 28680 rows take the other launch configurations (launch_best in gemv.cu) as a 132-SM
+# GPU picks them: 4-step rounds at 3 CTAs per SM, 8-step rounds at 2 and the even split of many tiles
+# over one wave of warps. M = 1 with few rows and K >= 2048 runs gemv_m1_kernel on row pairs, 256-wide k
+# steps: odd N leaves half a pair, and 2040 x 8200 and 37 x 16392 split K over 2 and 8 warps.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("nk", [(1000, 584), (4099, 56), (37, 8), (1000, 4104), (6136, 4104), (2040, 8200),
-                                (28680, 1000)])
+                                (28680, 1000), (1001, 2056), (37, 16392)])
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 40])
 def test_gemv_path(m, nk, dtype):
     ops = _ops()
@@ -105,11 +106,12 @@ def test_gemv_path_many_tiles(m, dtype):
 
 # On Hopper gemv launches as a programmatic dependent of the previous kernel and prefetches W to L2
 # before its dependency wait: X and W written by the kernel just before must still be read fresh,
-# eagerly and inside a CUDA graph.
-def test_gemv_chained_dependencies():
+# eagerly and inside a CUDA graph (M = 1, K >= 2048: the row-pair kernel; M = 3: the tiles).
+@pytest.mark.parametrize("m, n", [(3, 1032), (1, 2056)])
+def test_gemv_chained_dependencies(m, n):
     ops = _ops()
-    dtype, n = torch.float16, 1032
-    x0, w0 = _rand(3, n, dtype=dtype), _rand(n, n, dtype=dtype) / n ** 0.5
+    dtype = torch.float16
+    x0, w0 = _rand(m, n, dtype=dtype), _rand(n, n, dtype=dtype) / n ** 0.5
 
     def chain(x, w, linear):
         for i in range(4):

@@ -16,6 +16,9 @@
 // KB) stays resident in L1/L2 and is re-read per tile. Larger M (forced path) walks 16-row blocks of
 // A along grid.y, re-reading W once per block.
 //
+// M = 1 on small W (every warp one row pair, or a K slice of one) runs gemv_m1_kernel instead: two
+// W rows per warp in 512-byte runs, the mma's 16 rows being 8 segments of each (see there).
+//
 // Fixed costs (a 32 MB W streams in 8 us): on Hopper the kernel is launched as a programmatic
 // dependent of the previous kernel in the stream and lets its own dependents launch at once, so
 // its CTAs can be resident while the previous grid drains. Before griddepcontrol.wait, which
@@ -82,43 +85,43 @@ __device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint4& wa, c
   }
 }
 
-// acc += W rows (n0, n0 + 8) . X rows over 32-wide k steps [s_begin, s_end), in rounds of U steps
-// whose loads are all issued before the first mma. wa / wb / xp point at this thread's chunk t of
-// step 0; rows that are off (a_ok, b_ok, x_ok false) read nothing and give zeros.
-template <typename T, int NT, int U>
+// acc += W rows . X rows over k steps [s_begin, s_end) of STEP 8-element chunks, in rounds of U steps
+// whose loads are all issued before the first mma. wa / wb / xp point at this thread's chunk c of
+// step 0 (c = t: four chunks per step, W rows n0 and n0 + 8; c = 4g + t: see gemv_m1_kernel); rows
+// that are off (a_ok, b_ok, x_ok false) read nothing and give zeros.
+template <typename T, int NT, int U, int STEP = 4>
 __device__ __forceinline__ void accumulate(float (&acc)[NT][4], const uint4* wa, const uint4* wb, bool a_ok, bool b_ok,
                                            const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s_begin,
-                                           int s_end, int chunks, int t) {
+                                           int s_end, int chunks, int c) {
   for (int s0 = s_begin; s0 < s_end; s0 += U) {
     uint4 va[U], vb[U], vx[U][NT];
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // the round's W loads first: they carry the latency
       const int s = s0 + u;
-      const bool ok = s < s_end && 4 * s + t < chunks;  // past the warp's slice or K's tail: zeros
-      va[u] = ld_w(wa + 4 * (int64_t)s, ok && a_ok);
-      vb[u] = ld_w(wb + 4 * (int64_t)s, ok && b_ok);
+      const bool ok = s < s_end && STEP * s + c < chunks;  // past the warp's slice or K's tail: zeros
+      va[u] = ld_w(wa + STEP * (int64_t)s, ok && a_ok);
+      vb[u] = ld_w(wb + STEP * (int64_t)s, ok && b_ok);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int s = s0 + u;
-      const bool ok = s < s_end && 4 * s + t < chunks;
+      const bool ok = s < s_end && STEP * s + c < chunks;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) vx[u][nt] = ld_x(xp[nt] + 4 * (int64_t)s, ok && x_ok[nt]);
+      for (int nt = 0; nt < NT; ++nt) vx[u][nt] = ld_x(xp[nt] + STEP * (int64_t)s, ok && x_ok[nt]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
   }
 }
 
-// Hopper kernel boundary (see the top of the file): lanes 0-15 ask L2 for the first round of the
-// warp's first tile, one bulk prefetch per W row, before waiting for the previous grid.
+// Hopper kernel boundary (see the top of the file): lanes 0 .. rows - 1 ask L2 for 16-byte chunks
+// [c0, c1) of W rows row0 .. row0 + rows - 1 (the warp's first round), before waiting for the
+// previous grid.
 template <typename T>
-__device__ __forceinline__ void prefetch_then_wait(const Params<T, T>& p, int tile, int s_begin, int s_end, int U,
-                                                   int chunks, int lane) {
+__device__ __forceinline__ void prefetch_then_wait(const Params<T, T>& p, int row0, int rows, int c0, int c1, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane < 16 && s_end > s_begin && tile * 16 + lane < p.N) {
-    const int c0 = 4 * s_begin, c1 = min(chunks, 4 * min(s_end, s_begin + U));
-    const T* row = p.B + (int64_t)(tile * 16 + lane) * p.sbn + 8 * c0;
+  if (lane < rows && c1 > c0 && row0 + lane < p.N) {
+    const T* row = p.B + (int64_t)(row0 + lane) * p.sbn + 8 * c0;
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(16 * (c1 - c0)) : "memory");
   }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the previous kernel's writes are visible from here
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
   const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
   const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
 
-  prefetch_then_wait(p, tile, s_begin, s_end, U, chunks, lane);
+  prefetch_then_wait(p, tile * 16, 16, 4 * s_begin, min(chunks, 4 * min(s_end, s_begin + U)), lane);
 
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
   for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params<T
   const int64_t tiles = (p.N + 15) / 16;
   const int t_begin = (int)(gw * tiles / warps), t_end = (int)((gw + 1) * tiles / warps);
   const int chunks = p.K / 8, steps = (chunks + 3) / 4;
-  prefetch_then_wait(p, t_begin, 0, t_begin < t_end ? steps : 0, U, chunks, lane);
+  prefetch_then_wait(p, t_begin * 16, t_begin < t_end ? 16 : 0, 0, min(chunks, 4 * U), lane);
 
   bool x_ok[NT];
   const uint4* xp[NT];
@@ -223,6 +226,61 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params<T
         const int m = nt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
         if (m < p.M && n < p.N) store_out(p, m, n, acc[nt][i]);
       }
+  }
+}
+
+// M = 1: W rows in pairs, each read in long runs. The 16 A rows of the mma are two W rows cut into
+// 8 segments of 32 elements (fragment rows g and g + 8: segment g of rows n0 and n0 + 1), and the 8 B
+// columns are the same 8 segments of x, so the wanted sums are the diagonals D[g][g] and D[g + 8][g]
+// (the other 112 products are wasted; the tensor cores have the room). A k step is then 256 elements:
+// each load instruction of the warp reads 512 contiguous bytes of one row, and a round of U steps
+// 4 KB of each of two rows, where the 16-row tiles read 512 bytes of each of 16 rows. Warps in
+// groups of KS = 2^ks_log2 split K; the groups of the grid take equal contiguous ranges of pairs
+// (at most one pair apart), and a group meets in shared memory per pair.
+template <typename T, int U>
+__global__ void __launch_bounds__(kThreads, 2) gemv_m1_kernel(const Params<T, T> p, int ks_log2) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int ks = 1 << ks_log2, split = warp & (ks - 1), group_in_cta = warp >> ks_log2;
+  const int64_t groups = (int64_t)gridDim.x * (kWarps >> ks_log2);
+  const int64_t group = (int64_t)blockIdx.x * (kWarps >> ks_log2) + group_in_cta, pairs = (p.N + 1) / 2;
+  const int pr_begin = (int)(group * pairs / groups), pr_end = (int)((group + 1) * pairs / groups);
+  const int chunks = p.K / 8, steps = (chunks + 31) / 32, c = 4 * g + t;  // c: this thread's chunk of a step
+  const int s_begin = (split * steps) >> ks_log2, s_end = ((split + 1) * steps) >> ks_log2;
+  prefetch_then_wait(p, 2 * pr_begin, pr_begin < pr_end ? 2 : 0, 32 * s_begin,
+                     min(chunks, 32 * min(s_end, s_begin + U)), lane);
+
+  const uint4* const xp[1] = {reinterpret_cast<const uint4*>(p.A) + c};
+  const bool x_ok[1] = {true};
+  __shared__ float partial[2][kWarps][2];  // [pair parity][warp][row of the pair]
+  for (int pr = pr_begin, parity = 0; pr < pr_end; ++pr, parity ^= 1) {
+    const int n0 = 2 * pr;
+    const bool b_ok = n0 + 1 < p.N;
+    const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)n0 * p.sbn) + c;
+    const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 1 : n0) * p.sbn) + c;
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    accumulate<T, 1, U, 32>(acc, wa, wb, true, b_ok, xp, x_ok, s_begin, s_end, chunks, c);
+    // Thread (g, t) holds D[g][2t + e] in acc[e] and D[g + 8][2t + e] in acc[2 + e]: the diagonal is
+    // at t = g / 2, e = g % 2.
+    const bool diag = t == (g >> 1), odd = g & 1;
+    float r0 = diag ? (odd ? acc[0][1] : acc[0][0]) : 0.f, r1 = diag ? (odd ? acc[0][3] : acc[0][2]) : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      r0 += __shfl_xor_sync(0xffffffffu, r0, o);
+      r1 += __shfl_xor_sync(0xffffffffu, r1, o);
+    }
+    if (ks > 1) {
+      // Alternate buffers per pair: a warp writes this parity again only after the next pair's
+      // barrier, which the group's first warp reaches after reading it.
+      if (lane == 0) partial[parity][warp][0] = r0, partial[parity][warp][1] = r1;
+      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group_in_cta), "r"(32 * ks) : "memory");
+      if (split != 0) continue;
+      r0 = r1 = 0.f;
+      for (int w = 0; w < ks; ++w) r0 += partial[parity][warp + w][0], r1 += partial[parity][warp + w][1];
+    }
+    if (lane == 0) {
+      store_out(p, 0, n0, r0);
+      if (b_ok) store_out(p, 0, n0 + 1, r1);
+    }
   }
 }
 
@@ -279,7 +337,9 @@ Variant<T> variant() {
 // on 396). So among the variants (first = preferred) and K splits, keep the configurations whose
 // CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
 // warps get at least one full round; take the one with the most CTAs. With far more tiles than that
-// (28672 x 4096, lm_head), gemv_stream_kernel: one wave whose warps split the tiles evenly. The rest
+// (28672 x 4096, lm_head), gemv_stream_kernel<NT, U>: one wave whose warps split the tiles evenly (for
+// M 9..16 with 6-step rounds: 128256 x 2048 141.6 -> 138.3 us, 128256 x 4096 261.6 -> 254.8, where
+// the CTAs of 16 x 4096 x 14336, 16384 x 2048 and the SmolLM2 shapes ran equal or slower). The rest
 // (too few tiles to balance) take the first variant with the smallest K split that gives every SM
 // about two CTAs: 3072 x 2048 takes KS = 8 (192 CTAs of one tile).
 template <typename T, int NT, int U>
@@ -320,14 +380,36 @@ void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> varian
 
 }  // namespace
 
+// M = 1 and few rows: gemv_m1_kernel when every resident warp can take one pair (or one K slice of
+// one) in at most two rounds, with the smallest K split that keeps 90% of the warps busy while each
+// still gets a full round. Measured against the 16-row tiles (H200, fp16, us): 4096 x 4096 10.5 ->
+// 10.2, 2048 x 8192 11.4 -> 10.7, 3072 x 2048 5.8 -> 5.4; but where warps take several pairs or
+// long slices the 16-row tiles stream faster (6144 x 4096 13.9 -> 14.6, 4096 x 14336 30.3 -> 30.9,
+// 128256 x 4096 246 -> 257), so those keep them. Returns false where it does not apply.
+template <typename T, int U>
+bool launch_gemv_m1(const Params<T, T>& p, cudaStream_t stream) {
+  if (p.M != 1) return false;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static const int per_sm = ctas_per_sm(gemv_m1_kernel<T, U>);
+  const int64_t resident = int64_t(per_sm) * num_sms(device), pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
+  int l = 0;
+  while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;
+  if (steps < U || (pairs << l) > resident * kWarps || (steps >> l) > 2 * U) return false;
+  const int64_t grid = std::min<int64_t>(resident, ((pairs << l) + kWarps - 1) / kWarps);
+  launch_pdl(gemv_m1_kernel<T, U>, dim3((unsigned)grid), stream, p, l);
+  return true;
+}
+
 template <typename T>
 void launch_gemv(const Params<T, T>& p, cudaStream_t s) {
   // Per warp in flight: U steps of 16 rows x 64 bytes. U = 8 (<= 128 registers): 2 CTAs per SM;
   // U = 4 (<= 80): 3. (16-warp CTAs, one per SM, gained nothing at 2048 x 8192: 11.6 us either way.)
+  if (launch_gemv_m1<T, 8>(p, s)) return;
   if (p.M <= 8)
     launch_best<T, 1, 8>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, 8, s);
-  else  // two n8 tiles: fewer steps per round for the X registers
-    launch_best<T, 2, 4>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, 16, s);
+  else  // two n8 tiles: fewer steps per round for the X registers; 6 in the many-tile stream (see launch_best)
+    launch_best<T, 2, 6>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, 16, s);
 }
 template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t);
 template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);

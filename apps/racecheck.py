@@ -1,8 +1,10 @@
-"""Runs every attention kernel once on small awkward shapes, for `compute-sanitizer --tool racecheck`.
+"""Runs our kernels that share data through shared memory once on small awkward shapes, for
+`compute-sanitizer --tool racecheck`: every attention kernel, and the gemv path's K splits (warps of a
+CTA meeting in shared memory).
 
-The attention tests also launch torch's own SDPA for their references, and racecheck reports that kernel's
-shared-memory hazards too; this script launches only ours:
-    compute-sanitizer --tool racecheck python apps/race_attention.py
+The tests also launch torch's own kernels (SDPA, cuBLAS) for their references, and racecheck reports
+their shared-memory hazards too; this script launches only ours:
+    compute-sanitizer --tool racecheck python apps/racecheck.py
 """
 import torch
 
@@ -20,5 +22,10 @@ for hd in (64, 128):
     kernels.flash_attention(x, x, x, is_causal=True)
     kernels.tiled_attention(x, x, x, is_causal=True)
     kernels.naive_attention(x[:, :, :64], x, x)
+
+# gemv: 16-row tiles with K split over 8 warps (M = 3), row pairs with K split over 8 and 2 warps (M = 1).
+for m, n, k in ((3, 37, 4104), (1, 37, 16392), (1, 2040, 8200)):
+    x, w = torch.randn(m, k, **opts), torch.randn(n, k, **opts)
+    torch.ops.minfer.linear(x, w, None, "gemv")
 torch.cuda.synchronize()
-print("race_attention: done")
+print("racecheck: done")
