@@ -76,7 +76,7 @@ def _nan_next(m, n, dtype):
 # 6136, 2040 and 28680 rows take the other launch configurations (launch_best in gemv.cu) as a 132-SM
 # GPU picks them: 4-step rounds at 3 CTAs per SM, 8-step rounds at 2 and the even split of many tiles
 # over one wave of warps. M = 1 with few rows and K >= 2048 runs gemv_m1_kernel on row pairs, 256-wide k
-# steps: odd N leaves half a pair, and 2040 x 8200 and 37 x 16392 split K over 2 and 8 warps.
+# steps: odd N leaves half a pair, and (on 132 SMs) 2040 x 8200 and 37 x 16392 split K over 2 and 8 warps.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("nk", [(1000, 584), (4099, 56), (37, 8), (1000, 4104), (6136, 4104), (2040, 8200),
                                 (28680, 1000), (1001, 2056), (37, 16392)])
