@@ -16,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench.common import Case, copy_bandwidth_gbs, input_sets, time_us  # noqa: E402
+from bench.common import Case, copy_bandwidth_gbs, input_sets, time_many  # noqa: E402
 
 FAMILIES = ("memory", "gemm", "attention")
 
@@ -75,8 +75,11 @@ def main(argv=None) -> int:
         for dtype in dtypes:
             for shape in args.shape or case.shapes:
                 sets = input_sets(case, shape, dtype, l2)
-                ref_us = time_us(case.ref, sets, args.reps, hold=hold) if args.which in ("ref", "both") else float("nan")
-                our_us = time_us(mine, sets, args.reps, hold=hold) if args.which in ("minfer", "both") else float("nan")
+                # both: ref and minfer take turns rep by rep (time_many), so neither gets the cooler GPU.
+                fns = {"ref": [case.ref], "minfer": [mine], "both": [case.ref, mine]}[args.which]
+                us = time_many(fns, sets, args.reps, hold=hold)
+                ref_us = us[0] if args.which != "minfer" else float("nan")
+                our_us = us[-1] if args.which != "ref" else float("nan")
                 best = our_us if args.which != "ref" else ref_us
                 gbs = case.bytes(shape, dtype) / (best * 1e-6) / 1e9
                 tflops = case.flops(shape) / (best * 1e-6) / 1e12 if case.flops else float("nan")

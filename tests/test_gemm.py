@@ -142,10 +142,13 @@ def test_gemv_chained_dependencies(m, n):
     torch.testing.assert_close(out.float(), ref, **tol)
 
 
-# sm90 tiles are 128 x 256 x 64 and the grid is persistent (one CTA per SM): tails in M, N and K,
-# N odd (element-wise stores) and N % 8 == 0 (16-byte stores), one K step (40) and several, and
-# 396 / 272 tiles (2-3 per SM on 132 SMs, so the pipeline ring runs on across tiles).
-SM90_SHAPES = [(113, 257, 72), (300, 2056, 40), (4097, 1000, 328), (4097, 3000, 136), (2100, 4095, 200)]
+# sm90 tiles are 128 x 256 x 64 (128 x 128 where that needs fewer rounds) and the grid is persistent
+# (one CTA per SM): tails in M, N and K, N odd (element-wise stores) and N % 8 == 0 (16-byte stores),
+# one K step (40) and several, 396 tiles (3 whole rounds on 132 SMs, so the pipeline ring runs on
+# across tiles), partial last rounds (272 and 160 tiles; 160 with 16 K steps and a K tail) and fewer
+# tiles than SMs (72).
+SM90_SHAPES = [(113, 257, 72), (300, 2056, 40), (4097, 1000, 328), (4097, 3000, 136), (2100, 4095, 200),
+               (1000, 5000, 1000), (1000, 2100, 520)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,

@@ -39,43 +39,58 @@ def input_sets(case: Case, shape: tuple, dtype: torch.dtype, l2_bytes: int) -> l
 HOLD_CYCLES = 200_000
 
 
-def time_us(fn: Callable[..., object], sets: list[dict], reps: int = 20, graph: bool = True,
-            hold: bool = True) -> float:
-    """Median µs per call, cycling through `sets`. With graph=True one replay runs every set once.
-    hold=False leaves the host's launch latency in the timing (the GPU idles until the work arrives)."""
+def _runner(fn: Callable[..., object], sets: list[dict], graph: bool) -> Callable[[], None]:
+    """One call of fn per set, as a CUDA graph replay (graph=True) or eagerly."""
     for s in sets[:2]:
         fn(**s)  # warm-up: module load, autotuning, allocator
     torch.cuda.synchronize()
-    if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for s in sets:
-                fn(**s)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for s in sets:
-                fn(**s)
-        run = g.replay
-    else:
+    if not graph:
         def run():
             for s in sets:
                 fn(**s)
-    run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if hold:
-            torch.cuda._sleep(HOLD_CYCLES)
-        start.record()
+        return run
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for s in sets:
+            fn(**s)
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for s in sets:
+            fn(**s)
+    return g.replay
+
+
+def time_many(fns: list[Callable[..., object]], sets: list[dict], reps: int = 20, graph: bool = True,
+              hold: bool = True) -> list[float]:
+    """Median µs per call of each fn, cycling through `sets`; one replay runs every set once.
+    The fns take turns rep by rep (the first one rotating), so a drift of the GPU's clocks or
+    temperature over the run weighs on all of them alike instead of on whichever runs last.
+    hold=False leaves the host's launch latency in the timing (the GPU idles until the work arrives)."""
+    runs = [_runner(fn, sets, graph) for fn in fns]
+    for run in runs:
         run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / len(sets))
-    times.sort()
-    return times[len(times) // 2]
+    torch.cuda.synchronize()
+    times: list[list[float]] = [[] for _ in fns]
+    for rep in range(reps):
+        for j in range(len(runs)):
+            i = (rep + j) % len(runs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if hold:
+                torch.cuda._sleep(HOLD_CYCLES)
+            start.record()
+            runs[i]()
+            end.record()
+            end.synchronize()
+            times[i].append(start.elapsed_time(end) * 1000.0 / len(sets))
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
+def time_us(fn: Callable[..., object], sets: list[dict], reps: int = 20, graph: bool = True,
+            hold: bool = True) -> float:
+    """Median µs per call of one fn (see time_many)."""
+    return time_many([fn], sets, reps, graph, hold)[0]
 
 
 def copy_bandwidth_gbs() -> float:
