@@ -13,9 +13,10 @@
 // Persistent: min(tiles, SMs) CTAs each walk tiles blockIdx.x, + gridDim.x, ... in a grouped order
 // (tile_origin); the mbarrier ring runs on across tiles, so the producer loads the next tile while
 // the consumers store this one.
-// Epilogue: alpha, bias and beta * C are applied in fp32 in registers (epilogue_value), the rounded
-// outputs go through a small swizzled shared buffer per consumer warpgroup (not the pipeline
-// stages, which the producer is already refilling) and leave as coalesced 16-byte stores.
+// Epilogue: alpha, bias and beta * C are applied in fp32 in registers (epilogue_value; the C term is
+// compiled only into the kernels launched with a C), the rounded outputs go through a small swizzled
+// shared buffer per consumer warpgroup (not the pipeline stages, which the producer is already
+// refilling) and leave as coalesced 16-byte stores.
 // Out-of-bounds rows/columns are zero-filled by TMA; the epilogue stores with bounds checks.
 // Requirements (checked by the dispatcher): K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases.
 #include "common/checks.h"
@@ -139,7 +140,7 @@ struct Ring {
 
 #endif  // sm_90a
 
-template <typename T, int BN>
+template <typename T, int BN, bool kWithC>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                  const Params<T, T> p) {
@@ -228,8 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int h = 0; h < 2; ++h) {
             const int j = q * (kEpiCols / 8) + jj, r = warp * 16 + g + h * 8;
             const int m = m0 + c * 64 + r, n = n0 + j * 8 + t4 * 2;
-            const T pair[2] = {from_float<T>(epilogue_value(p, m, n, acc[4 * j + 2 * h])),
-                               from_float<T>(epilogue_value(p, m, n + 1, acc[4 * j + 2 * h + 1]))};
+            const T pair[2] = {from_float<T>(epilogue_value<kWithC>(p, m, n, acc[4 * j + 2 * h])),
+                               from_float<T>(epilogue_value<kWithC>(p, m, n + 1, acc[4 * j + 2 * h + 1]))};
             *reinterpret_cast<uint32_t*>(buf + r * 128 + ((jj ^ g) << 4) + t4 * 4) =
                 *reinterpret_cast<const uint32_t*>(pair);
           }
@@ -276,11 +277,11 @@ CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride, int box_
   return map;
 }
 
-template <typename T, int BN>
+template <typename T, int BN, bool kWithC>
 void launch(const Params<T, T>& p, cudaStream_t stream, int grid, const CUtensorMap& map_a) {
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, BN);
-  auto kernel = wgmma_kernel<T, BN>;
+  auto kernel = wgmma_kernel<T, BN, kWithC>;
   static bool configured = [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN>()));
     return true;
@@ -307,8 +308,9 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms) {
   const int64_t tiles = narrow ? t128 : t256;
   MINFER_CHECK(tiles < (int64_t(1) << 31), "linear: sm90 path: too many output tiles (" + std::to_string(tiles) + ")");
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
-  if (narrow) launch<T, 128>(p, stream, grid, map_a);
-  else launch<T, 256>(p, stream, grid, map_a);
+  // The C term of the epilogue is compiled in only where there is a C (gemm with beta != 0).
+  if (narrow) (p.C ? launch<T, 128, true> : launch<T, 128, false>)(p, stream, grid, map_a);
+  else (p.C ? launch<T, 256, true> : launch<T, 256, false>)(p, stream, grid, map_a);
 }
 template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int);
 template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int);
