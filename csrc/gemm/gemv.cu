@@ -331,25 +331,48 @@ Variant<T> variant() {
   return {&launch_variant<T, NT, U, MIN_BLOCKS>, U, per_sm};
 }
 
+// Far more tiles than resident warps (the lm_heads, 28672 x 4096): gemv_stream_kernel<NT, U>, one
+// wave whose warps split the tiles evenly, where CTAs of whole tiles would leave SMs with one CTA
+// more than others. Returns false where it does not apply: fewer tiles than half the warps, or SMs
+// more than ~10% apart.
+template <typename T, int NT, int U>
+bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
+  static const int per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U>);
+  const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
+  const double tiles_per_sm = double(tiles) / sms;
+  if (tiles * 2 < grid * kWarps || tiles_per_sm / std::ceil(tiles_per_sm) < 0.9) return false;
+  launch_pdl(gemv_stream_kernel<T, NT, U>, dim3((unsigned)grid), stream, p);
+  return true;
+}
+
 // The stream runs fastest when every CTA is resident from the start and the SMs carry equal shares:
 // a second, partial wave runs with a fraction of the bytes in flight, and an SM with one CTA more
 // than its neighbours finishes last (6144 x 4096 took 17.3 us as 384 CTAs on 264 slots, 14.5 us
-// on 396). So among the variants (first = preferred) and K splits, keep the configurations whose
-// CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
-// warps get at least one full round; take the one with the most CTAs. With far more tiles than that
-// (28672 x 4096, lm_head), gemv_stream_kernel<NT, U>: one wave whose warps split the tiles evenly (for
-// M 9..16 with 6-step rounds: 128256 x 2048 141.6 -> 138.3 us, 128256 x 4096 261.6 -> 254.8, where
-// the CTAs of 16 x 4096 x 14336, 16384 x 2048 and the SmolLM2 shapes ran equal or slower). The rest
-// (too few tiles to balance) take the first variant with the smallest K split that gives every SM
-// about two CTAs: 3072 x 2048 takes KS = 8 (192 CTAs of one tile).
-template <typename T, int NT, int U>
-void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> variants, int rows_per_block,
-                 cudaStream_t stream) {
+// on 396).
+// - Where it applies (M <= 8 * NT), gemv_stream_kernel comes first. Its round is U_BIG or U_SMALL
+//   steps, whichever leaves fewer slots idle in a tile's last round (U_BIG on a tie): K = 576 is 18
+//   steps, 3 rounds of 6 where rounds of 8 idle 6 of 24 slots (1 x 49152 x 576, fp16, H200: CTAs
+//   of 4-step rounds 17.3 us, stream of 8-step rounds 17.5, of 6-step rounds 16.1); at M = 16,
+//   K = 4096 takes 32 rounds of 4, not 22 of 6 (16 x 28672 x 4096: 66.0 -> 63.3 us; 128256 x 4096
+//   loses ~1.5%).
+// - Otherwise, among the variants (first = preferred) and K splits, keep the configurations whose
+//   CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
+//   warps get at least one full round; take the one with the most CTAs.
+// - The rest (too few tiles to balance) take the first variant with the smallest K split that gives
+//   every SM about two CTAs: 3072 x 2048 takes KS = 8 (192 CTAs of one tile).
+template <typename T, int NT, int U_BIG, int U_SMALL>
+void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> variants, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const int sms = num_sms(device);
-  const int64_t grid_y = std::min<int64_t>((p.M + rows_per_block - 1) / rows_per_block, 65535);
+  const int64_t grid_y = std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
   const int64_t tiles = (p.N + 15) / 16, steps = (p.K / 8 + 3) / 4;  // 16-row tiles, 32-wide k steps
+  if (grid_y == 1) {
+    auto idle = [&](int u) { return (steps + u - 1) / u * u - steps; };
+    if (idle(U_BIG) <= idle(U_SMALL) ? launch_stream<T, NT, U_BIG>(p, sms, stream)
+                                     : launch_stream<T, NT, U_SMALL>(p, sms, stream))
+      return;
+  }
   auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
   auto balance = [&](double per_sm) { return per_sm / std::ceil(per_sm); };  // average / heaviest SM
   const Variant<T>* best = nullptr;
@@ -360,14 +383,6 @@ void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> varian
       const int64_t n = ctas(l);
       if (n > int64_t(v.per_sm) * sms || balance(double(n) / sms) < 0.9 || (steps >> l) < v.u) continue;
       if (n > best_ctas) best = &v, best_ks = l, best_ctas = n;
-    }
-  }
-  if (best == nullptr && grid_y == 1) {
-    static const int stream_per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U>);
-    const int64_t grid = int64_t(stream_per_sm) * sms;
-    if (tiles * 2 >= grid * kWarps && balance(double(tiles) / sms) >= 0.9) {  // >= half the warps busy
-      launch_pdl(gemv_stream_kernel<T, NT, U>, dim3((unsigned)grid), stream, p);
-      return;
     }
   }
   if (best == nullptr) {
@@ -407,9 +422,9 @@ void launch_gemv(const Params<T, T>& p, cudaStream_t s) {
   // U = 4 (<= 80): 3. (16-warp CTAs, one per SM, gained nothing at 2048 x 8192: 11.6 us either way.)
   if (launch_gemv_m1<T, 8>(p, s)) return;
   if (p.M <= 8)
-    launch_best<T, 1, 8>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, 8, s);
-  else  // two n8 tiles: fewer steps per round for the X registers; 6 in the many-tile stream (see launch_best)
-    launch_best<T, 2, 6>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, 16, s);
+    launch_best<T, 1, 8, 6>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s);
+  else  // two n8 tiles: fewer steps per round for the X registers
+    launch_best<T, 2, 6, 4>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, s);
 }
 template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t);
 template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);
