@@ -306,6 +306,9 @@ void launch_pdl(Kernel kernel, dim3 grid, cudaStream_t stream, Args... args) {
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
+// Work per SM, average over heaviest: `per_sm` units spread over the SMs, whole units each.
+inline double sm_balance(double per_sm) { return per_sm / std::ceil(per_sm); }
+
 template <typename Kernel>
 int ctas_per_sm(Kernel kernel) {
   int n = 0;
@@ -339,8 +342,7 @@ template <typename T, int NT, int U>
 bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
   static const int per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U>);
   const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
-  const double tiles_per_sm = double(tiles) / sms;
-  if (tiles * 2 < grid * kWarps || tiles_per_sm / std::ceil(tiles_per_sm) < 0.9) return false;
+  if (tiles * 2 < grid * kWarps || sm_balance(double(tiles) / sms) < 0.9) return false;
   launch_pdl(gemv_stream_kernel<T, NT, U>, dim3((unsigned)grid), stream, p);
   return true;
 }
@@ -374,14 +376,13 @@ void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> varian
       return;
   }
   auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
-  auto balance = [&](double per_sm) { return per_sm / std::ceil(per_sm); };  // average / heaviest SM
   const Variant<T>* best = nullptr;
   int best_ks = 0;
   int64_t best_ctas = 0;
   for (const Variant<T>& v : variants) {
     for (int l = 0; (kWarps >> l) >= 1; ++l) {
       const int64_t n = ctas(l);
-      if (n > int64_t(v.per_sm) * sms || balance(double(n) / sms) < 0.9 || (steps >> l) < v.u) continue;
+      if (n > int64_t(v.per_sm) * sms || sm_balance(double(n) / sms) < 0.9 || (steps >> l) < v.u) continue;
       if (n > best_ctas) best = &v, best_ks = l, best_ctas = n;
     }
   }
