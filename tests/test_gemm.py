@@ -107,11 +107,14 @@ def test_gemv_path_many_tiles(m, dtype):
     _check(ops.linear(x, w, None, "gemv"), F.linear(x, w), x.double() @ w.double().t(), dtype)
 
 
-# On Hopper gemv launches as a programmatic dependent of the previous kernel and prefetches W to L2
-# before its dependency wait: X and W written by the kernel just before must still be read fresh,
-# eagerly and inside a CUDA graph (M = 1, K >= 2048: the row-pair kernel; M = 3: the tiles).
-@pytest.mark.parametrize("m, n", [(3, 1032), (1, 2056)])
-def test_gemv_chained_dependencies(m, n):
+# On Hopper gemv and sm90's small-M kernel launch as programmatic dependents of the previous kernel and
+# prefetch W to L2 before their dependency wait: X and W written by the kernel just before must still
+# be read fresh, eagerly and inside a CUDA graph (gemv M = 1, K >= 2048: the row-pair kernel; M = 3:
+# the tiles; sm90 M = 40: stream-K, whose per-tile counters must be zero again at every replay).
+@pytest.mark.parametrize("m, n, path", [(3, 1032, "gemv"), (1, 2056, "gemv"), (40, 1032, "sm90")])
+def test_pdl_chained_dependencies(m, n, path):
+    if path == "sm90" and not _hopper():
+        pytest.skip("sm90 path needs Hopper")
     ops = _ops()
     dtype = torch.float16
     x0, w0 = _rand(m, n, dtype=dtype), _rand(n, n, dtype=dtype) / n ** 0.5
@@ -123,7 +126,7 @@ def test_gemv_chained_dependencies(m, n):
         return x
 
     def gemv(x, w):
-        return ops.linear(x, w, None, "gemv")
+        return ops.linear(x, w, None, path)
 
     # Stale W or X would be off by O(1); four fp16 layers drift by a few ulps.
     ref = chain(x0.double(), w0.double(), F.linear).float()
@@ -145,12 +148,12 @@ def test_gemv_chained_dependencies(m, n):
     torch.testing.assert_close(out.float(), ref, **tol)
 
 
-# sm90 tiles are 128 x 256 x 64 (128 x 128 where that needs fewer rounds) and the grid is persistent
-# (one CTA per SM): tails in M, N and K, N odd (element-wise stores) and N % 8 == 0 (16-byte stores),
-# one K step (40) and several, 396 tiles (3 whole rounds on 132 SMs, so the pipeline ring runs on
+# sm90 above M = 128: tiles are 128 x 256 x 64 (128 x 128 where that needs fewer rounds) and the grid
+# is persistent (one CTA per SM): tails in M (129: one row in the second tile), N and K, N odd
+# (element-wise stores) and N % 8 == 0 (16-byte stores), one K step (40) and several, 396 tiles (3 whole rounds on 132 SMs, so the pipeline ring runs on
 # across tiles), partial last rounds (272 and 160 tiles; 160 with 16 K steps and a K tail) and fewer
 # tiles than SMs (72).
-SM90_SHAPES = [(113, 257, 72), (300, 2056, 40), (4097, 1000, 328), (4097, 3000, 136), (2100, 4095, 200),
+SM90_SHAPES = [(129, 257, 72), (300, 2056, 40), (4097, 1000, 328), (4097, 3000, 136), (2100, 4095, 200),
                (1000, 5000, 1000), (1000, 2100, 520)]
 
 
@@ -169,6 +172,34 @@ def test_sm90_tails_persistent_epilogue(mnk, dtype):
     c = _rand(m, n, dtype=dtype)
     ours = ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90")
     _check(ours, torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5), 0.5 * prod64 + 1.5 * c.double(), dtype)
+
+
+# sm90 at M <= 128: 128-row tiles of W against BN = 8..128 activation rows (the smallest >= M), the
+# tiles x K-steps iteration space split evenly over min(iterations, SMs) CTAs. On 132 SMs: 200 x 8200
+# is 2 tiles of 129 steps, each summed from ~66 CTAs' partials; 4100 x 4104 is 33 x 65 (ranges cross
+# tile boundaries; an N tail of 4 rows); 28680 x 136 is 225 x 3 (K tail; whole and shared tiles mixed);
+# 1000 x 40 is 8 tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's square.
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="sm90 path needs Hopper")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("nk", [(200, 8200), (4100, 4104), (28680, 136), (1000, 40), (576, 576)])
+@pytest.mark.parametrize("m", [1, 8, 9, 17, 64, 65, 128])
+def test_sm90_small_m_stream_k(m, nk, dtype):
+    ops = _ops()
+    n, k = nk
+    x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
+    prod64 = x.double() @ w.double().t()
+    _nan_next(m, n, dtype)
+    out = ops.linear(x, w, bias, "sm90")
+    _check(out, F.linear(x, w, bias), prod64 + bias.double(), dtype)
+    # The last CTA to arrive sums a shared tile's partials in CTA order, so the result does not depend
+    # on the arrival order; a second call also finds its counters zero again.
+    _nan_next(m, n, dtype)
+    assert torch.equal(ops.linear(x, w, bias, "sm90"), out)
+    c = _rand(m, n, dtype=dtype)
+    _nan_next(m, n, dtype)
+    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
+           0.5 * prod64 + 1.5 * c.double(), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -29,10 +29,10 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
-#include <mutex>
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
+#include "common/split_counters.h"
 #include "common/vec.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -350,30 +350,6 @@ int sm_count(int device) {
     cached[device] = n > 0 ? n : 132;
   }
   return cached[device];
-}
-
-// Split counters, zero between launches (the last CTA of each pair resets its own). One buffer per
-// device, made outside any graph capture and kept for the life of the process, so captured graphs can
-// keep pointing at it. Launches on several streams of one device at once would share it: the engine
-// decodes on one stream. Where it cannot serve (first use inside a capture, or more pairs than it holds),
-// the call gets counters of its own, zeroed on the stream (a memset node in a graph).
-int* split_counters(int64_t n, int device, cudaStream_t stream, const torch::TensorOptions& opts,
-                    torch::Tensor& own) {
-  constexpr int64_t kShared = 1 << 16;
-  constexpr int kMaxDevices = 64;
-  static std::mutex mu;
-  static torch::Tensor* shared[kMaxDevices] = {};
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (n <= kShared && device >= 0 && device < kMaxDevices) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (shared[device] == nullptr && capture == cudaStreamCaptureStatusNone)
-      shared[device] = new torch::Tensor(torch::zeros({kShared}, opts.dtype(torch::kInt32)));  // never freed
-    if (shared[device] != nullptr) return shared[device]->data_ptr<int>();
-  }
-  own = torch::empty({n}, opts.dtype(torch::kInt32));
-  C10_CUDA_CHECK(cudaMemsetAsync(own.data_ptr(), 0, n * sizeof(int), stream));
-  return own.data_ptr<int>();
 }
 
 template <typename T, int D>

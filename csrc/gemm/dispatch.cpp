@@ -4,7 +4,8 @@
 //
 // Paths (str path): "auto"; "wmma" (baseline, any layout); "sm80" (mma.sync + cp.async pipeline);
 // "sm90" (wgmma + TMA, Hopper only); "gemv" (weight streaming, small M); "simt" (fp32).
-// auto: fp32 -> simt; fp16/bf16 -> gemv for M <= 16, sm90 for M >= 128 on Hopper, else sm80;
+// auto: fp32 -> simt; fp16/bf16 -> gemv for M <= 16, else sm90 on Hopper (its small-M kernel up to
+// M = 128), else sm80;
 // wmma when the cp.async rules (K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases) fail.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -17,6 +18,7 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/split_counters.h"
 #include "common/vec.h"
 #include "gemm/gemm.h"
 
@@ -78,9 +80,10 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
   const char* rule = "K % 8 == 0, row strides % 8 == 0 (elements), K-contiguous rows and 16-byte aligned base pointers";
   if (path == Path::kAuto) {
     // gemv streams W once for up to 16 activation rows (two n8 mma tiles) at the cost of M = 1; from
-    // M = 17 it would stream W once per 16 rows, where split-K sm80 reads it once.
+    // M = 17 it would stream W once per 16 rows, where sm90's small-M kernel (Hopper) and split-K sm80
+    // read it once.
     if (aligned && major >= 8 && p.M <= 16) path = Path::kGemv;
-    else if (aligned && major == 9 && p.M >= 128) path = Path::kSm90;
+    else if (aligned && major == 9) path = Path::kSm90;
     else if (aligned && major >= 8) path = Path::kSm80;
     else path = Path::kWmma;
   }
@@ -107,7 +110,19 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
     case Path::kSm90:
       MINFER_CHECK(major == 9, op, ": path sm90 needs compute capability 9.x (Hopper), got " + num(major) + "." + num(minor));
       MINFER_CHECK(aligned, op, ": path sm90 needs ", rule, " (got K=" + num(p.K) + ")");
-      launch_sm90<T>(p, stream, num_sms(device.index()));
+      {
+        const int sms = num_sms(device.index());
+        torch::Tensor ws, own_counters;
+        float* ws_ptr = nullptr;
+        int* counters = nullptr;
+        if (p.M <= kSm90SmallM) {
+          const Sm90SmallM plan = sm90_small_m_plan(p.M, p.N, p.K, sms);
+          ws = torch::empty({plan.ws_floats}, torch::TensorOptions().dtype(at::kFloat).device(device));
+          ws_ptr = ws.data_ptr<float>();
+          counters = split_counters(plan.tiles, device.index(), stream, ws.options(), own_counters);
+        }
+        launch_sm90<T>(p, stream, sms, ws_ptr, counters);
+      }
       return;
     default:
       MINFER_CHECK(false, op, ": path simt is for float32 only; float16/bfloat16 take auto, wmma, sm80, sm90 or gemv");

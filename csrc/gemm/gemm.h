@@ -32,8 +32,18 @@ template <typename T> void launch_sm80(const Params<T, T>& p, cudaStream_t s, fl
 int sm80_split_k(int M, int N, int K, int sms);
 void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      // K % 16 == 0, 16B rows
 template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s);  // sak = sbk = 1, 16B rows
-// sak = sbk = 1, 16B rows; persistent, min(tiles, sms) CTAs
-template <typename T> void launch_sm90(const Params<T, T>& p, cudaStream_t s, int sms);
+// sm90, sak = sbk = 1, 16B rows. M > kSm90SmallM: persistent, min(tiles, sms) CTAs. M <= kSm90SmallM:
+// W as the wgmma M operand, stream-K over min(iters, sms) CTAs, with the fp32 workspace and the
+// zeroed per-tile counters that sm90_small_m_plan sizes (ws and counters are unused above it).
+constexpr int kSm90SmallM = 128;
+struct Sm90SmallM {
+  int bn;              // activation rows per tile: the smallest of 8, 16, 32, 64, 128 >= M
+  int grid;            // CTAs, one per SM at most
+  int64_t tiles;       // 128-row tiles of W: the counters needed
+  int64_t ws_floats;   // workspace: grid x 2 partial tiles of 128 x bn
+};
+Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms);
+template <typename T> void launch_sm90(const Params<T, T>& p, cudaStream_t s, int sms, float* ws, int* counters);
 void launch_simt(const Params<float, float>& p, cudaStream_t s);               // any strides
 
 int num_sms(int device);

@@ -18,6 +18,8 @@
 // shared buffer per consumer warpgroup (not the pipeline stages, which the producer is already
 // refilling) and leave as coalesced 16-byte stores.
 // Out-of-bounds rows/columns are zero-filled by TMA; the epilogue stores with bounds checks.
+// M <= 128 (decode batches, short prompts) runs small_m_kernel instead: the same pipeline with the
+// weight as the wgmma M operand and the iteration space split over the SMs along K (see there).
 // Requirements (checked by the dispatcher): K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases.
 #include "common/checks.h"
 #include <cuda.h>
@@ -69,11 +71,15 @@ using namespace ::minfer::sm90;
 // Shared-memory descriptor of a K-major 128-byte-swizzled tile: 8-row groups 1024 B apart.
 __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128(addr, 16, 1024); }
 
-// D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands from shared memory (scale-d = 1), N = 128 or
-// 256. Operands: the N / 2 accumulators, then the two descriptors, then the scale-d flag.
-#define MINFER_WGMMA_D64 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+// D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands from shared memory (scale-d = 1), N = 8 .. 256
+// (the wide tiles of the main kernel, the narrow activation tiles of the small-M kernel). Operands:
+// the N / 2 accumulators, then the two descriptors, then the scale-d flag.
+#define MINFER_WGMMA_D4 "%0, %1, %2, %3"
+#define MINFER_WGMMA_D8 MINFER_WGMMA_D4 ", %4, %5, %6, %7"
+#define MINFER_WGMMA_D16 MINFER_WGMMA_D8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define MINFER_WGMMA_D32 MINFER_WGMMA_D16 ", " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define MINFER_WGMMA_D64 MINFER_WGMMA_D32 ", " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define MINFER_WGMMA_D128 \
@@ -82,11 +88,14 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define MINFER_WGMMA_ACC4(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define MINFER_WGMMA_ACC8(d) MINFER_WGMMA_ACC4(d), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define MINFER_WGMMA_ACC16(d) MINFER_WGMMA_ACC8(d), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define MINFER_WGMMA_ACC32(d) \
+      MINFER_WGMMA_ACC16(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define MINFER_WGMMA_ACC64(d) \
-      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+      MINFER_WGMMA_ACC32(d), \
       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
@@ -101,21 +110,28 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128
       "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
       "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#define MINFER_WGMMA(shape, dtype, dregs, descs, scale, accs)                                      \
+// The accumulator operands come last (variadic: they are a comma-separated list).
+#define MINFER_WGMMA(shape, dtype, dregs, descs, scale, ...)                                       \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " scale ", 0;\n"                                \
                "wgmma.mma_async.sync.aligned." shape ".f32." dtype "." dtype " {" dregs "}, " descs \
                ", p, 1, 1, 0, 0;\n}\n"                                                            \
-               : accs                                                                         \
+               : __VA_ARGS__                                                                  \
                : "l"(desc_a), "l"(desc_b), "r"(1))
+// The f16 or bf16 form of one shape; R accumulator registers, so the descriptors are %R and %R + 1.
+#define MINFER_WGMMA_T(shape, dregs, descs, scale, ...)                          \
+  if constexpr (f16) MINFER_WGMMA(shape, "f16", dregs, descs, scale, __VA_ARGS__); \
+  else MINFER_WGMMA(shape, "bf16", dregs, descs, scale, __VA_ARGS__)
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
-  static_assert(N == 128 || N == 256);
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256);
   constexpr bool f16 = std::is_same_v<T, __half>;
-  if constexpr (N == 256 && f16) MINFER_WGMMA("m64n256k16", "f16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d));
-  else if constexpr (N == 256) MINFER_WGMMA("m64n256k16", "bf16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d));
-  else if constexpr (f16) MINFER_WGMMA("m64n128k16", "f16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d));
-  else MINFER_WGMMA("m64n128k16", "bf16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d));
+  if constexpr (N == 256) { MINFER_WGMMA_T("m64n256k16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d)); }
+  else if constexpr (N == 128) { MINFER_WGMMA_T("m64n128k16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d)); }
+  else if constexpr (N == 64) { MINFER_WGMMA_T("m64n64k16", MINFER_WGMMA_D32, "%32, %33", "%34", MINFER_WGMMA_ACC32(d)); }
+  else if constexpr (N == 32) { MINFER_WGMMA_T("m64n32k16", MINFER_WGMMA_D16, "%16, %17", "%18", MINFER_WGMMA_ACC16(d)); }
+  else if constexpr (N == 16) { MINFER_WGMMA_T("m64n16k16", MINFER_WGMMA_D8, "%8, %9", "%10", MINFER_WGMMA_ACC8(d)); }
+  else { MINFER_WGMMA_T("m64n8k16", MINFER_WGMMA_D4, "%4, %5", "%6", MINFER_WGMMA_ACC4(d)); }
 }
 
 // Persistent tile order: groups of kGroupM M-tiles walk their N-tiles with M fastest, so the CTAs
@@ -129,12 +145,13 @@ __device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int& m0
   n0 = (r / rows) * BN;
 }
 
-// One ring position: stage s of the pipeline and the parity its barriers complete with this pass.
+// One ring position: stage s of an S-stage pipeline and the parity its barriers complete with this pass.
+template <int S>
 struct Ring {
   int s = 0;
   uint32_t phase = 0;
   __device__ __forceinline__ void next() {
-    if (++s == kStages) s = 0, phase ^= 1;
+    if (++s == S) s = 0, phase ^= 1;
   }
 };
 
@@ -167,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // producer
     setmaxnreg_dec<kProducerRegs>();
     if (tid_wg == 0) {
-      Ring ring;
+      Ring<kStages> ring;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         int m0, n0;
         tile_origin<BN>(t, num_m, num_n, m0, n0);
@@ -189,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
     uint8_t* epi = smem_raw + (base - smem_addr(smem_raw)) + kStages * stage_bytes<BN>() + c * 2 * kEpiBufBytes;
     const bool vec_ok = p.ldd % 8 == 0 && (reinterpret_cast<uintptr_t>(p.D) & 15) == 0;  // 16-byte row chunks
-    Ring ring;
+    Ring<kStages> ring;
     float acc[BN / 2];
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       int m0, n0;
@@ -260,6 +277,164 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 
+// ---- Small M (M <= 128): the weight is the wgmma M operand, split over the SMs along K ----
+// D^T [N, M] = W [N, K] . X [M, K]^T: a tile is 128 rows of W (64 per consumer warpgroup, as above)
+// against all BN >= M activation rows (BN = 8 .. 128, the wgmma N), so W is read once and the tensor
+// cores do BN / M times the useful work, which at these M is still far below their rate. A few tiles
+// cannot fill 132 SMs, so the work is the iteration space tiles x K steps, cut into one contiguous,
+// equal range per CTA (stream-K): a CTA runs across tile boundaries with one ring, stores the tiles it
+// covers whole, and writes the fp32 partial sums of a tile it shares (at most its first and its last)
+// to a workspace; the last sharer to arrive (a per-tile counter) adds the partials in CTA order, so the
+// result does not depend on the arrival order, and stores the tile.
+struct StreamK {
+  float* ws;       // [grid][2][kBM * BN] partial tiles: a CTA's first (0) and last (1) tile
+  int* counters;   // [tiles], zero between launches (the last sharer of a tile resets it)
+  int64_t iters;   // tiles * k_steps
+  int k_steps;
+};
+
+template <int BN>
+constexpr int small_m_stage_bytes() {
+  return kATileBytes + BN * kBK * 2;  // W 128 x 64 (16 KB) + X BN x 64
+}
+// As many stages as ~200 KB holds: 11 at BN = 8 and 16 (~176 KB of W in flight), 8 at 64, 6 at 128.
+template <int BN>
+constexpr int small_m_stages() {
+  return std::min(16, 200 * 1024 / small_m_stage_bytes<BN>());
+}
+template <int BN>
+constexpr int small_m_smem_bytes() {
+  return small_m_stages<BN>() * small_m_stage_bytes<BN>() + 1024;
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// First iteration of CTA c, and the CTA whose range holds iteration i (ranges are never empty).
+__device__ __forceinline__ int64_t range_begin(int64_t c, int64_t iters, int grid) { return c * iters / grid; }
+__device__ __forceinline__ int range_owner(int64_t i, int64_t iters, int grid) {
+  return static_cast<int>(((i + 1) * grid - 1) / iters);
+}
+#endif
+
+template <typename T, int BN, bool kWithC>
+__global__ void __launch_bounds__(kThreads, 1)
+    small_m_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
+                   const Params<T, T> p, const StreamK sk) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int S = small_m_stages<BN>(), kStage = small_m_stage_bytes<BN>(), kTile = kBM * BN;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full[S], empty[S];
+  __shared__ int s_last;
+  const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;
+  const int wg = threadIdx.x / 128, tid_wg = threadIdx.x % 128;
+  const int64_t begin = range_begin(blockIdx.x, sk.iters, gridDim.x);
+  const int64_t end = range_begin(blockIdx.x + 1, sk.iters, gridDim.x);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(smem_addr(&full[s]), 1);
+      mbar_init(smem_addr(&empty[s]), 2);
+    }
+    mbar_init_fence();
+    // Launched as a programmatic dependent (launch_small_m): the previous kernel may still run. Ask L2
+    // for the first stages of W now (a prefetch into L2, where every write lands, cannot go stale), and
+    // read or write nothing before griddepcontrol.wait.
+    for (int64_t i = begin; i < end && i < begin + S; ++i)
+      asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
+                       reinterpret_cast<uint64_t>(&map_w)),
+                   "r"(int(i % sk.k_steps) * kBK), "r"(int(i / sk.k_steps) * kBM)
+                   : "memory");
+  }
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  __syncthreads();
+
+  if (wg == 0) {  // producer: one thread walks the CTA's range with TMA
+    if (tid_wg == 0) {
+      Ring<S> ring;
+      for (int64_t i = begin; i < end; ++i, ring.next()) {
+        const int tile = int(i / sk.k_steps), kt = int(i % sk.k_steps);
+        mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
+        const uint32_t bar = smem_addr(&full[ring.s]), sa = base + ring.s * kStage;
+        mbar_expect_tx(bar, kStage);  // whole boxes, zero-filled rows (M < BN, the N and K tails) too
+        tma_load_2d(sa, &map_w, bar, kt * kBK, tile * kBM);
+        tma_load_2d(sa + kATileBytes, &map_x, bar, kt * kBK, 0);
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup c owns W rows [64 c, 64 c + 64) of the tile; tc numbers the 256 threads.
+  const int c = wg - 1, tc = threadIdx.x - 128;
+  const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
+  Ring<S> ring;
+  float acc[BN / 2];
+  for (int64_t i = begin; i < end;) {
+    const int tile = int(i / sk.k_steps);
+    const int64_t tile_begin = int64_t(tile) * sk.k_steps, tile_end = tile_begin + sk.k_steps;
+    const int64_t seg_end = min(end, tile_end);
+    const bool whole = i == tile_begin && seg_end == tile_end, first_seg = i == begin;
+#pragma unroll
+    for (int r = 0; r < BN / 2; ++r) acc[r] = 0.f;
+    int prev = -1;
+    for (; i < seg_end; ++i, ring.next()) {
+      mbar_wait(smem_addr(&full[ring.s]), ring.phase);
+      const uint32_t sa = base + ring.s * kStage + c * 64 * 128, sb = base + ring.s * kStage + kATileBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64k16<T, BN>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
+      prev = ring.s;
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
+
+    if (!whole) {
+      // A shared tile: write the partial (thread-major, so every access is coalesced), count it in,
+      // and only the last sharer goes on. Writers fence before the count, the last one after it, and
+      // it reads the partials from L2 (__ldcg; L1 may hold lines of an earlier launch).
+      float* mine = sk.ws + (int64_t(blockIdx.x) * 2 + (first_seg ? 0 : 1)) * kTile + tc;
+#pragma unroll
+      for (int r = 0; r < BN / 2; ++r) __stcg(mine + r * 256, acc[r]);
+      __threadfence();
+      named_bar_sync(1, 256);
+      const int first = range_owner(tile_begin, sk.iters, gridDim.x), last = range_owner(tile_end - 1, sk.iters, gridDim.x);
+      if (tc == 0) {
+        s_last = atomicAdd(sk.counters + tile, 1) == last - first;
+        if (s_last) atomicExch(sk.counters + tile, 0);  // every sharer has arrived: ready for the next launch
+      }
+      named_bar_sync(1, 256);
+      if (!s_last) continue;
+      __threadfence();
+#pragma unroll
+      for (int r = 0; r < BN / 2; ++r) acc[r] = 0.f;
+      for (int o = first; o <= last; ++o) {  // CTA order, this CTA's own partial included
+        const bool o_first = range_begin(o, sk.iters, gridDim.x) >= tile_begin;  // the tile is o's first
+        const float* src = sk.ws + (int64_t(o) * 2 + (o_first ? 0 : 1)) * kTile + tc;
+#pragma unroll
+        for (int r = 0; r < BN / 2; ++r) acc[r] += __ldcg(src + r * 256);
+      }
+    }
+
+    // Store: register 4 j + e of the m64nBN fragment is W row 16 warp + g (+ 8 for e >= 2) of this
+    // warpgroup's 64 and activation row 8 j + 2 t4 + (e & 1), i.e. D[m][n] with n along W. Lanes of
+    // one t4 write 8 neighbouring n (16 bytes); D is M x N, small next to W.
+    const int n_base = tile * kBM + c * 64 + warp * 16 + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = n_base + 8 * (e >> 1), m = 8 * j + 2 * t4 + (e & 1);
+        if (m < p.M && n < p.N) p.D[int64_t(m) * p.ldd + n] = from_float<T>(epilogue_value<kWithC>(p, m, n, acc[4 * j + e]));
+      }
+  }
+#else
+  __trap();  // built without sm_90a; the dispatcher only launches this on compute capability 9.x
+#endif
+}
+
 // A 2D map over a [rows, K] K-contiguous matrix, boxes of box_rows rows x 64 K with the 128-byte swizzle.
 template <typename T>
 CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride, int box_rows) {
@@ -291,10 +466,64 @@ void launch(const Params<T, T>& p, cudaStream_t stream, int grid, const CUtensor
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The small-M kernel, launched as a programmatic dependent of the previous kernel in the stream (its
+// W prefetch and setup overlap that kernel's tail; see small_m_kernel).
+template <typename T, int BN, bool kWithC>
+void launch_small_m_kernel(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM& plan, float* ws, int* counters) {
+  const int k_map = p.K > 0 ? p.K : 8;  // K = 0: one zero-filled K step (a zero-sized map is invalid)
+  const CUtensorMap map_w = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, kBM);
+  const CUtensorMap map_x = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, BN);
+  const int k_steps = (k_map + kBK - 1) / kBK;
+  const StreamK sk{ws, counters, plan.tiles * k_steps, k_steps};
+  auto kernel = small_m_kernel<T, BN, kWithC>;
+  static bool configured = [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, small_m_smem_bytes<BN>()));
+    return true;
+  }();
+  (void)configured;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(plan.grid);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = small_m_smem_bytes<BN>();
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, map_w, map_x, p, sk));
+}
+
+template <typename T, int BN>
+void launch_small_m(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM& plan, float* ws, int* counters) {
+  (p.C ? launch_small_m_kernel<T, BN, true> : launch_small_m_kernel<T, BN, false>)(p, stream, plan, ws, counters);
+}
+
 }  // namespace
 
+Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
+  Sm90SmallM plan{};
+  plan.bn = 8;
+  while (plan.bn < M && plan.bn < kSm90SmallM) plan.bn *= 2;
+  plan.tiles = (int64_t(N) + kBM - 1) / kBM;
+  const int64_t k_steps = std::max<int64_t>(1, (int64_t(K) + kBK - 1) / kBK);
+  plan.grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(plan.tiles * k_steps, sms)));
+  plan.ws_floats = int64_t(plan.grid) * 2 * kBM * plan.bn;
+  return plan;
+}
+
 template <typename T>
-void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms) {
+void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, float* ws, int* counters) {
+  if (p.M <= kSm90SmallM) {
+    const Sm90SmallM plan = sm90_small_m_plan(p.M, p.N, p.K, sms);
+    switch (plan.bn) {
+      case 8: return launch_small_m<T, 8>(p, stream, plan, ws, counters);
+      case 16: return launch_small_m<T, 16>(p, stream, plan, ws, counters);
+      case 32: return launch_small_m<T, 32>(p, stream, plan, ws, counters);
+      case 64: return launch_small_m<T, 64>(p, stream, plan, ws, counters);
+      default: return launch_small_m<T, 128>(p, stream, plan, ws, counters);
+    }
+  }
   // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
@@ -312,7 +541,7 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms) {
   if (narrow) (p.C ? launch<T, 128, true> : launch<T, 128, false>)(p, stream, grid, map_a);
   else (p.C ? launch<T, 256, true> : launch<T, 256, false>)(p, stream, grid, map_a);
 }
-template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int);
-template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int);
+template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int, float*, int*);
+template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int, float*, int*);
 
 }  // namespace minfer::gemm_impl

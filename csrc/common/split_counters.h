@@ -1,0 +1,39 @@
+// Arrival counters for kernels whose last-arriving CTA finishes a piece of work (the split-KV decode's
+// combine, the small-M GEMM's shared tiles). Host-only.
+//
+// The counters must be zero when a launch starts; each launch leaves them zero (the last arrival resets
+// its own). One buffer per device, made outside any graph capture and kept for the life of the process,
+// so captured graphs keep pointing at it and replays need no memset node. Kernels in one stream never
+// overlap in their use of it (a programmatic dependent touches it only after griddepcontrol.wait);
+// launches on several streams of one device at once would share it: the engine runs on one stream.
+// Where it cannot serve (first use inside a capture, or more counters than it holds), the call gets
+// counters of its own in `own`, zeroed on the stream (a memset node in a graph).
+#pragma once
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
+#include <torch/all.h>
+
+#include <mutex>
+
+namespace minfer {
+
+inline int* split_counters(int64_t n, int device, cudaStream_t stream, const torch::TensorOptions& opts,
+                           torch::Tensor& own) {
+  constexpr int64_t kShared = 1 << 16;
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static torch::Tensor* shared[kMaxDevices] = {};
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (n <= kShared && device >= 0 && device < kMaxDevices) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (shared[device] == nullptr && capture == cudaStreamCaptureStatusNone)
+      shared[device] = new torch::Tensor(torch::zeros({kShared}, opts.dtype(torch::kInt32)));  // never freed
+    if (shared[device] != nullptr) return shared[device]->data_ptr<int>();
+  }
+  own = torch::empty({n}, opts.dtype(torch::kInt32));
+  C10_CUDA_CHECK(cudaMemsetAsync(own.data_ptr(), 0, n * sizeof(int), stream));
+  return own.data_ptr<int>();
+}
+
+}  // namespace minfer
