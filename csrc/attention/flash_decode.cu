@@ -32,6 +32,7 @@
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
+#include "common/launch.h"
 #include "common/split_counters.h"
 #include "common/vec.h"
 
@@ -381,24 +382,9 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
     p.ws_ml = reinterpret_cast<float2*>(p.ws_o + n_o);  // n_o is a multiple of 4: 16-byte aligned
     p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
-  // Programmatic dependent launch where the code that runs waits for it (the sm_90 build; a compute_80
-  // binary has no griddepcontrol.wait): launch and setup overlap the previous kernel.
-  static const int ptx_version = [&] {
-    cudaFuncAttributes attr;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    return attr.ptxVersion;
-  }();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(p.num_splits, kv_blocks, batch);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = pdl;
-  config.numAttrs = ptx_version >= 90 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  // Programmatic dependent launch where the code that runs waits for it (the sm_90 build): launch
+  // and setup overlap the previous kernel.
+  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), kSmemBytes, stream, p);
 }
 
 }  // namespace

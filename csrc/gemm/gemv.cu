@@ -36,6 +36,7 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "common/launch.h"
 #include "gemm/epilogue.h"
 #include "gemm/ptx.h"
 
@@ -284,28 +285,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_m1_kernel(const Params<T, T>
   }
 }
 
-// Launch with programmatic stream serialization where the code that runs waits for it: the virtual
-// arch it was compiled for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
-// The version is looked up once per kernel signature: every kernel here is built for the same archs.
-template <typename Kernel, typename... Args>
-void launch_pdl(Kernel kernel, dim3 grid, cudaStream_t stream, Args... args) {
-  static const int ptx_version = [&] {
-    cudaFuncAttributes attr;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    return attr.ptxVersion;
-  }();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see the top of the file
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = pdl;
-  config.numAttrs = ptx_version >= 90 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
-}
-
 // Work per SM, average over heaviest: `per_sm` units spread over the SMs, whole units each.
 inline double sm_balance(double per_sm) { return per_sm / std::ceil(per_sm); }
 
@@ -325,7 +304,7 @@ struct Variant {
 
 template <typename T, int NT, int U, int MIN_BLOCKS>
 void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t stream) {
-  launch_pdl(gemv_kernel<T, NT, U, MIN_BLOCKS>, grid, stream, p, ks_log2);
+  launch_pdl(gemv_kernel<T, NT, U, MIN_BLOCKS>, grid, dim3(kThreads), 0, stream, p, ks_log2);
 }
 
 template <typename T, int NT, int U, int MIN_BLOCKS>
@@ -343,7 +322,7 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
   static const int per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U>);
   const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
   if (tiles * 2 < grid * kWarps || sm_balance(double(tiles) / sms) < 0.9) return false;
-  launch_pdl(gemv_stream_kernel<T, NT, U>, dim3((unsigned)grid), stream, p);
+  launch_pdl(gemv_stream_kernel<T, NT, U>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p);
   return true;
 }
 
@@ -413,7 +392,7 @@ bool launch_gemv_m1(const Params<T, T>& p, cudaStream_t stream) {
   while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;
   if (steps < U || (pairs << l) > resident * kWarps || (steps >> l) > 2 * U) return false;
   const int64_t grid = std::min<int64_t>(resident, ((pairs << l) + kWarps - 1) / kWarps);
-  launch_pdl(gemv_m1_kernel<T, U>, dim3((unsigned)grid), stream, p, l);
+  launch_pdl(gemv_m1_kernel<T, U>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p, l);
   return true;
 }
 

@@ -34,6 +34,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/launch.h"
 #include "common/sm90.cuh"
 #include "gemm/epilogue.h"
 #include "gemm/ptx.h"
@@ -481,17 +482,7 @@ void launch_small_m_kernel(const Params<T, T>& p, cudaStream_t stream, const Sm9
     return true;
   }();
   (void)configured;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(plan.grid);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = small_m_smem_bytes<BN>();
-  config.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = pdl;
-  config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, map_w, map_x, p, sk));
+  launch_pdl(kernel, dim3(plan.grid), dim3(kThreads), small_m_smem_bytes<BN>(), stream, map_w, map_x, p, sk);
 }
 
 template <typename T, int BN>

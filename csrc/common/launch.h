@@ -1,0 +1,35 @@
+// Programmatic dependent launch (Hopper): the kernel may start while the previous kernel in the stream
+// is still running; it must execute griddepcontrol.wait before touching anything that kernel writes
+// (or reads: our outputs), and may execute griddepcontrol.launch_dependents to let the next kernel in.
+// Host-only.
+#pragma once
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
+
+namespace minfer {
+
+// Launch with programmatic stream serialization where the code that runs waits for it: the virtual
+// arch it was compiled for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
+// The version is looked up once per kernel signature: every kernel of a signature is built for the
+// same archs.
+template <typename Kernel, typename... Args>
+void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
+  static const int ptx_version = [&] {
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.ptxVersion;
+  }();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = ptx_version >= 90 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+}  // namespace minfer
