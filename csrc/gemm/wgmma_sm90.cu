@@ -1,11 +1,11 @@
-// sm_90a production path: wgmma (m64n256k16, or m64n128k16) fed by TMA (cp.async.bulk.tensor)
-// through a 4-stage mbarrier pipeline, warp-specialized, persistent.
+// sm_90a production path: wgmma (m64n256k16, m64n128k16 or m64n144k16) fed by TMA
+// (cp.async.bulk.tensor) through a 4-stage mbarrier pipeline, warp-specialized, persistent.
 //
-// Block tile 128 (M) x BN (N) x 64 (K), BN = 256 (128 where fewer rounds of tiles result, see
-// launch_sm90), 384 threads = 3 warpgroups: warpgroup 0 is the producer (one thread issues the TMA
-// copies; setmaxnreg gives its registers to the others), warpgroups 1 and 2 each own 64 rows x BN
-// columns of the tile (BN / 2 fp32 accumulators per thread) and run wgmma on shared-memory
-// descriptors. A stage is A 128 x 64 (16 KB) + B BN x 64 (32 KB at 256), 4 stages = 192 KB.
+// Block tile 128 (M) x BN (N) x 64 (K), BN = 256 (128 where fewer rounds of tiles result, 144 where
+// that tiles N exactly and 256 would pad; see launch_sm90), 384 threads = 3 warpgroups: warpgroup 0
+// is the producer (one thread issues the TMA copies; setmaxnreg gives its registers to the others),
+// warpgroups 1 and 2 each own 64 rows x BN columns of the tile (BN / 2 fp32 accumulators per thread)
+// and run wgmma on shared-memory descriptors. A stage is A 128 x 64 (16 KB) + B BN x 64 (32 KB at 256), 4 stages = 192 KB.
 // TMA writes each tile as rows of 128 bytes with the 128-byte swizzle (16-byte chunk c of row r
 // stored at c ^ (r % 8)), which is exactly the K-major SWIZZLE_128B layout wgmma reads: core-matrix
 // groups of 8 rows x 128 B, 1024 B apart (SBO). Advancing K by 16 elements inside the 64-wide tile
@@ -52,7 +52,11 @@ constexpr int stage_bytes() {
 // Epilogue staging: each consumer warpgroup writes its 64 x BN outputs in chunks of 64 x 64 (8 KB of
 // 16-bit values), double-buffered, after the pipeline stages. BN = 256: 4 x 48 + 2 x 2 x 8 = 224 KB
 // (+ 1 KB alignment slack) of the 227 KB a block may have.
-constexpr int kEpiCols = 64, kEpiBufBytes = 64 * kEpiCols * 2;
+constexpr int kEpiBufBytes = 64 * 128;
+template <int BN>
+constexpr int epi_cols() {
+  return BN % 64 == 0 ? 64 : 48;  // BN = 144: three chunks of 48 columns (96 B of each 128 B row)
+}
 template <int BN>
 constexpr int smem_bytes() {
   return kStages * stage_bytes<BN>() + 2 * 2 * kEpiBufBytes + 1024;
@@ -73,7 +77,7 @@ using namespace ::minfer::sm90;
 __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128(addr, 16, 1024); }
 
 // D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands from shared memory (scale-d = 1), N = 8 .. 256
-// (the wide tiles of the main kernel, the narrow activation tiles of the small-M kernel). Operands:
+// (the wide tiles of the main kernel: 256, 128, 144; the activation tiles of the small-M kernel). Operands:
 // the N / 2 accumulators, then the two descriptors, then the scale-d flag.
 #define MINFER_WGMMA_D4 "%0, %1, %2, %3"
 #define MINFER_WGMMA_D8 MINFER_WGMMA_D4 ", %4, %5, %6, %7"
@@ -83,6 +87,7 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128
 #define MINFER_WGMMA_D64 MINFER_WGMMA_D32 ", " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MINFER_WGMMA_D72 MINFER_WGMMA_D64 ", " "%64, %65, %66, %67, %68, %69, %70, %71"
 #define MINFER_WGMMA_D128 \
   MINFER_WGMMA_D64 ", " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
@@ -101,6 +106,8 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128
       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define MINFER_WGMMA_ACC72(d) MINFER_WGMMA_ACC64(d), \
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
 #define MINFER_WGMMA_ACC128(d) \
       MINFER_WGMMA_ACC64(d), \
       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
@@ -125,9 +132,10 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256);
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 144 || N == 256);
   constexpr bool f16 = std::is_same_v<T, __half>;
   if constexpr (N == 256) { MINFER_WGMMA_T("m64n256k16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d)); }
+  else if constexpr (N == 144) { MINFER_WGMMA_T("m64n144k16", MINFER_WGMMA_D72, "%72, %73", "%74", MINFER_WGMMA_ACC72(d)); }
   else if constexpr (N == 128) { MINFER_WGMMA_T("m64n128k16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d)); }
   else if constexpr (N == 64) { MINFER_WGMMA_T("m64n64k16", MINFER_WGMMA_D32, "%32, %33", "%34", MINFER_WGMMA_ACC32(d)); }
   else if constexpr (N == 32) { MINFER_WGMMA_T("m64n32k16", MINFER_WGMMA_D16, "%16, %17", "%18", MINFER_WGMMA_ACC16(d)); }
@@ -209,6 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool vec_ok = p.ldd % 8 == 0 && (reinterpret_cast<uintptr_t>(p.D) & 15) == 0;  // 16-byte row chunks
     Ring<kStages> ring;
     float acc[BN / 2];
+    int epi_parity = 0;  // the staging buffer the next chunk writes
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       int m0, n0;
       tile_origin<BN>(t, num_m, num_n, m0, n0);
@@ -230,22 +239,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
 
-      // Epilogue, per 64-column chunk: registers -> shared (final values in T) -> global in 16-byte
-      // stores, a warp writing 4 whole 128-byte row segments at a time.
+      // Epilogue, per chunk of kCols (64, or 48 at BN = 144) columns: registers -> shared (final values
+      // in T) -> global in 16-byte stores, a warp writing whole row segments at a time.
       // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
       // register 4 j + e holds column 8 j + 2 (lane % 4) + (e & 1), row + 8 when e >= 2.
       // In the buffer (64 rows x 128 B), 16-byte chunk k of row r sits at k ^ (r % 8), so the 8 rows a
-      // warp stores to at once fall in different banks. Buffer q % 2 is rewritten two chunks later,
-      // after every thread of the warpgroup has passed the barrier of the chunk in between.
-      static_assert(BN / kEpiCols % 2 == 0, "an even number of chunks per tile keeps the buffers alternating");
+      // warp stores to at once fall in different banks. The two buffers alternate chunk by chunk, across
+      // tiles too: one is rewritten two chunks later, after every thread of the warpgroup has passed
+      // the barrier of the chunk in between.
+      constexpr int kCols = epi_cols<BN>(), kChunks = kCols / 8;
+      static_assert(BN % kCols == 0 && 64 * kChunks % 128 == 0, "whole chunks, whole store rounds");
 #pragma unroll
-      for (int q = 0; q < BN / kEpiCols; ++q) {
-        uint8_t* buf = epi + (q % 2) * kEpiBufBytes;
+      for (int q = 0; q < BN / kCols; ++q, epi_parity ^= 1) {
+        uint8_t* buf = epi + epi_parity * kEpiBufBytes;
 #pragma unroll
-        for (int jj = 0; jj < kEpiCols / 8; ++jj)
+        for (int jj = 0; jj < kChunks; ++jj)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int j = q * (kEpiCols / 8) + jj, r = warp * 16 + g + h * 8;
+            const int j = q * kChunks + jj, r = warp * 16 + g + h * 8;
             const int m = m0 + c * 64 + r, n = n0 + j * 8 + t4 * 2;
             const T pair[2] = {from_float<T>(epilogue_value<kWithC>(p, m, n, acc[4 * j + 2 * h])),
                                from_float<T>(epilogue_value<kWithC>(p, m, n + 1, acc[4 * j + 2 * h + 1]))};
@@ -254,9 +265,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");  // this warpgroup only
 #pragma unroll
-        for (int i = 0; i < 64 * 8 / 128; ++i) {
-          const int idx = tid_wg + 128 * i, r = idx / 8, k = idx % 8;
-          const int m = m0 + c * 64 + r, n = n0 + q * kEpiCols + k * 8;
+        for (int i = 0; i < 64 * kChunks / 128; ++i) {
+          const int idx = tid_wg + 128 * i, r = idx / kChunks, k = idx % kChunks;
+          const int m = m0 + c * 64 + r, n = n0 + q * kCols + k * 8;
           const uint8_t* src = buf + r * 128 + ((k ^ (r % 8)) << 4);
           if (m < p.M && n < p.N) {
             T* dst = p.D + (int64_t)m * p.ldd + n;
@@ -519,17 +530,22 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, float* ws,
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
   // Persistent: one CTA per SM, or fewer when there are fewer tiles. The busiest CTA runs
-  // ceil(tiles / sms) tiles; a 128-wide tile costs about half a 256-wide one (a bit more: its wgmmas
-  // read 1.2x the shared-memory bytes per FLOP), so 128 wins only where it needs fewer rounds, e.g.
-  // 512 x 4096: 128 tiles of 128 wide (1 round) against 64 of 256 (1 round, twice as long).
+  // ceil(tiles / sms) tiles and a tile's time goes about with its width, a narrower one's a bit more
+  // per column (its wgmmas read 1.2x the shared-memory bytes per FLOP): cost = rounds x BN x (1 or
+  // 1.15). 128 wins where it needs fewer rounds (512 x 4096: one round of 128 tiles against one of 64
+  // twice as long); 144, tried only where it tiles N exactly, where 256 pads and idles SMs (M = 4096,
+  // N = 576: 128 tiles in one round, against 96 tiles of 256 with a third of their columns padding).
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
-  const int64_t t256 = m_tiles * ((p.N + 255) / 256), t128 = m_tiles * ((p.N + 127) / 128);
-  const bool narrow = 1.15 * ((t128 + sms - 1) / sms) < 2.0 * ((t256 + sms - 1) / sms);
-  const int64_t tiles = narrow ? t128 : t256;
+  auto tiles_of = [&](int bn) { return m_tiles * ((p.N + bn - 1) / bn); };
+  auto cost = [&](int bn, double per_col) { return double((tiles_of(bn) + sms - 1) / sms) * bn * per_col; };
+  int bn = cost(128, 1.15) < cost(256, 1.0) ? 128 : 256;
+  if (p.N % 144 == 0 && cost(144, 1.15) < cost(bn, bn == 256 ? 1.0 : 1.15)) bn = 144;
+  const int64_t tiles = tiles_of(bn);
   MINFER_CHECK(tiles < (int64_t(1) << 31), "linear: sm90 path: too many output tiles (" + std::to_string(tiles) + ")");
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
   // The C term of the epilogue is compiled in only where there is a C (gemm with beta != 0).
-  if (narrow) (p.C ? launch<T, 128, true> : launch<T, 128, false>)(p, stream, grid, map_a);
+  if (bn == 128) (p.C ? launch<T, 128, true> : launch<T, 128, false>)(p, stream, grid, map_a);
+  else if (bn == 144) (p.C ? launch<T, 144, true> : launch<T, 144, false>)(p, stream, grid, map_a);
   else (p.C ? launch<T, 256, true> : launch<T, 256, false>)(p, stream, grid, map_a);
 }
 template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int, float*, int*);
