@@ -22,9 +22,9 @@
 // Fixed costs (a 32 MB W streams in 8 us): on Hopper the kernel is launched as a programmatic
 // dependent of the previous kernel in the stream and lets its own dependents launch at once, so
 // its CTAs can be resident while the previous grid drains. Before griddepcontrol.wait, which
-// returns once the previous grid is complete and its writes are visible, a CTA reads nothing: it
-// only asks L2 to fetch its first round of W (a prefetch into L2, the point where every write lands,
-// cannot return stale data), so the DRAM stream starts before the dependency resolves.
+// returns once the previous grid is complete and its writes are visible, a CTA reads nothing. (An
+// L2 prefetch of each warp's first round of W there measured equal or slower on H200, up to 0.7 us
+// at 1 x 2048 x 8192, and was dropped in the ninth session.)
 // Needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned bases (checked by the dispatcher) and
 // sm_80 (mma.sync with bf16).
 #include <cuda_bf16.h>
@@ -115,16 +115,9 @@ __device__ __forceinline__ void accumulate(float (&acc)[NT][4], const uint4* wa,
   }
 }
 
-// Hopper kernel boundary (see the top of the file): lanes 0 .. rows - 1 ask L2 for 16-byte chunks
-// [c0, c1) of W rows row0 .. row0 + rows - 1 (the warp's first round), before waiting for the
-// previous grid.
-template <typename T>
-__device__ __forceinline__ void prefetch_then_wait(const Params<T, T>& p, int row0, int rows, int c0, int c1, int lane) {
+// Hopper kernel boundary (see the top of the file): nothing is read before the previous grid is done.
+__device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane < rows && c1 > c0 && row0 + lane < p.N) {
-    const T* row = p.B + (int64_t)(row0 + lane) * p.sbn + 8 * c0;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(16 * (c1 - c0)) : "memory");
-  }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the previous kernel's writes are visible from here
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
@@ -149,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
   const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
   const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
 
-  prefetch_then_wait(p, tile * 16, 16, 4 * s_begin, min(chunks, 4 * min(s_end, s_begin + U)), lane);
+  wait_for_previous_grid();
 
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
   for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
@@ -201,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params<T
   const int64_t tiles = (p.N + 15) / 16;
   const int t_begin = (int)(gw * tiles / warps), t_end = (int)((gw + 1) * tiles / warps);
   const int chunks = p.K / 8, steps = (chunks + 3) / 4;
-  prefetch_then_wait(p, t_begin * 16, t_begin < t_end ? 16 : 0, 0, min(chunks, 4 * U), lane);
+  wait_for_previous_grid();
 
   bool x_ok[NT];
   const uint4* xp[NT];
@@ -247,8 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_m1_kernel(const Params<T, T>
   const int pr_begin = (int)(group * pairs / groups), pr_end = (int)((group + 1) * pairs / groups);
   const int chunks = p.K / 8, steps = (chunks + 31) / 32, c = 4 * g + t;  // c: this thread's chunk of a step
   const int s_begin = (split * steps) >> ks_log2, s_end = ((split + 1) * steps) >> ks_log2;
-  prefetch_then_wait(p, 2 * pr_begin, pr_begin < pr_end ? 2 : 0, 32 * s_begin,
-                     min(chunks, 32 * min(s_end, s_begin + U)), lane);
+  wait_for_previous_grid();
 
   const uint4* const xp[1] = {reinterpret_cast<const uint4*>(p.A) + c};
   const bool x_ok[1] = {true};
