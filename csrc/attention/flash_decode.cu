@@ -342,17 +342,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-int sm_count(int device) {
-  static int cached[64] = {0};
-  if (device < 0 || device >= 64) return 132;
-  if (cached[device] == 0) {
-    int n = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    cached[device] = n > 0 ? n : 132;
-  }
-  return cached[device];
-}
-
 template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
   auto kernel = flash_decode_kernel<T, D>;

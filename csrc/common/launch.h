@@ -1,12 +1,25 @@
-// Programmatic dependent launch (Hopper): the kernel may start while the previous kernel in the stream
-// is still running; it must execute griddepcontrol.wait before touching anything that kernel writes
-// (or reads: our outputs), and may execute griddepcontrol.launch_dependents to let the next kernel in.
-// Host-only.
+// Launch helpers: the SM count, and programmatic dependent launch (Hopper), where the kernel may start
+// while the previous kernel in the stream is still running; it must execute griddepcontrol.wait before
+// touching anything that kernel writes (or reads: our outputs), and may execute
+// griddepcontrol.launch_dependents to let the next kernel in. Host-only.
 #pragma once
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
 namespace minfer {
+
+// Number of SMs of a device, looked up once (launch configurations are sized from it on the host,
+// without a sync). 132 (H100/H200) for an out-of-range index.
+inline int sm_count(int device) {
+  static int cached[64] = {};
+  if (device < 0 || device >= 64) return 132;
+  if (cached[device] == 0) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    cached[device] = n > 0 ? n : 132;
+  }
+  return cached[device];
+}
 
 // Launch with programmatic stream serialization where the code that runs waits for it: the virtual
 // arch it was compiled for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).

@@ -19,18 +19,12 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/split_counters.h"
+#include "common/launch.h"
 #include "common/vec.h"
 #include "gemm/gemm.h"
 
 namespace minfer {
 namespace gemm_impl {
-
-int num_sms(int device) {
-  static int cache[64] = {};
-  if (device < 0 || device >= 64) return 132;
-  if (cache[device] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&cache[device], cudaDevAttrMultiProcessorCount, device));
-  return cache[device];
-}
 
 namespace {
 
@@ -103,7 +97,7 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       MINFER_CHECK(major >= 8, op, ": path sm80 needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
       MINFER_CHECK(aligned, op, ": path sm80 needs ", rule, " (got K=" + num(p.K) + ")");
       {
-        const int splits = sm80_split_k(p.M, p.N, p.K, num_sms(device.index()));
+        const int splits = sm80_split_k(p.M, p.N, p.K, sm_count(device.index()));
         torch::Tensor ws;
         if (splits > 1)
           ws = torch::empty({(int64_t)splits * p.M * p.N}, torch::TensorOptions().dtype(at::kFloat).device(device));
@@ -114,7 +108,7 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       MINFER_CHECK(major == 9, op, ": path sm90 needs compute capability 9.x (Hopper), got " + num(major) + "." + num(minor));
       MINFER_CHECK(aligned, op, ": path sm90 needs ", rule, " (got K=" + num(p.K) + ")");
       {
-        const int sms = num_sms(device.index());
+        const int sms = sm_count(device.index());
         torch::Tensor ws, own_counters;
         float* ws_ptr = nullptr;
         int* counters = nullptr;

@@ -46,6 +46,4 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms);
 template <typename T> void launch_sm90(const Params<T, T>& p, cudaStream_t s, int sms, float* ws, int* counters);
 void launch_simt(const Params<float, float>& p, cudaStream_t s);               // any strides
 
-int num_sms(int device);
-
 }  // namespace minfer::gemm_impl

@@ -337,7 +337,7 @@ template <typename T, int NT, int U_BIG, int U_SMALL>
 void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> variants, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  const int sms = num_sms(device);
+  const int sms = sm_count(device);
   const int64_t grid_y = std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
   const int64_t tiles = (p.N + 15) / 16, steps = (p.K / 8 + 3) / 4;  // 16-row tiles, 32-wide k steps
   if (grid_y == 1) {
@@ -379,7 +379,7 @@ bool launch_gemv_m1(const Params<T, T>& p, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   static const int per_sm = ctas_per_sm(gemv_m1_kernel<T, U>);
-  const int64_t resident = int64_t(per_sm) * num_sms(device), pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
+  const int64_t resident = int64_t(per_sm) * sm_count(device), pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
   int l = 0;
   while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;
   if (steps < U || (pairs << l) > resident * kWarps || (steps >> l) > 2 * U) return false;

@@ -532,9 +532,9 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, float* ws,
   // N = 576: 128 tiles in one round, against 96 tiles of 256 with a third of their columns padding).
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
   auto tiles_of = [&](int bn) { return m_tiles * ((p.N + bn - 1) / bn); };
-  auto cost = [&](int bn, double per_col) { return double((tiles_of(bn) + sms - 1) / sms) * bn * per_col; };
-  int bn = cost(128, 1.15) < cost(256, 1.0) ? 128 : 256;
-  if (p.N % 144 == 0 && cost(144, 1.15) < cost(bn, bn == 256 ? 1.0 : 1.15)) bn = 144;
+  auto cost = [&](int bn) { return double((tiles_of(bn) + sms - 1) / sms) * bn * (bn == 256 ? 1.0 : 1.15); };
+  int bn = cost(128) < cost(256) ? 128 : 256;
+  if (p.N % 144 == 0 && cost(144) < cost(bn)) bn = 144;
   const int64_t tiles = tiles_of(bn);
   MINFER_CHECK(tiles < (int64_t(1) << 31), "linear: sm90 path: too many output tiles (" + std::to_string(tiles) + ")");
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
