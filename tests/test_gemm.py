@@ -107,6 +107,26 @@ def test_gemv_path_many_tiles(m, dtype):
     _check(ops.linear(x, w, None, "gemv"), F.linear(x, w), x.double() @ w.double().t(), dtype)
 
 
+# M <= 4, K >= 4096 and at least one 16-row tile per warp of a wave (17003 rows on 132 SMs): W streams
+# through per-warp shared-memory rings (gemv_ring_kernel), 3 CTAs per SM. At 17003 rows each CTA takes
+# 42-43 rows tiled by 16 from its first row (a short last tile, tiles off multiples of 16); at 50701 rows
+# (8+ tiles per CTA) whole tiles, the grid's last one of 13 rows. A CTA's 256-wide k stages are split
+# over 4 warps, so tiles shared between warps are summed through shared memory. K = 4104 leaves a last
+# stage of one 16-byte chunk per row, K = 4168 of nine.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m, n, k", [(m, 17003, k) for m in (1, 2, 3, 4) for k in (4104, 4168)] +
+                         [(1, 50701, 4104), (4, 50701, 4168)])
+def test_gemv_path_ring(m, n, k, dtype):
+    ops = _ops()
+    x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
+    _nan_next(m, n, dtype)
+    _check(ops.linear(x, w, bias, "gemv"), F.linear(x, w, bias), x.double() @ w.double().t() + bias.double(), dtype)
+    c = _rand(m, n, dtype=dtype)
+    _nan_next(m, n, dtype)
+    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "auto"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
+           0.5 * (x.double() @ w.double().t()) + 1.5 * c.double(), dtype)
+
+
 # On Hopper gemv and sm90's small-M kernel launch as programmatic dependents of the previous kernel and
 # prefetch W to L2 before their dependency wait: X and W written by the kernel just before must still
 # be read fresh, eagerly and inside a CUDA graph (gemv M = 1, K >= 2048: the row-pair kernel; M = 3:

@@ -17,7 +17,10 @@
 // A along grid.y, re-reading W once per block.
 //
 // M = 1 on small W (every warp one row pair, or a K slice of one) runs gemv_m1_kernel instead: two
-// W rows per warp in 512-byte runs, the mma's 16 rows being 8 segments of each (see there).
+// W rows per warp in 512-byte runs, the mma's 16 rows being 8 segments of each (see there). M <= 4 on
+// many tiles with K >= 4096 (or 2048 on the largest W; the lm_heads, 28672 x 4096) runs
+// gemv_ring_kernel: the same mma, with W staged through per-warp shared-memory rings that cp.async
+// keeps full (see there).
 //
 // Fixed costs (a 32 MB W streams in 8 us): on Hopper the kernel is launched as a programmatic
 // dependent of the previous kernel in the stream and lets its own dependents launch at once, so
@@ -223,6 +226,162 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params<T
   }
 }
 
+// W through per-warp shared-memory rings (the way flash decode streams K/V): a stage is 16 W rows x
+// 256 k (8 KB), each lane copying one 16-byte chunk of every row with cp.async, so one instruction of
+// the warp reads 512 contiguous bytes of a row. A warp's ring holds kRingStages stages, all in flight
+// before the first is used and refilled as each is consumed, so the bytes in flight never drop to
+// zero between rounds as they do with register loads. Each CTA takes an equal contiguous range of W
+// rows in units of `granule` rows (16: whole tiles; 1: to the row, so that SMs finish together where
+// whole tiles would leave some with one more, e.g. 13 or 14 per SM at 1 x 28672 x 4096), tiled by 16
+// from its first row; its warps split the CTA's (tile, 256-wide k chunk) stages evenly. A tile that
+// two or more warps share is summed in warp order through shared memory after one barrier
+// (deterministic); whole tiles are stored by their warp. Two mma accumulators (even and odd k steps)
+// halve the dependent chain (1 x 28672 x 4096: 59.4 -> 58.6 us).
+// Four warps with two stages each (64 KB of rings, three CTAs per SM: 192 KB in flight) measured
+// best of 4 x 3 (two CTAs per SM), 6 x 2 and 4 x 6 / 8 x 3 (one CTA per SM) on H200. X is re-read
+// per stage from the L1 that the rings leave (~30 KB), which is why the launcher stops at M = 4.
+constexpr int kStageK = 256, kStageChunks = kStageK / 8, kStageBytes = 16 * kStageK * 2, kStageVecs = kStageBytes / 16;
+constexpr int kRingWarps = 4, kRingStages = 2, kRingNT = 1;  // one n8 tile of X rows: M <= 8
+constexpr int kRingSmemBytes = kRingWarps * (kRingStages * kStageBytes + 2 * kRingNT * 4 * 32 * 4);
+
+template <typename T>
+__global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params<T, T> p, int granule) {
+  extern __shared__ __align__(16) uint4 smem_ring[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // This CTA's W rows [row0, row1), cut into 16-row tiles from row0 (the last one may be short).
+  const int64_t units = (p.N + granule - 1) / granule;
+  const int row0 = (int)min((int64_t)p.N, blockIdx.x * units / gridDim.x * granule);
+  const int row1 = (int)min((int64_t)p.N, (blockIdx.x + 1) * units / gridDim.x * granule);
+  const int chunks = p.K / 8, kc = (chunks + kStageChunks - 1) / kStageChunks;  // stages per tile
+  const int stages = (row1 - row0 + 15) / 16 * kc;
+  auto first_stage = [&](int w) { return (int)((int64_t)w * stages / kRingWarps); };
+  const int s_begin = first_stage(warp), s_end = first_stage(warp + 1);
+  uint4* ring = smem_ring + warp * kRingStages * kStageVecs;  // [stage][16 rows][32 chunks], swizzled
+  // Past the rings: [warp][first / last tile][acc][lane].
+  auto partial = reinterpret_cast<float(*)[2][kRingNT * 4][32]>(smem_ring + kRingWarps * kRingStages * kStageVecs);
+  wait_for_previous_grid();
+
+  // Chunk c of row r sits at c ^ 4 (r & 1): the 8 lanes of a quarter warp read rows g, g + 1 at
+  // chunks 4j + t, which then fall in 8 different bank groups.
+  auto load = [&](int s, int slot) {
+    const int n_base = row0 + s / kc * 16, c = (s % kc) * kStageChunks + lane;
+    const uint32_t dst = smem_addr(ring + slot * 16 * kStageChunks);
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const bool ok = c < chunks && n_base + r < row1;  // past the range or K: zeros, nothing read
+      cp_async16(dst + 16 * (r * kStageChunks + (lane ^ ((r & 1) << 2))),
+                 p.B + (ok ? (int64_t)(n_base + r) * p.sbn + 8 * c : 0), ok ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kRingStages; ++i) {
+    if (s_begin + i < s_end) load(s_begin + i, i);
+    else cp_async_commit();  // one group per stage: the waits count groups
+  }
+
+  bool x_ok[kRingNT];
+  const uint4* xp[kRingNT];
+#pragma unroll
+  for (int nt = 0; nt < kRingNT; ++nt) {
+    x_ok[nt] = nt * 8 + g < p.M;
+    xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? nt * 8 + g : 0) * p.sam) + t;
+  }
+  float acc[kRingNT][4];
+  // acc[nt][2h + e] is D[m = 8 nt + 2t + e][n = 16 tile + g + 8h]; a warp's first and last tiles may
+  // be shared with its neighbours (partial), the ones between are its own.
+  float acc_odd[kRingNT][4];  // odd k steps: two dependent mma chains instead of one
+#pragma unroll
+  for (int nt = 0; nt < kRingNT; ++nt) acc_odd[nt][0] = acc_odd[nt][1] = acc_odd[nt][2] = acc_odd[nt][3] = 0.f;
+  auto flush = [&](int tile_local) {
+#pragma unroll
+    for (int nt = 0; nt < kRingNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] += acc_odd[nt][i], acc_odd[nt][i] = 0.f;
+    const bool whole = s_begin <= tile_local * kc && s_end >= (tile_local + 1) * kc;
+    if (whole) {
+      const int n0 = row0 + tile_local * 16 + g;
+#pragma unroll
+      for (int nt = 0; nt < kRingNT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int m = nt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
+          if (m < p.M && n < row1) store_out(p, m, n, acc[nt][i]);
+        }
+    } else {
+      const int side = tile_local == s_begin / kc ? 0 : 1;
+#pragma unroll
+      for (int nt = 0; nt < kRingNT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[warp][side][nt * 4 + i][lane] = acc[nt][i];
+    }
+  };
+
+  int cur = s_begin < s_end ? s_begin / kc : -1, slot = 0;
+#pragma unroll
+  for (int nt = 0; nt < kRingNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  for (int s = s_begin; s < s_end; ++s) {
+    const int tile_local = s / kc, c0 = (s % kc) * kStageChunks;
+    if (tile_local != cur) {
+      flush(cur);
+      cur = tile_local;
+#pragma unroll
+      for (int nt = 0; nt < kRingNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    }
+    uint4 vx[kStageChunks / 4][kRingNT];  // X first (L1 hits): their latency hides under the wait
+#pragma unroll
+    for (int j = 0; j < kStageChunks / 4; ++j)
+#pragma unroll
+      for (int nt = 0; nt < kRingNT; ++nt)
+        vx[j][nt] = ld_x(xp[nt] + c0 + 4 * j, x_ok[nt] && c0 + 4 * j + t < chunks);
+    cp_async_wait<kRingStages - 1>();  // stage s has landed (this lane's copies) ...
+    __syncwarp();                      // ... and every lane's
+    const uint4* st = ring + slot * 16 * kStageChunks;
+#pragma unroll
+    for (int j = 0; j < kStageChunks / 4; ++j) {
+      const int c = (4 * j + t) ^ ((g & 1) << 2);
+      const uint4 wa = st[g * kStageChunks + c], wb = st[(g + 8) * kStageChunks + c];
+      if (j & 1) mma_step<T, kRingNT>(acc_odd, wa, wb, vx[j]);
+      else mma_step<T, kRingNT>(acc, wa, wb, vx[j]);
+    }
+    __syncwarp();  // every lane is done with the slot: refill it
+    if (s + kRingStages < s_end) load(s + kRingStages, slot);
+    else cp_async_commit();
+    if (++slot == kRingStages) slot = 0;
+  }
+  if (cur >= 0) flush(cur);
+  cp_async_wait<0>();
+
+  // Shared tiles: the first warp that touched a tile sums every toucher's partial, in warp order.
+  __syncthreads();
+  if (s_begin == s_end) return;
+  for (int side = 0; side < 2; ++side) {
+    const int tile_local = side == 0 ? s_begin / kc : (s_end - 1) / kc;
+    if (side == 1 && tile_local == s_begin / kc) break;
+    const int t_begin = tile_local * kc, t_end = t_begin + kc;
+    if (s_begin <= t_begin && s_end >= t_end) continue;  // whole: stored above
+    if (s_begin > t_begin) continue;                      // an earlier warp sums it
+#pragma unroll
+    for (int nt = 0; nt < kRingNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int w = warp; w < kRingWarps && first_stage(w) < t_end; ++w) {
+      if (first_stage(w) == first_stage(w + 1)) continue;  // no stages
+      const int w_side = tile_local == first_stage(w) / kc ? 0 : 1;
+#pragma unroll
+      for (int nt = 0; nt < kRingNT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[nt][i] += partial[w][w_side][nt * 4 + i][lane];
+    }
+    const int n0 = row0 + tile_local * 16 + g;
+#pragma unroll
+    for (int nt = 0; nt < kRingNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int m = nt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
+        if (m < p.M && n < row1) store_out(p, m, n, acc[nt][i]);
+      }
+  }
+}
+
 // M = 1: W rows in pairs, each read in long runs. The 16 A rows of the mma are two W rows cut into
 // 8 segments of 32 elements (fragment rows g and g + 8: segment g of rows n0 and n0 + 1), and the 8 B
 // columns are the same 8 segments of x, so the wanted sums are the diagonals D[g][g] and D[g + 8][g]
@@ -365,6 +524,37 @@ void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> varian
   best->launch(p, best_ks, dim3((unsigned)grid_x, (unsigned)grid_y), stream);
 }
 
+// Many tiles (one or more per warp of a wave of gemv_stream_kernel) at M <= 4 with K >= 4096, or
+// K >= 2048 where CTAs take whole tiles (the lm_heads, 28672 x 4096): gemv_ring_kernel, one wave.
+// Against gemv_stream_kernel, same runs (H200, fp16, us): 1 x 128256 x 4096 249.6 -> 237.6-243,
+// 1 x 28672 x 4096 60.7-61.2 -> 57.6-58.5, 1 x 25344 x 4096 54.6 -> 52.1-52.4, 1 x 16896 x 4096
+// 38.4 -> 36.4, 4 x 28672 x 4096 60.8 -> 59.2-60.1, 1 x 128256 x 2048 127.0-127.3 -> 123.7-125.9.
+// Not at K = 2048 with row ranges (8 stages per tile: 16896 rows 19.4 -> 20.3, 21120 rows 23.4 ->
+// 23.8-24.1, 32768 rows 35.3-35.5 -> 35.6), K = 576 (16.1 -> 17.4), M = 8 (X no longer stays in the
+// L1 that the rings leave: 8 x 128256 x 2048 128.4 -> 132.9), nor on the few-tile shapes, which keep
+// the other kernels. Returns false where it does not apply.
+template <typename T>
+bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream) {
+  const int64_t tiles = (p.N + 15) / 16;
+  if (p.M > 4 || p.K < 2048 || tiles < int64_t(kWarps) * sms) return false;
+  auto kernel = gemv_ring_kernel<T>;
+  static const int per_sm = [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSmemBytes));
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kRingWarps * 32, kRingSmemBytes));
+    return std::max(n, 1);
+  }();
+  const int64_t grid = std::min<int64_t>(tiles, int64_t(per_sm) * sms);
+  // CTA ranges in whole tiles where a CTA has 8 or more (one tile more or less is then at most an
+  // eighth of a CTA's work), else to the row, which costs every CTA one short tile whose stages hold
+  // fewer bytes (H200, us, tiles / rows: 1 x 128256 x 4096 243 / 249, 1 x 28672 x 4096 58.7 / 58.3,
+  // 4 x 28672 x 4096 60.6 / 59.7).
+  const int granule = tiles >= 8 * grid ? 16 : 1;
+  if (p.K < 4096 && granule == 1) return false;  // K = 2048 gains only in whole tiles (see above)
+  launch_pdl(kernel, dim3((unsigned)grid), dim3(kRingWarps * 32), kRingSmemBytes, stream, p, granule);
+  return true;
+}
+
 }  // namespace
 
 // M = 1 and few rows: gemv_m1_kernel when every resident warp can take one pair (or one K slice of
@@ -393,6 +583,9 @@ void launch_gemv(const Params<T, T>& p, cudaStream_t s) {
   // Per warp in flight: U steps of 16 rows x 64 bytes. U = 8 (<= 128 registers): 2 CTAs per SM;
   // U = 4 (<= 80): 3. (16-warp CTAs, one per SM, gained nothing at 2048 x 8192: 11.6 us either way.)
   if (launch_gemv_m1<T, 8>(p, s)) return;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  if (launch_ring<T>(p, sm_count(device), s)) return;
   if (p.M <= 8)
     launch_best<T, 1, 8, 6>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s);
   else  // two n8 tiles: fewer steps per round for the X registers
