@@ -82,14 +82,18 @@ def _nan_next(m, n, dtype):
                                 (28680, 1000), (1001, 2056), (37, 16392)])
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 40])
 def test_gemv_path(m, nk, dtype):
+    _check_linear_and_gemm(m, *nk, dtype, "gemv")
+
+
+def _check_linear_and_gemm(m, n, k, dtype, gemm_path):
+    """linear with bias on the gemv path, then gemm with alpha, beta and C on `gemm_path`; NaN-filled outputs."""
     ops = _ops()
-    n, k = nk
     x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
     _nan_next(m, n, dtype)
     _check(ops.linear(x, w, bias, "gemv"), F.linear(x, w, bias), x.double() @ w.double().t() + bias.double(), dtype)
     c = _rand(m, n, dtype=dtype)
     _nan_next(m, n, dtype)
-    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "gemv"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
+    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, gemm_path), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
            0.5 * (x.double() @ w.double().t()) + 1.5 * c.double(), dtype)
 
 
@@ -117,14 +121,7 @@ def test_gemv_path_many_tiles(m, dtype):
 @pytest.mark.parametrize("m, n, k", [(m, 17003, k) for m in (1, 2, 3, 4) for k in (4104, 4168)] +
                          [(1, 50701, 4104), (4, 50701, 4168)])
 def test_gemv_path_ring(m, n, k, dtype):
-    ops = _ops()
-    x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
-    _nan_next(m, n, dtype)
-    _check(ops.linear(x, w, bias, "gemv"), F.linear(x, w, bias), x.double() @ w.double().t() + bias.double(), dtype)
-    c = _rand(m, n, dtype=dtype)
-    _nan_next(m, n, dtype)
-    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "auto"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
-           0.5 * (x.double() @ w.double().t()) + 1.5 * c.double(), dtype)
+    _check_linear_and_gemm(m, n, k, dtype, "auto")
 
 
 # On Hopper gemv and sm90's small-M kernel launch as programmatic dependents of the previous kernel and

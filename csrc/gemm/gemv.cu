@@ -89,6 +89,25 @@ __device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint4& wa, c
   }
 }
 
+template <int NT>
+__device__ __forceinline__ void zero(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+}
+
+// One warp's 16-row tile of D from its accumulators: acc[nt][2h + e] is D[m = 8 nt + 2t + e][n = n0 + 8h]
+// (n0 = the tile's first row + g); rows from n_end on are not stored.
+template <typename T, int NT>
+__device__ __forceinline__ void store_tile(const Params<T, T>& p, const float (&acc)[NT][4], int n0, int n_end, int t) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = nt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
+      if (m < p.M && n < n_end) store_out(p, m, n, acc[nt][i]);
+    }
+}
+
 // acc += W rows . X rows over k steps [s_begin, s_end) of STEP 8-element chunks, in rounds of U steps
 // whose loads are all issued before the first mma. wa / wb / xp point at this thread's chunk c of
 // step 0 (c = t: four chunks per step, W rows n0 and n0 + 8; c = 4g + t: see gemv_m1_kernel); rows
@@ -158,10 +177,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
       xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? m : 0) * p.sam) + t;
     }
     float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+    zero(acc);
 
     accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
 
@@ -212,17 +228,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params<T
     const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
     const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
     float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    zero(acc);
     accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, 0, steps, chunks, t);
-    // acc[nt][2h + e] is D[m = 8 nt + 2t + e][n = n0 + 8h].
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = nt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
-        if (m < p.M && n < p.N) store_out(p, m, n, acc[nt][i]);
-      }
+    store_tile(p, acc, n0, p.N, t);
   }
 }
 
@@ -287,12 +295,11 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
     x_ok[nt] = nt * 8 + g < p.M;
     xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? nt * 8 + g : 0) * p.sam) + t;
   }
-  float acc[kRingNT][4];
-  // acc[nt][2h + e] is D[m = 8 nt + 2t + e][n = 16 tile + g + 8h]; a warp's first and last tiles may
-  // be shared with its neighbours (partial), the ones between are its own.
-  float acc_odd[kRingNT][4];  // odd k steps: two dependent mma chains instead of one
-#pragma unroll
-  for (int nt = 0; nt < kRingNT; ++nt) acc_odd[nt][0] = acc_odd[nt][1] = acc_odd[nt][2] = acc_odd[nt][3] = 0.f;
+  // A warp's first and last tiles may be shared with its neighbours (partial), the ones between are
+  // its own. acc_odd takes the odd k steps: two dependent mma chains instead of one.
+  float acc[kRingNT][4], acc_odd[kRingNT][4];
+  zero(acc);
+  zero(acc_odd);
   auto flush = [&](int tile_local) {
 #pragma unroll
     for (int nt = 0; nt < kRingNT; ++nt)
@@ -300,14 +307,7 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
       for (int i = 0; i < 4; ++i) acc[nt][i] += acc_odd[nt][i], acc_odd[nt][i] = 0.f;
     const bool whole = s_begin <= tile_local * kc && s_end >= (tile_local + 1) * kc;
     if (whole) {
-      const int n0 = row0 + tile_local * 16 + g;
-#pragma unroll
-      for (int nt = 0; nt < kRingNT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int m = nt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
-          if (m < p.M && n < row1) store_out(p, m, n, acc[nt][i]);
-        }
+      store_tile(p, acc, row0 + tile_local * 16 + g, row1, t);
     } else {
       const int side = tile_local == s_begin / kc ? 0 : 1;
 #pragma unroll
@@ -318,15 +318,12 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
   };
 
   int cur = s_begin < s_end ? s_begin / kc : -1, slot = 0;
-#pragma unroll
-  for (int nt = 0; nt < kRingNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
   for (int s = s_begin; s < s_end; ++s) {
     const int tile_local = s / kc, c0 = (s % kc) * kStageChunks;
     if (tile_local != cur) {
       flush(cur);
       cur = tile_local;
-#pragma unroll
-      for (int nt = 0; nt < kRingNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+      zero(acc);
     }
     uint4 vx[kStageChunks / 4][kRingNT];  // X first (L1 hits): their latency hides under the wait
 #pragma unroll
@@ -361,8 +358,7 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
     const int t_begin = tile_local * kc, t_end = t_begin + kc;
     if (s_begin <= t_begin && s_end >= t_end) continue;  // whole: stored above
     if (s_begin > t_begin) continue;                      // an earlier warp sums it
-#pragma unroll
-    for (int nt = 0; nt < kRingNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    zero(acc);
     for (int w = warp; w < kRingWarps && first_stage(w) < t_end; ++w) {
       if (first_stage(w) == first_stage(w + 1)) continue;  // no stages
       const int w_side = tile_local == first_stage(w) / kc ? 0 : 1;
@@ -371,14 +367,7 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[nt][i] += partial[w][w_side][nt * 4 + i][lane];
     }
-    const int n0 = row0 + tile_local * 16 + g;
-#pragma unroll
-    for (int nt = 0; nt < kRingNT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = nt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
-        if (m < p.M && n < row1) store_out(p, m, n, acc[nt][i]);
-      }
+    store_tile(p, acc, row0 + tile_local * 16 + g, row1, t);
   }
 }
 
@@ -524,7 +513,7 @@ void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> varian
   best->launch(p, best_ks, dim3((unsigned)grid_x, (unsigned)grid_y), stream);
 }
 
-// Many tiles (one or more per warp of a wave of gemv_stream_kernel) at M <= 4 with K >= 4096, or
+// Many tiles (8 or more per SM, where gemv_stream_kernel would run) at M <= 4 with K >= 4096, or
 // K >= 2048 where CTAs take whole tiles (the lm_heads, 28672 x 4096): gemv_ring_kernel, one wave.
 // Against gemv_stream_kernel, same runs (H200, fp16, us): 1 x 128256 x 4096 249.6 -> 237.6-243,
 // 1 x 28672 x 4096 60.7-61.2 -> 57.6-58.5, 1 x 25344 x 4096 54.6 -> 52.1-52.4, 1 x 16896 x 4096
