@@ -99,8 +99,8 @@ def _check_linear_and_gemm(m, n, k, dtype, gemm_path):
 
 # Many tiles: one warp per tile streams all of K in several rounds (no K split). The round length is
 # the one of two that leaves fewer k-step slots idle at K's end: K = 1048 is 33 steps, so M = 1 takes
-# rounds of 6 (3 idle, where 8 would idle 7) and M = 16 rounds of 6 (a tie with 4); 28680 x 1000 above
-# (32 steps) takes 8 at M <= 8 and 4 at M 9..16.
+# rounds of 6 (3 idle, where 8 would idle 7), M = 16 too (X loaded a step ahead at M 9..16); 28680 x 1000
+# above (32 steps) takes 8.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 16, 40])
 def test_gemv_path_many_tiles(m, dtype):

@@ -8,13 +8,18 @@
 // k = 8t .. 8t + 7; the low and high halves of those uint4 feed two mma k-steps (see mma_step).
 //
 // A warp owns a 16-row tile of W and a slice of K; KS = 1..8 warps of a CTA split one tile's K and
-// meet in shared memory, where the 8 / KS tiles of the CTA go through store_out. Every load of a
-// round (U steps of W, then X) is issued before its first mma: U = 8 puts 8 KB of W in flight per
-// warp, two CTAs of 8 warps per SM put 128 KB (U = 4 with three CTAs: 96 KB), well past what HBM
-// latency times bandwidth needs (~4.2 TB/s x ~1 us / 132 SMs ~ 32 KB per SM). Which U and K split a
-// shape gets is launch_best's choice: all CTAs resident at once, equal shares per SM. W goes through the non-allocating L1 path; X (a few
-// KB) stays resident in L1/L2 and is re-read per tile. Larger M (forced path) walks 16-row blocks of
-// A along grid.y, re-reading W once per block.
+// meet in shared memory, where the 8 / KS tiles of the CTA go through store_out. A round's W loads (U
+// steps) go out in one burst ahead of its mmas, then its X: all of it, or at NT * U > 8 one step
+// ahead of each mma, which keeps 8-step rounds within 128 registers. U = 8 puts 8 KB of W in flight
+// per warp, two CTAs of 8 warps per SM 128 KB (U = 4 with three CTAs: 96 KB), well past what HBM
+// latency times bandwidth needs (~4.2 TB/s x ~1 us / 132 SMs ~ 32 KB per SM). (Under the register cap
+// ptxas places the first mmas before the last step's loads, which then leave one latency late; a fake
+// dependency that kept every load ahead measured no better: within +-3% at M = 1 and 8, the lm_heads
+// at M = 8 slower.)
+// Which U and K split a shape gets is launch_best's choice: all CTAs resident at once, equal shares
+// per SM. W goes through the non-allocating L1 path; X (a few KB) stays resident in L1/L2 and is
+// re-read per tile. Larger M (forced path) walks 16-row blocks of A along grid.y, re-reading W once
+// per block.
 //
 // M = 1 on small W (every warp one row pair, or a K slice of one) runs gemv_m1_kernel instead: two
 // W rows per warp in 512-byte runs, the mma's 16 rows being 8 segments of each (see there). M <= 4 on
@@ -117,7 +122,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[NT][4], const uint4* wa,
                                            const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s_begin,
                                            int s_end, int chunks, int c) {
   for (int s0 = s_begin; s0 < s_end; s0 += U) {
-    uint4 va[U], vb[U], vx[U][NT];
+    uint4 va[U], vb[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // the round's W loads first: they carry the latency
       const int s = s0 + u;
@@ -125,15 +130,27 @@ __device__ __forceinline__ void accumulate(float (&acc)[NT][4], const uint4* wa,
       va[u] = ld_w(wa + STEP * (int64_t)s, ok && a_ok);
       vb[u] = ld_w(wb + STEP * (int64_t)s, ok && b_ok);
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
+    auto load_x = [&](int u, uint4 (&x)[NT]) {
       const int s = s0 + u;
       const bool ok = s < s_end && STEP * s + c < chunks;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) vx[u][nt] = ld_x(xp[nt] + STEP * (int64_t)s, ok && x_ok[nt]);
-    }
+      for (int nt = 0; nt < NT; ++nt) x[nt] = ld_x(xp[nt] + STEP * (int64_t)s, ok && x_ok[nt]);
+    };
+    if constexpr (NT * U <= 8) {  // the round's X up front too: its registers wait under W's latency
+      uint4 vx[U][NT];
 #pragma unroll
-    for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
+      for (int u = 0; u < U; ++u) load_x(u, vx[u]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
+    } else {  // longer rounds of two X rows: X one step ahead of the mmas (L1 hits), not NT * U * 4 registers
+      uint4 vx[2][NT];
+      load_x(0, vx[0]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (u + 1 < U) load_x(u + 1, vx[(u + 1) & 1]);
+        mma_step<T, NT>(acc, va[u], vb[u], vx[u & 1]);
+      }
+    }
   }
 }
 
@@ -473,9 +490,10 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
 // - Where it applies (M <= 8 * NT), gemv_stream_kernel comes first. Its round is U_BIG or U_SMALL
 //   steps, whichever leaves fewer slots idle in a tile's last round (U_BIG on a tie): K = 576 is 18
 //   steps, 3 rounds of 6 where rounds of 8 idle 6 of 24 slots (1 x 49152 x 576, fp16, H200: CTAs
-//   of 4-step rounds 17.3 us, stream of 8-step rounds 17.5, of 6-step rounds 16.1); at M = 16,
-//   K = 4096 takes 32 rounds of 4, not 22 of 6 (16 x 28672 x 4096: 66.0 -> 63.3 us; 128256 x 4096
-//   loses ~1.5%).
+//   of 4-step rounds 17.3 us, stream of 8-step rounds 17.5, of 6-step rounds 16.1). M 9..16 takes
+//   the same rounds with X one step ahead (same call, H200, fp16, against {6, 4} with all of X up
+//   front: 16 x 128256 x 4096 264.4 -> 254.6 us, 16 x 128256 x 2048 139.7 -> 134.3, 16 x 49152 x 576
+//   19.5 -> 18.9; the CTA variants lost with it and keep short rounds).
 // - Otherwise, among the variants (first = preferred) and K splits, keep the configurations whose
 //   CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
 //   warps get at least one full round; take the one with the most CTAs.
@@ -577,8 +595,8 @@ void launch_gemv(const Params<T, T>& p, cudaStream_t s) {
   if (launch_ring<T>(p, sm_count(device), s)) return;
   if (p.M <= 8)
     launch_best<T, 1, 8, 6>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s);
-  else  // two n8 tiles: fewer steps per round for the X registers
-    launch_best<T, 2, 6, 4>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, s);
+  else  // two n8 tiles: shorter rounds for the X registers, except in the stream (see launch_best)
+    launch_best<T, 2, 8, 6>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, s);
 }
 template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t);
 template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);
