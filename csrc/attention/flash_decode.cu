@@ -321,22 +321,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (!s_last) return;
   __threadfence();
 
-  float2* sml = reinterpret_cast<float2*>(smem);  // [n_active][rows]; the warp partials are consumed
-  for (int i = tid; i < n_active * p.rows; i += kThreads) sml[i] = __ldcg(p.ws_ml + slot0 * p.rows + i);
-  __syncthreads();
+  // One pass with a running max: each split's (max, sum) and O are independent loads, so the unrolled
+  // loop has all of them in flight at once (one round through L2, not one for the maxima and another
+  // for O).
   for (int qi = tid; qi < rows * (D / 4); qi += kThreads) {
     const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
-    float mx = -INFINITY;
-    for (int s = 0; s < n_active; ++s) mx = fmaxf(mx, sml[s * p.rows + h].x);  // finite: no split is empty
-    float sum = 0.f;
+    const float2* ml_src = p.ws_ml + slot0 * p.rows + h;
+    const float* o_src = p.ws_o + (slot0 * p.rows + h) * D + d;
+    float mx = -INFINITY, sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float* src = p.ws_o + (slot0 * p.rows + h) * D + d;
 #pragma unroll 8
     for (int s = 0; s < n_active; ++s) {
-      const float2 ml = sml[s * p.rows + h];
-      const float wt = exp2f(ml.x - mx);
-      sum += ml.y * wt;
-      fma4(o, __ldcg(reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * p.rows * D)), wt);
+      const float2 ml = __ldcg(ml_src + s * p.rows);
+      const float4 os = __ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D));
+      const float m_new = fmaxf(mx, ml.x);  // finite: no split is empty
+      const float a = exp2f(mx - m_new), w = exp2f(ml.x - m_new);
+      sum = sum * a + ml.y * w;
+      o = scale4(o, a);
+      fma4(o, os, w);
+      mx = m_new;
     }
     store4(out + h * D + d, scale4(o, sum > 0.f ? 1.f / sum : 0.f));
   }
