@@ -321,9 +321,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (!s_last) return;
   __threadfence();
 
-  // One pass with a running max: each split's (max, sum) and O are independent loads, so the unrolled
-  // loop has all of them in flight at once (one round through L2, not one for the maxima and another
-  // for O).
+  // One pass with a running max: a split's (max, sum) and O are independent loads, so the unrolled
+  // loop keeps 8 splits' worth in flight (no round through L2 for the maxima first, no barrier).
   for (int qi = tid; qi < rows * (D / 4); qi += kThreads) {
     const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
     const float2* ml_src = p.ws_ml + slot0 * p.rows + h;
