@@ -14,8 +14,8 @@
 // per warp, two CTAs of 8 warps per SM 128 KB (U = 4 with three CTAs: 96 KB), well past what HBM
 // latency times bandwidth needs (~4.2 TB/s x ~1 us / 132 SMs ~ 32 KB per SM). (Under the register cap
 // ptxas places the first mmas before the last step's loads, which then leave one latency late; a fake
-// dependency that kept every load ahead measured no better: within +-3% at M = 1 and 8, the lm_heads
-// at M = 8 slower.)
+// dependency that kept every load ahead measured no better: M = 1 from 5% faster to 4% slower, the
+// lm_heads at M = 8 3% slower.)
 // Which U and K split a shape gets is launch_best's choice: all CTAs resident at once, equal shares
 // per SM. W goes through the non-allocating L1 path; X (a few KB) stays resident in L1/L2 and is
 // re-read per tile. Larger M (forced path) walks 16-row blocks of A along grid.y, re-reading W once
