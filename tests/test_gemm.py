@@ -125,8 +125,9 @@ def test_gemv_path_ring(m, n, k, dtype):
 
 
 # On Hopper gemv and sm90's small-M kernel launch as programmatic dependents of the previous kernel: X
-# and W written by the kernel just before must still be read fresh, eagerly and inside a CUDA graph (gemv M = 1, K >= 2048: the row-pair kernel; M = 3:
-# the tiles; sm90 M = 40: stream-K, whose per-tile counters must be zero again at every replay).
+# and W written by the kernel just before must still be read fresh, eagerly and inside a CUDA graph
+# (gemv M = 1, K >= 2048: the row-pair kernel; M = 3: the tiles; sm90 M = 40: stream-K, whose per-tile
+# counters must be zero again at every replay).
 @pytest.mark.parametrize("m, n, path", [(3, 1032, "gemv"), (1, 2056, "gemv"), (40, 1032, "sm90")])
 def test_pdl_chained_dependencies(m, n, path):
     if path == "sm90" and not _hopper():
