@@ -497,8 +497,11 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
 // - Otherwise, among the variants (first = preferred) and K splits, keep the configurations whose
 //   CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
 //   warps get at least one full round; take the one with the most CTAs.
-// - The rest (too few tiles to balance) take the first variant with the smallest K split that gives
-//   every SM about two CTAs: 3072 x 2048 takes KS = 8 (192 CTAs of one tile).
+// - The rest (too few tiles to balance) take the smallest K split that gives every SM about two CTAs,
+//   on the first variant whose CTAs then all fit at once: 3072 x 2048 takes KS = 8 (192 CTAs of one
+//   tile); three 16-row blocks of 3072 x 576 take 288 CTAs of 3 per SM in one wave, where 2 per SM
+//   ran 264 + 24 (H200, fp16: 37 x 3072 x 576 6.9 -> 5.5 us, M = 33..48 alike; no other shape of the
+//   decode sweep or of M 17..64 on small W moved).
 template <typename T, int NT, int U_BIG, int U_SMALL>
 void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> variants, cudaStream_t stream) {
   int device = 0;
@@ -523,9 +526,14 @@ void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> varian
       if (n > best_ctas) best = &v, best_ks = l, best_ctas = n;
     }
   }
-  if (best == nullptr) {
-    best = variants.begin();
+  if (best == nullptr) {  // the first variant whose CTAs then all fit at once, else the first
     while (best_ks < 3 && ctas(best_ks) < 2 * sms) ++best_ks;
+    best = variants.begin();
+    for (const Variant<T>& v : variants)
+      if (ctas(best_ks) <= int64_t(v.per_sm) * sms) {
+        best = &v;
+        break;
+      }
   }
   const int64_t grid_x = (tiles + (kWarps >> best_ks) - 1) / (kWarps >> best_ks);
   best->launch(p, best_ks, dim3((unsigned)grid_x, (unsigned)grid_y), stream);
