@@ -96,7 +96,7 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
     case Path::kGemv:
       MINFER_CHECK(major >= 8, op, ": path gemv needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
       MINFER_CHECK(aligned, op, ": path gemv needs ", rule, " (got K=" + num(p.K) + ")");
-      launch_gemv<T>(p, stream);
+      launch_gemv<T>(p, stream, sm_count(device.index()));
       return;
     case Path::kSm80:
       MINFER_CHECK(major >= 8, op, ": path sm80 needs compute capability >= 8.0, got " + num(major) + "." + num(minor));

@@ -154,6 +154,18 @@ __device__ __forceinline__ void accumulate(float (&acc)[NT][4], const uint4* wa,
   }
 }
 
+// This thread's X rows m_base + 8 nt + g at chunk t of step 0; rows from M on read nothing.
+template <typename T, int NT>
+__device__ __forceinline__ void x_rows(const Params<T, T>& p, int m_base, int g, int t, const uint4* (&xp)[NT],
+                                       bool (&x_ok)[NT]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = m_base + nt * 8 + g;
+    x_ok[nt] = m < p.M;
+    xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? m : 0) * p.sam) + t;
+  }
+}
+
 // Hopper kernel boundary (see the top of the file): nothing is read before the previous grid is done.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -187,12 +199,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
   for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
     bool x_ok[NT];
     const uint4* xp[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int m = m_base + nt * 8 + g;
-      x_ok[nt] = m < p.M;
-      xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? m : 0) * p.sam) + t;
-    }
+    x_rows(p, m_base, g, t, xp, x_ok);
     float acc[NT][4];
     zero(acc);
 
@@ -234,11 +241,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params<T
 
   bool x_ok[NT];
   const uint4* xp[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    x_ok[nt] = nt * 8 + g < p.M;
-    xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? nt * 8 + g : 0) * p.sam) + t;
-  }
+  x_rows(p, 0, g, t, xp, x_ok);
   for (int tile = t_begin; tile < t_end; ++tile) {
     const int n0 = tile * 16 + g;
     const bool a_ok = n0 < p.N, b_ok = n0 + 8 < p.N;
@@ -307,11 +310,7 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
 
   bool x_ok[kRingNT];
   const uint4* xp[kRingNT];
-#pragma unroll
-  for (int nt = 0; nt < kRingNT; ++nt) {
-    x_ok[nt] = nt * 8 + g < p.M;
-    xp[nt] = reinterpret_cast<const uint4*>(p.A + (int64_t)(x_ok[nt] ? nt * 8 + g : 0) * p.sam) + t;
-  }
+  x_rows(p, 0, g, t, xp, x_ok);
   // A warp's first and last tiles may be shared with its neighbours (partial), the ones between are
   // its own. acc_odd takes the odd k steps: two dependent mma chains instead of one.
   float acc[kRingNT][4], acc_odd[kRingNT][4];
@@ -503,10 +502,7 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
 //   ran 264 + 24 (H200, fp16: 37 x 3072 x 576 6.9 -> 5.5 us, M = 33..48 alike; no other shape of the
 //   decode sweep or of M 17..64 on small W moved).
 template <typename T, int NT, int U_BIG, int U_SMALL>
-void launch_best(const Params<T, T>& p, std::initializer_list<Variant<T>> variants, cudaStream_t stream) {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const int sms = sm_count(device);
+void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T>> variants, cudaStream_t stream) {
   const int64_t grid_y = std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
   const int64_t tiles = (p.N + 15) / 16, steps = (p.K / 8 + 3) / 4;  // 16-row tiles, 32-wide k steps
   if (grid_y == 1) {
@@ -579,12 +575,10 @@ bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream) {
 // long slices the 16-row tiles stream faster (6144 x 4096 13.9 -> 14.6, 4096 x 14336 30.3 -> 30.9,
 // 128256 x 4096 246 -> 257), so those keep them. Returns false where it does not apply.
 template <typename T, int U>
-bool launch_gemv_m1(const Params<T, T>& p, cudaStream_t stream) {
+bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream) {
   if (p.M != 1) return false;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
   static const int per_sm = ctas_per_sm(gemv_m1_kernel<T, U>);
-  const int64_t resident = int64_t(per_sm) * sm_count(device), pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
+  const int64_t resident = int64_t(per_sm) * sms, pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
   int l = 0;
   while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;
   if (steps < U || (pairs << l) > resident * kWarps || (steps >> l) > 2 * U) return false;
@@ -594,19 +588,17 @@ bool launch_gemv_m1(const Params<T, T>& p, cudaStream_t stream) {
 }
 
 template <typename T>
-void launch_gemv(const Params<T, T>& p, cudaStream_t s) {
+void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms) {
   // Per warp in flight: U steps of 16 rows x 64 bytes. U = 8 (<= 128 registers): 2 CTAs per SM;
   // U = 4 (<= 80): 3. (16-warp CTAs, one per SM, gained nothing at 2048 x 8192: 11.6 us either way.)
-  if (launch_gemv_m1<T, 8>(p, s)) return;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  if (launch_ring<T>(p, sm_count(device), s)) return;
+  if (launch_gemv_m1<T, 8>(p, sms, s)) return;
+  if (launch_ring<T>(p, sms, s)) return;
   if (p.M <= 8)
-    launch_best<T, 1, 8, 6>(p, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s);
+    launch_best<T, 1, 8, 6>(p, sms, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s);
   else  // two n8 tiles: shorter rounds for the X registers, except in the stream (see launch_best)
-    launch_best<T, 2, 8, 6>(p, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, s);
+    launch_best<T, 2, 8, 6>(p, sms, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, s);
 }
-template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t);
-template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t);
+template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t, int);
+template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int);
 
 }  // namespace minfer::gemm_impl
