@@ -16,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench.common import Case, copy_bandwidth_gbs, input_sets, time_many  # noqa: E402
+from bench.common import MIN_CALLS, Case, copy_bandwidth_gbs, input_sets, time_many  # noqa: E402
 
 FAMILIES = ("memory", "gemm", "attention")
 
@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     p.add_argument("--shape", action="append", type=parse_shape, help="comma-separated; repeatable")
     p.add_argument("--path", help="time one kernel path by itself (e.g. wmma, sm80, sm90, gemv)")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--min-calls", type=int, default=MIN_CALLS,
+                   help="fewest calls per graph replay, cycling the input sets (1: each set once per replay)")
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--host-latency", action="store_true",
                    help="leave the host's launch latency inside the timed region (no GPU hold before it)")
@@ -68,7 +70,8 @@ def main(argv=None) -> int:
         if args.path and args.path not in case.paths:
             print(f"{name}: no path {args.path!r} (has {', '.join(case.paths) or 'none'})", file=sys.stderr)
             return 2
-        flags = (f" --path {args.path}" if args.path else "") + (" --host-latency" if args.host_latency else "")
+        flags = (f" --path {args.path}" if args.path else "") + (" --host-latency" if args.host_latency else "") + \
+            (f" --min-calls {args.min_calls}" if args.min_calls != MIN_CALLS else "")
         print(f"\n## {name}{flags}  ({case.shape_names})")
         print(f"{'dtype':>9} {'shape':>22} {'ref us':>10} {'minfer us':>10} {'speedup':>8} {'GB/s':>8} "
               f"{'%copy':>6} {'TFLOP/s':>8} {'%ref':>6}")
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
                 sets = input_sets(case, shape, dtype, l2)
                 # both: ref and minfer take turns rep by rep (time_many), so neither gets the cooler GPU.
                 fns = {"ref": [case.ref], "minfer": [mine], "both": [case.ref, mine]}[args.which]
-                us = time_many(fns, sets, args.reps, hold=hold)
+                us = time_many(fns, sets, args.reps, hold=hold, min_calls=args.min_calls)
                 ref_us = us[0] if args.which != "minfer" else float("nan")
                 our_us = us[-1] if args.which != "ref" else float("nan")
                 best = our_us if args.which != "ref" else ref_us

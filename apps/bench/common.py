@@ -3,7 +3,10 @@
 A Case says how to build inputs for a shape, the ref and minfer callables, and how many bytes and
 FLOPs one call must move/do at least (the floor). The harness times each side with rotated input
 sets (so HBM is measured, not L2), inside a CUDA graph (so launch gaps do not count), and reports
-the median.
+the median. A replay cycles through the sets until it holds at least MIN_CALLS calls: the graph's own
+start (a few µs of GPU time) is then spread over that many calls instead of over the 1-8 sets that a
+large shape gets, and a call is timed as it runs in a stream of calls (an engine's decode graph
+replays hundreds of kernels).
 """
 from __future__ import annotations
 
@@ -37,10 +40,18 @@ def input_sets(case: Case, shape: tuple, dtype: torch.dtype, l2_bytes: int) -> l
 # event and submits the work while the GPU is still busy, so the region holds the GPU's work alone and
 # not the host's launch latency (which otherwise lands inside it whenever the GPU sits idle).
 HOLD_CYCLES = 200_000
+# Fewest calls per graph replay (the sets cycled in order: a set comes back only after the others,
+# which together overflow L2, have passed, as between replays).
+MIN_CALLS = 64
 
 
-def _runner(fn: Callable[..., object], sets: list[dict], graph: bool) -> Callable[[], None]:
-    """One call of fn per set, as a CUDA graph replay (graph=True) or eagerly."""
+def calls_per_replay(n_sets: int, graph: bool, min_calls: int = MIN_CALLS) -> int:
+    return n_sets * max(1, -(-min_calls // n_sets)) if graph else n_sets
+
+
+def _runner(fn: Callable[..., object], sets: list[dict], graph: bool, min_calls: int) -> Callable[[], None]:
+    """calls_per_replay calls of fn, cycling through sets, as a CUDA graph replay (graph=True);
+    eagerly, one call per set."""
     for s in sets[:2]:
         fn(**s)  # warm-up: module load, autotuning, allocator
     torch.cuda.synchronize()
@@ -49,6 +60,7 @@ def _runner(fn: Callable[..., object], sets: list[dict], graph: bool) -> Callabl
             for s in sets:
                 fn(**s)
         return run
+    cycles = calls_per_replay(len(sets), graph, min_calls) // len(sets)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -56,19 +68,21 @@ def _runner(fn: Callable[..., object], sets: list[dict], graph: bool) -> Callabl
             fn(**s)
     torch.cuda.current_stream().wait_stream(stream)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for s in sets:
-            fn(**s)
+    with torch.cuda.graph(g):  # outputs freed during capture are reused by the next call's
+        for _ in range(cycles):
+            for s in sets:
+                fn(**s)
     return g.replay
 
 
 def time_many(fns: list[Callable[..., object]], sets: list[dict], reps: int = 20, graph: bool = True,
-              hold: bool = True) -> list[float]:
-    """Median µs per call of each fn, cycling through `sets`; one replay runs every set once.
+              hold: bool = True, min_calls: int = MIN_CALLS) -> list[float]:
+    """Median µs per call of each fn, cycling through `sets` (calls_per_replay calls per replay).
     The fns take turns rep by rep (the first one rotating), so a drift of the GPU's clocks or
     temperature over the run weighs on all of them alike instead of on whichever runs last.
     hold=False leaves the host's launch latency in the timing (the GPU idles until the work arrives)."""
-    runs = [_runner(fn, sets, graph) for fn in fns]
+    runs = [_runner(fn, sets, graph, min_calls) for fn in fns]
+    calls = calls_per_replay(len(sets), graph, min_calls)
     for run in runs:
         run()
     torch.cuda.synchronize()
@@ -83,14 +97,14 @@ def time_many(fns: list[Callable[..., object]], sets: list[dict], reps: int = 20
             runs[i]()
             end.record()
             end.synchronize()
-            times[i].append(start.elapsed_time(end) * 1000.0 / len(sets))
+            times[i].append(start.elapsed_time(end) * 1000.0 / calls)
     return [sorted(t)[len(t) // 2] for t in times]
 
 
 def time_us(fn: Callable[..., object], sets: list[dict], reps: int = 20, graph: bool = True,
-            hold: bool = True) -> float:
+            hold: bool = True, min_calls: int = MIN_CALLS) -> float:
     """Median µs per call of one fn (see time_many)."""
-    return time_many([fn], sets, reps, graph, hold)[0]
+    return time_many([fn], sets, reps, graph, hold, min_calls)[0]
 
 
 def copy_bandwidth_gbs() -> float:
