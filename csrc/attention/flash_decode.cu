@@ -120,6 +120,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Launched as a programmatic dependent: the launch and the index setup above overlapped the previous
   // kernel's tail; q, start_pos, the caches, the counters and the workspace may be its outputs.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The next kernel may launch now: its CTAs take the SMs' free slots and wait in their own
+  // griddepcontrol.wait, which returns only once this grid is complete. (A grid with CTAs still to
+  // place triggers only once they all have run this line, so they never compete with it.) Released
+  // here rather than after the stream: back to back at batch 16 x 4k 71.8 -> 62.4 us, 16 x 16k
+  // 280.9 -> 239.6, batch 1 x 4k 9.5 -> 8.8 (H200, bf16, perf/attention.md "Session 13").
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
   // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory;
@@ -255,11 +261,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   cp_async_wait<0>();
   __syncwarp();
-#if MINFER_DECODE_PDL
-  // Every CTA of the grid past its stream (or gone): the next kernel may launch and run its prologue
-  // while the partials merge. Its own griddepcontrol.wait still waits for this grid to finish.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 
   // Warp partials into the warp's own ring: O [16][OS] floats, max and sum per row.
 #pragma unroll
