@@ -74,10 +74,12 @@ def _nan_next(m, n, dtype):
 # 6136, 2040 and 28680 rows take the other launch configurations (launch_best in gemv.cu) as a 132-SM
 # GPU picks them: 4-step rounds at 3 CTAs per SM, 8-step rounds at 2 and the even split of many tiles
 # over one wave of warps. M = 1 with few rows and K >= 2048 runs gemv_m1_kernel on row pairs, 256-wide k
-# steps: odd N leaves half a pair, and (on 132 SMs) 2040 x 8200 and 37 x 16392 split K over 2 and 8 warps.
+# steps: odd N leaves half a pair. On 132 SMs 2040 x 8200 and 4095 x 4088 (the 34 MB configuration: two
+# 4-step rounds per warp, 4 CTAs per SM) split K over 4 and 2 warps, 2040 x 8200's last slice one step
+# longer; 37 x 16392 takes 8-step rounds split over 8 warps.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("nk", [(1000, 584), (4099, 56), (37, 8), (1000, 4104), (6136, 4104), (2040, 8200),
-                                (28680, 1000), (1001, 2056), (37, 16392)])
+                                (4095, 4088), (28680, 1528), (1001, 2056), (37, 16392)])
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 40])
 def test_gemv_path(m, nk, dtype):
     _check_linear_and_gemm(m, *nk, dtype, "gemv")
@@ -97,13 +99,15 @@ def _check_linear_and_gemm(m, n, k, dtype, gemm_path):
 
 # Many tiles: one warp per tile streams all of K in several rounds (no K split). The round length is
 # the one of two that leaves fewer k-step slots idle at K's end: K = 1048 is 33 steps, so M = 1 takes
-# rounds of 6 (3 idle, where 8 would idle 7), M = 16 too (X loaded a step ahead at M 9..16); 28680 x 1000
-# above (32 steps) takes 8.
+# rounds of 6 at 2 CTAs per SM (3 idle, where 8 would idle 7), M = 16 too (X loaded a step ahead at
+# M 9..16); 28680 x 1528 above (48 steps) takes 8. K <= 1024 runs at 3 CTAs per SM with rounds of 6 or 4:
+# K = 568 is 18 steps (rounds of 6, the last step partial), K = 1000 32 (rounds of 4).
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k", [1048, 1000, 568])
 @pytest.mark.parametrize("m", [1, 16, 40])
-def test_gemv_path_many_tiles(m, dtype):
+def test_gemv_path_many_tiles(m, k, dtype):
     ops = _ops()
-    n, k = 40000, 1048
+    n = 40000
     x, w = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5
     _nan_next(m, n, dtype)
     _check(ops.linear(x, w, None, "gemv"), F.linear(x, w), x.double() @ w.double().t(), dtype)

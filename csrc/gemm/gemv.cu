@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
 // range of whole tiles (all of K, no split, no shared memory) and writes its outputs itself. Each SM
 // then carries the same number of tiles within one, where CTAs of whole tiles would leave a partial
 // last wave (28672 x 4096: 448 CTAs of 4 tiles on 264 slots). M <= 8 * NT.
-template <typename T, int NT, int U>
-__global__ void __launch_bounds__(kThreads, 2) gemv_stream_kernel(const Params<T, T> p) {
+template <typename T, int NT, int U, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_stream_kernel(const Params<T, T> p) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t warps = (int64_t)gridDim.x * kWarps, gw = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int64_t tiles = (p.N + 15) / 16;
@@ -394,9 +394,10 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
 // each load instruction of the warp reads 512 contiguous bytes of one row, and a round of U steps
 // 4 KB of each of two rows, where the 16-row tiles read 512 bytes of each of 16 rows. Warps in
 // groups of KS = 2^ks_log2 split K; the groups of the grid take equal contiguous ranges of pairs
-// (at most one pair apart), and a group meets in shared memory per pair.
-template <typename T, int U>
-__global__ void __launch_bounds__(kThreads, 2) gemv_m1_kernel(const Params<T, T> p, int ks_log2) {
+// (at most one pair apart), and a group meets in shared memory per pair. MIN_BLOCKS caps the registers
+// so that that many CTAs fit on an SM.
+template <typename T, int U, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_m1_kernel(const Params<T, T> p, int ks_log2) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int ks = 1 << ks_log2, split = warp & (ks - 1), group_in_cta = warp >> ks_log2;
   const int64_t groups = (int64_t)gridDim.x * (kWarps >> ks_log2);
@@ -473,12 +474,12 @@ Variant<T> variant() {
 // wave whose warps split the tiles evenly, where CTAs of whole tiles would leave SMs with one CTA
 // more than others. Returns false where it does not apply: fewer tiles than half the warps, or SMs
 // more than ~10% apart.
-template <typename T, int NT, int U>
+template <typename T, int NT, int U, int MIN_BLOCKS>
 bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
-  static const int per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U>);
+  static const int per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U, MIN_BLOCKS>);
   const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
   if (tiles * 2 < grid * kWarps || sm_balance(double(tiles) / sms) < 0.9) return false;
-  launch_pdl(gemv_stream_kernel<T, NT, U>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p);
+  launch_pdl(gemv_stream_kernel<T, NT, U, MIN_BLOCKS>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p);
   return true;
 }
 
@@ -492,7 +493,11 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
 //   of 4-step rounds 17.3 us, stream of 8-step rounds 17.5, of 6-step rounds 16.1). M 9..16 takes
 //   the same rounds with X one step ahead (same call, H200, fp16, against {6, 4} with all of X up
 //   front: 16 x 128256 x 4096 264.4 -> 254.6 us, 16 x 128256 x 2048 139.7 -> 134.3, 16 x 49152 x 576
-//   19.5 -> 18.9; the CTA variants lost with it and keep short rounds).
+//   19.5 -> 18.9; the CTA variants lost with it and keep short rounds). That is at 2 CTAs per SM;
+//   at K <= 1024 (a tile in a few rounds) rounds of 6 or 4 at 3 CTAs per SM come first (H200, fp16,
+//   two passes: 16 x 49152 x 576 17.05-17.15 -> 15.79-15.84 us, 1 x 49152 x 576 15.43 -> 15.08-15.11;
+//   at K >= 2048 they were equal or slower, 8 x 128256 x 2048 127.0-127.6 -> 136.0-136.4,
+//   8 x 28672 x 4096 57.4-57.7 -> 62.0-62.4).
 // - Otherwise, among the variants (first = preferred) and K splits, keep the configurations whose
 //   CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
 //   warps get at least one full round; take the one with the most CTAs.
@@ -507,8 +512,11 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
   const int64_t tiles = (p.N + 15) / 16, steps = (p.K / 8 + 3) / 4;  // 16-row tiles, 32-wide k steps
   if (grid_y == 1) {
     auto idle = [&](int u) { return (steps + u - 1) / u * u - steps; };
-    if (idle(U_BIG) <= idle(U_SMALL) ? launch_stream<T, NT, U_BIG>(p, sms, stream)
-                                     : launch_stream<T, NT, U_SMALL>(p, sms, stream))
+    if (steps <= 32 && (idle(6) <= idle(4) ? launch_stream<T, NT, 6, 3>(p, sms, stream)
+                                           : launch_stream<T, NT, 4, 3>(p, sms, stream)))
+      return;
+    if (idle(U_BIG) <= idle(U_SMALL) ? launch_stream<T, NT, U_BIG, 2>(p, sms, stream)
+                                     : launch_stream<T, NT, U_SMALL, 2>(p, sms, stream))
       return;
   }
   auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
@@ -573,17 +581,24 @@ bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream) {
 // still gets a full round. Measured against the 16-row tiles (H200, fp16, us): 4096 x 4096 10.5 ->
 // 10.2, 2048 x 8192 11.4 -> 10.7, 3072 x 2048 5.8 -> 5.4; but where warps take several pairs or
 // long slices the 16-row tiles stream faster (6144 x 4096 13.9 -> 14.6, 4096 x 14336 30.3 -> 30.9,
-// 128256 x 4096 246 -> 257), so those keep them. Returns false where it does not apply.
-template <typename T, int U>
+// 128256 x 4096 246 -> 257), so those keep them.
+// Two configurations: 4-step rounds at 4 CTAs per SM (<= 64 registers) where 90% of those warps each
+// get two full rounds (the 34 MB shapes: 4096 x 4096 10.32 -> 9.78 us, 2048 x 8192 10.45 -> 9.89,
+// H200, fp16, two passes in one call: the same bytes in flight per SM as 8-step rounds at 2 CTAs per
+// SM, in twice as many warps, so the bytes in flight dip less while a warp turns a round around);
+// otherwise 8-step rounds at 2 CTAs per SM (at one 4-step round per warp the 4-CTA form was equal or
+// slower: 2048 x 2048 3.61 -> 3.80, 4096 x 2048 5.66 -> 5.78). Returns false where it does not apply.
+template <typename T, int U, int MIN_BLOCKS, bool TWO_FULL_ROUNDS>
 bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream) {
   if (p.M != 1) return false;
-  static const int per_sm = ctas_per_sm(gemv_m1_kernel<T, U>);
+  static const int per_sm = ctas_per_sm(gemv_m1_kernel<T, U, MIN_BLOCKS>);
   const int64_t resident = int64_t(per_sm) * sms, pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
   int l = 0;
   while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;
   if (steps < U || (pairs << l) > resident * kWarps || (steps >> l) > 2 * U) return false;
+  if (TWO_FULL_ROUNDS && ((steps >> l) < 2 * U || (pairs << l) * 10 < resident * kWarps * 9)) return false;
   const int64_t grid = std::min<int64_t>(resident, ((pairs << l) + kWarps - 1) / kWarps);
-  launch_pdl(gemv_m1_kernel<T, U>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p, l);
+  launch_pdl(gemv_m1_kernel<T, U, MIN_BLOCKS>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p, l);
   return true;
 }
 
@@ -591,7 +606,7 @@ template <typename T>
 void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms) {
   // Per warp in flight: U steps of 16 rows x 64 bytes. U = 8 (<= 128 registers): 2 CTAs per SM;
   // U = 4 (<= 80): 3. (16-warp CTAs, one per SM, gained nothing at 2048 x 8192: 11.6 us either way.)
-  if (launch_gemv_m1<T, 8>(p, sms, s)) return;
+  if (launch_gemv_m1<T, 4, 4, true>(p, sms, s) || launch_gemv_m1<T, 8, 2, false>(p, sms, s)) return;
   if (launch_ring<T>(p, sms, s)) return;
   if (p.M <= 8)
     launch_best<T, 1, 8, 6>(p, sms, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s);
