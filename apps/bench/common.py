@@ -4,12 +4,14 @@ A Case says how to build inputs for a shape, the ref and minfer callables, and h
 FLOPs one call must move/do at least (the floor). The harness times each side with rotated input
 sets (so HBM is measured, not L2), inside a CUDA graph (so launch gaps do not count), and reports
 the median. A replay cycles through the sets until it holds at least MIN_CALLS calls: the graph's own
-start (a few µs of GPU time) is then spread over that many calls instead of over the 1-8 sets that a
+start (~2 µs of GPU time) is then spread over that many calls instead of over the 1-8 sets that a
 large shape gets, and a call is timed as it runs in a stream of calls (an engine's decode graph
-replays hundreds of kernels).
+replays hundreds of kernels). Each shape first runs for WARMUP_S, so that its timing starts from
+settled clocks.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,6 +45,10 @@ HOLD_CYCLES = 200_000
 # Fewest calls per graph replay (the sets cycled in order: a set comes back only after the others,
 # which together overflow L2, have passed, as between replays).
 MIN_CALLS = 64
+# Seconds of this shape's own work before timing: after a power-heavy shape (8192^3 GEMM) the clocks
+# take a while to come back, and a short shape's whole timing (tens of ms) could fall inside that dip
+# (H200: 1 x 6144 x 4096 right after 8192^3 ran 16.1 us for us and 19.2 for cuBLAS, 13.9 / 16.2 elsewhere).
+WARMUP_S = 0.2
 
 
 def calls_per_replay(n_sets: int, graph: bool, min_calls: int = MIN_CALLS) -> int:
@@ -83,9 +89,13 @@ def time_many(fns: list[Callable[..., object]], sets: list[dict], reps: int = 20
     hold=False leaves the host's launch latency in the timing (the GPU idles until the work arrives)."""
     runs = [_runner(fn, sets, graph, min_calls) for fn in fns]
     calls = calls_per_replay(len(sets), graph, min_calls)
-    for run in runs:
-        run()
-    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while True:
+        for run in runs:
+            run()
+        torch.cuda.synchronize()
+        if time.perf_counter() - t0 >= WARMUP_S:
+            break
     times: list[list[float]] = [[] for _ in fns]
     for rep in range(reps):
         for j in range(len(runs)):
