@@ -15,6 +15,7 @@ TORCH_LIBRARY(minfer, m) {
   m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");
   // gemm family (csrc/gemm/): path = auto | wmma | sm80 | sm90 | gemv | simt
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\") -> Tensor");
+  m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\") -> str");  // what linear would launch (tests)
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
         "bool trans_b=False, str path=\"auto\") -> Tensor");
   m.def("tensor_core_gemm(Tensor a, Tensor b) -> Tensor");
@@ -36,6 +37,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("kv_cache_write", &minfer::kv_cache_write);
   // gemm family
   m.impl("linear", &minfer::linear);
+  m.impl("linear_plan", &minfer::linear_plan);
   m.impl("gemm", &minfer::gemm);
   m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);
   m.impl("gemm_int8", &minfer::gemm_int8);

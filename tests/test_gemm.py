@@ -126,6 +126,33 @@ def test_gemv_path_ring(m, n, k, dtype):
     _check_linear_and_gemm(m, n, k, dtype, "auto")
 
 
+# The kernels and configurations that the shapes above are meant to reach, as the launchers pick them on
+# a 132-SM Hopper GPU (H100 / H200): linear_plan runs the same choice and launches nothing.
+PLANS = [
+    (1, 4095, 4088, "gemv: m1 U=4 4/SM ks=2"), (1, 2040, 8200, "gemv: m1 U=4 4/SM ks=4"),
+    (1, 37, 16392, "gemv: m1 U=8 2/SM ks=8"), (1, 1001, 2056, "gemv: m1 U=8 2/SM ks=1"),
+    (1, 17003, 4104, "gemv: ring granule=1"), (4, 17003, 4168, "gemv: ring granule=1"),
+    (1, 50701, 4104, "gemv: ring granule=16"),
+    (1, 40000, 1048, "gemv: stream U=6 2/SM"), (16, 40000, 1048, "gemv: stream U=6 2/SM"),
+    (1, 40000, 1000, "gemv: stream U=4 3/SM"), (1, 40000, 568, "gemv: stream U=6 3/SM"),
+    (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),
+    (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
+    (40, 1536, 576, "gemv: tiles"), (64, 4096, 4096, "sm90 small-M"), (4097, 576, 1536, "sm90"),
+]
+
+
+@pytest.mark.parametrize("m, n, k, plan", PLANS)
+def test_linear_plan(m, n, k, plan):
+    if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
+    x = torch.empty(m, k, device=DEV, dtype=torch.float16)
+    w = torch.empty(n, k, device=DEV, dtype=torch.float16)
+    _ops()  # loads the extension
+    got = torch.ops.minfer.linear_plan(x, w)
+    assert got.startswith(plan), f"{m} x {n} x {k}: expected {plan!r}, the launcher picks {got!r}"
+    assert torch.ops.minfer.linear_plan(x.float(), w.float()) == "simt"
+
+
 # On Hopper gemv and sm90's small-M kernel launch as programmatic dependents of the previous kernel: X
 # and W written by the kernel just before must still be read fresh, eagerly and inside a CUDA graph
 # (gemv M = 1, K >= 2048: the row-pair kernel; M = 3: the tiles; sm90 M = 40: stream-K, whose per-tile

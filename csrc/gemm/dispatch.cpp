@@ -64,8 +64,9 @@ bool chunk_aligned(const Params<T, Out>& p) {
          is_aligned16(p.B);
 }
 
+// plan != nullptr: launch nothing, say in *plan which path (and for gemv, which kernel) would run.
 template <typename T>
-void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, const char* op) {
+void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, const char* op, std::string* plan) {
   auto stream = c10::cuda::getCurrentCUDAStream();
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
@@ -91,18 +92,24 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
   }
   switch (path) {
     case Path::kWmma:
-      launch_wmma<T, T>(p, stream);
+      if (plan) *plan = "wmma";
+      else launch_wmma<T, T>(p, stream);
       return;
     case Path::kGemv:
       MINFER_CHECK(major >= 8, op, ": path gemv needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
       MINFER_CHECK(aligned, op, ": path gemv needs ", rule, " (got K=" + num(p.K) + ")");
-      launch_gemv<T>(p, stream, sm_count(device.index()));
+      launch_gemv<T>(p, stream, sm_count(device.index()), plan);
+      if (plan) *plan = "gemv: " + *plan;
       return;
     case Path::kSm80:
       MINFER_CHECK(major >= 8, op, ": path sm80 needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
       MINFER_CHECK(aligned, op, ": path sm80 needs ", rule, " (got K=" + num(p.K) + ")");
       {
         const int splits = sm80_split_k(p.M, p.N, p.K, sm_count(device.index()));
+        if (plan) {
+          *plan = "sm80 split_k=" + num(splits);
+          return;
+        }
         torch::Tensor ws;
         if (splits > 1)
           ws = torch::empty({(int64_t)splits * p.M * p.N}, torch::TensorOptions().dtype(at::kFloat).device(device));
@@ -114,6 +121,10 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       MINFER_CHECK(aligned, op, ": path sm90 needs ", rule, " (got K=" + num(p.K) + ")");
       {
         const int sms = sm_count(device.index());
+        if (plan) {
+          *plan = p.M <= kSm90SmallM ? "sm90 small-M" : "sm90";
+          return;
+        }
         torch::Tensor ws, own_counters;
         float* ws_ptr = nullptr;
         int* counters = nullptr;
@@ -131,17 +142,20 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
   }
 }
 
-void run_fp32(const Params<float, float>& p, Path path, const char* op) {
+void run_fp32(const Params<float, float>& p, Path path, const char* op, std::string* plan) {
   MINFER_CHECK(path == Path::kAuto || path == Path::kSimt, op,
               ": float32 runs on the simt path only (path auto or simt); wmma/sm80/sm90/gemv need float16 or bfloat16");
-  launch_simt(p, c10::cuda::getCurrentCUDAStream());
+  if (plan) *plan = "simt";
+  else launch_simt(p, c10::cuda::getCurrentCUDAStream());
 }
 
 template <typename T>
-void run(const Params<T, T>& p, Path path, const torch::Device& device, const char* op) {
-  run_lowp<T>(p, path, device, op);
+void run(const Params<T, T>& p, Path path, const torch::Device& device, const char* op, std::string* plan = nullptr) {
+  run_lowp<T>(p, path, device, op, plan);
 }
-void run(const Params<float, float>& p, Path path, const torch::Device&, const char* op) { run_fp32(p, path, op); }
+void run(const Params<float, float>& p, Path path, const torch::Device&, const char* op, std::string* plan = nullptr) {
+  run_fp32(p, path, op, plan);
+}
 
 template <typename T>
 const T* ptr(const torch::Tensor& t) {
@@ -155,10 +169,13 @@ void check_int_range(int64_t v, const char* what, const char* op) {
 }  // namespace
 }  // namespace gemm_impl
 
-// y = x W^T + bias. x [tokens, in] (last dim contiguous), weight [out, in], bias [out] -> [tokens, out].
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
-                     const std::string& path_name) {
-  using namespace gemm_impl;
+namespace gemm_impl {
+namespace {
+
+// linear, or with plan != nullptr only the choice of kernel it would make (see linear_plan).
+torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight,
+                             const std::optional<torch::Tensor>& bias, const std::string& path_name,
+                             std::string* plan) {
   const Path path = parse_path(path_name, "linear");
   check_cuda(x, x, "x", "linear");
   check_cuda(weight, x, "weight", "linear");
@@ -183,15 +200,37 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
   check_int_range(N, "out", "linear");
   check_int_range(K, "in", "linear");
   const c10::cuda::CUDAGuard guard(x.device());
-  auto out = torch::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return out;
+  auto out = plan ? torch::Tensor() : torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) {
+    if (plan) *plan = "none (empty output)";
+    return out;
+  }
   MINFER_DISPATCH_FLOAT(x.scalar_type(), "linear", [&] {
+    scalar_t* d = plan ? nullptr : reinterpret_cast<scalar_t*>(out.data_ptr());
     Params<scalar_t, scalar_t> p{ptr<scalar_t>(x), M == 1 ? K : x.stride(0), 1, ptr<scalar_t>(weight),
-                                 N == 1 ? K : weight.stride(0), 1, reinterpret_cast<scalar_t*>(out.data_ptr()), N,
-                                 ptr<scalar_t>(b), nullptr, 0, 1.f, 0.f, (int)M, (int)N, (int)K};
-    run(p, path, x.device(), "linear");
+                                 N == 1 ? K : weight.stride(0), 1, d, N, ptr<scalar_t>(b), nullptr, 0, 1.f, 0.f,
+                                 (int)M, (int)N, (int)K};
+    run(p, path, x.device(), "linear", plan);
   });
   return out;
+}
+
+}  // namespace
+}  // namespace gemm_impl
+
+// y = x W^T + bias. x [tokens, in] (last dim contiguous), weight [out, in], bias [out] -> [tokens, out].
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                     const std::string& path) {
+  return gemm_impl::linear_or_plan(x, weight, bias, path, nullptr);
+}
+
+// Which path and kernel configuration linear(x, weight, path=path) would launch, as text, e.g.
+// "gemv: m1 U=4 4/SM ks=2 grid=512"; nothing runs. For tests that check a shape reaches the kernel it
+// is meant to exercise.
+std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path) {
+  std::string plan;
+  gemm_impl::linear_or_plan(x, weight, std::nullopt, path, &plan);
+  return plan;
 }
 
 // alpha * op(A) @ op(B) + beta * C. op(A) [M, K], op(B) [K, N]; C broadcastable to [M, N]; beta == 0 ignores C.

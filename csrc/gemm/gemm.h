@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <string>
+
 namespace minfer::gemm_impl {
 
 template <typename T, typename Out>
@@ -31,7 +33,8 @@ template <typename T, typename Out> void launch_wmma(const Params<T, Out>& p, cu
 template <typename T> void launch_sm80(const Params<T, T>& p, cudaStream_t s, float* ws, int splits);
 int sm80_split_k(int M, int N, int K, int sms);
 void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      // K % 16 == 0, 16B rows
-template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms);  // sak = sbk = 1, 16B rows
+// sak = sbk = 1, 16B rows. plan != nullptr: nothing runs; *plan says which kernel and configuration would.
+template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* plan = nullptr);
 // sm90, sak = sbk = 1, 16B rows. M > kSm90SmallM: persistent, min(tiles, sms) CTAs. M <= kSm90SmallM:
 // W as the wgmma M operand, stream-K over min(iters, sms) CTAs, with the fp32 workspace and the
 // zeroed per-tile counters that sm90_small_m_plan sizes (ws and counters are unused above it).

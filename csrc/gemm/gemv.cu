@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <string>
 
 #include "common/launch.h"
 #include "gemm/epilogue.h"
@@ -452,16 +453,33 @@ int ctas_per_sm(Kernel kernel) {
   return std::max(n, 1);
 }
 
+// Launches a kernel as a programmatic dependent or, given a plan to fill (linear_plan: tests check which
+// configuration a shape gets), only describes the launch; `what` makes the text only then.
+inline std::string config(const char* kernel, int u, int ctas_per_sm) {
+  return std::string(kernel) + " U=" + std::to_string(u) + " " + std::to_string(ctas_per_sm) + "/SM";
+}
+
+template <typename What, typename Kernel, typename... Args>
+void launch_or_describe(std::string* plan, What what, Kernel kernel, dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t stream, Args... args) {
+  if (plan != nullptr) {
+    *plan = what() + " grid=" + std::to_string(grid.x) + (grid.y > 1 ? "x" + std::to_string(grid.y) : "");
+    return;
+  }
+  launch_pdl(kernel, grid, block, smem, stream, args...);
+}
+
 // One compiled shape of gemv_kernel, with how many of its CTAs an SM holds.
 template <typename T>
 struct Variant {
-  void (*launch)(const Params<T, T>&, int ks_log2, dim3 grid, cudaStream_t);
+  void (*launch)(const Params<T, T>&, int ks_log2, dim3 grid, cudaStream_t, std::string* plan);
   int u, per_sm;
 };
 
 template <typename T, int NT, int U, int MIN_BLOCKS>
-void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t stream) {
-  launch_pdl(gemv_kernel<T, NT, U, MIN_BLOCKS>, grid, dim3(kThreads), 0, stream, p, ks_log2);
+void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t stream, std::string* plan) {
+  auto what = [&] { return config("tiles", U, MIN_BLOCKS) + " ks=" + std::to_string(1 << ks_log2); };
+  launch_or_describe(plan, what, gemv_kernel<T, NT, U, MIN_BLOCKS>, grid, dim3(kThreads), 0, stream, p, ks_log2);
 }
 
 template <typename T, int NT, int U, int MIN_BLOCKS>
@@ -475,11 +493,12 @@ Variant<T> variant() {
 // more than others. Returns false where it does not apply: fewer tiles than half the warps, or SMs
 // more than ~10% apart.
 template <typename T, int NT, int U, int MIN_BLOCKS>
-bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
+bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   static const int per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U, MIN_BLOCKS>);
   const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
   if (tiles * 2 < grid * kWarps || sm_balance(double(tiles) / sms) < 0.9) return false;
-  launch_pdl(gemv_stream_kernel<T, NT, U, MIN_BLOCKS>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p);
+  launch_or_describe(plan, [] { return config("stream", U, MIN_BLOCKS); }, gemv_stream_kernel<T, NT, U, MIN_BLOCKS>,
+                     dim3((unsigned)grid), dim3(kThreads), 0, stream, p);
   return true;
 }
 
@@ -507,16 +526,17 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream) {
 //   ran 264 + 24 (H200, fp16: 37 x 3072 x 576 6.9 -> 5.5 us, M = 33..48 alike; no other shape of the
 //   decode sweep or of M 17..64 on small W moved).
 template <typename T, int NT, int U_BIG, int U_SMALL>
-void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T>> variants, cudaStream_t stream) {
+void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T>> variants, cudaStream_t stream,
+                 std::string* plan) {
   const int64_t grid_y = std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
   const int64_t tiles = (p.N + 15) / 16, steps = (p.K / 8 + 3) / 4;  // 16-row tiles, 32-wide k steps
   if (grid_y == 1) {
     auto idle = [&](int u) { return (steps + u - 1) / u * u - steps; };
-    if (steps <= 32 && (idle(6) <= idle(4) ? launch_stream<T, NT, 6, 3>(p, sms, stream)
-                                           : launch_stream<T, NT, 4, 3>(p, sms, stream)))
+    if (steps <= 32 && (idle(6) <= idle(4) ? launch_stream<T, NT, 6, 3>(p, sms, stream, plan)
+                                           : launch_stream<T, NT, 4, 3>(p, sms, stream, plan)))
       return;
-    if (idle(U_BIG) <= idle(U_SMALL) ? launch_stream<T, NT, U_BIG, 2>(p, sms, stream)
-                                     : launch_stream<T, NT, U_SMALL, 2>(p, sms, stream))
+    if (idle(U_BIG) <= idle(U_SMALL) ? launch_stream<T, NT, U_BIG, 2>(p, sms, stream, plan)
+                                     : launch_stream<T, NT, U_SMALL, 2>(p, sms, stream, plan))
       return;
   }
   auto ctas = [&](int l) { return (tiles + (kWarps >> l) - 1) / (kWarps >> l) * grid_y; };
@@ -540,7 +560,7 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
       }
   }
   const int64_t grid_x = (tiles + (kWarps >> best_ks) - 1) / (kWarps >> best_ks);
-  best->launch(p, best_ks, dim3((unsigned)grid_x, (unsigned)grid_y), stream);
+  best->launch(p, best_ks, dim3((unsigned)grid_x, (unsigned)grid_y), stream, plan);
 }
 
 // Many tiles (8 or more per SM, where gemv_stream_kernel would run) at M <= 4 with K >= 4096, or
@@ -553,7 +573,7 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
 // L1 that the rings leave: 8 x 128256 x 2048 128.4 -> 132.9), nor on the few-tile shapes, which keep
 // the other kernels. Returns false where it does not apply.
 template <typename T>
-bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream) {
+bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   const int64_t tiles = (p.N + 15) / 16;
   if (p.M > 4 || p.K < 2048 || tiles < int64_t(kWarps) * sms) return false;
   auto kernel = gemv_ring_kernel<T>;
@@ -570,7 +590,8 @@ bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream) {
   // 4 x 28672 x 4096 60.6 / 59.7).
   const int granule = tiles >= 8 * grid ? 16 : 1;
   if (p.K < 4096 && granule == 1) return false;  // K = 2048 gains only in whole tiles (see above)
-  launch_pdl(kernel, dim3((unsigned)grid), dim3(kRingWarps * 32), kRingSmemBytes, stream, p, granule);
+  launch_or_describe(plan, [&] { return "ring granule=" + std::to_string(granule); }, kernel, dim3((unsigned)grid),
+                     dim3(kRingWarps * 32), kRingSmemBytes, stream, p, granule);
   return true;
 }
 
@@ -589,7 +610,7 @@ bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream) {
 // otherwise 8-step rounds at 2 CTAs per SM (at one 4-step round per warp the 4-CTA form was equal or
 // slower: 2048 x 2048 3.61 -> 3.80, 4096 x 2048 5.66 -> 5.78). Returns false where it does not apply.
 template <typename T, int U, int MIN_BLOCKS, bool TWO_FULL_ROUNDS>
-bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream) {
+bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   if (p.M != 1) return false;
   static const int per_sm = ctas_per_sm(gemv_m1_kernel<T, U, MIN_BLOCKS>);
   const int64_t resident = int64_t(per_sm) * sms, pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
@@ -598,22 +619,24 @@ bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream) {
   if (steps < U || (pairs << l) > resident * kWarps || (steps >> l) > 2 * U) return false;
   if (TWO_FULL_ROUNDS && ((steps >> l) < 2 * U || (pairs << l) * 10 < resident * kWarps * 9)) return false;
   const int64_t grid = std::min<int64_t>(resident, ((pairs << l) + kWarps - 1) / kWarps);
-  launch_pdl(gemv_m1_kernel<T, U, MIN_BLOCKS>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p, l);
+  auto what = [&] { return config("m1", U, MIN_BLOCKS) + " ks=" + std::to_string(1 << l); };
+  launch_or_describe(plan, what, gemv_m1_kernel<T, U, MIN_BLOCKS>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p,
+                     l);
   return true;
 }
 
 template <typename T>
-void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms) {
+void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* plan) {
   // Per warp in flight: U steps of 16 rows x 64 bytes. U = 8 (<= 128 registers): 2 CTAs per SM;
   // U = 4 (<= 80): 3. (16-warp CTAs, one per SM, gained nothing at 2048 x 8192: 11.6 us either way.)
-  if (launch_gemv_m1<T, 4, 4, true>(p, sms, s) || launch_gemv_m1<T, 8, 2, false>(p, sms, s)) return;
-  if (launch_ring<T>(p, sms, s)) return;
+  if (launch_gemv_m1<T, 4, 4, true>(p, sms, s, plan) || launch_gemv_m1<T, 8, 2, false>(p, sms, s, plan)) return;
+  if (launch_ring<T>(p, sms, s, plan)) return;
   if (p.M <= 8)
-    launch_best<T, 1, 8, 6>(p, sms, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s);
+    launch_best<T, 1, 8, 6>(p, sms, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s, plan);
   else  // two n8 tiles: shorter rounds for the X registers, except in the stream (see launch_best)
-    launch_best<T, 2, 8, 6>(p, sms, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, s);
+    launch_best<T, 2, 8, 6>(p, sms, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, s, plan);
 }
-template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t, int);
-template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int);
+template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t, int, std::string*);
+template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int, std::string*);
 
 }  // namespace minfer::gemm_impl
