@@ -127,7 +127,9 @@ def test_gemv_path_ring(m, n, k, dtype):
 
 
 # The kernels and configurations that the shapes above are meant to reach, as the launchers pick them on
-# a 132-SM Hopper GPU (H100 / H200): linear_plan runs the same choice and launches nothing.
+# a 132-SM Hopper GPU (H100 / H200): linear_plan runs the same choice and launches nothing. 40 x 1536 x 576
+# has too few tiles to balance the SMs: the fallback takes KS = 8 on the first variant whose 288 CTAs all
+# fit at once (3 per SM).
 PLANS = [
     (1, 4095, 4088, "gemv: m1 U=4 4/SM ks=2"), (1, 2040, 8200, "gemv: m1 U=4 4/SM ks=4"),
     (1, 37, 16392, "gemv: m1 U=8 2/SM ks=8"), (1, 1001, 2056, "gemv: m1 U=8 2/SM ks=1"),
@@ -137,20 +139,28 @@ PLANS = [
     (1, 40000, 1000, "gemv: stream U=4 3/SM"), (1, 40000, 568, "gemv: stream U=6 3/SM"),
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),
     (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
-    (40, 1536, 576, "gemv: tiles"), (64, 4096, 4096, "sm90 small-M"), (4097, 576, 1536, "sm90"),
+    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M"), (4097, 576, 1536, "sm90"),
 ]
+
+
+def _plan(m, n, k, dtype=torch.float16):
+    """linear_plan for x [m, k] and w [n, k] (uninitialised: nothing runs), without its grid."""
+    _ops()  # loads the extension
+    x, w = torch.empty(m, k, device=DEV, dtype=dtype), torch.empty(n, k, device=DEV, dtype=dtype)
+    return torch.ops.minfer.linear_plan(x, w).split(" grid=")[0]
 
 
 @pytest.mark.parametrize("m, n, k, plan", PLANS)
 def test_linear_plan(m, n, k, plan):
     if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
-    x = torch.empty(m, k, device=DEV, dtype=torch.float16)
-    w = torch.empty(n, k, device=DEV, dtype=torch.float16)
-    _ops()  # loads the extension
-    got = torch.ops.minfer.linear_plan(x, w)
-    assert got.startswith(plan), f"{m} x {n} x {k}: expected {plan!r}, the launcher picks {got!r}"
-    assert torch.ops.minfer.linear_plan(x.float(), w.float()) == "simt"
+    got = _plan(m, n, k)
+    assert got == plan, f"{m} x {n} x {k}: expected {plan!r}, the launcher picks {got!r}"
+
+
+def test_linear_plan_fp32_and_empty():
+    assert _plan(1, 4096, 4096, torch.float32) == "simt"
+    assert _plan(0, 4096, 4096) == "none (empty output)"
 
 
 # On Hopper gemv and sm90's small-M kernel launch as programmatic dependents of the previous kernel: X

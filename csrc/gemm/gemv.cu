@@ -453,12 +453,13 @@ int ctas_per_sm(Kernel kernel) {
   return std::max(n, 1);
 }
 
-// Launches a kernel as a programmatic dependent or, given a plan to fill (linear_plan: tests check which
-// configuration a shape gets), only describes the launch; `what` makes the text only then.
+// A configuration's name in a plan: kernel, steps per round, CTAs per SM it is built for.
 inline std::string config(const char* kernel, int u, int ctas_per_sm) {
   return std::string(kernel) + " U=" + std::to_string(u) + " " + std::to_string(ctas_per_sm) + "/SM";
 }
 
+// Launches a kernel as a programmatic dependent or, given a plan to fill (linear_plan: tests check which
+// configuration a shape gets), only describes the launch; `what` makes the text only then.
 template <typename What, typename Kernel, typename... Args>
 void launch_or_describe(std::string* plan, What what, Kernel kernel, dim3 grid, dim3 block, size_t smem,
                         cudaStream_t stream, Args... args) {
@@ -617,7 +618,7 @@ bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream, std::st
   int l = 0;
   while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;
   if (steps < U || (pairs << l) > resident * kWarps || (steps >> l) > 2 * U) return false;
-  if (TWO_FULL_ROUNDS && ((steps >> l) < 2 * U || (pairs << l) * 10 < resident * kWarps * 9)) return false;
+  if (TWO_FULL_ROUNDS && ((steps >> l) != 2 * U || (pairs << l) * 10 < resident * kWarps * 9)) return false;
   const int64_t grid = std::min<int64_t>(resident, ((pairs << l) + kWarps - 1) / kWarps);
   auto what = [&] { return config("m1", U, MIN_BLOCKS) + " ks=" + std::to_string(1 << l); };
   launch_or_describe(plan, what, gemv_m1_kernel<T, U, MIN_BLOCKS>, dim3((unsigned)grid), dim3(kThreads), 0, stream, p,
