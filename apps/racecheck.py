@@ -16,8 +16,9 @@ for hd in (64, 128):
     k_cache, v_cache = torch.randn(2, 300, 2, hd, **opts), torch.randn(2, 300, 2, hd, **opts)  # [batch, cap, kv, hd]
     q = torch.randn(2, 113, 8, hd, **opts)  # [batch, seq, heads, hd]
     kernels.attention(q, k_cache, v_cache, torch.tensor([0, 57], device="cuda", dtype=torch.int32), hd ** -0.5)
-    kernels.attention(q[:, :1].contiguous(), k_cache, v_cache, torch.tensor([150, 299], device="cuda",
-                      dtype=torch.int32), hd ** -0.5)  # decode: split-KV, fused combine
+    for stable_prefix in (False, True):  # decode: split-KV, fused combine; ring partly filled before the wait
+        kernels.attention(q[:, :1].contiguous(), k_cache, v_cache, torch.tensor([150, 299], device="cuda",
+                          dtype=torch.int32), hd ** -0.5, stable_prefix=stable_prefix)
     x = torch.randn(1, 4, 200, hd, **opts)  # [batch, heads, seq, hd]
     kernels.flash_attention(x, x, x, is_causal=True)
     kernels.tiled_attention(x, x, x, is_causal=True)

@@ -21,7 +21,7 @@ TORCH_LIBRARY(minfer, m) {
   m.def("tensor_core_gemm(Tensor a, Tensor b) -> Tensor");
   m.def("gemm_int8(Tensor a, Tensor b) -> Tensor");
   // attention family
-  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale) -> Tensor");
+  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False) -> Tensor");
   m.def("naive_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
   m.def("tiled_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
   m.def("flash_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");

@@ -2,11 +2,15 @@
 // A token's [kv_heads, head_dim] slice is one contiguous row of `row` elements on both sides, so the
 // write is a row copy. Grid x walks packs of a row, grid y walks tokens (b, s). A position outside
 // [0, capacity) is skipped: the cache is never written out of bounds.
+// On Hopper it is launched as a programmatic dependent and lets its own dependent in at once: decode
+// attention, next in the engine, starts reading the older cache rows while this waits for its inputs
+// and writes the newest.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/launch.h"
 #include "common/vec.h"
 
 namespace minfer {
@@ -25,6 +29,12 @@ __global__ void kv_cache_write_kernel(T* __restrict__ k_cache,           // [cac
                                       const index_t* __restrict__ positions,  // [batch, seq], contiguous
                                       KvStrides st, int64_t seq, int64_t capacity, int row, int64_t tokens) {
   using P = Pack<T, W>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The dependent may launch before this waits: it too waits for this grid (and so for the one before)
+  // to complete before it touches anything that either writes.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // k, v and positions may be the previous kernel's
+#endif
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= row / W) return;
   for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
@@ -104,13 +114,9 @@ void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, 
       const int packs = static_cast<int>(row / w);
       const int threads = std::min(256, round_up(packs, 32));
       const dim3 grid((packs + threads - 1) / threads, static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
-      if (wide)
-        kv_cache_write_kernel<scalar_t, N, index_t><<<grid, threads, 0, stream>>>(
-            kc, vc, kp, vp, pos, st, seq, k_cache.size(1), static_cast<int>(row), tokens);
-      else
-        kv_cache_write_kernel<scalar_t, 1, index_t><<<grid, threads, 0, stream>>>(
-            kc, vc, kp, vp, pos, st, seq, k_cache.size(1), static_cast<int>(row), tokens);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto kernel = wide ? kv_cache_write_kernel<scalar_t, N, index_t> : kv_cache_write_kernel<scalar_t, 1, index_t>;
+      launch_pdl(kernel, grid, dim3(threads), 0, stream, kc, vc, kp, vp, pos, st, seq, k_cache.size(1),
+                 static_cast<int>(row), tokens);
     });
   });
 }

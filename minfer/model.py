@@ -95,7 +95,10 @@ class Transformer:
             ops.rope(q, k, flat_pos, self.cos_sin, True)
             ops.kv_cache_write(cache.k[i], cache.v[i], k.view(batch, seq, kv_heads, hd),
                                v.view(batch, seq, kv_heads, hd), positions)
-            attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, scale)
+            # The cache rows before start_pos were written by earlier forward calls, and nothing here
+            # writes start_pos: decode may start reading them before kv_cache_write is done.
+            attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, scale,
+                                 stable_prefix=True)
             x = ops.linear(attn.reshape(batch * seq, heads * hd), layer["o"])  # [tokens, hidden]
             ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps)
             x = ops.linear(ops.silu_and_mul(ops.linear(x, layer["gate_up"])), layer["down"])

@@ -64,7 +64,8 @@ def _nan_freed(shape, dtype):
     torch.full(shape, float("nan"), device="cuda", dtype=dtype)
 
 
-def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, strided=False, poison=True):
+def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, strided=False, poison=True,
+                 stable_prefix=False):
     starts_t = torch.tensor(starts, device="cuda", dtype=torch.int32)
     lens = [s + seq for s in starts]
     capacity = capacity or max(lens) + 5
@@ -78,7 +79,7 @@ def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, 
         q = torch.randn(batch, seq, heads, hd, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(hd)
     _nan_freed(q.shape, dtype)  # the op's output allocation likely reuses this NaN block
-    ours = _cuda().attention(q, kp if poison else k, vp if poison else v, starts_t, scale)
+    ours = _cuda().attention(q, kp if poison else k, vp if poison else v, starts_t, scale, stable_prefix)
     ref32 = reference.attention(q.float(), k.float(), v.float(), starts_t, scale)
     lowp = reference.attention(q, k, v, starts_t, scale)
     return ours, ref32, lowp
@@ -126,20 +127,54 @@ def test_engine_strided_q(seq, hd):
     _check(ours, ref32, lowp, dtype)
 
 
+# stable_prefix=True: the ring starts filling before griddepcontrol.wait (the engine's decode call).
+@pytest.mark.parametrize("stable_prefix", [False, True])
 @pytest.mark.parametrize("ctx", [1, 17, 31, 32, 33, 63, 64, 65, 113, 1000, 2048, 4097, 20000])
-def test_decode_context_lengths(ctx):
+def test_decode_context_lengths(ctx, stable_prefix):
     # tails of the 16-key tiles and of the split chunks, many splits, a cache far larger than the context
     dtype = torch.bfloat16
-    ours, ref32, lowp = _engine_case(1, 1, 32, 8, 128, dtype, [ctx - 1], capacity=32768)
+    ours, ref32, lowp = _engine_case(1, 1, 32, 8, 128, dtype, [ctx - 1], capacity=32768, stable_prefix=stable_prefix)
     _check(ours, ref32, lowp, dtype, f"ctx={ctx}")
 
 
+@pytest.mark.parametrize("stable_prefix", [False, True])
 @pytest.mark.parametrize("dtype", LOWP)
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("ctx", [17, 4097, 16500])
-def test_decode_dtypes_dims(ctx, hd, dtype):
-    ours, ref32, lowp = _engine_case(2, 1, 16, 4, hd, dtype, [ctx - 1, ctx // 3], capacity=ctx + 300)
+def test_decode_dtypes_dims(ctx, hd, dtype, stable_prefix):
+    ours, ref32, lowp = _engine_case(2, 1, 16, 4, hd, dtype, [ctx - 1, ctx // 3], capacity=ctx + 300,
+                                     stable_prefix=stable_prefix)
     _check(ours, ref32, lowp, dtype, f"ctx={ctx}")
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("ctx", [1, 16, 17, 48, 49, 1000, 4097, 20000])
+def test_decode_stable_prefix_newest_key_just_written(ctx, hd):
+    # The engine's sequence: kv_cache_write puts the newest key and value (over NaN slots) at start_pos,
+    # and decode, launched right behind it with stable_prefix, must wait for them: only older rows may be
+    # read early. A long gemv on one SM (16 rows of 2^20) runs first: kv_cache_write lets decode launch
+    # before it waits for that gemv, so decode's CTAs start on the other SMs while the newest rows are
+    # still NaN, for about a hundred microseconds.
+    cuda, dtype, batch, kv_heads = _cuda(), torch.float16, 2, 4
+    x_long = torch.randn(1, 1 << 20, device="cuda", dtype=dtype)
+    w_long = torch.randn(16, 1 << 20, device="cuda", dtype=dtype)
+    starts = [ctx - 1, ctx // 2]
+    k, v, kp, vp = _make_cache(batch, ctx + 40, kv_heads, hd, dtype, starts)  # NaN from each start on
+    start = torch.tensor(starts, device="cuda", dtype=torch.int32)
+    positions = start[:, None]  # [batch, 1]
+    q = torch.randn(batch, 1, 4 * kv_heads, hd, device="cuda", dtype=dtype)
+    scale = 1.0 / math.sqrt(hd)
+    ref32 = reference.attention(q.float(), k.float(), v.float(), start, scale)
+    lowp = reference.attention(q, k, v, start, scale)
+    k_new = k[torch.arange(batch), start.long()][:, None].contiguous()  # [batch, 1, kv_heads, hd]
+    v_new = v[torch.arange(batch), start.long()][:, None].contiguous()
+    for rep in range(20):
+        kp[torch.arange(batch), start.long()] = float("nan")
+        vp[torch.arange(batch), start.long()] = float("nan")
+        cuda.linear(x_long, w_long)
+        cuda.kv_cache_write(kp, vp, k_new, v_new, positions)
+        ours = cuda.attention(q, kp, vp, start, scale, stable_prefix=True)
+        _check(ours, ref32, lowp, dtype, f"ctx={ctx} rep {rep}")
 
 
 @pytest.mark.parametrize("ratio", [1, 3, 4, 8, 16, 20])
@@ -167,13 +202,15 @@ def test_decode_large_batch(batch):
     _check(ours, ref32, lowp, dtype)
 
 
+@pytest.mark.parametrize("stable_prefix", [False, True])
 @pytest.mark.parametrize("hd", [64, 128])
-def test_decode_long_beside_short(hd):
+def test_decode_long_beside_short(hd, stable_prefix):
     # 24 (batch, kv head) pairs share the splits chosen from the capacity: the 30k sequence merges all of
     # them, the 1..100-key ones use one or two and their other CTAs exit at once
     dtype = torch.bfloat16
     starts = [29999, 0, 1, 16, 32, 99, 5, 63, 64, 15, 2, 47]
-    ours, ref32, lowp = _engine_case(len(starts), 1, 8, 2, hd, dtype, starts, capacity=30100)
+    ours, ref32, lowp = _engine_case(len(starts), 1, 8, 2, hd, dtype, starts, capacity=30100,
+                                     stable_prefix=stable_prefix)
     _check(ours, ref32, lowp, dtype)
 
 

@@ -78,7 +78,8 @@ def _decode_ref(q, k, v, start):
 
 
 def _decode_minfer(q, k, v, start):
-    return _ops().attention(q, k, v, start, 1.0 / math.sqrt(q.shape[-1]))
+    # As the engine calls it: nothing here writes start or the caches, so the promise holds.
+    return _ops().attention(q, k, v, start, 1.0 / math.sqrt(q.shape[-1]), stable_prefix=True)
 
 
 def _decode_bytes(shape, dtype):

@@ -59,7 +59,7 @@ double seed_scale(const torch::Tensor& q, std::optional<double> scale) {
 }  // namespace
 
 torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                        const torch::Tensor& start_pos, double scale) {
+                        const torch::Tensor& start_pos, double scale, bool stable_prefix) {
   MINFER_CHECK_CUDA(q_in);
   MINFER_CHECK_CUDA(k_cache);
   MINFER_CHECK_CUDA(v_cache);
@@ -98,7 +98,7 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
   auto out = torch::empty({batch, seq, heads, head_dim}, q.options());  // [batch, seq, heads, head_dim]
   if (out.numel() == 0) return out;
   if (seq == 1) {
-    attn::flash_decode(q, k_cache, v_cache, start_pos, scale, out);
+    attn::flash_decode(q, k_cache, v_cache, start_pos, scale, stable_prefix, out);
     return out;
   }
   attn::FlashParams p{};

@@ -49,8 +49,11 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
 
 // flash_decode.cu: the engine op for seq == 1. q [batch, 1, heads, head_dim] (strided batch),
 // caches [batch, capacity, kv_heads, head_dim]; out [batch, 1, heads, head_dim] contiguous.
+// stable_prefix: start_pos and the cache rows before start_pos[b] are not written by any kernel that may
+// still be running when this one starts (the engine's decode step: they were written by earlier steps),
+// so the kernel may start reading them before the previous kernel in the stream is done.
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                  const torch::Tensor& start_pos, double scale, torch::Tensor& out);
+                  const torch::Tensor& start_pos, double scale, bool stable_prefix, torch::Tensor& out);
 
 // tiled.cu: the CUDA-core tiled kernel (also the fp32 path of flash_attention).
 torch::Tensor tiled_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -23,6 +23,8 @@
 // unnormalised O) to a workspace and bumps a per-(batch, kv block) counter; the CTA that arrives last
 // merges all partials by log-sum-exp, writes the output and resets the counter to zero, so the counters
 // are zero again after every launch (CUDA-graph replay included).
+// stable_prefix (the engine's call): start_pos and the cache rows before it are final before the
+// previous kernel runs, so the split is laid out, and short streams start loading, before the wait.
 #include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -70,6 +72,7 @@ struct DecodeParams {
   int hblocks;      // kv blocks per kv head: ceil(group / 16)
   int rows;         // q heads per kv block: min(group, 16) (the last block of a group may have fewer)
   int capacity, num_splits;
+  int stable_prefix;  // start_pos and the cache rows before start_pos[b] may be read before the wait
   float scale_log2;
 };
 
@@ -116,9 +119,65 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int rows = min(kRows, p.group - hb * kRows);  // valid q heads of this block
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
+  // This split's keys [s0, s1) of the actual length: whole tiles, at least kMinChunk keys. Its warp
+  // `warp` takes tiles warp, warp + 4, ... of them (n_my).
+  int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0;
+  auto take_range = [&] {
+    len = max(0, min(p.start_pos[b] + 1, p.capacity));
+    int chunk = (len + p.num_splits - 1) / p.num_splits;
+    chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
+    n_active = max(1, (len + chunk - 1) / chunk);
+    s0 = split * chunk, s1 = min(s0 + chunk, len);
+    const int n_tiles = max(0, (s1 - s0 + kTK - 1) / kTK);
+    n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+  };
+
+  T* ring = reinterpret_cast<T*>(smem + warp * kRingBytes);  // [STAGES][K tile, V tile], tile_off layout
+  const T* kg = reinterpret_cast<const T*>(p.k) + b * p.k_bs + kvh * p.k_hs;
+  const T* vg = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs;
+  auto tile_key0 = [&](int i) { return s0 + (warp + i * kWarps) * kTK; };  // this warp's tile i
+  // Keys >= s1 are zero-filled, never read (a cache slot past the length may hold anything, NaN
+  // included); the consumer masks their scores.
+  auto load_tile = [&](int i, int st) {
+    const int key0 = tile_key0(i);
+    T* dk = ring + st * 2 * TILE;
+    T* dv = dk + TILE;
+    const int valid = s1 - key0;
+    const T* gk = kg + key0 * p.k_ss;
+    const T* gv = vg + key0 * p.v_ss;
+#pragma unroll
+    for (int j = 0; j < kTK * CH / 32; ++j) {
+      const int idx = lane + 32 * j, r = idx / CH, c = idx % CH;
+      const bool ok = r < valid;
+      cp_async16(dk + tile_off(r, c), gk + (ok ? r : 0) * p.k_ss + c * 8, ok);
+      cp_async16(dv + tile_off(r, c), gv + (ok ? r : 0) * p.v_ss + c * 8, ok);
+    }
+    cp_async_commit();
+  };
+
+  // With a stable prefix the length is read and the split laid out before griddepcontrol.wait, while
+  // the previous kernel runs (the read of start_pos was the first step after the wait), and a warp with
+  // at most 4 tiles loads the first half of them there too, if they lie wholly before the newest key
+  // (start_pos[b], which the previous kernel, kv_cache_write in the engine, may be writing). Tiles fill
+  // in order, so the cp.async groups keep their count whichever side of the wait a tile was issued on.
+  // Why half, and only for short streams (H200, bf16, batch 1, 32 q / 8 kv heads, back to back, us):
+  // bytes loaded early land on the previous call's tail (its q load and split merge), which they slow.
+  // d 128 (3-stage ring): 2k, 2 tiles per warp, none / 1 / 2 early 6.50 / 5.92 / 6.30; 4k, 4 tiles,
+  // none / 1 / 2 / 3 early 8.28 / 7.72 / 7.51 / 7.53; 8k, 8 tiles, none / 3 early 11.92 / 12.85;
+  // 16k and 32k lost 0.9 us with 3 early. d 64 (6-stage ring) at 4k, 4 tiles: none / 1 / 2 / 4 early
+  // 6.32 / 6.06 / 5.91 / 6.27 (perf/attention.md "Session 14").
+  int filled = 0;
+  if (p.stable_prefix) {
+    take_range();
+    if (split >= n_active) return;
+    const int early = n_my <= 4 ? min(STAGES, (n_my + 1) / 2) : 0;
+    while (filled < early && min(tile_key0(filled) + kTK, s1) <= len - 1) load_tile(filled, filled), ++filled;
+  }
+
 #if MINFER_DECODE_PDL
   // Launched as a programmatic dependent: the launch and the index setup above overlapped the previous
-  // kernel's tail; q, start_pos, the caches, the counters and the workspace may be its outputs.
+  // kernel's tail; q, start_pos, the caches, the counters and the workspace may be its outputs (start_pos
+  // and the cache prefix not, with stable_prefix).
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // The next kernel may launch now: its CTAs take the SMs' free slots and wait in their own
   // griddepcontrol.wait, which returns only once this grid is complete. (A grid with CTAs still to
@@ -128,8 +187,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
-  // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory;
-  // issued before the length is known (it does not depend on it).
+  // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory
+  // (the previous kernel may have written it).
   uint32_t qf[KD][4];
   {
     const T* qb = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head0 * p.q_hs + 2 * t;
@@ -145,39 +204,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  // This split's keys [s0, s1) of the actual length: whole tiles, at least kMinChunk keys.
-  const int len = max(0, min(p.start_pos[b] + 1, p.capacity));
-  int chunk = (len + p.num_splits - 1) / p.num_splits;
-  chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
-  const int n_active = max(1, (len + chunk - 1) / chunk);
-  if (split >= n_active) return;
-  const int s0 = split * chunk, s1 = min(s0 + chunk, len);
-  const int n_tiles = max(0, (s1 - s0 + kTK - 1) / kTK);
-  const int n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;  // tiles warp, warp+4, ...
-
-  T* ring = reinterpret_cast<T*>(smem + warp * kRingBytes);  // [STAGES][K tile, V tile], tile_off layout
-  const T* kg = reinterpret_cast<const T*>(p.k) + b * p.k_bs + kvh * p.k_hs;
-  const T* vg = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs;
-  // This warp's tile i starts at key s0 + (warp + i * kWarps) * kTK. Keys >= s1 are zero-filled, never
-  // read (a cache slot past the length may hold anything, NaN included); the consumer masks their scores.
-  auto load_tile = [&](int i, int st) {
-    const int key0 = s0 + (warp + i * kWarps) * kTK;
-    T* dk = ring + st * 2 * TILE;
-    T* dv = dk + TILE;
-    const int valid = s1 - key0;
-    const T* gk = kg + key0 * p.k_ss;
-    const T* gv = vg + key0 * p.v_ss;
-#pragma unroll
-    for (int j = 0; j < kTK * CH / 32; ++j) {
-      const int idx = lane + 32 * j, r = idx / CH, c = idx % CH;
-      const bool ok = r < valid;
-      cp_async16(dk + tile_off(r, c), gk + (ok ? r : 0) * p.k_ss + c * 8, ok);
-      cp_async16(dv + tile_off(r, c), gv + (ok ? r : 0) * p.v_ss + c * 8, ok);
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int i = 0; i < STAGES; ++i) {
+  if (!p.stable_prefix) {
+    take_range();
+    if (split >= n_active) return;
+  }
+  for (int i = filled; i < STAGES; ++i) {
     if (i < n_my) load_tile(i, i);
     else cp_async_commit();  // keep one group per stage: the waits count groups
   }
@@ -192,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = 0; i < n_my; ++i) {
     T* tk = ring + st * 2 * TILE;
     T* tv = tk + TILE;
-    const int valid = s1 - (s0 + (warp + i * kWarps) * kTK);  // >= 1
+    const int valid = s1 - tile_key0(i);  // >= 1
     cp_async_wait<STAGES - 1>();  // tile i has landed (this lane's copies) ...
     __syncwarp();                 // ... and every lane's
 
@@ -309,18 +340,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   if (n_active == 1) return;
 
-  // Last CTA of this (batch, kv block) to arrive merges the splits. Writers fence before the count,
-  // the last CTA fences after seeing it, and reads the partials from L2 (__ldcg).
-  __threadfence();
+  // Last CTA of this (batch, kv block) to arrive merges the splits, reading the partials from L2
+  // (__ldcg). The count is one acquire-release atomic by thread 0 between two CTA barriers: the barrier
+  // before orders the CTA's partial stores ahead of its release, and the one after orders the last
+  // CTA's reads behind its acquire. (Two __threadfence around a relaxed atomicAdd cost 0.25-0.35 us
+  // more at batch 1: 4k 7.53 -> 7.24, 2k 6.30 -> 6.05, d 64 4k 6.27 -> 5.91; H200, bf16.)
   __syncthreads();
   if (tid == 0) {
-    const int prev = atomicAdd(p.counters + pair, 1);
+    int prev;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(prev) : "l"(p.counters + pair) : "memory");
     s_last = prev == n_active - 1;
     if (s_last) atomicExch(p.counters + pair, 0);  // every split has arrived: ready for the next launch
   }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
 
   // One pass with a running max: a split's (max, sum) and O are independent loads, so the unrolled
   // loop keeps 16 splits' worth in flight (no round through L2 for the maxima first, no barrier).
@@ -384,7 +417,7 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
 }  // namespace
 
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                  const torch::Tensor& start_pos, double scale, torch::Tensor& out) {
+                  const torch::Tensor& start_pos, double scale, bool stable_prefix, torch::Tensor& out) {
   const int batch = q.size(0), heads = q.size(2), head_dim = q.size(3);
   const int kv_heads = k_cache.size(2);
   if (batch == 0 || heads == 0) return;
@@ -397,6 +430,7 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   p.heads = heads, p.group = heads / kv_heads, p.capacity = k_cache.size(1);
   p.hblocks = (p.group + kRows - 1) / kRows, p.rows = std::min(p.group, kRows);
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  p.stable_prefix = stable_prefix;
   auto stream = c10::cuda::getCurrentCUDAStream();
   auto by_dim = [&](auto t_tag) {
     using T = decltype(t_tag);

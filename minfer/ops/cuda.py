@@ -141,7 +141,7 @@ def gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # ---- attention family (csrc/attention/) ----
 
 @torch.library.register_fake("minfer::attention")
-def _attention_fake(q, k_cache, v_cache, start_pos, scale):
+def _attention_fake(q, k_cache, v_cache, start_pos, scale, stable_prefix=False):
     return q.new_empty(q.shape)  # [batch, seq, heads, head_dim], contiguous
 
 
@@ -154,14 +154,17 @@ for _name in ("naive_attention", "tiled_attention", "flash_attention"):
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
-              scale: float) -> torch.Tensor:
+              scale: float, stable_prefix: bool = False) -> torch.Tensor:
     # q [batch, seq, heads, head_dim] (a strided view into the fused qkv is fine); caches
     # [batch, capacity, kv_heads, head_dim]; start_pos [batch] int32 on the device.
     # seq > 1: flash prefill; seq == 1: split-KV decode. fp32 has no kernel (the engine runs fp16/bf16
     # on GPU) and runs on the reference instead.
+    # stable_prefix=True promises that start_pos and the cache rows before start_pos[b] were written
+    # before the kernels just ahead of this one in the stream: decode then starts reading them while
+    # the previous kernel still runs (a wrong promise gives wrong results).
     if q.dtype == torch.float32:
         return reference.attention(q, k_cache, v_cache, start_pos, scale)
-    return _ops.attention(q, k_cache, v_cache, start_pos, float(scale))
+    return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix)
 
 
 def naive_attention(q, k, v, scale=None, is_causal=False):

@@ -69,10 +69,11 @@ def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
-              scale: float) -> torch.Tensor:
+              scale: float, stable_prefix: bool = False) -> torch.Tensor:
     # Causal attention of new queries over the cache.
     # q [batch, seq, heads, head_dim]; k_cache, v_cache [batch, capacity, kv_heads, head_dim];
     # start_pos [batch]: position of q[:, 0]. Query s of sequence b sees keys 0 .. start_pos[b] + s.
+    # stable_prefix is a scheduling promise for the CUDA kernel (see ops/cuda.py); no effect here.
     # -> [batch, seq, heads, head_dim]
     batch, seq, heads, _ = q.shape
     kv_len = int(start_pos.max()) + seq
