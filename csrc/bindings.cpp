@@ -14,7 +14,7 @@ TORCH_LIBRARY(minfer, m) {
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");
   // gemm family (csrc/gemm/): path = auto | wmma | sm80 | sm90 | gemv | simt
-  m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\") -> Tensor");
+  m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\", bool static_weight=False) -> Tensor");
   m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\") -> str");  // what linear would launch (tests)
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
         "bool trans_b=False, str path=\"auto\") -> Tensor");

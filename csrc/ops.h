@@ -18,7 +18,7 @@ void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, 
                     const torch::Tensor& v, const torch::Tensor& positions);
 // gemm family (csrc/gemm/dispatch.cpp)
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
-                     const std::string& path);
+                     const std::string& path, bool static_weight);
 std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path);
 torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
                    const std::optional<torch::Tensor>& c, bool trans_a, bool trans_b, const std::string& path);

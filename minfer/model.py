@@ -84,7 +84,8 @@ class Transformer:
         residual = ops.embedding(ids.reshape(-1), self.embed)  # [tokens, hidden]
         x = ops.rms_norm(residual, self.layers[0]["attn_norm"], cfg.rms_norm_eps)
         for i, layer in enumerate(self.layers):
-            qkv = ops.linear(x, layer["qkv"], layer["qkv_bias"])  # [tokens, (heads + 2 kv_heads) hd]
+            # static_weight: no kernel writes the weights, so the gemv kernels start reading them early
+            qkv = ops.linear(x, layer["qkv"], layer["qkv_bias"], static_weight=True)  # [tokens, (heads + 2 kvh) hd]
             q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
             q = q.reshape(-1, heads, hd)  # [tokens, heads, hd]; views, no copies
             k = k.reshape(-1, kv_heads, hd)
@@ -99,14 +100,15 @@ class Transformer:
             # writes start_pos: decode may start reading them before kv_cache_write is done.
             attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, scale,
                                  stable_prefix=True)
-            x = ops.linear(attn.reshape(batch * seq, heads * hd), layer["o"])  # [tokens, hidden]
+            x = ops.linear(attn.reshape(batch * seq, heads * hd), layer["o"], static_weight=True)  # [tokens, hidden]
             ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps)
-            x = ops.linear(ops.silu_and_mul(ops.linear(x, layer["gate_up"])), layer["down"])
+            gate_up = ops.linear(x, layer["gate_up"], static_weight=True)  # [tokens, 2 intermediate]
+            x = ops.linear(ops.silu_and_mul(gate_up), layer["down"], static_weight=True)
             next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
             ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps)
 
         x = x.view(batch, seq, -1)  # [batch, seq, hidden]
         if logit_index is not None:
             x = x[torch.arange(batch, device=x.device), logit_index]  # [batch, hidden]
-        logits = ops.linear(x.reshape(-1, x.shape[-1]), self.lm_head).float()
+        logits = ops.linear(x.reshape(-1, x.shape[-1]), self.lm_head, static_weight=True).float()
         return logits.view(*x.shape[:-1], -1)

@@ -89,8 +89,10 @@ def _check_linear_and_gemm(m, n, k, dtype, gemm_path):
     """linear with bias on the gemv path, then gemm with alpha, beta and C on `gemm_path`; NaN-filled outputs."""
     ops = _ops()
     x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
-    _nan_next(m, n, dtype)
-    _check(ops.linear(x, w, bias, "gemv"), F.linear(x, w, bias), x.double() @ w.double().t() + bias.double(), dtype)
+    for static_weight in (False, True):  # True: W's first round loads before griddepcontrol.wait
+        _nan_next(m, n, dtype)
+        _check(ops.linear(x, w, bias, "gemv", static_weight), F.linear(x, w, bias),
+               x.double() @ w.double().t() + bias.double(), dtype)
     c = _rand(m, n, dtype=dtype)
     _nan_next(m, n, dtype)
     _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, gemm_path), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
@@ -109,8 +111,9 @@ def test_gemv_path_many_tiles(m, k, dtype):
     ops = _ops()
     n = 40000
     x, w = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5
-    _nan_next(m, n, dtype)
-    _check(ops.linear(x, w, None, "gemv"), F.linear(x, w), x.double() @ w.double().t(), dtype)
+    for static_weight in (False, True):
+        _nan_next(m, n, dtype)
+        _check(ops.linear(x, w, None, "gemv", static_weight), F.linear(x, w), x.double() @ w.double().t(), dtype)
 
 
 # M <= 4, K >= 4096 and at least one 16-row tile per warp of a wave (17003 rows on 132 SMs): W streams
@@ -202,6 +205,27 @@ def test_pdl_chained_dependencies(m, n, path):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out.float(), ref, **tol)
+
+
+# static_weight (the engine's call): W's first round loads before griddepcontrol.wait, X only after it.
+# Each linear's X is the previous linear's output, so an X read early would be stale (the NaN fill
+# right before the chain would show). M = 1 and 3 on gemv: the row-pair kernel and the tiles; 16 x 30000
+# x 1032: the many-tile stream; 1 x 17008 x 4104: the rings, filled before the wait.
+@pytest.mark.parametrize("m, n, k", [(1, 2056, 2056), (3, 1032, 1032), (16, 30000, 1032), (1, 17008, 4104)])
+def test_static_weight_chain(m, n, k):
+    ops, dtype = _ops(), torch.float16
+    ws = [_rand(n, k, dtype=dtype) / k ** 0.5, _rand(k, n, dtype=dtype) / n ** 0.5]  # [out, in] pairs
+    x0 = _rand(m, k, dtype=dtype)
+    ref = x0.double()
+    for i in range(4):
+        ref = ref @ ws[i % 2].double().t()
+    for rep in range(3):
+        x = x0.clone()
+        for i in range(4):
+            _nan_next(m, ws[i % 2].shape[0], dtype)
+            x = ops.linear(x, ws[i % 2], None, "gemv", True)
+        tol = dict(atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+        torch.testing.assert_close(x.double(), ref, **tol)
 
 
 # sm90 above M = 128: tiles are 128 x 256 x 64 (128 x 128 where that needs fewer rounds) and the grid

@@ -175,7 +175,7 @@ namespace {
 // linear, or with plan != nullptr only the choice of kernel it would make (see linear_plan).
 torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight,
                              const std::optional<torch::Tensor>& bias, const std::string& path_name,
-                             std::string* plan) {
+                             bool static_weight, std::string* plan) {
   const Path path = parse_path(path_name, "linear");
   check_cuda(x, x, "x", "linear");
   check_cuda(weight, x, "weight", "linear");
@@ -210,6 +210,7 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
     Params<scalar_t, scalar_t> p{ptr<scalar_t>(x), M == 1 ? K : x.stride(0), 1, ptr<scalar_t>(weight),
                                  N == 1 ? K : weight.stride(0), 1, d, N, ptr<scalar_t>(b), nullptr, 0, 1.f, 0.f,
                                  (int)M, (int)N, (int)K};
+    p.static_b = static_weight;
     run(p, path, x.device(), "linear", plan);
   });
   return out;
@@ -219,9 +220,11 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
 }  // namespace gemm_impl
 
 // y = x W^T + bias. x [tokens, in] (last dim contiguous), weight [out, in], bias [out] -> [tokens, out].
+// static_weight: no kernel that may still be running when this one starts writes weight (a model's
+// weights); the gemv kernels then start reading it before they wait for the previous kernel.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
-                     const std::string& path) {
-  return gemm_impl::linear_or_plan(x, weight, bias, path, nullptr);
+                     const std::string& path, bool static_weight) {
+  return gemm_impl::linear_or_plan(x, weight, bias, path, static_weight, nullptr);
 }
 
 // Which path and kernel configuration linear(x, weight, path=path) would launch, as text, e.g.
@@ -229,7 +232,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 // is meant to exercise.
 std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path) {
   std::string plan;
-  gemm_impl::linear_or_plan(x, weight, std::nullopt, path, &plan);
+  gemm_impl::linear_or_plan(x, weight, std::nullopt, path, false, &plan);
   return plan;
 }
 

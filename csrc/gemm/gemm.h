@@ -24,6 +24,9 @@ struct Params {
   int64_t ldc;
   float alpha, beta;
   int M, N, K;
+  // B is not written by any kernel that may still be running when this one starts (a model's weights):
+  // the gemv kernels then start loading it before griddepcontrol.wait.
+  bool static_b = false;
 };
 
 // Host launchers, one per path (explicitly instantiated in their .cu files).

@@ -30,9 +30,13 @@
 // Fixed costs (a 32 MB W streams in 8 us): on Hopper the kernel is launched as a programmatic
 // dependent of the previous kernel in the stream and lets its own dependents launch at once, so
 // its CTAs can be resident while the previous grid drains. Before griddepcontrol.wait, which
-// returns once the previous grid is complete and its writes are visible, a CTA reads nothing. (An
-// L2 prefetch of each warp's first round of W there measured equal or slower on H200, up to 0.7 us
-// at 1 x 2048 x 8192, and was dropped in the ninth session.)
+// returns once the previous grid is complete and its writes are visible, a CTA reads nothing, unless
+// the caller says W is static (linear's static_weight, the engine's weights): then each warp loads
+// its first round of W into registers (the rings: fills them) before the wait, and X after it.
+// Back to back on H200 (fp16, perf/gemm.md "Session 14"): 1 x 3072 x 2048 5.22 -> 4.71 us,
+// 1 x 16384 x 2048 18.4 -> 17.5, 16 x 16384 x 2048 19.2 -> 18.3, 8 x 28672 x 4096 57.6 -> 56.7;
+// 16 x 6144 x 4096 15.6 -> 15.9 and 8 x 2048 x 8192 11.1 -> 11.4 lost. (An L2 prefetch of the same
+// round, in the ninth session, measured equal or slower: the loads must land somewhere.)
 // Needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned bases (checked by the dispatcher) and
 // sm_80 (mma.sync with bf16).
 #include <cuda_bf16.h>
@@ -44,6 +48,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "common/launch.h"
 #include "gemm/epilogue.h"
@@ -118,41 +123,66 @@ __device__ __forceinline__ void store_tile(const Params<T, T>& p, const float (&
 // whose loads are all issued before the first mma. wa / wb / xp point at this thread's chunk c of
 // step 0 (c = t: four chunks per step, W rows n0 and n0 + 8; c = 4g + t: see gemv_m1_kernel); rows
 // that are off (a_ok, b_ok, x_ok false) read nothing and give zeros.
+template <int U, int STEP = 4>
+__device__ __forceinline__ void load_w_round(uint4 (&va)[U], uint4 (&vb)[U], const uint4* wa, const uint4* wb,
+                                             bool a_ok, bool b_ok, int s0, int s_end, int chunks, int c) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int s = s0 + u;
+    const bool ok = s < s_end && STEP * s + c < chunks;  // past the warp's slice or K's tail: zeros
+    va[u] = ld_w(wa + STEP * (int64_t)s, ok && a_ok);
+    vb[u] = ld_w(wb + STEP * (int64_t)s, ok && b_ok);
+  }
+}
+
+// The round at s0 once its W is in va / vb: X, then the mmas.
+template <typename T, int NT, int U, int STEP = 4>
+__device__ __forceinline__ void mma_round(float (&acc)[NT][4], const uint4 (&va)[U], const uint4 (&vb)[U],
+                                          const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s0, int s_end,
+                                          int chunks, int c) {
+  auto load_x = [&](int u, uint4 (&x)[NT]) {
+    const int s = s0 + u;
+    const bool ok = s < s_end && STEP * s + c < chunks;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) x[nt] = ld_x(xp[nt] + STEP * (int64_t)s, ok && x_ok[nt]);
+  };
+  if constexpr (NT * U <= 8) {  // the round's X up front too: its registers wait under W's latency
+    uint4 vx[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) load_x(u, vx[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
+  } else {  // longer rounds of two X rows: X one step ahead of the mmas (L1 hits), not NT * U * 4 registers
+    uint4 vx[2][NT];
+    load_x(0, vx[0]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u + 1 < U) load_x(u + 1, vx[(u + 1) & 1]);
+      mma_step<T, NT>(acc, va[u], vb[u], vx[u & 1]);
+    }
+  }
+}
+
 template <typename T, int NT, int U, int STEP = 4>
 __device__ __forceinline__ void accumulate(float (&acc)[NT][4], const uint4* wa, const uint4* wb, bool a_ok, bool b_ok,
                                            const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s_begin,
                                            int s_end, int chunks, int c) {
   for (int s0 = s_begin; s0 < s_end; s0 += U) {
     uint4 va[U], vb[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {  // the round's W loads first: they carry the latency
-      const int s = s0 + u;
-      const bool ok = s < s_end && STEP * s + c < chunks;  // past the warp's slice or K's tail: zeros
-      va[u] = ld_w(wa + STEP * (int64_t)s, ok && a_ok);
-      vb[u] = ld_w(wb + STEP * (int64_t)s, ok && b_ok);
-    }
-    auto load_x = [&](int u, uint4 (&x)[NT]) {
-      const int s = s0 + u;
-      const bool ok = s < s_end && STEP * s + c < chunks;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) x[nt] = ld_x(xp[nt] + STEP * (int64_t)s, ok && x_ok[nt]);
-    };
-    if constexpr (NT * U <= 8) {  // the round's X up front too: its registers wait under W's latency
-      uint4 vx[U][NT];
-#pragma unroll
-      for (int u = 0; u < U; ++u) load_x(u, vx[u]);
-#pragma unroll
-      for (int u = 0; u < U; ++u) mma_step<T, NT>(acc, va[u], vb[u], vx[u]);
-    } else {  // longer rounds of two X rows: X one step ahead of the mmas (L1 hits), not NT * U * 4 registers
-      uint4 vx[2][NT];
-      load_x(0, vx[0]);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (u + 1 < U) load_x(u + 1, vx[(u + 1) & 1]);
-        mma_step<T, NT>(acc, va[u], vb[u], vx[u & 1]);
-      }
-    }
+    load_w_round<U, STEP>(va, vb, wa, wb, a_ok, b_ok, s0, s_end, chunks, c);  // W first: it carries the latency
+    mma_round<T, NT, U, STEP>(acc, va, vb, xp, x_ok, s0, s_end, chunks, c);
   }
+}
+
+// The same, with the first round's W already in va0 / vb0 (loaded before griddepcontrol.wait; see the
+// kernels). Kept apart from accumulate so that the loop above compiles as it did without it.
+template <typename T, int NT, int U, int STEP = 4>
+__device__ __forceinline__ void accumulate_from(float (&acc)[NT][4], const uint4 (&va0)[U], const uint4 (&vb0)[U],
+                                                const uint4* wa, const uint4* wb, bool a_ok, bool b_ok,
+                                                const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s_begin,
+                                                int s_end, int chunks, int c) {
+  mma_round<T, NT, U, STEP>(acc, va0, vb0, xp, x_ok, s_begin, s_end, chunks, c);
+  accumulate<T, NT, U, STEP>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin + U, s_end, chunks, c);
 }
 
 // This thread's X rows m_base + 8 nt + g at chunk t of step 0; rows from M on read nothing.
@@ -194,17 +224,20 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
   const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
   const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
 
-  wait_for_previous_grid();
-
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
-  for (int m_base = blockIdx.y * 8 * NT; m_base < p.M; m_base += gridDim.y * 8 * NT) {
+  uint4 pre_a[U], pre_b[U];
+  // One block of 8 * NT rows of A; `preloaded`: W's first round is in pre_a / pre_b.
+  auto a_block = [&](int m_base, auto preloaded) {
     bool x_ok[NT];
     const uint4* xp[NT];
     x_rows(p, m_base, g, t, xp, x_ok);
     float acc[NT][4];
     zero(acc);
 
-    accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
+    if constexpr (decltype(preloaded)::value)
+      accumulate_from<T, NT, U>(acc, pre_a, pre_b, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
+    else
+      accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
 
     // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
 #pragma unroll
@@ -224,7 +257,19 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
       }
     }
     __syncthreads();  // red is rewritten by the next block of A rows
+  };
+  // A static W: its first round loads before the wait (the condition is the same for the whole CTA,
+  // which meets at barriers in a_block; a warp with no K range loads nothing and adds zeros).
+  int m_base = blockIdx.y * 8 * NT;  // < M: grid.y is ceil(M / (8 NT)) at most
+  if (p.static_b) {
+    load_w_round<U>(pre_a, pre_b, wa, wb, a_ok, b_ok, s_begin, s_end, chunks, t);
+    wait_for_previous_grid();
+    a_block(m_base, std::true_type{});
+    m_base += gridDim.y * 8 * NT;
+  } else {
+    wait_for_previous_grid();
   }
+  for (; m_base < p.M; m_base += gridDim.y * 8 * NT) a_block(m_base, std::false_type{});
 }
 
 // Many tiles (far more than warps resident): every warp of a one-wave grid takes an equal, contiguous
@@ -238,21 +283,37 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_stream_kernel(const
   const int64_t tiles = (p.N + 15) / 16;
   const int t_begin = (int)(gw * tiles / warps), t_end = (int)((gw + 1) * tiles / warps);
   const int chunks = p.K / 8, steps = (chunks + 3) / 4;
-  wait_for_previous_grid();
-
   bool x_ok[NT];
   const uint4* xp[NT];
-  x_rows(p, 0, g, t, xp, x_ok);
-  for (int tile = t_begin; tile < t_end; ++tile) {
+  // One tile of 16 W rows; `preloaded`: its first round is in pre_a / pre_b.
+  uint4 pre_a[U], pre_b[U];
+  auto w_tile = [&](int tile, auto preloaded) {
     const int n0 = tile * 16 + g;
     const bool a_ok = n0 < p.N, b_ok = n0 + 8 < p.N;
     const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
     const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
     float acc[NT][4];
     zero(acc);
-    accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, 0, steps, chunks, t);
+    if constexpr (decltype(preloaded)::value) {
+      load_w_round<U>(pre_a, pre_b, wa, wb, a_ok, b_ok, 0, steps, chunks, t);
+      wait_for_previous_grid();
+      x_rows(p, 0, g, t, xp, x_ok);
+      accumulate_from<T, NT, U>(acc, pre_a, pre_b, wa, wb, a_ok, b_ok, xp, x_ok, 0, steps, chunks, t);
+    } else {
+      accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, 0, steps, chunks, t);
+    }
     store_tile(p, acc, n0, p.N, t);
+  };
+  // A static W: the first tile's first round loads before the wait, where the registers allow (6-step
+  // rounds at 3 CTAs per SM, 80 registers, spilled holding it).
+  int tile = t_begin;
+  if (U * MIN_BLOCKS <= 16 && p.static_b && tile < t_end) {
+    w_tile(tile++, std::true_type{});
+  } else {
+    wait_for_previous_grid();
+    x_rows(p, 0, g, t, xp, x_ok);
   }
+  for (; tile < t_end; ++tile) w_tile(tile, std::false_type{});
 }
 
 // W through per-warp shared-memory rings (the way flash decode streams K/V): a stage is 16 W rows x
@@ -288,7 +349,6 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
   uint4* ring = smem_ring + warp * kRingStages * kStageVecs;  // [stage][16 rows][32 chunks], swizzled
   // Past the rings: [warp][first / last tile][acc][lane].
   auto partial = reinterpret_cast<float(*)[2][kRingNT * 4][32]>(smem_ring + kRingWarps * kRingStages * kStageVecs);
-  wait_for_previous_grid();
 
   // Chunk c of row r sits at c ^ 4 (r & 1): the 8 lanes of a quarter warp read rows g, g + 1 at
   // chunks 4j + t, which then fall in 8 different bank groups.
@@ -303,11 +363,13 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
     }
     cp_async_commit();
   };
+  if (!p.static_b) wait_for_previous_grid();
 #pragma unroll
   for (int i = 0; i < kRingStages; ++i) {
     if (s_begin + i < s_end) load(s_begin + i, i);
     else cp_async_commit();  // one group per stage: the waits count groups
   }
+  if (p.static_b) wait_for_previous_grid();  // a static W fills the rings first
 
   bool x_ok[kRingNT];
   const uint4* xp[kRingNT];
@@ -406,18 +468,25 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_m1_kernel(const Par
   const int pr_begin = (int)(group * pairs / groups), pr_end = (int)((group + 1) * pairs / groups);
   const int chunks = p.K / 8, steps = (chunks + 31) / 32, c = 4 * g + t;  // c: this thread's chunk of a step
   const int s_begin = (split * steps) >> ks_log2, s_end = ((split + 1) * steps) >> ks_log2;
-  wait_for_previous_grid();
 
   const uint4* const xp[1] = {reinterpret_cast<const uint4*>(p.A) + c};
   const bool x_ok[1] = {true};
   __shared__ float partial[2][kWarps][2];  // [pair parity][warp][row of the pair]
-  for (int pr = pr_begin, parity = 0; pr < pr_end; ++pr, parity ^= 1) {
+  uint4 pre_a[U], pre_b[U];
+  // One pair of W rows; `preloaded`: its first round is in pre_a / pre_b (then it waits for the grid).
+  auto w_pair = [&](int pr, int parity, auto preloaded) {
     const int n0 = 2 * pr;
     const bool b_ok = n0 + 1 < p.N;
     const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)n0 * p.sbn) + c;
     const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 1 : n0) * p.sbn) + c;
     float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-    accumulate<T, 1, U, 32>(acc, wa, wb, true, b_ok, xp, x_ok, s_begin, s_end, chunks, c);
+    if constexpr (decltype(preloaded)::value) {
+      load_w_round<U, 32>(pre_a, pre_b, wa, wb, true, b_ok, s_begin, s_end, chunks, c);
+      wait_for_previous_grid();
+      accumulate_from<T, 1, U, 32>(acc, pre_a, pre_b, wa, wb, true, b_ok, xp, x_ok, s_begin, s_end, chunks, c);
+    } else {
+      accumulate<T, 1, U, 32>(acc, wa, wb, true, b_ok, xp, x_ok, s_begin, s_end, chunks, c);
+    }
     // Thread (g, t) holds D[g][2t + e] in acc[e] and D[g + 8][2t + e] in acc[2 + e]: the diagonal is
     // at t = g / 2, e = g % 2.
     const bool diag = t == (g >> 1), odd = g & 1;
@@ -432,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_m1_kernel(const Par
       // barrier, which the group's first warp reaches after reading it.
       if (lane == 0) partial[parity][warp][0] = r0, partial[parity][warp][1] = r1;
       asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group_in_cta), "r"(32 * ks) : "memory");
-      if (split != 0) continue;
+      if (split != 0) return;
       r0 = r1 = 0.f;
       for (int w = 0; w < ks; ++w) r0 += partial[parity][warp + w][0], r1 += partial[parity][warp + w][1];
     }
@@ -440,17 +509,30 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_m1_kernel(const Par
       store_out(p, 0, n0, r0);
       if (b_ok) store_out(p, 0, n0 + 1, r1);
     }
+  };
+  // A static W: the first pair's first round loads before the wait (the same for the warps of a
+  // group, which meet at a barrier per pair; a warp with no K slice loads nothing).
+  int pr = pr_begin, parity = 0;
+  if (p.static_b && pr < pr_end) {
+    w_pair(pr++, parity, std::true_type{});
+    parity ^= 1;
+  } else {
+    wait_for_previous_grid();
   }
+  for (; pr < pr_end; ++pr, parity ^= 1) w_pair(pr, parity, std::false_type{});
 }
 
 // Work per SM, average over heaviest: `per_sm` units spread over the SMs, whole units each.
 inline double sm_balance(double per_sm) { return per_sm / std::ceil(per_sm); }
 
-template <typename Kernel>
+// CTAs per SM of a configuration built for MIN_BLOCKS: what fits, but no more than that. A build that
+// needs fewer registers than its cap would otherwise let more in and change the grid (4 per SM
+// measured slower where 3 were designed, perf/gemm.md "Session 13").
+template <int MIN_BLOCKS, typename Kernel>
 int ctas_per_sm(Kernel kernel) {
   int n = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
-  return std::max(n, 1);
+  return std::clamp(n, 1, MIN_BLOCKS);
 }
 
 // A configuration's name in a plan: kernel, steps per round, CTAs per SM it is built for.
@@ -485,7 +567,7 @@ void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t 
 
 template <typename T, int NT, int U, int MIN_BLOCKS>
 Variant<T> variant() {
-  static const int per_sm = ctas_per_sm(gemv_kernel<T, NT, U, MIN_BLOCKS>);
+  static const int per_sm = ctas_per_sm<MIN_BLOCKS>(gemv_kernel<T, NT, U, MIN_BLOCKS>);
   return {&launch_variant<T, NT, U, MIN_BLOCKS>, U, per_sm};
 }
 
@@ -495,7 +577,7 @@ Variant<T> variant() {
 // more than ~10% apart.
 template <typename T, int NT, int U, int MIN_BLOCKS>
 bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  static const int per_sm = ctas_per_sm(gemv_stream_kernel<T, NT, U, MIN_BLOCKS>);
+  static const int per_sm = ctas_per_sm<MIN_BLOCKS>(gemv_stream_kernel<T, NT, U, MIN_BLOCKS>);
   const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
   if (tiles * 2 < grid * kWarps || sm_balance(double(tiles) / sms) < 0.9) return false;
   launch_or_describe(plan, [] { return config("stream", U, MIN_BLOCKS); }, gemv_stream_kernel<T, NT, U, MIN_BLOCKS>,
@@ -613,7 +695,7 @@ bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::strin
 template <typename T, int U, int MIN_BLOCKS, bool TWO_FULL_ROUNDS>
 bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   if (p.M != 1) return false;
-  static const int per_sm = ctas_per_sm(gemv_m1_kernel<T, U, MIN_BLOCKS>);
+  static const int per_sm = ctas_per_sm<MIN_BLOCKS>(gemv_m1_kernel<T, U, MIN_BLOCKS>);
   const int64_t resident = int64_t(per_sm) * sms, pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
   int l = 0;
   while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;

@@ -99,7 +99,7 @@ def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
 # Extra trailing argument on the ops (not on the wrappers): path = auto | wmma | sm80 | sm90 | gemv | simt.
 
 @torch.library.register_fake("minfer::linear")
-def _linear_fake(x, w, bias=None, path="auto"):
+def _linear_fake(x, w, bias=None, path="auto", static_weight=False):
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
@@ -120,11 +120,14 @@ def _gemm_int8_fake(a, b):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           static_weight: bool = False) -> torch.Tensor:
     # x [tokens, in] (last dim contiguous), weight [out, in], bias [out] -> [tokens, out]
+    # static_weight=True promises that no kernel just ahead of this one in the stream writes weight (a
+    # model's weights): the gemv kernels then start reading it while the previous kernel still runs.
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return _ops.linear(x, weight, bias)
+    return _ops.linear(x, weight, bias, "auto", static_weight)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,

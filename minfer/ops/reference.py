@@ -87,9 +87,11 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     return out.transpose(1, 2)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           static_weight: bool = False) -> torch.Tensor:
     # x [tokens, in], weight [out, in] (HF layout), bias [out] -> [tokens, out]
     # In the input dtype: on a GPU this is cuBLAS with fp32 accumulation, the baseline to beat.
+    # static_weight is a scheduling promise for the CUDA kernels (see ops/cuda.py); no effect here.
     return F.linear(x, weight, bias)
 
 
