@@ -27,6 +27,7 @@ for hd in (64, 128):
 # gemv: 16-row tiles with K split over 8 warps (M = 3), row pairs with K split over 8 and 2 warps (M = 1).
 for m, n, k in ((3, 37, 4104), (1, 37, 16392), (1, 2040, 8200)):
     x, w = torch.randn(m, k, **opts), torch.randn(n, k, **opts)
-    torch.ops.minfer.linear(x, w, None, "gemv")
+    for static_weight in (False, True):  # True: the first round of W (or the rings) loads before the wait
+        torch.ops.minfer.linear(x, w, None, "gemv", static_weight)
 torch.cuda.synchronize()
 print("racecheck: done")
