@@ -157,20 +157,21 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // With a stable prefix the length is read and the split laid out before griddepcontrol.wait, while
   // the previous kernel runs (the read of start_pos was the first step after the wait), and a warp with
-  // at most 4 tiles loads the first half of them there too, if they lie wholly before the newest key
-  // (start_pos[b], which the previous kernel, kv_cache_write in the engine, may be writing). Tiles fill
-  // in order, so the cp.async groups keep their count whichever side of the wait a tile was issued on.
-  // Why half, and only for short streams (H200, bf16, batch 1, 32 q / 8 kv heads, back to back, us):
-  // bytes loaded early land on the previous call's tail (its q load and split merge), which they slow.
-  // d 128 (3-stage ring): 2k, 2 tiles per warp, none / 1 / 2 early 6.50 / 5.92 / 6.30; 4k, 4 tiles,
-  // none / 1 / 2 / 3 early 8.28 / 7.72 / 7.51 / 7.53; 8k, 8 tiles, none / 3 early 11.92 / 12.85;
-  // 16k and 32k lost 0.9 us with 3 early. d 64 (6-stage ring) at 4k, 4 tiles: none / 1 / 2 / 4 early
-  // 6.32 / 6.06 / 5.91 / 6.27 (perf/attention.md "Session 14").
+  // at most 4 tiles loads all but its last one there too (a single tile: that one), as far as the ring
+  // holds them and they lie wholly before the newest key (start_pos[b], which the previous kernel,
+  // kv_cache_write in the engine, may be writing). Tiles fill in order, so the cp.async groups keep
+  // their count whichever side of the wait a tile was issued on. Bytes loaded early land on the
+  // previous call's tail (its q load and split merge), so how many pay was measured (H200, bf16,
+  // batch 1, 32 q / 8 kv heads, back to back, us, tiles loaded early 0 / 1 / 2 / 3): d 128 (3-stage
+  // ring) at 1k, 1 tile per warp, 5.39 / 5.07; 2k, 2 tiles, 6.19 / 5.81 / 6.00; 4k, 4 tiles,
+  // 7.88 / 7.66 / 8.17 / 7.12; 8k, 8 tiles, 11.79 / 12.19 / 12.45 / 12.53 (16k and 32k also lost
+  // with 3); d 64 (6-stage ring) at 4k, 4 tiles, 5.95 / 5.57 / 5.36 / 5.47 (perf/attention.md
+  // "Session 14").
   int filled = 0;
   if (p.stable_prefix) {
     take_range();
     if (split >= n_active) return;
-    const int early = n_my <= 4 ? min(STAGES, (n_my + 1) / 2) : 0;
+    const int early = n_my <= 4 ? min(STAGES, max(1, n_my - 1)) : 0;
     while (filled < early && min(tile_key0(filled) + kTK, s1) <= len - 1) load_tile(filled, filled), ++filled;
   }
 
