@@ -186,6 +186,26 @@ def test_decode_gqa(ratio, hd):
     _check(ours, ref32, lowp, dtype, f"ratio={ratio}")
 
 
+# Which combine each case takes (132 SMs): a length the CTA's rings hold at once (192 keys at d 128,
+# 384 at d 64) is one split and no combine; up to 16 splits merge from L2 in one unrolled pass; more
+# that fit in shared memory (small rows) come in by cp.async; more that do not, from L2 in rounds.
+@pytest.mark.parametrize("stable_prefix", [False, True])
+@pytest.mark.parametrize("heads, kv_heads, hd, ctx", [
+    (32, 8, 128, 192), (32, 8, 128, 193),  # one split / two
+    (9, 3, 64, 384), (9, 3, 64, 385),      # one split / two (the default model's heads)
+    (32, 8, 128, 4096),                    # 16 splits, one pass from L2
+    (9, 3, 64, 2048), (9, 3, 64, 9000),    # 43-44 splits through shared memory
+    (32, 2, 128, 4500),                    # 64+ splits of 16 rows: too big for shared memory, rounds from L2
+    (12, 1, 64, 30000),                    # 128 splits of 12 rows: rounds from L2
+    (2, 1, 64, 30000),                     # 128 splits of 2 rows through shared memory
+])
+def test_decode_merge_paths(heads, kv_heads, hd, ctx, stable_prefix):
+    dtype = torch.bfloat16
+    ours, ref32, lowp = _engine_case(1, 1, heads, kv_heads, hd, dtype, [ctx - 1], capacity=ctx + 7,
+                                     stable_prefix=stable_prefix)
+    _check(ours, ref32, lowp, dtype, f"ctx={ctx}")
+
+
 @pytest.mark.parametrize("hd", [64, 128])
 def test_decode_mixed_lengths(hd):
     # length 1 beside long ones in one batch, in a cache much larger than any of them

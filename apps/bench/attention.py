@@ -128,7 +128,9 @@ CASES = {
         shapes=[(1, 1024, 32, 8, 128), (1, 4096, 32, 8, 128), (1, 16384, 32, 8, 128), (1, 32768, 32, 8, 128),
                 (16, 1024, 32, 8, 128), (16, 4096, 32, 8, 128), (16, 16384, 32, 8, 128), (16, 32768, 32, 8, 128),
                 (64, 1024, 32, 8, 128), (64, 4096, 32, 8, 128), (64, 16384, 32, 8, 128), (64, 32768, 32, 8, 128),
-                (1, 4096, 32, 8, 64), (16, 4096, 32, 8, 64)],
+                (1, 4096, 32, 8, 64), (16, 4096, 32, 8, 64),
+                # the default model's heads (SmolLM2-135M: 9 q / 3 kv, d 64) at chat-sized contexts
+                (1, 256, 9, 3, 64), (1, 2048, 9, 3, 64)],
         make_inputs=_decode_inputs, ref=_decode_ref, minfer=_decode_minfer, bytes=_decode_bytes,
         shape_names="batch x context x heads x kv_heads x head_dim"),
     "naive_attention": _seed_case([(1, 8, 1024, 64, 0), (1, 8, 2048, 64, 0), (1, 8, 2048, 64, 1)], "naive_attention"),

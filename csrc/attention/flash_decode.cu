@@ -18,11 +18,12 @@
 // rows one ldmatrix reads hit 8 different bank groups.
 //
 // Splits: chosen on the host from the capacity and the SM count (no sync); each CTA reads
-// start_pos[b] and divides the ACTUAL kv length evenly (whole tiles), so CTAs past the end exit at once.
-// With one active split the CTA writes the output. Otherwise each split writes its partial (max, sum,
-// unnormalised O) to a workspace and bumps a per-(batch, kv block) counter; the CTA that arrives last
-// merges all partials by log-sum-exp, writes the output and resets the counter to zero, so the counters
-// are zero again after every launch (CUDA-graph replay included).
+// start_pos[b] and divides the ACTUAL kv length evenly (whole tiles), so CTAs past the end exit at once;
+// a length that one CTA's rings hold is one split. With one active split the CTA writes the output.
+// Otherwise each split writes its partial (max, sum, unnormalised O) to a workspace and bumps a
+// per-(batch, kv block) counter; the CTA that arrives last merges all partials by log-sum-exp, writes
+// the output and resets the counter to zero, so the counters are zero again after every launch
+// (CUDA-graph replay included).
 // stable_prefix (the engine's call): start_pos and the cache rows before it are final before the
 // previous kernel runs, so the split is laid out, and short streams start loading, before the wait.
 #include "common/checks.h"
@@ -64,7 +65,7 @@ struct DecodeParams {
   const void* v;
   void* o;          // [batch, heads, D] contiguous
   float* ws_o;      // [batch * kv_blocks, num_splits, rows, D] unnormalised partial outputs
-  float2* ws_ml;    // [batch * kv_blocks, num_splits, rows] (max in log2 units, sum)
+  float4* ws_ml;    // [batch * kv_blocks, num_splits, rows] (max in log2 units, sum, -, -)
   int* counters;    // [batch * kv_blocks], zero between launches
   const int* start_pos;
   int64_t q_bs, q_hs, k_bs, k_ss, k_hs, v_bs, v_ss, v_hs;
@@ -120,12 +121,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
   // This split's keys [s0, s1) of the actual length: whole tiles, at least kMinChunk keys. Its warp
-  // `warp` takes tiles warp, warp + 4, ... of them (n_my).
+  // `warp` takes tiles warp, warp + 4, ... of them (n_my). A length that the CTA's rings hold at once
+  // (192 keys at d 128, 384 at d 64) is one split: its loads all issue together anyway, and a combine
+  // costs more than the stream (H200, bf16, us, back to back: 1 x 128 ctx, 9 q / 3 kv heads, d 64:
+  // 3.67 -> 2.19; 32 / 8, d 128: 4.13 -> 2.72; 1 x 256, 32 / 8, d 64: 4.75 -> 2.70).
   int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0;
   auto take_range = [&] {
     len = max(0, min(p.start_pos[b] + 1, p.capacity));
     int chunk = (len + p.num_splits - 1) / p.num_splits;
     chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
+    if (len <= kWarps * STAGES * kTK) chunk = kWarps * STAGES * kTK;
     n_active = max(1, (len + chunk - 1) / chunk);
     s0 = split * chunk, s1 = min(s0 + chunk, len);
     const int n_tiles = max(0, (s1 - s0 + kTK - 1) / kTK);
@@ -336,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     } else {
       const int64_t r = (slot0 + split) * p.rows + h;
       *reinterpret_cast<float4*>(p.ws_o + r * D + d) = o;
-      if (d == 0) p.ws_ml[r] = make_float2(mx, sum);
+      if (d == 0) p.ws_ml[r] = make_float4(mx, sum, 0.f, 0.f);
     }
   }
   if (n_active == 1) return;
@@ -356,19 +361,59 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   if (!s_last) return;
 
-  // One pass with a running max: a split's (max, sum) and O are independent loads, so the unrolled
-  // loop keeps 16 splits' worth in flight (no round through L2 for the maxima first, no barrier).
-  // 16 rather than 8 (H200, bf16, three passes each): 1 x 1k 6.17-6.36 -> 6.01-6.07 us, 1 x 8k with
-  // 4 kv heads (32 splits) 13.35-13.38 -> 12.96-13.03, 1 x 4k 9.28-9.39 -> 9.16-9.39.
+  // Two ways to merge, by what was measured (H200, bf16, us, back to back):
+  // - Up to 16 splits, a thread per (row, 4 dims) reads them from L2 in one pass with a running max:
+  //   a split's (max, sum) and O are independent loads, so the unrolled loop keeps all 16 in flight.
+  //   (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k with 4 kv heads 13.35 -> 12.96-13.03.)
+  //   It also takes more splits than shared memory holds, in rounds of 16.
+  // - More splits that shared memory holds at once (few, small rows: 9 q / 3 kv heads at d 64 has 44 splits of
+  //   48 (row, 4 dims) items) come in by every thread's cp.async, one round trip, and merge there:
+  //   1 x 2k 7.07 -> 5.13, 1 x 8k 8.22 -> 6.30, 1 x 32k 13.47 -> 10.79. Taken for 16 splits of 32 q /
+  //   8 kv heads it lost (1 x 4k 7.42 -> 7.96), and where the partials need several fills (16 rows at
+  //   d 128, 66 splits: 1 x 4k 15.9 -> 21.6).
+  constexpr int kUnroll = 16;
+  const int per_split = p.rows * (D + 4);  // floats of a split's partial: O, then (max, sum, -, -) per row
+  if (n_active > kUnroll && n_active * per_split * 4 <= kWarps * kRingBytes) {
+    constexpr int QPT = kRows * (D / 4) / kThreads;  // (row, 4 dims) items per thread at most
+    float* s_o = reinterpret_cast<float*>(smem);     // [n_active][rows][D]
+    float4* s_ml = reinterpret_cast<float4*>(s_o + n_active * p.rows * D);  // [n_active][rows]
+    const float* src_o = p.ws_o + slot0 * p.rows * D;  // the pair's splits are contiguous
+    const float4* src_ml = p.ws_ml + slot0 * p.rows;
+    for (int i = tid; i < n_active * p.rows * (D / 4); i += kThreads) cp_async16(s_o + 4 * i, src_o + 4 * i, true);
+    for (int i = tid; i < n_active * p.rows; i += kThreads) cp_async16(s_ml + i, src_ml + i, true);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < QPT; ++j) {
+      const int qi = tid + j * kThreads;
+      if (qi < rows * (D / 4)) {
+        const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
+        float mx = -INFINITY;  // the max first: the weights below are then independent of each other
+        for (int s = 0; s < n_active; ++s) mx = fmaxf(mx, s_ml[s * p.rows + h].x);  // finite: no split is empty
+        float sum = 0.f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int s = 0; s < n_active; ++s) {
+          const float4 ml = s_ml[s * p.rows + h];
+          const float w = exp2f(ml.x - mx);
+          sum += ml.y * w;
+          fma4(o, *reinterpret_cast<const float4*>(s_o + (s * p.rows + h) * D + d), w);
+        }
+        store4(out + h * D + d, scale4(o, 1.f / sum));
+      }
+    }
+    return;
+  }
   for (int qi = tid; qi < rows * (D / 4); qi += kThreads) {
     const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
-    const float2* ml_src = p.ws_ml + slot0 * p.rows + h;
+    const float4* ml_src = p.ws_ml + slot0 * p.rows + h;
     const float* o_src = p.ws_o + (slot0 * p.rows + h) * D + d;
     float mx = -INFINITY, sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
+#pragma unroll kUnroll
     for (int s = 0; s < n_active; ++s) {
-      const float2 ml = __ldcg(ml_src + s * p.rows);
+      const float4 ml = __ldcg(ml_src + s * p.rows);
       const float4 os = __ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D));
       const float m_new = fmaxf(mx, ml.x);  // finite: no split is empty
       const float a = exp2f(mx - m_new), w = exp2f(ml.x - m_new);
@@ -399,15 +444,15 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   // equal). Bounded by the capacity (no split under kMinChunk keys) and a 256 MB workspace.
   int64_t splits = std::max<int64_t>(1, sm_count(device) / pairs);
   splits = std::min<int64_t>({splits, (p.capacity + kMinChunk - 1) / kMinChunk, kMaxSplits});
-  const int64_t per_split = pairs * p.rows * (D + 2) * static_cast<int64_t>(sizeof(float));
+  const int64_t per_split = pairs * p.rows * (D + 4) * static_cast<int64_t>(sizeof(float));
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
   p.num_splits = static_cast<int>(splits);
   torch::Tensor ws, own_counters;
   if (splits > 1) {
     const int64_t n_o = pairs * splits * p.rows * D;
-    ws = torch::empty({n_o + 2 * pairs * splits * p.rows}, q.options().dtype(torch::kFloat32));
+    ws = torch::empty({n_o + 4 * pairs * splits * p.rows}, q.options().dtype(torch::kFloat32));
     p.ws_o = ws.data_ptr<float>();
-    p.ws_ml = reinterpret_cast<float2*>(p.ws_o + n_o);  // n_o is a multiple of 4: 16-byte aligned
+    p.ws_ml = reinterpret_cast<float4*>(p.ws_o + n_o);  // n_o is a multiple of 4: 16-byte aligned
     p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
   // Programmatic dependent launch where the code that runs waits for it (the sm_90 build): launch
