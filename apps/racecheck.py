@@ -24,6 +24,14 @@ for hd in (64, 128):
     kernels.tiled_attention(x, x, x, is_causal=True)
     kernels.naive_attention(x[:, :, :64], x, x)
 
+# decode merges through shared memory: many small partials copied in (9 q / 3 kv heads, d 64: 44 splits),
+# and the spread merge's groups meeting there (32 q / 2 kv heads, d 128: 66 splits of 16 rows)
+for heads, kv_heads, hd, ctx in ((9, 3, 64, 2048), (32, 2, 128, 4500)):
+    k_cache, v_cache = torch.randn(1, ctx, kv_heads, hd, **opts), torch.randn(1, ctx, kv_heads, hd, **opts)
+    q = torch.randn(1, 1, heads, hd, **opts)
+    kernels.attention(q, k_cache, v_cache, torch.tensor([ctx - 1], device="cuda", dtype=torch.int32), hd ** -0.5,
+                      stable_prefix=True)
+
 # gemv: 16-row tiles with K split over 8 warps (M = 3), row pairs with K split over 8 and 2 warps (M = 1).
 for m, n, k in ((3, 37, 4104), (1, 37, 16392), (1, 2040, 8200)):
     x, w = torch.randn(m, k, **opts), torch.randn(n, k, **opts)

@@ -188,15 +188,16 @@ def test_decode_gqa(ratio, hd):
 
 # Which combine each case takes (132 SMs): a length the CTA's rings hold at once (192 keys at d 128,
 # 384 at d 64) is one split and no combine; up to 16 splits merge from L2 in one unrolled pass; more
-# that fit in shared memory (small rows) come in by cp.async; more that do not, from L2 in rounds.
+# that fit in shared memory (small rows) come in by cp.async; more that do not are spread: every
+# split merges a slice of the outputs.
 @pytest.mark.parametrize("stable_prefix", [False, True])
 @pytest.mark.parametrize("heads, kv_heads, hd, ctx", [
     (32, 8, 128, 192), (32, 8, 128, 193),  # one split / two
     (9, 3, 64, 384), (9, 3, 64, 385),      # one split / two (the default model's heads)
     (32, 8, 128, 4096),                    # 16 splits, one pass from L2
     (9, 3, 64, 2048), (9, 3, 64, 9000),    # 43-44 splits through shared memory
-    (32, 2, 128, 4500),                    # 64+ splits of 16 rows: too big for shared memory, rounds from L2
-    (12, 1, 64, 30000),                    # 128 splits of 12 rows: rounds from L2
+    (32, 2, 128, 4500),                    # 64+ splits of 16 rows: too big for shared memory, spread
+    (12, 1, 64, 30000),                    # 128 splits of 12 rows: spread
     (2, 1, 64, 30000),                     # 128 splits of 2 rows through shared memory
 ])
 def test_decode_merge_paths(heads, kv_heads, hd, ctx, stable_prefix):
@@ -204,6 +205,19 @@ def test_decode_merge_paths(heads, kv_heads, hd, ctx, stable_prefix):
     ours, ref32, lowp = _engine_case(1, 1, heads, kv_heads, hd, dtype, [ctx - 1], capacity=ctx + 7,
                                      stable_prefix=stable_prefix)
     _check(ours, ref32, lowp, dtype, f"ctx={ctx}")
+
+
+def test_decode_merges_in_sequence():
+    # Shapes with 1, 2 and 4 (batch, kv block) pairs, back to back, every merge path among them: the
+    # shared split counters must be zero for each, whatever the one before used (a hang or a wrong
+    # output otherwise).
+    dtype = torch.bfloat16
+    for rep in range(3):
+        for heads, kv_heads, hd, ctx in [(32, 2, 128, 4500), (32, 4, 128, 8192), (12, 1, 64, 30000),
+                                         (9, 3, 64, 2048), (32, 8, 128, 4096), (32, 4, 128, 8192)]:
+            ours, ref32, lowp = _engine_case(1, 1, heads, kv_heads, hd, dtype, [ctx - 1], capacity=ctx,
+                                             stable_prefix=True)
+            _check(ours, ref32, lowp, dtype, f"rep {rep} {heads}/{kv_heads} ctx={ctx}")
 
 
 @pytest.mark.parametrize("hd", [64, 128])
@@ -267,13 +281,16 @@ def test_engine_cuda_graph():
     torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
 
 
-def test_decode_replays_reuse_counters():
-    # split counters reset themselves: one captured graph replayed with new lengths (NaN-filled output
-    # between replays), then eager calls on the same shared counters
+# 8 q heads: 4-row partials, merged by the last CTA; 32: 16-row partials, every split waiting for the
+# pair's generation to move and merging a slice
+@pytest.mark.parametrize("heads", [8, 32])
+def test_decode_replays_reuse_counters(heads):
+    # split counters reset themselves, generations move on: one captured graph replayed with new lengths
+    # (NaN-filled output between replays), then eager calls on the same shared counters
     cuda, dtype = _cuda(), torch.bfloat16
     k = torch.randn(2, 20000, 2, 128, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
-    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=dtype)
+    q = torch.randn(2, 1, heads, 128, device="cuda", dtype=dtype)
     start = torch.tensor([5000, 3], device="cuda", dtype=torch.int32)
     scale = 1.0 / math.sqrt(128)
     cuda.attention(q, k, v, start, scale)

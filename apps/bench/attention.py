@@ -130,7 +130,9 @@ CASES = {
                 (64, 1024, 32, 8, 128), (64, 4096, 32, 8, 128), (64, 16384, 32, 8, 128), (64, 32768, 32, 8, 128),
                 (1, 4096, 32, 8, 64), (16, 4096, 32, 8, 64),
                 # the default model's heads (SmolLM2-135M: 9 q / 3 kv, d 64) at chat-sized contexts
-                (1, 256, 9, 3, 64), (1, 2048, 9, 3, 64)],
+                (1, 256, 9, 3, 64), (1, 2048, 9, 3, 64),
+                # 16 q heads per kv head: big partials, the spread merge
+                (1, 4096, 32, 2, 128), (1, 32768, 32, 2, 128)],
         make_inputs=_decode_inputs, ref=_decode_ref, minfer=_decode_minfer, bytes=_decode_bytes,
         shape_names="batch x context x heads x kv_heads x head_dim"),
     "naive_attention": _seed_case([(1, 8, 1024, 64, 0), (1, 8, 2048, 64, 0), (1, 8, 2048, 64, 1)], "naive_attention"),

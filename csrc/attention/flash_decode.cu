@@ -21,9 +21,9 @@
 // start_pos[b] and divides the ACTUAL kv length evenly (whole tiles), so CTAs past the end exit at once;
 // a length that one CTA's rings hold is one split. With one active split the CTA writes the output.
 // Otherwise each split writes its partial (max, sum, unnormalised O) to a workspace and bumps a
-// per-(batch, kv block) counter; the CTA that arrives last merges all partials by log-sum-exp, writes
-// the output and resets the counter to zero, so the counters are zero again after every launch
-// (CUDA-graph replay included).
+// per-(batch, kv block) counter; the CTA that arrives last merges all partials by log-sum-exp (or, with
+// many big partials, releases the others to merge a slice each), writes the output and resets the
+// counter to zero, so the counters are zero again after every launch (CUDA-graph replay included).
 // stable_prefix (the engine's call): start_pos and the cache rows before it are final before the
 // previous kernel runs, so the split is laid out, and short streams start loading, before the wait.
 #include "common/checks.h"
@@ -67,6 +67,7 @@ struct DecodeParams {
   float* ws_o;      // [batch * kv_blocks, num_splits, rows, D] unnormalised partial outputs
   float4* ws_ml;    // [batch * kv_blocks, num_splits, rows] (max in log2 units, sum, -, -)
   int* counters;    // [batch * kv_blocks], zero between launches
+  int* gens;        // [batch * kv_blocks] generations of the spread merge: any value, bumped once per launch
   const int* start_pos;
   int64_t q_bs, q_hs, k_bs, k_ss, k_hs, v_bs, v_ss, v_hs;
   int heads, group;
@@ -74,6 +75,7 @@ struct DecodeParams {
   int rows;         // q heads per kv block: min(group, 16) (the last block of a group may have fewer)
   int capacity, num_splits;
   int stable_prefix;  // start_pos and the cache rows before start_pos[b] may be read before the wait
+  int all_resident;   // the grid fits on the GPU at once: the splits of a pair may wait for each other
   float scale_log2;
 };
 
@@ -346,34 +348,104 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   if (n_active == 1) return;
 
-  // Last CTA of this (batch, kv block) to arrive merges the splits, reading the partials from L2
-  // (__ldcg). The count is one acquire-release atomic by thread 0 between two CTA barriers: the barrier
-  // before orders the CTA's partial stores ahead of its release, and the one after orders the last
-  // CTA's reads behind its acquire. (Two __threadfence around a relaxed atomicAdd cost 0.25-0.35 us
-  // more at batch 1: 4k 7.53 -> 7.24, 2k 6.30 -> 6.05, d 64 4k 6.27 -> 5.91; H200, bf16.)
+  // Which merge, the same choice in every CTA of the pair (H200, bf16, us, back to back):
+  // - Up to 16 splits: the last CTA, a thread per (row, 4 dims), reads them from L2 in one pass with a
+  //   running max; a split's (max, sum) and O are independent loads, so the unrolled loop keeps all 16
+  //   in flight. (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k with 4 kv heads 13.35 -> 13.0.)
+  // - More that shared memory holds at once (few, small rows: 9 q / 3 kv heads at d 64 has 44 splits of
+  //   48 (row, 4 dims) items): the last CTA copies them in by every thread's cp.async, one round trip,
+  //   and merges there: 1 x 2k 7.07 -> 5.13, 1 x 8k 8.22 -> 6.30, 1 x 32k 13.47 -> 10.79. (For 16 splits
+  //   of 32 q / 8 kv heads it lost: 1 x 4k 7.42 -> 7.96.)
+  // - More than two such rounds' worth otherwise (many splits of big rows: 32 q / 2 kv heads at d 128
+  //   has 66 splits of 16 rows, 540 KB of partials), spread: every split waits for the last arrival and
+  //   merges its slice of the outputs from all splits, one round each: 1 x 4k 15.82 -> 7.51, 1 x 32k
+  //   25.17 -> 16.58; 12 q / 2 kv heads at 4k 9.72 -> 7.00. That needs every split of the pair
+  //   resident at once: the grid is at most one CTA per SM where it splits, and two fit.
+  // The last CTA's merge from L2 also takes more splits in rounds of 16 where spreading is not allowed.
+  constexpr int kUnroll = 16;
+  const int items = rows * (D / 4);        // (row, 4 dims) outputs of the pair
+  const int per_split = p.rows * (D + 4);  // floats of a split's partial: O, then (max, sum, -, -) per row
+  const bool in_smem = n_active > kUnroll && n_active * per_split * 4 <= kWarps * kRingBytes;
+  const bool spread = p.all_resident && !in_smem && items * n_active > 2 * kUnroll * kThreads;
+
+  // The CTA that arrives last merges the splits, reading the partials from L2 (__ldcg); or, spread,
+  // every CTA waits for that arrival and merges a slice. The count is one acquire-release atomic by
+  // thread 0 between two CTA barriers: the barrier before orders the CTA's partial stores ahead of its
+  // release, and the one after orders the reads behind its acquire. (Two __threadfence around a relaxed
+  // atomicAdd cost 0.25-0.35 us more at batch 1: 4k 7.53 -> 7.24, 2k 6.30 -> 6.05, d 64 4k 6.27 -> 5.91;
+  // H200, bf16.) Spread, the last arrival bumps the pair's generation with a release store, and the
+  // others wait for it with acquire loads; the generation is read before arriving, and it cannot move
+  // before this CTA has arrived.
   __syncthreads();
   if (tid == 0) {
-    int prev;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(prev) : "l"(p.counters + pair) : "memory");
+    int* count = p.counters + pair;
+    int* gen = p.gens + pair;
+    int g0 = 0, prev;
+    if (spread) asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(g0) : "l"(gen) : "memory");
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(prev) : "l"(count) : "memory");
     s_last = prev == n_active - 1;
-    if (s_last) atomicExch(p.counters + pair, 0);  // every split has arrived: ready for the next launch
+    if (s_last) atomicExch(count, 0);  // every split has arrived: ready for the next launch
+    if (spread) {
+      if (s_last) {
+        asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(gen), "r"(g0 + 1) : "memory");
+      } else {
+        // Every split of the pair is resident (all_resident), so this ends; a bug would hang, so after
+        // ~2^28 polls (seconds) the kernel traps instead.
+        for (int g = g0, polls = 0; g == g0; ++polls) {
+          if (polls == (1 << 28)) __trap();
+          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(g) : "l"(gen) : "memory");
+        }
+      }
+    }
   }
   __syncthreads();
+
+  if (spread) {
+    // Split `split` merges outputs [split * per, + per) of the pair from every split; its threads are
+    // `groups` groups of `per`, a group taking every groups-th split, and the groups meet in shared
+    // memory (the rings are free).
+    const int per = (items + n_active - 1) / n_active, groups = kThreads / per;
+    const int li = tid % per, sg = tid / per, qi = split * per + li;
+    float mx = -INFINITY, sum = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (sg < groups && qi < items) {
+      const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
+      const float4* ml_src = p.ws_ml + slot0 * p.rows + h;
+      const float* o_src = p.ws_o + (slot0 * p.rows + h) * D + d;
+#pragma unroll 4
+      for (int s = sg; s < n_active; s += groups) {
+        const float4 ml = __ldcg(ml_src + s * p.rows);
+        const float4 os = __ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D));
+        const float m_new = fmaxf(mx, ml.x);  // finite: no split is empty
+        const float a = exp2f(mx - m_new), w = exp2f(ml.x - m_new);
+        sum = sum * a + ml.y * w;
+        o = scale4(o, a);
+        fma4(o, os, w);
+        mx = m_new;
+      }
+    }
+    float4* g_o = reinterpret_cast<float4*>(smem);  // [groups][per]
+    float2* g_ml = reinterpret_cast<float2*>(g_o + kThreads);
+    if (sg < groups) g_o[tid] = o, g_ml[tid] = make_float2(mx, sum);
+    __syncthreads();
+    if (sg == 0 && qi < items) {
+      const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
+      float m = -INFINITY;
+      for (int gi = 0; gi < groups; ++gi) m = fmaxf(m, g_ml[gi * per + li].x);  // finite: group 0 has split 0
+      float total = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int gi = 0; gi < groups; ++gi) {
+        const float w = exp2f(g_ml[gi * per + li].x - m);  // 0 for a group without splits
+        total += g_ml[gi * per + li].y * w;
+        fma4(acc, g_o[gi * per + li], w);
+      }
+      store4(out + h * D + d, scale4(acc, 1.f / total));
+    }
+    return;
+  }
   if (!s_last) return;
 
-  // Two ways to merge, by what was measured (H200, bf16, us, back to back):
-  // - Up to 16 splits, a thread per (row, 4 dims) reads them from L2 in one pass with a running max:
-  //   a split's (max, sum) and O are independent loads, so the unrolled loop keeps all 16 in flight.
-  //   (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k with 4 kv heads 13.35 -> 12.96-13.03.)
-  //   It also takes more splits than shared memory holds, in rounds of 16.
-  // - More splits that shared memory holds at once (few, small rows: 9 q / 3 kv heads at d 64 has 44 splits of
-  //   48 (row, 4 dims) items) come in by every thread's cp.async, one round trip, and merge there:
-  //   1 x 2k 7.07 -> 5.13, 1 x 8k 8.22 -> 6.30, 1 x 32k 13.47 -> 10.79. Taken for 16 splits of 32 q /
-  //   8 kv heads it lost (1 x 4k 7.42 -> 7.96), and where the partials need several fills (16 rows at
-  //   d 128, 66 splits: 1 x 4k 15.9 -> 21.6).
-  constexpr int kUnroll = 16;
-  const int per_split = p.rows * (D + 4);  // floats of a split's partial: O, then (max, sum, -, -) per row
-  if (n_active > kUnroll && n_active * per_split * 4 <= kWarps * kRingBytes) {
+  if (in_smem) {
     constexpr int QPT = kRows * (D / 4) / kThreads;  // (row, 4 dims) items per thread at most
     float* s_o = reinterpret_cast<float*>(smem);     // [n_active][rows][D]
     float4* s_ml = reinterpret_cast<float4*>(s_o + n_active * p.rows * D);  // [n_active][rows]
@@ -447,12 +519,16 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   const int64_t per_split = pairs * p.rows * (D + 4) * static_cast<int64_t>(sizeof(float));
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
   p.num_splits = static_cast<int>(splits);
+  p.all_resident = splits * pairs <= sm_count(device);  // one CTA per SM at most, and two fit
   torch::Tensor ws, own_counters;
   if (splits > 1) {
     const int64_t n_o = pairs * splits * p.rows * D;
-    ws = torch::empty({n_o + 4 * pairs * splits * p.rows}, q.options().dtype(torch::kFloat32));
+    // The generations live in the workspace, uninitialised: a launch reads one before any CTA of the
+    // pair can change it, and only compares against that.
+    ws = torch::empty({n_o + 4 * pairs * splits * p.rows + pairs}, q.options().dtype(torch::kFloat32));
     p.ws_o = ws.data_ptr<float>();
     p.ws_ml = reinterpret_cast<float4*>(p.ws_o + n_o);  // n_o is a multiple of 4: 16-byte aligned
+    p.gens = reinterpret_cast<int*>(p.ws_ml + pairs * splits * p.rows);
     p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
   // Programmatic dependent launch where the code that runs waits for it (the sm_90 build): launch
