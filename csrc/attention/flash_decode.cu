@@ -100,6 +100,17 @@ __device__ __forceinline__ void fma4(float4& o, float4 x, float w) {
 
 __device__ __forceinline__ float4 scale4(float4 x, float w) { return make_float4(x.x * w, x.y * w, x.z * w, x.w * w); }
 
+// Folds one partial (max in ml.x, sum in ml.y, unnormalised O in os) into a running (mx, sum, o).
+// ml.x is finite (no split is empty); mx starts at -inf.
+__device__ __forceinline__ void fold_partial(float& mx, float& sum, float4& o, float4 ml, float4 os) {
+  const float m_new = fmaxf(mx, ml.x);
+  const float a = exp2f(mx - m_new), w = exp2f(ml.x - m_new);
+  sum = sum * a + ml.y * w;
+  o = scale4(o, a);
+  fma4(o, os, w);
+  mx = m_new;
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_decode_kernel(const DecodeParams p) {
@@ -390,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(gen), "r"(g0 + 1) : "memory");
       } else {
         // Every split of the pair is resident (all_resident), so this ends; a bug would hang, so after
-        // ~2^28 polls (seconds) the kernel traps instead.
+        // ~2^28 polls (minutes) the kernel traps instead.
         for (int g = g0, polls = 0; g == g0; ++polls) {
           if (polls == (1 << 28)) __trap();
           asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(g) : "l"(gen) : "memory");
@@ -416,12 +427,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int s = sg; s < n_active; s += groups) {
         const float4 ml = __ldcg(ml_src + s * p.rows);
         const float4 os = __ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D));
-        const float m_new = fmaxf(mx, ml.x);  // finite: no split is empty
-        const float a = exp2f(mx - m_new), w = exp2f(ml.x - m_new);
-        sum = sum * a + ml.y * w;
-        o = scale4(o, a);
-        fma4(o, os, w);
-        mx = m_new;
+        fold_partial(mx, sum, o, ml, os);
       }
     }
     float4* g_o = reinterpret_cast<float4*>(smem);  // [groups][per]
@@ -487,12 +493,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int s = 0; s < n_active; ++s) {
       const float4 ml = __ldcg(ml_src + s * p.rows);
       const float4 os = __ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D));
-      const float m_new = fmaxf(mx, ml.x);  // finite: no split is empty
-      const float a = exp2f(mx - m_new), w = exp2f(ml.x - m_new);
-      sum = sum * a + ml.y * w;
-      o = scale4(o, a);
-      fma4(o, os, w);
-      mx = m_new;
+      fold_partial(mx, sum, o, ml, os);
     }
     store4(out + h * D + d, scale4(o, sum > 0.f ? 1.f / sum : 0.f));
   }
