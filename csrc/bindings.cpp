@@ -22,6 +22,7 @@ TORCH_LIBRARY(minfer, m) {
   m.def("gemm_int8(Tensor a, Tensor b) -> Tensor");
   // attention family
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False) -> Tensor");
+  m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length) -> str");  // what decode would launch (tests)
   m.def("naive_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
   m.def("tiled_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
   m.def("flash_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
@@ -43,6 +44,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("gemm_int8", &minfer::gemm_int8);
   // attention family
   m.impl("attention", &minfer::attention);
+  m.impl("attention_decode_plan", &minfer::attention_decode_plan);
   m.impl("naive_attention", &minfer::naive_attention);
   m.impl("tiled_attention", &minfer::tiled_attention);
   m.impl("flash_attention", &minfer::flash_attention);

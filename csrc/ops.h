@@ -27,6 +27,7 @@ torch::Tensor gemm_int8(const torch::Tensor& a, const torch::Tensor& b);
 // attention/ (attention.cu): engine op + seed API
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                         const torch::Tensor& start_pos, double scale, bool stable_prefix);
+std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length);
 torch::Tensor naive_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               std::optional<double> scale, bool is_causal);
 torch::Tensor tiled_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

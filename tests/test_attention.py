@@ -186,20 +186,54 @@ def test_decode_gqa(ratio, hd):
     _check(ours, ref32, lowp, dtype, f"ratio={ratio}")
 
 
-# Which combine each case takes (132 SMs): a length the CTA's rings hold at once (192 keys at d 128,
-# 384 at d 64) is one split and no combine; up to 16 splits merge from L2 in one unrolled pass; more
-# that fit in shared memory (small rows) come in by cp.async; more that do not are spread: every
-# split merges a slice of the outputs.
+# Which combine each case takes. The launcher gives a pair (batch, kv block) 132 SMs / pairs splits,
+# at most one per 32 keys of the capacity (ctx + 7 here) and 128; each split takes whole 16-key tiles,
+# at least 32 keys, of the actual length. A length the CTA's rings hold at once (192 keys at d 128, 384
+# at d 64) is one split and no combine; up to 16 splits merge from L2 in one unrolled pass; more that
+# fit in shared memory (small rows) come in by cp.async; more that do not are spread: every split
+# merges a slice of the outputs. attention_decode_plan runs the launcher's choice and launches nothing.
+MERGE_CASES = [
+    (32, 8, 128, 192, "splits=7 active=1 merge=none"),      # the rings hold it: one split
+    (32, 8, 128, 193, "splits=7 active=7 merge=last from L2"),  # one key more: 32-key splits
+    (9, 3, 64, 384, "splits=13 active=1 merge=none"),       # the default model's heads
+    (9, 3, 64, 385, "splits=13 active=13 merge=last from L2"),
+    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2"),
+    (9, 3, 64, 2048, "splits=44 active=43 merge=last in smem"),  # 3-row partials
+    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem"),
+    (32, 2, 128, 4500, "splits=66 active=57 merge=spread"),  # 16-row partials: too big for shared memory
+    (12, 1, 64, 30000, "splits=128 active=125 merge=spread"),
+    (2, 1, 64, 30000, "splits=128 active=125 merge=last in smem"),
+]
+
+
+def _decode_plan(heads, kv_heads, hd, ctx, capacity):
+    q = torch.empty(1, 1, heads, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(1, capacity, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
+    return torch.ops.minfer.attention_decode_plan(q, k, ctx)
+
+
+@pytest.mark.parametrize("heads, kv_heads, hd, ctx, plan", MERGE_CASES)
+def test_decode_plan(heads, kv_heads, hd, ctx, plan):
+    _cuda()  # loads the extension
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected plans are worked out for 132-SM GPUs (H100 / H200)")
+    got = _decode_plan(heads, kv_heads, hd, ctx, ctx + 7)
+    assert got == plan, f"{heads} / {kv_heads} heads, d {hd}, {ctx} keys: expected {plan!r}, the launcher picks {got!r}"
+
+
+def test_decode_plan_bad_inputs():
+    _cuda()
+    with pytest.raises(RuntimeError, match="length must be"):
+        _decode_plan(8, 2, 64, -1, 64)
+    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+        _decode_plan(8, 2, 80, 10, 64)
+    q = torch.empty(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"q must be \[batch, 1, heads, head_dim\]"):
+        torch.ops.minfer.attention_decode_plan(q, torch.empty(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16), 10)
+
+
 @pytest.mark.parametrize("stable_prefix", [False, True])
-@pytest.mark.parametrize("heads, kv_heads, hd, ctx", [
-    (32, 8, 128, 192), (32, 8, 128, 193),  # one split / two
-    (9, 3, 64, 384), (9, 3, 64, 385),      # one split / two (the default model's heads)
-    (32, 8, 128, 4096),                    # 16 splits, one pass from L2
-    (9, 3, 64, 2048), (9, 3, 64, 9000),    # 43-44 splits through shared memory
-    (32, 2, 128, 4500),                    # 64+ splits of 16 rows: too big for shared memory, spread
-    (12, 1, 64, 30000),                    # 128 splits of 12 rows: spread
-    (2, 1, 64, 30000),                     # 128 splits of 2 rows through shared memory
-])
+@pytest.mark.parametrize("heads, kv_heads, hd, ctx", [c[:4] for c in MERGE_CASES])
 def test_decode_merge_paths(heads, kv_heads, hd, ctx, stable_prefix):
     dtype = torch.bfloat16
     ours, ref32, lowp = _engine_case(1, 1, heads, kv_heads, hd, dtype, [ctx - 1], capacity=ctx + 7,

@@ -56,35 +56,41 @@ double seed_scale(const torch::Tensor& q, std::optional<double> scale) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 }
 
-}  // namespace
-
-torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                        const torch::Tensor& start_pos, double scale, bool stable_prefix) {
-  MINFER_CHECK_CUDA(q_in);
+// The engine op's checks on q [batch, seq, heads, head_dim] and k_cache [batch, capacity, kv_heads, head_dim].
+void check_q_and_cache(const torch::Tensor& q, const torch::Tensor& k_cache) {
+  MINFER_CHECK_CUDA(q);
   MINFER_CHECK_CUDA(k_cache);
-  MINFER_CHECK_CUDA(v_cache);
-  MINFER_CHECK_CUDA(start_pos);
-  MINFER_CHECK_SAME_DEVICE(q_in, k_cache);
-  MINFER_CHECK_SAME_DEVICE(q_in, v_cache);
-  MINFER_CHECK_SAME_DEVICE(q_in, start_pos);
-  MINFER_CHECK(q_in.scalar_type() == at::kHalf || q_in.scalar_type() == at::kBFloat16,
-              "attention: q must be float16 or bfloat16, got ", q_in.scalar_type());
-  MINFER_CHECK_SAME_DTYPE(q_in, k_cache);
-  MINFER_CHECK_SAME_DTYPE(q_in, v_cache);
-  MINFER_CHECK(start_pos.scalar_type() == at::kInt, "attention: start_pos must be int32, got ", start_pos.scalar_type());
-  MINFER_CHECK(q_in.dim() == 4, "attention: q must be [batch, seq, heads, head_dim], got ", q_in.sizes());
+  MINFER_CHECK_SAME_DEVICE(q, k_cache);
+  MINFER_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+              "attention: q must be float16 or bfloat16, got ", q.scalar_type());
+  MINFER_CHECK_SAME_DTYPE(q, k_cache);
+  MINFER_CHECK(q.dim() == 4, "attention: q must be [batch, seq, heads, head_dim], got ", q.sizes());
   MINFER_CHECK(k_cache.dim() == 4, "attention: k_cache must be [batch, capacity, kv_heads, head_dim], got ",
               k_cache.sizes());
-  MINFER_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache and v_cache must have the same shape, got ",
-              k_cache.sizes(), " and ", v_cache.sizes());
-  const int64_t batch = q_in.size(0), seq = q_in.size(1), heads = q_in.size(2), head_dim = q_in.size(3);
-  const int64_t capacity = k_cache.size(1), kv_heads = k_cache.size(2);
+  const int64_t batch = q.size(0), heads = q.size(2), head_dim = q.size(3), kv_heads = k_cache.size(2);
   MINFER_CHECK(head_dim == 64 || head_dim == 128, "attention: head_dim must be 64 or 128, got ", head_dim);
   MINFER_CHECK(k_cache.size(0) == batch && k_cache.size(3) == head_dim,
               "attention: k_cache must be [batch, capacity, kv_heads, head_dim] = [", batch, ", *, *, ", head_dim,
               "], got ", k_cache.sizes());
   MINFER_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: q heads (", heads,
               ") must be a multiple of kv_heads (", kv_heads, ")");
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& start_pos, double scale, bool stable_prefix) {
+  MINFER_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache and v_cache must have the same shape, got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  check_q_and_cache(q_in, k_cache);
+  MINFER_CHECK_CUDA(v_cache);
+  MINFER_CHECK_CUDA(start_pos);
+  MINFER_CHECK_SAME_DEVICE(q_in, v_cache);
+  MINFER_CHECK_SAME_DEVICE(q_in, start_pos);
+  MINFER_CHECK_SAME_DTYPE(q_in, v_cache);
+  MINFER_CHECK(start_pos.scalar_type() == at::kInt, "attention: start_pos must be int32, got ", start_pos.scalar_type());
+  const int64_t batch = q_in.size(0), seq = q_in.size(1), heads = q_in.size(2), head_dim = q_in.size(3);
+  const int64_t capacity = k_cache.size(1), kv_heads = k_cache.size(2);
   MINFER_CHECK(start_pos.dim() == 1 && start_pos.size(0) == batch && start_pos.is_contiguous(),
               "attention: start_pos must be a contiguous [batch] = [", batch, "] tensor, got ", start_pos.sizes());
   MINFER_CHECK(rows_aligned16(k_cache) && rows_aligned16(v_cache),
@@ -113,6 +119,15 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
   attn::flash_prefill(p, q.scalar_type(), head_dim, /*causal=*/true, batch, heads,
                       c10::cuda::getCurrentCUDAStream());
   return out;
+}
+
+std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length) {
+  check_q_and_cache(q, k_cache);
+  MINFER_CHECK(q.size(1) == 1, "attention_decode_plan: q must be [batch, 1, heads, head_dim], got ", q.sizes());
+  MINFER_CHECK(length >= 0 && length <= kIntMax && k_cache.size(1) <= kIntMax,
+              "attention_decode_plan: length must be in [0, 2^31), got ", length);
+  const c10::cuda::CUDAGuard guard(q.device());
+  return attn::flash_decode_plan(q, k_cache, static_cast<int>(length));
 }
 
 torch::Tensor naive_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

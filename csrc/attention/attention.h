@@ -54,6 +54,9 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
 // so the kernel may start reading them before the previous kernel in the stream is done.
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                   const torch::Tensor& start_pos, double scale, bool stable_prefix, torch::Tensor& out);
+// What flash_decode would launch for sequences of `length` keys (the split count, the splits that get
+// keys, and how they merge), launching nothing.
+std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length);
 
 // tiled.cu: the CUDA-core tiled kernel (also the fp32 path of flash_attention).
 torch::Tensor tiled_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

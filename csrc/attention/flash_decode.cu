@@ -32,6 +32,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
@@ -55,9 +57,56 @@ constexpr int kRows = 16;             // q heads per CTA (the m of the mma)
 constexpr int kRingBytes = 24 << 10;  // per warp: 3 tiles of K+V at head_dim 128, 6 at 64
 constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
+constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
 // + slack to start the rings on a 1024-byte boundary: left from the TMA layout and kept because every
 // figure was measured with it (the XOR swizzle itself is conflict-free from any 16-byte aligned base).
 constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
+
+template <typename T, int D>
+constexpr int kStages = kRingBytes / (2 * kTK * D * int(sizeof(T)));  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
+
+// One sequence's split (host and device: the plan query makes the kernel's choice): keys per split,
+// whole tiles and at least kMinChunk of them, and how many splits get keys. A length that one CTA's
+// rings hold at once (192 keys at d 128, 384 at d 64) is one split: its loads all issue together
+// anyway, and a combine costs more than the stream (H200, bf16, us, back to back: 1 x 128 ctx, 9 q / 3
+// kv heads, d 64: 3.67 -> 2.19; 32 / 8, d 128: 4.13 -> 2.72; 1 x 256, 32 / 8, d 64: 4.75 -> 2.70).
+struct Split {
+  int chunk, n_active;
+};
+template <typename T, int D>
+__host__ __device__ __forceinline__ Split split_of(int len, int num_splits) {
+  constexpr int ring_keys = kWarps * kStages<T, D> * kTK;
+  int chunk = (len + num_splits - 1) / num_splits;
+  chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
+  if (len <= ring_keys) chunk = ring_keys;
+  return {chunk, max(1, (len + chunk - 1) / chunk)};
+}
+
+// How a (batch, kv block)'s splits combine, the same choice in every CTA of the pair (H200, bf16, us,
+// back to back):
+// - Up to 16 splits: the last CTA, a thread per (row, 4 dims), reads them from L2 in one pass with a
+//   running max; a split's (max, sum) and O are independent loads, so the unrolled loop keeps all 16
+//   in flight. (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k with 4 kv heads 13.35 -> 13.0.)
+// - More that shared memory holds at once (few, small rows: 9 q / 3 kv heads at d 64 has 44 splits of
+//   48 (row, 4 dims) items): the last CTA copies them in by every thread's cp.async, one round trip,
+//   and merges there: 1 x 2k 7.07 -> 5.13, 1 x 8k 8.22 -> 6.30, 1 x 32k 13.47 -> 10.79. (For 16 splits
+//   of 32 q / 8 kv heads it lost: 1 x 4k 7.42 -> 7.96.)
+// - More than two such rounds' worth otherwise (many splits of big rows: 32 q / 2 kv heads at d 128
+//   has 66 splits of 16 rows, 540 KB of partials), spread: every split waits for the last arrival and
+//   merges its slice of the outputs from all splits, one round each: 1 x 4k 15.82 -> 7.51, 1 x 32k
+//   25.17 -> 16.58; 12 q / 2 kv heads at 4k 9.72 -> 7.00. That needs every split of the pair
+//   resident at once: the grid is at most one CTA per SM where it splits, and two fit.
+// The last CTA's merge from L2 also takes more splits in rounds of 16 where spreading is not allowed.
+enum class Merge { kNone, kLastFromL2, kLastInSmem, kSpread };
+template <int D>
+__host__ __device__ __forceinline__ Merge merge_of(int n_active, int rows, int block_rows, bool all_resident) {
+  if (n_active == 1) return Merge::kNone;
+  const int items = rows * (D / 4);             // (row, 4 dims) outputs of the pair
+  const int per_split = block_rows * (D + 4);  // floats of a split's partial: O, then (max, sum, -, -) per row
+  if (n_active > kMergeUnroll && n_active * per_split * 4 <= kWarps * kRingBytes) return Merge::kLastInSmem;
+  if (all_resident && items * n_active > 2 * kMergeUnroll * kThreads) return Merge::kSpread;
+  return Merge::kLastFromL2;
+}
 
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
@@ -119,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int CH = D / 8;   // 16-byte chunks per row
   constexpr int TILE = kTK * D;                                         // elements of one K (or V) tile
   constexpr int TILE_BYTES = TILE * int(sizeof(T));
-  constexpr int STAGES = kRingBytes / (2 * TILE_BYTES);                 // 3 at D = 128, 6 at D = 64
+  constexpr int STAGES = kStages<T, D>;
   constexpr int OS = D + 8;   // float row stride of the warp partials (conflict-free float2 stores)
   static_assert(STAGES >= 2 && kRows * OS * 4 <= kRingBytes, "ring too small");
   extern __shared__ unsigned char smem_raw[];  // kWarps rings of kRingBytes, from a 1024-byte boundary
@@ -133,19 +182,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int rows = min(kRows, p.group - hb * kRows);  // valid q heads of this block
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
-  // This split's keys [s0, s1) of the actual length: whole tiles, at least kMinChunk keys. Its warp
-  // `warp` takes tiles warp, warp + 4, ... of them (n_my). A length that the CTA's rings hold at once
-  // (192 keys at d 128, 384 at d 64) is one split: its loads all issue together anyway, and a combine
-  // costs more than the stream (H200, bf16, us, back to back: 1 x 128 ctx, 9 q / 3 kv heads, d 64:
-  // 3.67 -> 2.19; 32 / 8, d 128: 4.13 -> 2.72; 1 x 256, 32 / 8, d 64: 4.75 -> 2.70).
+  // This split's keys [s0, s1) of the actual length (split_of). Its warp `warp` takes tiles warp,
+  // warp + 4, ... of them (n_my).
   int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0;
   auto take_range = [&] {
     len = max(0, min(p.start_pos[b] + 1, p.capacity));
-    int chunk = (len + p.num_splits - 1) / p.num_splits;
-    chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
-    if (len <= kWarps * STAGES * kTK) chunk = kWarps * STAGES * kTK;
-    n_active = max(1, (len + chunk - 1) / chunk);
-    s0 = split * chunk, s1 = min(s0 + chunk, len);
+    const Split sp = split_of<T, D>(len, p.num_splits);
+    n_active = sp.n_active;
+    s0 = split * sp.chunk, s1 = min(s0 + sp.chunk, len);
     const int n_tiles = max(0, (s1 - s0 + kTK - 1) / kTK);
     n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
   };
@@ -359,25 +403,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   if (n_active == 1) return;
 
-  // Which merge, the same choice in every CTA of the pair (H200, bf16, us, back to back):
-  // - Up to 16 splits: the last CTA, a thread per (row, 4 dims), reads them from L2 in one pass with a
-  //   running max; a split's (max, sum) and O are independent loads, so the unrolled loop keeps all 16
-  //   in flight. (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k with 4 kv heads 13.35 -> 13.0.)
-  // - More that shared memory holds at once (few, small rows: 9 q / 3 kv heads at d 64 has 44 splits of
-  //   48 (row, 4 dims) items): the last CTA copies them in by every thread's cp.async, one round trip,
-  //   and merges there: 1 x 2k 7.07 -> 5.13, 1 x 8k 8.22 -> 6.30, 1 x 32k 13.47 -> 10.79. (For 16 splits
-  //   of 32 q / 8 kv heads it lost: 1 x 4k 7.42 -> 7.96.)
-  // - More than two such rounds' worth otherwise (many splits of big rows: 32 q / 2 kv heads at d 128
-  //   has 66 splits of 16 rows, 540 KB of partials), spread: every split waits for the last arrival and
-  //   merges its slice of the outputs from all splits, one round each: 1 x 4k 15.82 -> 7.51, 1 x 32k
-  //   25.17 -> 16.58; 12 q / 2 kv heads at 4k 9.72 -> 7.00. That needs every split of the pair
-  //   resident at once: the grid is at most one CTA per SM where it splits, and two fit.
-  // The last CTA's merge from L2 also takes more splits in rounds of 16 where spreading is not allowed.
-  constexpr int kUnroll = 16;
-  const int items = rows * (D / 4);        // (row, 4 dims) outputs of the pair
-  const int per_split = p.rows * (D + 4);  // floats of a split's partial: O, then (max, sum, -, -) per row
-  const bool in_smem = n_active > kUnroll && n_active * per_split * 4 <= kWarps * kRingBytes;
-  const bool spread = p.all_resident && !in_smem && items * n_active > 2 * kUnroll * kThreads;
+  const int items = rows * (D / 4);  // (row, 4 dims) outputs of the pair
+  const Merge merge = merge_of<D>(n_active, rows, p.rows, p.all_resident);
+  const bool in_smem = merge == Merge::kLastInSmem, spread = merge == Merge::kSpread;
 
   // The CTA that arrives last merges the splits, reading the partials from L2 (__ldcg); or, spread,
   // every CTA waits for that arrival and merges a slice. The count is one acquire-release atomic by
@@ -489,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float* o_src = p.ws_o + (slot0 * p.rows + h) * D + d;
     float mx = -INFINITY, sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll kUnroll
+#pragma unroll kMergeUnroll
     for (int s = 0; s < n_active; ++s) {
       const float4 ml = __ldcg(ml_src + s * p.rows);
       const float4 os = __ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D));
@@ -500,7 +528,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 template <typename T, int D>
-void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
+void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream,
+            std::string* plan = nullptr, int plan_length = 0) {
   auto kernel = flash_decode_kernel<T, D>;
   static const bool configured = [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -521,6 +550,13 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
   p.num_splits = static_cast<int>(splits);
   p.all_resident = splits * pairs <= sm_count(device);  // one CTA per SM at most, and two fit
+  if (plan) {  // describe, for sequences of plan_length keys, and launch nothing
+    const Split sp = split_of<T, D>(std::min(plan_length, p.capacity), p.num_splits);
+    const char* names[] = {"none", "last from L2", "last in smem", "spread"};
+    *plan = "splits=" + std::to_string(p.num_splits) + " active=" + std::to_string(sp.n_active) +
+            " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident))];
+    return;
+  }
   torch::Tensor ws, own_counters;
   if (splits > 1) {
     const int64_t n_o = pairs * splits * p.rows * D;
@@ -537,32 +573,52 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), kSmemBytes, stream, p);
 }
 
+// The fields of DecodeParams that follow from the shapes: q [batch, 1, heads, D], caches
+// [batch, capacity, kv_heads, D].
+DecodeParams shape_params(const torch::Tensor& q, const torch::Tensor& k_cache) {
+  DecodeParams p{};
+  p.heads = q.size(2), p.group = p.heads / k_cache.size(2), p.capacity = k_cache.size(1);
+  p.hblocks = (p.group + kRows - 1) / kRows, p.rows = std::min(p.group, kRows);
+  return p;
+}
+
+// launch<T, D>(args...) for q's dtype and head_dim.
+template <typename... Args>
+void launch_for(const torch::Tensor& q, Args&&... args) {
+  auto by_dim = [&](auto t_tag) {
+    using T = decltype(t_tag);
+    const int head_dim = q.size(3);
+    if (head_dim == 64) launch<T, 64>(std::forward<Args>(args)...);
+    else if (head_dim == 128) launch<T, 128>(std::forward<Args>(args)...);
+    else MINFER_CHECK(false, "attention: head_dim must be 64 or 128, got ", head_dim);
+  };
+  if (q.scalar_type() == at::kHalf) by_dim(__half{});
+  else by_dim(__nv_bfloat16{});
+}
+
 }  // namespace
 
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                   const torch::Tensor& start_pos, double scale, bool stable_prefix, torch::Tensor& out) {
-  const int batch = q.size(0), heads = q.size(2), head_dim = q.size(3);
-  const int kv_heads = k_cache.size(2);
-  if (batch == 0 || heads == 0) return;
-  DecodeParams p{};
+  const int batch = q.size(0);
+  if (batch == 0 || q.size(2) == 0) return;
+  DecodeParams p = shape_params(q, k_cache);
   p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
   p.start_pos = start_pos.data_ptr<int>();
   p.q_bs = q.stride(0), p.q_hs = q.stride(2);
   p.k_bs = k_cache.stride(0), p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
   p.v_bs = v_cache.stride(0), p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);
-  p.heads = heads, p.group = heads / kv_heads, p.capacity = k_cache.size(1);
-  p.hblocks = (p.group + kRows - 1) / kRows, p.rows = std::min(p.group, kRows);
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
   p.stable_prefix = stable_prefix;
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  auto by_dim = [&](auto t_tag) {
-    using T = decltype(t_tag);
-    if (head_dim == 64) launch<T, 64>(p, batch, kv_heads, q, stream);
-    else if (head_dim == 128) launch<T, 128>(p, batch, kv_heads, q, stream);
-    else MINFER_CHECK(false, "attention: head_dim must be 64 or 128, got ", head_dim);
-  };
-  if (q.scalar_type() == at::kHalf) by_dim(__half{});
-  else by_dim(__nv_bfloat16{});
+  launch_for(q, p, batch, static_cast<int>(k_cache.size(2)), q, c10::cuda::getCurrentCUDAStream());
+}
+
+std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length) {
+  if (q.size(0) == 0 || q.size(2) == 0) return "none (empty output)";
+  std::string plan;
+  launch_for(q, shape_params(q, k_cache), static_cast<int>(q.size(0)), static_cast<int>(k_cache.size(2)), q,
+             c10::cuda::getCurrentCUDAStream(), &plan, length);
+  return plan;
 }
 
 }  // namespace minfer::attn
