@@ -124,8 +124,8 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
 std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length) {
   check_q_and_cache(q, k_cache);
   MINFER_CHECK(q.size(1) == 1, "attention_decode_plan: q must be [batch, 1, heads, head_dim], got ", q.sizes());
-  MINFER_CHECK(length >= 0 && length <= kIntMax && k_cache.size(1) <= kIntMax,
-              "attention_decode_plan: length must be in [0, 2^31), got ", length);
+  MINFER_CHECK(length >= 0 && length <= kIntMax, "attention_decode_plan: length must be in [0, 2^31), got ", length);
+  MINFER_CHECK(k_cache.size(1) <= kIntMax, "attention_decode_plan: capacity must be below 2^31, got ", k_cache.size(1));
   const c10::cuda::CUDAGuard guard(q.device());
   return attn::flash_decode_plan(q, k_cache, static_cast<int>(length));
 }
