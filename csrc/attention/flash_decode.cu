@@ -167,7 +167,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int DT = D / 8;   // 8-wide output tiles
   constexpr int CH = D / 8;   // 16-byte chunks per row
   constexpr int TILE = kTK * D;                                         // elements of one K (or V) tile
-  constexpr int TILE_BYTES = TILE * int(sizeof(T));
   constexpr int STAGES = kStages<T, D>;
   constexpr int OS = D + 8;   // float row stride of the warp partials (conflict-free float2 stores)
   static_assert(STAGES >= 2 && kRows * OS * 4 <= kRingBytes, "ring too small");
