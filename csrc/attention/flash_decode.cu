@@ -377,7 +377,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t pair = static_cast<int64_t>(b) * gridDim.y + blk;  // (batch, kv block)
   const int64_t slot0 = pair * p.num_splits;                        // its split 0 in the workspace
   T* out = reinterpret_cast<T*>(p.o) + (static_cast<int64_t>(b) * p.heads + head0) * D;
-  for (int qi = tid; qi < rows * (D / 4); qi += kThreads) {
+  const int items = rows * (D / 4);  // (row, 4 dims) outputs of the pair
+  for (int qi = tid; qi < items; qi += kThreads) {
     const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
     float mx = -INFINITY;
 #pragma unroll
@@ -402,7 +403,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   if (n_active == 1) return;
 
-  const int items = rows * (D / 4);  // (row, 4 dims) outputs of the pair
   const Merge merge = merge_of<D>(n_active, rows, p.rows, p.all_resident);
   const bool in_smem = merge == Merge::kLastInSmem, spread = merge == Merge::kSpread;
 
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int j = 0; j < QPT; ++j) {
       const int qi = tid + j * kThreads;
-      if (qi < rows * (D / 4)) {
+      if (qi < items) {
         const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
         float mx = -INFINITY;  // the max first: the weights below are then independent of each other
         for (int s = 0; s < n_active; ++s) mx = fmaxf(mx, s_ml[s * p.rows + h].x);  // finite: no split is empty
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     return;
   }
-  for (int qi = tid; qi < rows * (D / 4); qi += kThreads) {
+  for (int qi = tid; qi < items; qi += kThreads) {
     const int h = qi / (D / 4), d = (qi % (D / 4)) * 4;
     const float4* ml_src = p.ws_ml + slot0 * p.rows + h;
     const float* o_src = p.ws_o + (slot0 * p.rows + h) * D + d;
