@@ -111,15 +111,18 @@ def write_tiny_hf(folder, arch="LlamaForCausalLM"):
                max_position_embeddings=128, eos_token_id=1)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f)
-    w = {"model.embed_tokens.weight": torch.randn(v, h), "model.norm.weight": torch.rand(h) + 0.5,
-         "lm_head.weight": torch.randn(v, h)}
+    # Seeded: with eos_token_id 1 among 64 tokens, about one draw in 64 of random weights made the first
+    # greedy token the end of sequence, so the run printed nothing and test_tiny_hf_folder_runs failed.
+    gen = torch.Generator().manual_seed(0)
+    w = {"model.embed_tokens.weight": torch.randn(v, h, generator=gen),
+         "model.norm.weight": torch.rand(h, generator=gen) + 0.5, "lm_head.weight": torch.randn(v, h, generator=gen)}
     for i in range(layers):
         p = f"model.layers.{i}."
         shapes = {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
                   "self_attn.q_proj.weight": (heads * hd, h), "self_attn.k_proj.weight": (kv * hd, h),
                   "self_attn.v_proj.weight": (kv * hd, h), "self_attn.o_proj.weight": (h, heads * hd),
                   "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter)}
-        w.update({p + n: torch.randn(s) for n, s in shapes.items()})
+        w.update({p + n: torch.randn(s, generator=gen) for n, s in shapes.items()})
     save_file(w, os.path.join(folder, "model.safetensors"))
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(v)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
