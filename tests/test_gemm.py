@@ -116,15 +116,17 @@ def test_gemv_path_many_tiles(m, k, dtype):
         _check(ops.linear(x, w, None, "gemv", static_weight), F.linear(x, w), x.double() @ w.double().t(), dtype)
 
 
-# M <= 4, K >= 4096 and at least one 16-row tile per warp of a wave (17003 rows on 132 SMs): W streams
-# through per-warp shared-memory rings (gemv_ring_kernel), 3 CTAs per SM. At 17003 rows each CTA takes
-# 42-43 rows tiled by 16 from its first row (a short last tile, tiles off multiples of 16); at 50701 rows
-# (8+ tiles per CTA) whole tiles, the grid's last one of 13 rows. A CTA's 256-wide k stages are split
-# over 4 warps, so tiles shared between warps are summed through shared memory. K = 4104 leaves a last
-# stage of one 16-byte chunk per row, K = 4168 of nine.
+# M <= 16, K >= 4096 and at least one 16-row tile per warp of a wave (17003 rows on 132 SMs): W streams
+# through per-warp shared-memory rings (gemv_ring_kernel), 3 CTAs per SM, in stages of 16 rows x 256 k
+# at M <= 4 and of 32 rows x 128 k above (two n8 tiles of X rows above M = 8). At 17003 rows each CTA
+# takes 42-43 rows tiled by 16 or 32 from its first row (a short last tile, tiles off multiples of 16);
+# at 50701 rows and R = 16 (8+ tiles per CTA) whole tiles, the grid's last one of 13 rows; at 101399 rows
+# and R = 32 whole tiles of 32, the last one of 23, with K = 2056 (17 stages of 128 k, the last of one
+# chunk). A CTA's stages are split over 4 warps, so tiles shared between warps are summed through shared
+# memory. K = 4104 leaves a last stage of one 16-byte chunk per row, K = 4168 of nine.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m, n, k", [(m, 17003, k) for m in (1, 2, 3, 4) for k in (4104, 4168)] +
-                         [(1, 50701, 4104), (4, 50701, 4168)])
+@pytest.mark.parametrize("m, n, k", [(m, 17003, k) for m in (1, 2, 3, 4, 5, 8, 9, 16) for k in (4104, 4168)] +
+                         [(1, 50701, 4104), (4, 50701, 4168), (8, 50701, 4104), (16, 50701, 4168), (13, 101399, 2056)])
 def test_gemv_path_ring(m, n, k, dtype):
     _check_linear_and_gemm(m, n, k, dtype, "auto")
 
@@ -136,8 +138,10 @@ def test_gemv_path_ring(m, n, k, dtype):
 PLANS = [
     (1, 4095, 4088, "gemv: m1 U=4 4/SM ks=2"), (1, 2040, 8200, "gemv: m1 U=4 4/SM ks=4"),
     (1, 37, 16392, "gemv: m1 U=8 2/SM ks=8"), (1, 1001, 2056, "gemv: m1 U=8 2/SM ks=1"),
-    (1, 17003, 4104, "gemv: ring granule=1"), (4, 17003, 4168, "gemv: ring granule=1"),
-    (1, 50701, 4104, "gemv: ring granule=16"),
+    (1, 17003, 4104, "gemv: ring R=16 granule=1"), (4, 17003, 4168, "gemv: ring R=16 granule=1"),
+    (1, 50701, 4104, "gemv: ring R=16 granule=16"), (8, 17003, 4104, "gemv: ring R=32 granule=1"),
+    (16, 50701, 4168, "gemv: ring R=32 granule=1"), (13, 101399, 2056, "gemv: ring R=32 granule=32"),
+    (16, 50701, 2056, "gemv: stream U=6 2/SM"),
     (1, 40000, 1048, "gemv: stream U=6 2/SM"), (16, 40000, 1048, "gemv: stream U=6 2/SM"),
     (1, 40000, 1000, "gemv: stream U=4 3/SM"), (1, 40000, 568, "gemv: stream U=6 3/SM"),
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),

@@ -22,7 +22,7 @@
 // per block.
 //
 // M = 1 on small W (every warp one row pair, or a K slice of one) runs gemv_m1_kernel instead: two
-// W rows per warp in 512-byte runs, the mma's 16 rows being 8 segments of each (see there). M <= 4 on
+// W rows per warp in 512-byte runs, the mma's 16 rows being 8 segments of each (see there). M <= 16 on
 // many tiles with K >= 4096 (or 2048 on the largest W; the lm_heads, 28672 x 4096) runs
 // gemv_ring_kernel: the same mma, with W staged through per-warp shared-memory rings that cp.async
 // keeps full (see there).
@@ -316,49 +316,64 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_stream_kernel(const
   for (; tile < t_end; ++tile) w_tile(tile, std::false_type{});
 }
 
-// W through per-warp shared-memory rings (the way flash decode streams K/V): a stage is 16 W rows x
-// 256 k (8 KB), each lane copying one 16-byte chunk of every row with cp.async, so one instruction of
-// the warp reads 512 contiguous bytes of a row. A warp's ring holds kRingStages stages, all in flight
-// before the first is used and refilled as each is consumed, so the bytes in flight never drop to
-// zero between rounds as they do with register loads. Each CTA takes an equal contiguous range of W
-// rows in units of `granule` rows (16: whole tiles; 1: to the row, so that SMs finish together where
-// whole tiles would leave some with one more, e.g. 13 or 14 per SM at 1 x 28672 x 4096), tiled by 16
-// from its first row; its warps split the CTA's (tile, 256-wide k chunk) stages evenly. A tile that
-// two or more warps share is summed in warp order through shared memory after one barrier
-// (deterministic); whole tiles are stored by their warp. Two mma accumulators (even and odd k steps)
-// halve the dependent chain (1 x 28672 x 4096: 59.4 -> 58.6 us).
+// W through per-warp shared-memory rings (the way flash decode streams K/V): a stage is R W rows x
+// 4096 / R k (8 KB; R = 16: 256 k, R = 32: 128 k), each lane copying 16-byte chunks with cp.async, so
+// one instruction of the warp reads 512 contiguous bytes of one row (R = 16) or 256 of each of two
+// (R = 32). A warp's ring holds kRingStages stages, all in flight before the first is used and
+// refilled as each is consumed, so the bytes in flight never drop to zero between rounds as they do
+// with register loads. Each CTA takes an equal contiguous range of W rows in units of `granule` rows
+// (R: whole tiles; 1: to the row, so that SMs finish together where whole tiles would leave some with
+// one more, e.g. 13 or 14 per SM at 1 x 28672 x 4096), tiled by R from its first row; its warps split
+// the CTA's (tile, k chunk) stages evenly. A tile that two or more warps share is summed in warp order
+// through shared memory (the rings' space, once they are drained) after one barrier (deterministic);
+// whole tiles are stored by their warp.
+// - A warp copies its stage's W fragments into registers and refills the slot before its mmas, so the
+//   slot is back in flight while X's loads land: at M > 4, X (64 KB at M = 8 and K = 4096) no longer
+//   fits in the ~30 KB of L1 that the rings leave and comes from L2 at DRAM-queue latency (H200, fp16,
+//   us, refilled after against before the mmas: 8 x 128256 x 4096 245.9 -> 241.6, 8 x 28672 x 4096
+//   55.5 -> 54.5, 4 x 128256 x 4096 241.2 -> 237.4, 1 x 28672 x 4096 53.9 -> 53.3).
+// - R = 32 at M > 4 halves X's reads per W byte (each X chunk serves 32 rows): 8 x 128256 x 4096
+//   245.4 -> 241.6, 8 x 128256 x 2048 124.6 -> 122.3; at M = 1 it is level or slower (232.9 against
+//   231.8), and R = 64 (128 bytes of a row per stage) streamed W slower everywhere (M = 1: 238 -> 262).
+// - One tile per stage (R = 16) keeps two mma accumulators (even and odd k steps) to halve the
+//   dependent chain (1 x 28672 x 4096: 59.4 -> 58.6 us); R = 32 has two tiles for that.
 // Four warps with two stages each (64 KB of rings, three CTAs per SM: 192 KB in flight) measured
-// best of 4 x 3 (two CTAs per SM), 6 x 2 and 4 x 6 / 8 x 3 (one CTA per SM) on H200. X is re-read
-// per stage from the L1 that the rings leave (~30 KB), which is why the launcher stops at M = 4.
-constexpr int kStageK = 256, kStageChunks = kStageK / 8, kStageBytes = 16 * kStageK * 2, kStageVecs = kStageBytes / 16;
-constexpr int kRingWarps = 4, kRingStages = 2, kRingNT = 1;  // one n8 tile of X rows: M <= 8
-constexpr int kRingSmemBytes = kRingWarps * (kRingStages * kStageBytes + 2 * kRingNT * 4 * 32 * 4);
+// best of 4 x 3 (two CTAs per SM), 6 x 2 and 4 x 6 / 8 x 3 (one CTA per SM) on H200.
+constexpr int kStageBytes = 8192, kStageVecs = kStageBytes / 16;
+constexpr int kRingWarps = 4, kRingStages = 2;
+constexpr int kRingSmemBytes = kRingWarps * kRingStages * kStageBytes;  // the partials reuse it at the end
 
-template <typename T>
-__global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params<T, T> p, int granule) {
+// R: W rows per stage (16 or 32); NT: n8 tiles of X rows (M <= 8 NT).
+template <typename T, int R, int NT>
+__global__ void __launch_bounds__(kRingWarps * 32, 3) gemv_ring_kernel(const Params<T, T> p, int granule) {
+  constexpr int kRowChunks = kStageVecs / R;     // 16-byte chunks of a row in a stage: 32 or 16
+  constexpr int kRowsPerCopy = 32 / kRowChunks;  // rows one copy instruction of the warp covers
+  constexpr int kSub = R / 16;                   // 16-row mma tiles in a stage
+  constexpr int kPar = kSub == 1 ? 2 : 1;        // mma chains per tile
+  static_assert((R == 16 || R == 32) && (NT == 1 || NT == 2), "stage shape");
+  static_assert(kRingWarps * 2 * kSub * NT * 4 * 32 * 4 <= kRingSmemBytes, "partials fit in the rings");
   extern __shared__ __align__(16) uint4 smem_ring[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  // This CTA's W rows [row0, row1), cut into 16-row tiles from row0 (the last one may be short).
+  // This CTA's W rows [row0, row1), cut into R-row tiles from row0 (the last one may be short).
   const int64_t units = (p.N + granule - 1) / granule;
   const int row0 = (int)min((int64_t)p.N, blockIdx.x * units / gridDim.x * granule);
   const int row1 = (int)min((int64_t)p.N, (blockIdx.x + 1) * units / gridDim.x * granule);
-  const int chunks = p.K / 8, kc = (chunks + kStageChunks - 1) / kStageChunks;  // stages per tile
-  const int stages = (row1 - row0 + 15) / 16 * kc;
+  const int chunks = p.K / 8, kc = (chunks + kRowChunks - 1) / kRowChunks;  // stages per tile
+  const int stages = (row1 - row0 + R - 1) / R * kc;
   auto first_stage = [&](int w) { return (int)((int64_t)w * stages / kRingWarps); };
   const int s_begin = first_stage(warp), s_end = first_stage(warp + 1);
-  uint4* ring = smem_ring + warp * kRingStages * kStageVecs;  // [stage][16 rows][32 chunks], swizzled
-  // Past the rings: [warp][first / last tile][acc][lane].
-  auto partial = reinterpret_cast<float(*)[2][kRingNT * 4][32]>(smem_ring + kRingWarps * kRingStages * kStageVecs);
+  uint4* ring = smem_ring + warp * kRingStages * kStageVecs;  // [stage][R rows][kRowChunks], swizzled
 
   // Chunk c of row r sits at c ^ 4 (r & 1): the 8 lanes of a quarter warp read rows g, g + 1 at
   // chunks 4j + t, which then fall in 8 different bank groups.
   auto load = [&](int s, int slot) {
-    const int n_base = row0 + s / kc * 16, c = (s % kc) * kStageChunks + lane;
-    const uint32_t dst = smem_addr(ring + slot * 16 * kStageChunks);
+    const int n_base = row0 + s / kc * R, cl = lane % kRowChunks, c = (s % kc) * kRowChunks + cl;
+    const uint32_t dst = smem_addr(ring + slot * kStageVecs);
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int i = 0; i < R / kRowsPerCopy; ++i) {
+      const int r = i * kRowsPerCopy + lane / kRowChunks;
       const bool ok = c < chunks && n_base + r < row1;  // past the range or K: zeros, nothing read
-      cp_async16(dst + 16 * (r * kStageChunks + (lane ^ ((r & 1) << 2))),
+      cp_async16(dst + 16 * (r * kRowChunks + (cl ^ ((r & 1) << 2))),
                  p.B + (ok ? (int64_t)(n_base + r) * p.sbn + 8 * c : 0), ok ? 16 : 0);
     }
     cp_async_commit();
@@ -371,82 +386,118 @@ __global__ void __launch_bounds__(kRingWarps * 32) gemv_ring_kernel(const Params
   }
   if (p.static_b) wait_for_previous_grid();  // a static W fills the rings first
 
-  bool x_ok[kRingNT];
-  const uint4* xp[kRingNT];
+  bool x_ok[NT];
+  const uint4* xp[NT];
   x_rows(p, 0, g, t, xp, x_ok);
-  // A warp's first and last tiles may be shared with its neighbours (partial), the ones between are
-  // its own. acc_odd takes the odd k steps: two dependent mma chains instead of one.
-  float acc[kRingNT][4], acc_odd[kRingNT][4];
-  zero(acc);
-  zero(acc_odd);
+  // A warp's first and last tiles may be shared with its neighbours, the ones between are its own.
+  // The first one's sums wait in `first` and the last one's in acc[0] until the rings are drained.
+  float acc[kPar][kSub][NT][4], first[kSub][NT][4];
+  auto zero_acc = [&] {
+#pragma unroll
+    for (int q = 0; q < kPar; ++q)
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) zero(acc[q][i]);
+  };
+  zero_acc();
+  auto whole = [&](int tile_local) { return s_begin <= tile_local * kc && s_end >= (tile_local + 1) * kc; };
   auto flush = [&](int tile_local) {
 #pragma unroll
-    for (int nt = 0; nt < kRingNT; ++nt)
+    for (int q = 1; q < kPar; ++q)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nt][i] += acc_odd[nt][i], acc_odd[nt][i] = 0.f;
-    const bool whole = s_begin <= tile_local * kc && s_end >= (tile_local + 1) * kc;
-    if (whole) {
-      store_tile(p, acc, row0 + tile_local * 16 + g, row1, t);
-    } else {
-      const int side = tile_local == s_begin / kc ? 0 : 1;
+      for (int i = 0; i < kSub; ++i)
 #pragma unroll
-      for (int nt = 0; nt < kRingNT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) partial[warp][side][nt * 4 + i][lane] = acc[nt][i];
+          for (int e = 0; e < 4; ++e) acc[0][i][nt][e] += acc[q][i][nt][e];
+    if (whole(tile_local)) {
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) store_tile(p, acc[0][i], row0 + tile_local * R + 16 * i + g, row1, t);
+    } else if (tile_local == s_begin / kc) {
+#pragma unroll
+      for (int i = 0; i < kSub; ++i)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) first[i][nt][e] = acc[0][i][nt][e];
     }
   };
 
   int cur = s_begin < s_end ? s_begin / kc : -1, slot = 0;
   for (int s = s_begin; s < s_end; ++s) {
-    const int tile_local = s / kc, c0 = (s % kc) * kStageChunks;
+    const int tile_local = s / kc, c0 = (s % kc) * kRowChunks;
     if (tile_local != cur) {
       flush(cur);
       cur = tile_local;
-      zero(acc);
+      zero_acc();
     }
-    uint4 vx[kStageChunks / 4][kRingNT];  // X first (L1 hits): their latency hides under the wait
+    uint4 vx[kRowChunks / 4][NT];  // X first: L1 hits at small M, and in flight across the wait
 #pragma unroll
-    for (int j = 0; j < kStageChunks / 4; ++j)
+    for (int j = 0; j < kRowChunks / 4; ++j)
 #pragma unroll
-      for (int nt = 0; nt < kRingNT; ++nt)
-        vx[j][nt] = ld_x(xp[nt] + c0 + 4 * j, x_ok[nt] && c0 + 4 * j + t < chunks);
+      for (int nt = 0; nt < NT; ++nt) vx[j][nt] = ld_x(xp[nt] + c0 + 4 * j, x_ok[nt] && c0 + 4 * j + t < chunks);
     cp_async_wait<kRingStages - 1>();  // stage s has landed (this lane's copies) ...
     __syncwarp();                      // ... and every lane's
-    const uint4* st = ring + slot * 16 * kStageChunks;
+    const uint4* st = ring + slot * kStageVecs;
+    uint4 w[kRowChunks / 4][kSub][2];  // this thread's W fragments of the stage: rows 16 i + g and + 8
 #pragma unroll
-    for (int j = 0; j < kStageChunks / 4; ++j) {
+    for (int j = 0; j < kRowChunks / 4; ++j) {
       const int c = (4 * j + t) ^ ((g & 1) << 2);
-      const uint4 wa = st[g * kStageChunks + c], wb = st[(g + 8) * kStageChunks + c];
-      if (j & 1) mma_step<T, kRingNT>(acc_odd, wa, wb, vx[j]);
-      else mma_step<T, kRingNT>(acc, wa, wb, vx[j]);
+#pragma unroll
+      for (int i = 0; i < kSub; ++i)
+        w[j][i][0] = st[(16 * i + g) * kRowChunks + c], w[j][i][1] = st[(16 * i + g + 8) * kRowChunks + c];
     }
-    __syncwarp();  // every lane is done with the slot: refill it
+    __syncwarp();  // every lane has its fragments: refill the slot before waiting for X
     if (s + kRingStages < s_end) load(s + kRingStages, slot);
     else cp_async_commit();
     if (++slot == kRingStages) slot = 0;
+#pragma unroll
+    for (int j = 0; j < kRowChunks / 4; ++j)
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) mma_step<T, NT>(acc[j % kPar][i], w[j][i][0], w[j][i][1], vx[j]);
   }
   if (cur >= 0) flush(cur);
   cp_async_wait<0>();
 
-  // Shared tiles: the first warp that touched a tile sums every toucher's partial, in warp order.
+  // Shared tiles: the partials go where the rings were; the first warp that touched a tile sums every
+  // toucher's partial, in warp order.
+  auto partial = reinterpret_cast<float(*)[2][kSub][NT * 4][32]>(smem_ring);  // [warp][first / last tile]
+  const int t_first = s_begin / kc, t_last = (s_end - 1) / kc;
+  __syncthreads();  // every ring is drained
+  if (s_begin < s_end) {
+    auto put = [&](int side, const float (&a)[kSub][NT][4]) {
+#pragma unroll
+      for (int i = 0; i < kSub; ++i)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) partial[warp][side][i][nt * 4 + e][lane] = a[i][nt][e];
+    };
+    if (!whole(t_first)) put(0, first);
+    if (t_last != t_first && !whole(t_last)) put(1, acc[0]);
+  }
   __syncthreads();
   if (s_begin == s_end) return;
   for (int side = 0; side < 2; ++side) {
-    const int tile_local = side == 0 ? s_begin / kc : (s_end - 1) / kc;
-    if (side == 1 && tile_local == s_begin / kc) break;
+    const int tile_local = side == 0 ? t_first : t_last;
+    if (side == 1 && tile_local == t_first) break;
     const int t_begin = tile_local * kc, t_end = t_begin + kc;
-    if (s_begin <= t_begin && s_end >= t_end) continue;  // whole: stored above
-    if (s_begin > t_begin) continue;                      // an earlier warp sums it
-    zero(acc);
+    if (whole(tile_local)) continue;  // stored above
+    if (s_begin > t_begin) continue;  // an earlier warp sums it
+    float sum[kSub][NT][4];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) zero(sum[i]);
     for (int w = warp; w < kRingWarps && first_stage(w) < t_end; ++w) {
       if (first_stage(w) == first_stage(w + 1)) continue;  // no stages
       const int w_side = tile_local == first_stage(w) / kc ? 0 : 1;
 #pragma unroll
-      for (int nt = 0; nt < kRingNT; ++nt)
+      for (int i = 0; i < kSub; ++i)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] += partial[w][w_side][nt * 4 + i][lane];
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sum[i][nt][e] += partial[w][w_side][i][nt * 4 + e][lane];
     }
-    store_tile(p, acc, row0 + tile_local * 16 + g, row1, t);
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) store_tile(p, sum[i], row0 + tile_local * R + 16 * i + g, row1, t);
   }
 }
 
@@ -646,36 +697,46 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
   best->launch(p, best_ks, dim3((unsigned)grid_x, (unsigned)grid_y), stream, plan);
 }
 
-// Many tiles (8 or more per SM, where gemv_stream_kernel would run) at M <= 4 with K >= 4096, or
+// Many tiles (8 or more per SM, where gemv_stream_kernel would run) at M <= 16 with K >= 4096, or
 // K >= 2048 where CTAs take whole tiles (the lm_heads, 28672 x 4096): gemv_ring_kernel, one wave.
 // Against gemv_stream_kernel, same runs (H200, fp16, us): 1 x 128256 x 4096 249.6 -> 237.6-243,
 // 1 x 28672 x 4096 60.7-61.2 -> 57.6-58.5, 1 x 25344 x 4096 54.6 -> 52.1-52.4, 1 x 16896 x 4096
-// 38.4 -> 36.4, 4 x 28672 x 4096 60.8 -> 59.2-60.1, 1 x 128256 x 2048 127.0-127.3 -> 123.7-125.9.
+// 38.4 -> 36.4, 4 x 28672 x 4096 60.8 -> 59.2-60.1, 1 x 128256 x 2048 127.0-127.3 -> 123.7-125.9;
+// since the slot refills before the mmas and R = 32 above M = 4 (session 18): 8 x 128256 x 4096
+// 247.1 -> 239.8, 8 x 28672 x 4096 57.0 -> 54.0, 8 x 128256 x 2048 127.3 -> 122.8, 16 x 128256 x 2048
+// 132.6 -> 128.5, 16 x 128256 x 4096 254.5 -> 253.2, 16 x 28672 x 4096 58.8 -> 58.0.
 // Not at K = 2048 with row ranges (8 stages per tile: 16896 rows 19.4 -> 20.3, 21120 rows 23.4 ->
-// 23.8-24.1, 32768 rows 35.3-35.5 -> 35.6), K = 576 (16.1 -> 17.4), M = 8 (X no longer stays in the
-// L1 that the rings leave: 8 x 128256 x 2048 128.4 -> 132.9), nor on the few-tile shapes, which keep
-// the other kernels. Returns false where it does not apply.
-template <typename T>
-bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  const int64_t tiles = (p.N + 15) / 16;
-  if (p.M > 4 || p.K < 2048 || tiles < int64_t(kWarps) * sms) return false;
-  auto kernel = gemv_ring_kernel<T>;
+// 23.8-24.1, 32768 rows 35.3-35.5 -> 35.6), K = 576 (16.1 -> 17.4), nor on the few-tile shapes, where
+// a CTA holds a tile or two and reads all of X for it (16 x 6144 x 4096 16.0 -> 17.3, 16 x 4096 x 14336
+// 32.9 -> 47.7), which keep the other kernels. Returns false where it does not apply.
+template <typename T, int R, int NT>
+bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
+  auto kernel = gemv_ring_kernel<T, R, NT>;
   static const int per_sm = [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSmemBytes));
     int n = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kRingWarps * 32, kRingSmemBytes));
     return std::max(n, 1);
   }();
-  const int64_t grid = std::min<int64_t>(tiles, int64_t(per_sm) * sms);
+  const int64_t grid = std::min<int64_t>((p.N + 15) / 16, int64_t(per_sm) * sms), tiles = (p.N + R - 1) / R;
   // CTA ranges in whole tiles where a CTA has 8 or more (one tile more or less is then at most an
   // eighth of a CTA's work), else to the row, which costs every CTA one short tile whose stages hold
   // fewer bytes (H200, us, tiles / rows: 1 x 128256 x 4096 243 / 249, 1 x 28672 x 4096 58.7 / 58.3,
   // 4 x 28672 x 4096 60.6 / 59.7).
-  const int granule = tiles >= 8 * grid ? 16 : 1;
+  const int granule = tiles >= 8 * grid ? R : 1;
   if (p.K < 4096 && granule == 1) return false;  // K = 2048 gains only in whole tiles (see above)
-  launch_or_describe(plan, [&] { return "ring granule=" + std::to_string(granule); }, kernel, dim3((unsigned)grid),
-                     dim3(kRingWarps * 32), kRingSmemBytes, stream, p, granule);
+  auto what = [&] { return "ring R=" + std::to_string(R) + " granule=" + std::to_string(granule); };
+  launch_or_describe(plan, what, kernel, dim3((unsigned)grid), dim3(kRingWarps * 32), kRingSmemBytes, stream, p,
+                     granule);
   return true;
+}
+
+template <typename T>
+bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
+  if (p.M > 16 || p.K < 2048 || (p.N + 15) / 16 < int64_t(kWarps) * sms) return false;
+  if (p.M <= 4) return launch_ring_with<T, 16, 1>(p, sms, stream, plan);
+  if (p.M <= 8) return launch_ring_with<T, 32, 1>(p, sms, stream, plan);
+  return launch_ring_with<T, 32, 2>(p, sms, stream, plan);
 }
 
 }  // namespace
