@@ -1,6 +1,6 @@
 """Runs our kernels that share data through shared memory once on small awkward shapes, for
-`compute-sanitizer --tool racecheck`: every attention kernel, and the gemv path's K splits (warps of a
-CTA meeting in shared memory).
+`compute-sanitizer --tool racecheck`: every attention kernel, the gemv path's K splits (warps of a
+CTA meeting in shared memory) and its shared-memory rings.
 
 The tests also launch torch's own kernels (SDPA, cuBLAS) for their references, and racecheck reports
 their shared-memory hazards too; this script launches only ours:
@@ -37,5 +37,10 @@ for m, n, k in ((3, 37, 4104), (1, 37, 16392), (1, 2040, 8200)):
     x, w = torch.randn(m, k, **opts), torch.randn(n, k, **opts)
     for static_weight in (False, True):  # True: the first round of W (or the rings) loads before the wait
         torch.ops.minfer.linear(x, w, None, "gemv", static_weight)
+# gemv rings: per-warp cp.async rings, tiles shared between warps summed where the rings were (17003 rows:
+# every CTA's range cut to the row); 16-row stages at M = 1, 32-row stages with one and two n8 tiles of X.
+for m, k in ((1, 4104), (8, 4104), (16, 4168)):
+    x, w = torch.randn(m, k, **opts), torch.randn(17003, k, **opts)
+    torch.ops.minfer.linear(x, w, None, "gemv", True)
 torch.cuda.synchronize()
 print("racecheck: done")
