@@ -38,9 +38,10 @@ for m, n, k in ((3, 37, 4104), (1, 37, 16392), (1, 2040, 8200)):
     for static_weight in (False, True):  # True: the first round of W (or the rings) loads before the wait
         torch.ops.minfer.linear(x, w, None, "gemv", static_weight)
 # gemv rings: per-warp cp.async rings, tiles shared between warps summed where the rings were (17003 rows:
-# every CTA's range cut to the row); 16-row stages at M = 1, 32-row stages with one and two n8 tiles of X.
-for m, k in ((1, 4104), (8, 4104), (16, 4168)):
-    x, w = torch.randn(m, k, **opts), torch.randn(17003, k, **opts)
+# every CTA's range cut to the row); 16-row stages at M = 1, 32-row stages with one and two n8 tiles of X;
+# one 12-warp CTA per SM on the few-tile shapes (16381 x 2056, 4093 x 14344).
+for m, n, k in ((1, 17003, 4104), (8, 17003, 4104), (16, 17003, 4168), (8, 16381, 2056), (16, 4093, 14344)):
+    x, w = torch.randn(m, k, **opts), torch.randn(n, k, **opts)
     torch.ops.minfer.linear(x, w, None, "gemv", True)
 torch.cuda.synchronize()
 print("racecheck: done")

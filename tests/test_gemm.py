@@ -124,9 +124,12 @@ def test_gemv_path_many_tiles(m, k, dtype):
 # and R = 32 whole tiles of 32, the last one of 23, with K = 2056 (17 stages of 128 k, the last of one
 # chunk). A CTA's stages are split over 4 warps, so tiles shared between warps are summed through shared
 # memory. K = 4104 leaves a last stage of one 16-byte chunk per row, K = 4168 of nine.
+# Fewer tiles than resident warps on a W of 2^25 elements or more (M <= 8, or K >= 8192): one 12-warp CTA
+# per SM, each CTA's range cut to the row (16381 rows: 124 per CTA; 4093 rows: 31).
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m, n, k", [(m, 17003, k) for m in (1, 2, 3, 4, 5, 8, 9, 16) for k in (4104, 4168)] +
-                         [(1, 50701, 4104), (4, 50701, 4168), (8, 50701, 4104), (16, 50701, 4168), (13, 101399, 2056)])
+                         [(1, 50701, 4104), (4, 50701, 4168), (8, 50701, 4104), (16, 50701, 4168), (13, 101399, 2056)] +
+                         [(1, 16381, 2056), (8, 16381, 2056), (16, 4093, 14344), (13, 4093, 8200)])
 def test_gemv_path_ring(m, n, k, dtype):
     _check_linear_and_gemm(m, n, k, dtype, "auto")
 
@@ -141,7 +144,8 @@ PLANS = [
     (1, 17003, 4104, "gemv: ring R=16 granule=1"), (4, 17003, 4168, "gemv: ring R=16 granule=1"),
     (1, 50701, 4104, "gemv: ring R=16 granule=16"), (8, 17003, 4104, "gemv: ring R=32 granule=1"),
     (16, 50701, 4168, "gemv: ring R=32 granule=1"), (13, 101399, 2056, "gemv: ring R=32 granule=32"),
-    (16, 50701, 2056, "gemv: stream U=6 2/SM"),
+    (16, 50701, 2056, "gemv: stream U=6 2/SM"), (8, 16381, 2056, "gemv: ring R=16 12 warps granule=1"),
+    (16, 4093, 14344, "gemv: ring R=16 12 warps granule=1"), (16, 16381, 2056, "gemv: tiles U=4 2/SM ks=2"),
     (1, 40000, 1048, "gemv: stream U=6 2/SM"), (16, 40000, 1048, "gemv: stream U=6 2/SM"),
     (1, 40000, 1000, "gemv: stream U=4 3/SM"), (1, 40000, 568, "gemv: stream U=6 3/SM"),
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),

@@ -338,20 +338,28 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_stream_kernel(const
 // - One tile per stage (R = 16) keeps two mma accumulators (even and odd k steps) to halve the
 //   dependent chain (1 x 28672 x 4096: 59.4 -> 58.6 us); R = 32 has two tiles for that.
 // Four warps with two stages each (64 KB of rings, three CTAs per SM: 192 KB in flight) measured
-// best of 4 x 3 (two CTAs per SM), 6 x 2 and 4 x 6 / 8 x 3 (one CTA per SM) on H200.
+// best of 4 x 3 (two CTAs per SM), 6 x 2 and 4 x 6 / 8 x 3 (one CTA per SM) on H200 where W has many
+// tiles. Where it has fewer 16-row tiles than the resident warps (N < 16896), three CTAs per SM would
+// each hold a tile or two and read all of X for it; one CTA of 12 warps per SM (the same 192 KB) holds
+// three times the rows, and wins on a large W (see launch_ring).
 constexpr int kStageBytes = 8192, kStageVecs = kStageBytes / 16;
-constexpr int kRingWarps = 4, kRingStages = 2;
-constexpr int kRingSmemBytes = kRingWarps * kRingStages * kStageBytes;  // the partials reuse it at the end
+constexpr int kRingStages = 2;
+// Shared memory of a CTA of `warps` rings; the partials reuse it at the end.
+constexpr int ring_smem_bytes(int warps) { return warps * kRingStages * kStageBytes; }
 
-// R: W rows per stage (16 or 32); NT: n8 tiles of X rows (M <= 8 NT).
-template <typename T, int R, int NT>
-__global__ void __launch_bounds__(kRingWarps * 32, 3) gemv_ring_kernel(const Params<T, T> p, int granule) {
+// R: W rows per stage (16 or 32); NT: n8 tiles of X rows (M <= 8 NT); WARPS: 4 (three CTAs per SM) or
+// 12 (one).
+template <typename T, int R, int NT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kernel(const Params<T, T> p, int granule) {
   constexpr int kRowChunks = kStageVecs / R;     // 16-byte chunks of a row in a stage: 32 or 16
   constexpr int kRowsPerCopy = 32 / kRowChunks;  // rows one copy instruction of the warp covers
   constexpr int kSub = R / 16;                   // 16-row mma tiles in a stage
   constexpr int kPar = kSub == 1 ? 2 : 1;        // mma chains per tile
+  // The slot refills before the mmas, except with 16 rows and two n8 tiles: the stage's W fragments
+  // and X's then need 196 registers against the 170 that 384 threads per SM leave.
+  constexpr bool kRefillFirst = !(R == 16 && NT == 2);
   static_assert((R == 16 || R == 32) && (NT == 1 || NT == 2), "stage shape");
-  static_assert(kRingWarps * 2 * kSub * NT * 4 * 32 * 4 <= kRingSmemBytes, "partials fit in the rings");
+  static_assert(WARPS * 2 * kSub * NT * 4 * 32 * 4 <= ring_smem_bytes(WARPS), "partials fit in the rings");
   extern __shared__ __align__(16) uint4 smem_ring[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // This CTA's W rows [row0, row1), cut into R-row tiles from row0 (the last one may be short).
@@ -360,7 +368,7 @@ __global__ void __launch_bounds__(kRingWarps * 32, 3) gemv_ring_kernel(const Par
   const int row1 = (int)min((int64_t)p.N, (blockIdx.x + 1) * units / gridDim.x * granule);
   const int chunks = p.K / 8, kc = (chunks + kRowChunks - 1) / kRowChunks;  // stages per tile
   const int stages = (row1 - row0 + R - 1) / R * kc;
-  auto first_stage = [&](int w) { return (int)((int64_t)w * stages / kRingWarps); };
+  auto first_stage = [&](int w) { return (int)((int64_t)w * stages / WARPS); };
   const int s_begin = first_stage(warp), s_end = first_stage(warp + 1);
   uint4* ring = smem_ring + warp * kRingStages * kStageVecs;  // [stage][R rows][kRowChunks], swizzled
 
@@ -446,14 +454,18 @@ __global__ void __launch_bounds__(kRingWarps * 32, 3) gemv_ring_kernel(const Par
       for (int i = 0; i < kSub; ++i)
         w[j][i][0] = st[(16 * i + g) * kRowChunks + c], w[j][i][1] = st[(16 * i + g + 8) * kRowChunks + c];
     }
-    __syncwarp();  // every lane has its fragments: refill the slot before waiting for X
-    if (s + kRingStages < s_end) load(s + kRingStages, slot);
-    else cp_async_commit();
-    if (++slot == kRingStages) slot = 0;
+    auto refill = [&] {
+      __syncwarp();  // every lane is done with the slot
+      if (s + kRingStages < s_end) load(s + kRingStages, slot);
+      else cp_async_commit();
+      if (++slot == kRingStages) slot = 0;
+    };
+    if constexpr (kRefillFirst) refill();  // every lane has its fragments: refill before waiting for X
 #pragma unroll
     for (int j = 0; j < kRowChunks / 4; ++j)
 #pragma unroll
       for (int i = 0; i < kSub; ++i) mma_step<T, NT>(acc[j % kPar][i], w[j][i][0], w[j][i][1], vx[j]);
+    if constexpr (!kRefillFirst) refill();
   }
   if (cur >= 0) flush(cur);
   cp_async_wait<0>();
@@ -486,7 +498,7 @@ __global__ void __launch_bounds__(kRingWarps * 32, 3) gemv_ring_kernel(const Par
     float sum[kSub][NT][4];
 #pragma unroll
     for (int i = 0; i < kSub; ++i) zero(sum[i]);
-    for (int w = warp; w < kRingWarps && first_stage(w) < t_end; ++w) {
+    for (int w = warp; w < WARPS && first_stage(w) < t_end; ++w) {
       if (first_stage(w) == first_stage(w + 1)) continue;  // no stages
       const int w_side = tile_local == first_stage(w) / kc ? 0 : 1;
 #pragma unroll
@@ -708,14 +720,20 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
 // Not at K = 2048 with row ranges (8 stages per tile: 16896 rows 19.4 -> 20.3, 21120 rows 23.4 ->
 // 23.8-24.1, 32768 rows 35.3-35.5 -> 35.6), K = 576 (16.1 -> 17.4), nor on the few-tile shapes, where
 // a CTA holds a tile or two and reads all of X for it (16 x 6144 x 4096 16.0 -> 17.3, 16 x 4096 x 14336
-// 32.9 -> 47.7), which keep the other kernels. Returns false where it does not apply.
-template <typename T, int R, int NT>
+// 32.9 -> 47.7). There, one 12-warp CTA per SM on W of 2^25 elements or more, up to M = 8 or at
+// K >= 8192 (H200, fp16, us, against the tiles kernel in the same run: 1 x 16384 x 2048 17.7 -> 16.8,
+// 8 x 16384 x 2048 18.3 -> 17.7, 8 x 4096 x 14336 30.6 -> 29.5, 8 x 14336 x 4096 32.0 -> 29.1,
+// 16 x 4096 x 14336 33.0 -> 31.7; slower at 16 x 16384 x 2048 18.3 -> 19.4, 6144 x 4096 (M = 1, 8, 16)
+// 13.5 -> 14.0, 14.0 -> 14.7, 15.9 -> 16.4, and 19-60% on the 34 MB and smaller shapes), which keep the
+// other kernels. Returns false where the ring does not apply.
+template <typename T, int R, int NT, int WARPS>
 bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  auto kernel = gemv_ring_kernel<T, R, NT>;
+  auto kernel = gemv_ring_kernel<T, R, NT, WARPS>;
+  constexpr int smem = ring_smem_bytes(WARPS);
   static const int per_sm = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSmemBytes));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kRingWarps * 32, kRingSmemBytes));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WARPS * 32, smem));
     return std::max(n, 1);
   }();
   const int64_t grid = std::min<int64_t>((p.N + 15) / 16, int64_t(per_sm) * sms), tiles = (p.N + R - 1) / R;
@@ -724,19 +742,27 @@ bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::
   // fewer bytes (H200, us, tiles / rows: 1 x 128256 x 4096 243 / 249, 1 x 28672 x 4096 58.7 / 58.3,
   // 4 x 28672 x 4096 60.6 / 59.7).
   const int granule = tiles >= 8 * grid ? R : 1;
-  if (p.K < 4096 && granule == 1) return false;  // K = 2048 gains only in whole tiles (see above)
-  auto what = [&] { return "ring R=" + std::to_string(R) + " granule=" + std::to_string(granule); };
-  launch_or_describe(plan, what, kernel, dim3((unsigned)grid), dim3(kRingWarps * 32), kRingSmemBytes, stream, p,
-                     granule);
+  if (WARPS == 4 && p.K < 4096 && granule == 1) return false;  // K = 2048 gains only in whole tiles (see above)
+  auto what = [&] {
+    return "ring R=" + std::to_string(R) + (WARPS == 4 ? "" : " 12 warps") + " granule=" + std::to_string(granule);
+  };
+  launch_or_describe(plan, what, kernel, dim3((unsigned)grid), dim3(WARPS * 32), smem, stream, p, granule);
   return true;
 }
 
 template <typename T>
 bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  if (p.M > 16 || p.K < 2048 || (p.N + 15) / 16 < int64_t(kWarps) * sms) return false;
-  if (p.M <= 4) return launch_ring_with<T, 16, 1>(p, sms, stream, plan);
-  if (p.M <= 8) return launch_ring_with<T, 32, 1>(p, sms, stream, plan);
-  return launch_ring_with<T, 32, 2>(p, sms, stream, plan);
+  if (p.M > 16 || p.K < 2048) return false;
+  if ((p.N + 15) / 16 >= int64_t(kWarps) * sms) {  // many tiles: three 4-warp CTAs per SM
+    if (p.M <= 4) return launch_ring_with<T, 16, 1, 4>(p, sms, stream, plan);
+    if (p.M <= 8) return launch_ring_with<T, 32, 1, 4>(p, sms, stream, plan);
+    return launch_ring_with<T, 32, 2, 4>(p, sms, stream, plan);
+  }
+  // Few tiles on a large W (2^25 elements, 64 MB at 16 bits, or more), up to M = 8 or with K >= 8192:
+  // one 12-warp CTA per SM.
+  if (int64_t(p.N) * p.K < (int64_t{1} << 25) || (p.M > 8 && p.K < 8192)) return false;
+  if (p.M <= 8) return launch_ring_with<T, 16, 1, 12>(p, sms, stream, plan);
+  return launch_ring_with<T, 16, 2, 12>(p, sms, stream, plan);
 }
 
 }  // namespace
