@@ -750,6 +750,18 @@ bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::
   return true;
 }
 
+// Whether a 12-warp CTA's rings fit in one block's shared memory (Hopper: 227 KB; sm_80 164 KB, sm_86 /
+// sm_89 99 KB), looked up once like the configurations above.
+inline bool twelve_warp_rings_fit() {
+  static const bool fit = [] {
+    int device = 0, optin = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return optin >= ring_smem_bytes(12);
+  }();
+  return fit;
+}
+
 template <typename T>
 bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   if (p.M > 16 || p.K < 2048) return false;
@@ -760,7 +772,7 @@ bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::strin
   }
   // Few tiles on a large W (2^25 elements, 64 MB at 16 bits, or more), up to M = 8 or with K >= 8192:
   // one 12-warp CTA per SM.
-  if (int64_t(p.N) * p.K < (int64_t{1} << 25) || (p.M > 8 && p.K < 8192)) return false;
+  if (int64_t(p.N) * p.K < (int64_t{1} << 25) || (p.M > 8 && p.K < 8192) || !twelve_warp_rings_fit()) return false;
   if (p.M <= 8) return launch_ring_with<T, 16, 1, 12>(p, sms, stream, plan);
   return launch_ring_with<T, 16, 2, 12>(p, sms, stream, plan);
 }
