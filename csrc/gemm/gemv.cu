@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_stream_kernel(const
 // (R: whole tiles; 1: to the row, so that SMs finish together where whole tiles would leave some with
 // one more, e.g. 13 or 14 per SM at 1 x 28672 x 4096), tiled by R from its first row; its warps split
 // the CTA's (tile, k chunk) stages evenly. A tile that two or more warps share is summed in warp order
-// through shared memory (the rings' space, once they are drained) after one barrier (deterministic);
+// through shared memory (the rings' space, once they are drained; deterministic);
 // whole tiles are stored by their warp.
 // - A warp copies its stage's W fragments into registers and refills the slot before its mmas, so the
 //   slot is back in flight while X's loads land: at M > 4, X (64 KB at M = 8 and K = 4096) no longer
@@ -399,34 +399,30 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kern
   x_rows(p, 0, g, t, xp, x_ok);
   // A warp's first and last tiles may be shared with its neighbours, the ones between are its own.
   // The first one's sums wait in `first` and the last one's in acc[0] until the rings are drained.
+  // `each` visits every accumulator (mma tile i, n8 tile nt, element e) of one tile.
+  auto each = [](auto&& f) {
+#pragma unroll
+    for (int i = 0; i < kSub; ++i)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f(i, nt, e);
+  };
   float acc[kPar][kSub][NT][4], first[kSub][NT][4];
   auto zero_acc = [&] {
 #pragma unroll
-    for (int q = 0; q < kPar; ++q)
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) zero(acc[q][i]);
+    for (int q = 0; q < kPar; ++q) each([&](int i, int nt, int e) { acc[q][i][nt][e] = 0.f; });
   };
   zero_acc();
   auto whole = [&](int tile_local) { return s_begin <= tile_local * kc && s_end >= (tile_local + 1) * kc; };
   auto flush = [&](int tile_local) {
 #pragma unroll
-    for (int q = 1; q < kPar; ++q)
-#pragma unroll
-      for (int i = 0; i < kSub; ++i)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[0][i][nt][e] += acc[q][i][nt][e];
+    for (int q = 1; q < kPar; ++q) each([&](int i, int nt, int e) { acc[0][i][nt][e] += acc[q][i][nt][e]; });
     if (whole(tile_local)) {
 #pragma unroll
       for (int i = 0; i < kSub; ++i) store_tile(p, acc[0][i], row0 + tile_local * R + 16 * i + g, row1, t);
     } else if (tile_local == s_begin / kc) {
-#pragma unroll
-      for (int i = 0; i < kSub; ++i)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) first[i][nt][e] = acc[0][i][nt][e];
+      each([&](int i, int nt, int e) { first[i][nt][e] = acc[0][i][nt][e]; });
     }
   };
 
@@ -472,17 +468,12 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kern
 
   // Shared tiles: the partials go where the rings were; the first warp that touched a tile sums every
   // toucher's partial, in warp order.
-  auto partial = reinterpret_cast<float(*)[2][kSub][NT * 4][32]>(smem_ring);  // [warp][first / last tile]
+  auto partial = reinterpret_cast<float(*)[2][kSub][NT][4][32]>(smem_ring);  // [warp][first / last tile]
   const int t_first = s_begin / kc, t_last = (s_end - 1) / kc;
   __syncthreads();  // every ring is drained
   if (s_begin < s_end) {
     auto put = [&](int side, const float (&a)[kSub][NT][4]) {
-#pragma unroll
-      for (int i = 0; i < kSub; ++i)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) partial[warp][side][i][nt * 4 + e][lane] = a[i][nt][e];
+      each([&](int i, int nt, int e) { partial[warp][side][i][nt][e][lane] = a[i][nt][e]; });
     };
     if (!whole(t_first)) put(0, first);
     if (t_last != t_first && !whole(t_last)) put(1, acc[0]);
@@ -496,17 +487,11 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kern
     if (whole(tile_local)) continue;  // stored above
     if (s_begin > t_begin) continue;  // an earlier warp sums it
     float sum[kSub][NT][4];
-#pragma unroll
-    for (int i = 0; i < kSub; ++i) zero(sum[i]);
+    each([&](int i, int nt, int e) { sum[i][nt][e] = 0.f; });
     for (int w = warp; w < WARPS && first_stage(w) < t_end; ++w) {
       if (first_stage(w) == first_stage(w + 1)) continue;  // no stages
       const int w_side = tile_local == first_stage(w) / kc ? 0 : 1;
-#pragma unroll
-      for (int i = 0; i < kSub; ++i)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sum[i][nt][e] += partial[w][w_side][i][nt * 4 + e][lane];
+      each([&](int i, int nt, int e) { sum[i][nt][e] += partial[w][w_side][i][nt][e][lane]; });
     }
 #pragma unroll
     for (int i = 0; i < kSub; ++i) store_tile(p, sum[i], row0 + tile_local * R + 16 * i + g, row1, t);
