@@ -137,7 +137,8 @@ def test_gemv_path_ring(m, n, k, dtype):
 # The kernels and configurations that the shapes above are meant to reach, as the launchers pick them on
 # a 132-SM Hopper GPU (H100 / H200): linear_plan runs the same choice and launches nothing. 40 x 1536 x 576
 # has too few tiles to balance the SMs: the fallback takes KS = 8 on the first variant whose 288 CTAs all
-# fit at once (3 per SM).
+# fit at once (3 per SM). 16 x 6136 x 4104 takes the 4-step rounds of two n8 tiles at 3 CTAs per SM (X one
+# step ahead), where 2-step rounds fit as many CTAs.
 PLANS = [
     (1, 4095, 4088, "gemv: m1 U=4 4/SM ks=2"), (1, 2040, 8200, "gemv: m1 U=4 4/SM ks=4"),
     (1, 37, 16392, "gemv: m1 U=8 2/SM ks=8"), (1, 1001, 2056, "gemv: m1 U=8 2/SM ks=1"),
@@ -149,7 +150,8 @@ PLANS = [
     (1, 40000, 1048, "gemv: stream U=6 2/SM"), (16, 40000, 1048, "gemv: stream U=6 2/SM"),
     (1, 40000, 1000, "gemv: stream U=4 3/SM"), (1, 40000, 568, "gemv: stream U=6 3/SM"),
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),
-    (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
+    (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (16, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"),
+    (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
     (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M"), (4097, 576, 1536, "sm90"),
 ]
 

@@ -135,8 +135,9 @@ __device__ __forceinline__ void load_w_round(uint4 (&va)[U], uint4 (&vb)[U], con
   }
 }
 
-// The round at s0 once its W is in va / vb: X, then the mmas.
-template <typename T, int NT, int U, int STEP = 4>
+// The round at s0 once its W is in va / vb: X, then the mmas. X_AHEAD: X one step ahead of each mma
+// instead of the whole round's up front (fewer registers).
+template <typename T, int NT, int U, int STEP = 4, bool X_AHEAD = (NT * U > 8)>
 __device__ __forceinline__ void mma_round(float (&acc)[NT][4], const uint4 (&va)[U], const uint4 (&vb)[U],
                                           const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s0, int s_end,
                                           int chunks, int c) {
@@ -146,7 +147,7 @@ __device__ __forceinline__ void mma_round(float (&acc)[NT][4], const uint4 (&va)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) x[nt] = ld_x(xp[nt] + STEP * (int64_t)s, ok && x_ok[nt]);
   };
-  if constexpr (NT * U <= 8) {  // the round's X up front too: its registers wait under W's latency
+  if constexpr (!X_AHEAD) {  // the round's X up front too: its registers wait under W's latency
     uint4 vx[U][NT];
 #pragma unroll
     for (int u = 0; u < U; ++u) load_x(u, vx[u]);
@@ -163,26 +164,26 @@ __device__ __forceinline__ void mma_round(float (&acc)[NT][4], const uint4 (&va)
   }
 }
 
-template <typename T, int NT, int U, int STEP = 4>
+template <typename T, int NT, int U, int STEP = 4, bool X_AHEAD = (NT * U > 8)>
 __device__ __forceinline__ void accumulate(float (&acc)[NT][4], const uint4* wa, const uint4* wb, bool a_ok, bool b_ok,
                                            const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s_begin,
                                            int s_end, int chunks, int c) {
   for (int s0 = s_begin; s0 < s_end; s0 += U) {
     uint4 va[U], vb[U];
     load_w_round<U, STEP>(va, vb, wa, wb, a_ok, b_ok, s0, s_end, chunks, c);  // W first: it carries the latency
-    mma_round<T, NT, U, STEP>(acc, va, vb, xp, x_ok, s0, s_end, chunks, c);
+    mma_round<T, NT, U, STEP, X_AHEAD>(acc, va, vb, xp, x_ok, s0, s_end, chunks, c);
   }
 }
 
 // The same, with the first round's W already in va0 / vb0 (loaded before griddepcontrol.wait; see the
 // kernels). Kept apart from accumulate so that the loop above compiles as it did without it.
-template <typename T, int NT, int U, int STEP = 4>
+template <typename T, int NT, int U, int STEP = 4, bool X_AHEAD = (NT * U > 8)>
 __device__ __forceinline__ void accumulate_from(float (&acc)[NT][4], const uint4 (&va0)[U], const uint4 (&vb0)[U],
                                                 const uint4* wa, const uint4* wb, bool a_ok, bool b_ok,
                                                 const uint4* const (&xp)[NT], const bool (&x_ok)[NT], int s_begin,
                                                 int s_end, int chunks, int c) {
-  mma_round<T, NT, U, STEP>(acc, va0, vb0, xp, x_ok, s_begin, s_end, chunks, c);
-  accumulate<T, NT, U, STEP>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin + U, s_end, chunks, c);
+  mma_round<T, NT, U, STEP, X_AHEAD>(acc, va0, vb0, xp, x_ok, s_begin, s_end, chunks, c);
+  accumulate<T, NT, U, STEP, X_AHEAD>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin + U, s_end, chunks, c);
 }
 
 // This thread's X rows m_base + 8 nt + g at chunk t of step 0; rows from M on read nothing.
@@ -207,9 +208,11 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 
 // Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y (and
 // its strides) picks 8 * NT rows of A at a time. MIN_BLOCKS caps the registers so that that many CTAs
-// fit on an SM (see launch_best).
+// fit on an SM (see launch_best). A round's X comes up front where W and X fit the cap (U * NT <= 4 at
+// 3 CTAs per SM, 80 registers; <= 8 at 2), else one step ahead of each mma.
 template <typename T, int NT, int U, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params<T, T> p, int ks_log2) {
+  constexpr bool kXAhead = NT * U * MIN_BLOCKS > 16;
   const int ks = 1 << ks_log2, tiles = kWarps >> ks_log2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int split = warp & (ks - 1), tile = blockIdx.x * tiles + (warp >> ks_log2);
@@ -235,9 +238,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
     zero(acc);
 
     if constexpr (decltype(preloaded)::value)
-      accumulate_from<T, NT, U>(acc, pre_a, pre_b, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
+      accumulate_from<T, NT, U, 4, kXAhead>(acc, pre_a, pre_b, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
     else
-      accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
+      accumulate<T, NT, U, 4, kXAhead>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
 
     // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
 #pragma unroll
@@ -650,7 +653,7 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::str
 //   8 x 28672 x 4096 57.4-57.7 -> 62.0-62.4).
 // - Otherwise, among the variants (first = preferred) and K splits, keep the configurations whose
 //   CTAs all fit at once, whose heaviest SM carries at most ~10% more than the average and whose
-//   warps get at least one full round; take the one with the most CTAs.
+//   warps get at least one full round; take the one with the most CTAs (on a tie, the longer rounds).
 // - The rest (too few tiles to balance) take the smallest K split that gives every SM about two CTAs,
 //   on the first variant whose CTAs then all fit at once: 3072 x 2048 takes KS = 8 (192 CTAs of one
 //   tile); three 16-row blocks of 3072 x 576 take 288 CTAs of 3 per SM in one wave, where 2 per SM
@@ -678,7 +681,7 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
     for (int l = 0; (kWarps >> l) >= 1; ++l) {
       const int64_t n = ctas(l);
       if (n > int64_t(v.per_sm) * sms || sm_balance(double(n) / sms) < 0.9 || (steps >> l) < v.u) continue;
-      if (n > best_ctas) best = &v, best_ks = l, best_ctas = n;
+      if (n > best_ctas || (n == best_ctas && v.u > best->u)) best = &v, best_ks = l, best_ctas = n;
     }
   }
   if (best == nullptr) {  // the first variant whose CTAs then all fit at once, else the first
@@ -800,8 +803,11 @@ void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* pl
   if (launch_ring<T>(p, sms, s, plan)) return;
   if (p.M <= 8)
     launch_best<T, 1, 8, 6>(p, sms, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s, plan);
-  else  // two n8 tiles: shorter rounds for the X registers, except in the stream (see launch_best)
-    launch_best<T, 2, 8, 6>(p, sms, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>()}, s, plan);
+  else  // two n8 tiles: shorter rounds for the X registers, except in the stream (see launch_best). 4-step
+        // rounds at 3 CTAs per SM (X one step ahead; 80 registers, 8 bytes spilled) where 2-step rounds were
+        // the only ones whose CTAs all fit (384 CTAs of KS = 8 at 6144 x 4096; H200, fp16, us: 16 x 6144 x 4096
+        // 16.05-16.09 -> 15.76-15.82, 12 x 6144 x 4096 15.46-15.50 -> 15.23-15.33); no other decode shape moves.
+    launch_best<T, 2, 8, 6>(p, sms, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>(), variant<T, 2, 4, 3>()}, s, plan);
 }
 template void launch_gemv<__half>(const Params<__half, __half>&, cudaStream_t, int, std::string*);
 template void launch_gemv<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int, std::string*);
