@@ -70,7 +70,7 @@ def _nan_next(m, n, dtype):
 
 
 # gemv: 16-row W tiles, 32-wide k steps of four 8-element chunks (K % 32 != 0 leaves a partial step),
-# one or two n8 tiles of A rows (M <= 8, <= 16; forced M = 40 walks blocks of 16 along grid.y). Shapes
+# one or two n8 tiles of A rows (M <= 8, <= 16; forced M = 40 takes a CTA per block of 16 along grid.y). Shapes
 # 6136, 2040 and 28680 rows take the other launch configurations (launch_best in gemv.cu) as a 132-SM
 # GPU picks them: 4-step rounds at 3 CTAs per SM, 8-step rounds at 2 and the even split of many tiles
 # over one wave of warps. M = 1 with few rows and K >= 2048 runs gemv_m1_kernel on row pairs, 256-wide k
@@ -83,6 +83,12 @@ def _nan_next(m, n, dtype):
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 40])
 def test_gemv_path(m, nk, dtype):
     _check_linear_and_gemm(m, *nk, dtype, "gemv")
+
+
+# gemv_kernel takes one block of 16 A rows per CTA along grid.y: more than 65535 blocks go as two launches.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemv_path_rows_past_grid_y(dtype):
+    _check_linear_and_gemm(65535 * 16 + 40, 24, 40, dtype, "gemv")
 
 
 def _check_linear_and_gemm(m, n, k, dtype, gemm_path):

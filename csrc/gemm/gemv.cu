@@ -229,18 +229,15 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
 
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
   uint4 pre_a[U], pre_b[U];
-  // One block of 8 * NT rows of A; `preloaded`: W's first round is in pre_a / pre_b.
-  auto a_block = [&](int m_base, auto preloaded) {
+  // One block of 8 * NT rows of A, W's first round in pre_a / pre_b.
+  auto a_block = [&](int m_base) {
     bool x_ok[NT];
     const uint4* xp[NT];
     x_rows(p, m_base, g, t, xp, x_ok);
     float acc[NT][4];
     zero(acc);
 
-    if constexpr (decltype(preloaded)::value)
-      accumulate_from<T, NT, U, 4, kXAhead>(acc, pre_a, pre_b, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
-    else
-      accumulate<T, NT, U, 4, kXAhead>(acc, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
+    accumulate_from<T, NT, U, 4, kXAhead>(acc, pre_a, pre_b, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
 
     // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
 #pragma unroll
@@ -259,20 +256,18 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
         store_out(p, m, n, s);
       }
     }
-    __syncthreads();  // red is rewritten by the next block of A rows
   };
-  // A static W: its first round loads before the wait (the condition is the same for the whole CTA,
-  // which meets at barriers in a_block; a warp with no K range loads nothing and adds zeros).
-  int m_base = blockIdx.y * 8 * NT;  // < M: grid.y is ceil(M / (8 NT)) at most
-  if (p.static_b) {
-    load_w_round<U>(pre_a, pre_b, wa, wb, a_ok, b_ok, s_begin, s_end, chunks, t);
-    wait_for_previous_grid();
-    a_block(m_base, std::true_type{});
-    m_base += gridDim.y * 8 * NT;
-  } else {
-    wait_for_previous_grid();
-  }
-  for (; m_base < p.M; m_base += gridDim.y * 8 * NT) a_block(m_base, std::false_type{});
+  // W's first round loads before the wait where W is static (the condition is the same for the whole
+  // CTA, which meets at barriers in a_block; a warp with no K range loads nothing and adds zeros).
+  // One block of A rows per CTA; the host launches more grids past 65535 blocks. (A loop over blocks
+  // here, with a second a_block for the blocks after the first, held registers that spilled at 3 CTAs
+  // per SM and slowed every configuration: H200, fp16, us, 16 x 6144 x 4096 15.8 -> 14.2, 8 x 6144 x 4096
+  // 14.2 -> 12.7, 16 x 16384 x 2048 18.9 -> 18.6, 1 x 960 x 576 1.82 -> 1.67; perf/gemm.md "Session 20".)
+  auto load_first_round = [&] { load_w_round<U>(pre_a, pre_b, wa, wb, a_ok, b_ok, s_begin, s_end, chunks, t); };
+  if (p.static_b) load_first_round();
+  wait_for_previous_grid();
+  if (!p.static_b) load_first_round();
+  a_block(blockIdx.y * 8 * NT);
 }
 
 // Many tiles (far more than warps resident): every warp of a one-wave grid takes an equal, contiguous
@@ -662,7 +657,16 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::str
 template <typename T, int NT, int U_BIG, int U_SMALL>
 void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T>> variants, cudaStream_t stream,
                  std::string* plan) {
-  const int64_t grid_y = std::min<int64_t>((p.M + 8 * NT - 1) / (8 * NT), 65535);
+  const int64_t grid_y = (p.M + 8 * NT - 1) / (8 * NT);  // gemv_kernel: a CTA per 8 * NT rows of A
+  if (grid_y > 65535) {  // more blocks of A rows than grid.y holds: one launch per 65535 of them
+    for (int64_t m0 = 0; m0 < p.M; m0 += 65535 * 8 * NT) {
+      Params<T, T> part = p;
+      part.A += m0 * p.sam, part.D += m0 * p.ldd, part.C = p.C ? p.C + m0 * p.ldc : nullptr;
+      part.M = (int)std::min<int64_t>(p.M - m0, 65535 * 8 * NT);
+      launch_best<T, NT, U_BIG, U_SMALL>(part, sms, variants, stream, plan);
+    }
+    return;
+  }
   const int64_t tiles = (p.N + 15) / 16, steps = (p.K / 8 + 3) / 4;  // 16-row tiles, 32-wide k steps
   if (grid_y == 1) {
     auto idle = [&](int u) { return (steps + u - 1) / u * u - steps; };
@@ -804,7 +808,7 @@ void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* pl
   if (p.M <= 8)
     launch_best<T, 1, 8, 6>(p, sms, {variant<T, 1, 8, 2>(), variant<T, 1, 4, 3>()}, s, plan);
   else  // two n8 tiles: shorter rounds for the X registers, except in the stream (see launch_best). 4-step
-        // rounds at 3 CTAs per SM (X one step ahead; 80 registers, 8 bytes spilled) where 2-step rounds were
+        // rounds at 3 CTAs per SM (X one step ahead, within 80 registers) where 2-step rounds were
         // the only ones whose CTAs all fit (384 CTAs of KS = 8 at 6144 x 4096; H200, fp16, us: 16 x 6144 x 4096
         // 16.05-16.09 -> 15.76-15.82, 12 x 6144 x 4096 15.46-15.50 -> 15.23-15.33); no other decode shape moves.
     launch_best<T, 2, 8, 6>(p, sms, {variant<T, 2, 4, 2>(), variant<T, 2, 2, 3>(), variant<T, 2, 4, 3>()}, s, plan);
