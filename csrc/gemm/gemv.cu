@@ -206,8 +206,8 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
-// Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y (and
-// its strides) picks 8 * NT rows of A at a time. MIN_BLOCKS caps the registers so that that many CTAs
+// Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y picks its
+// block of 8 * NT rows of A (launch_best launches a grid per 65535 blocks). MIN_BLOCKS caps the registers so that that many CTAs
 // fit on an SM (see launch_best). A round's X comes up front where W and X fit the cap (U * NT <= 4 at
 // 3 CTAs per SM, 80 registers; <= 8 at 2), else one step ahead of each mma.
 template <typename T, int NT, int U, int MIN_BLOCKS>
