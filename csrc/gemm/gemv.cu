@@ -207,9 +207,9 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 }
 
 // Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y picks its
-// block of 8 * NT rows of A (launch_best launches a grid per 65535 blocks). MIN_BLOCKS caps the registers so that that many CTAs
-// fit on an SM (see launch_best). A round's X comes up front where W and X fit the cap (U * NT <= 4 at
-// 3 CTAs per SM, 80 registers; <= 8 at 2), else one step ahead of each mma.
+// block of 8 * NT rows of A (launch_best launches a grid per 65535 blocks). MIN_BLOCKS caps the registers
+// so that that many CTAs fit on an SM (see launch_best). A round's X comes up front where W and X fit the
+// cap (U * NT <= 4 at 3 CTAs per SM, 80 registers; <= 8 at 2), else one step ahead of each mma.
 template <typename T, int NT, int U, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params<T, T> p, int ks_log2) {
   constexpr bool kXAhead = NT * U * MIN_BLOCKS > 16;
@@ -229,45 +229,45 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
 
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
   uint4 pre_a[U], pre_b[U];
-  // One block of 8 * NT rows of A, W's first round in pre_a / pre_b.
-  auto a_block = [&](int m_base) {
-    bool x_ok[NT];
-    const uint4* xp[NT];
-    x_rows(p, m_base, g, t, xp, x_ok);
-    float acc[NT][4];
-    zero(acc);
-
-    accumulate_from<T, NT, U, 4, kXAhead>(acc, pre_a, pre_b, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
-
-    // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][nt * 4 + i][lane] = acc[nt][i];
-    __syncthreads();
-    // Consecutive threads take consecutive n of one output row.
-    for (int i = threadIdx.x; i < tiles * 16 * 8 * NT; i += kThreads) {
-      const int tl = i / (16 * 8 * NT), r = i % (16 * 8 * NT), ml = r / 16, nl = r % 16;
-      const int n = (blockIdx.x * tiles + tl) * 16 + nl, m = m_base + ml;
-      if (n < p.N && m < p.M) {
-        const int src_lane = 4 * (nl & 7) + ((ml & 7) >> 1), j = (ml >> 3) * 4 + (nl >> 3) * 2 + (ml & 1);
-        float s = 0.f;
-        for (int w = 0; w < ks; ++w) s += red[tl * ks + w][j][src_lane];
-        store_out(p, m, n, s);
-      }
-    }
-  };
   // W's first round loads before the wait where W is static (the condition is the same for the whole
-  // CTA, which meets at barriers in a_block; a warp with no K range loads nothing and adds zeros).
+  // CTA, which meets at the barrier below; a warp with no K range loads nothing and adds zeros).
   // One block of A rows per CTA; the host launches more grids past 65535 blocks. (A loop over blocks
-  // here, with a second a_block for the blocks after the first, held registers that spilled at 3 CTAs
-  // per SM and slowed every configuration: H200, fp16, us, 16 x 6144 x 4096 15.8 -> 14.2, 8 x 6144 x 4096
-  // 14.2 -> 12.7, 16 x 16384 x 2048 18.9 -> 18.6, 1 x 960 x 576 1.82 -> 1.67; perf/gemm.md "Session 20".)
+  // here, with a second copy of the block code for the blocks after the first, held registers that
+  // spilled at 3 CTAs per SM and slowed every configuration: H200, fp16, us, 16 x 6144 x 4096 15.8 ->
+  // 14.2, 8 x 6144 x 4096 14.2 -> 12.7, 16 x 16384 x 2048 18.9 -> 18.6, 1 x 960 x 576 1.82 -> 1.67;
+  // perf/gemm.md "Session 20".)
   auto load_first_round = [&] { load_w_round<U>(pre_a, pre_b, wa, wb, a_ok, b_ok, s_begin, s_end, chunks, t); };
   if (p.static_b) load_first_round();
   wait_for_previous_grid();
   if (!p.static_b) load_first_round();
-  a_block(blockIdx.y * 8 * NT);
+
+  // This CTA's block of 8 * NT rows of A, W's first round in pre_a / pre_b.
+  const int m_base = blockIdx.y * 8 * NT;
+  bool x_ok[NT];
+  const uint4* xp[NT];
+  x_rows(p, m_base, g, t, xp, x_ok);
+  float acc[NT][4];
+  zero(acc);
+
+  accumulate_from<T, NT, U, 4, kXAhead>(acc, pre_a, pre_b, wa, wb, a_ok, b_ok, xp, x_ok, s_begin, s_end, chunks, t);
+
+  // acc[nt][2h + e] is D[m = m_base + 8 nt + 2t + e][n = tile * 16 + g + 8h].
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][nt * 4 + i][lane] = acc[nt][i];
+  __syncthreads();
+  // Consecutive threads take consecutive n of one output row.
+  for (int i = threadIdx.x; i < tiles * 16 * 8 * NT; i += kThreads) {
+    const int tl = i / (16 * 8 * NT), r = i % (16 * 8 * NT), ml = r / 16, nl = r % 16;
+    const int n = (blockIdx.x * tiles + tl) * 16 + nl, m = m_base + ml;
+    if (n < p.N && m < p.M) {
+      const int src_lane = 4 * (nl & 7) + ((ml & 7) >> 1), j = (ml >> 3) * 4 + (nl >> 3) * 2 + (ml & 1);
+      float s = 0.f;
+      for (int w = 0; w < ks; ++w) s += red[tl * ks + w][j][src_lane];
+      store_out(p, m, n, s);
+    }
+  }
 }
 
 // Many tiles (far more than warps resident): every warp of a one-wave grid takes an equal, contiguous
