@@ -187,22 +187,23 @@ def test_decode_gqa(ratio, hd):
 
 
 # Which combine each case takes. The launcher gives a pair (batch, kv block) 132 SMs / pairs splits,
-# at most one per 32 keys of the capacity (ctx + 7 here) and 128; each split takes whole 16-key tiles,
-# at least 32 keys, of the actual length. A length the CTA's rings hold at once (192 keys at d 128, 384
+# at most one per 32 keys of the capacity (ctx + 7 here) and 128; the actual length's 16-key tiles are
+# dealt evenly over as many of them as get at least two tiles (all of them from 32 keys a split up). A length the CTA's rings hold at once (192 keys at d 128, 384
 # at d 64) is one split and no combine; up to 16 splits merge from L2 in one unrolled pass; more that
 # fit in shared memory (small rows) come in by cp.async; more that do not are spread: every split
 # merges a slice of the outputs. attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
     (32, 8, 128, 192, "splits=7 active=1 merge=none"),      # the rings hold it: one split
-    (32, 8, 128, 193, "splits=7 active=7 merge=last from L2"),  # one key more: 32-key splits
+    (32, 8, 128, 193, "splits=7 active=6 merge=last from L2"),  # one key more: 13 tiles, 2-3 a split
     (9, 3, 64, 384, "splits=13 active=1 merge=none"),       # the default model's heads
-    (9, 3, 64, 385, "splits=13 active=13 merge=last from L2"),
+    (9, 3, 64, 385, "splits=13 active=12 merge=last from L2"),
     (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2"),
-    (9, 3, 64, 2048, "splits=44 active=43 merge=last in smem"),  # 3-row partials
+    (9, 3, 64, 2048, "splits=44 active=44 merge=last in smem"),  # 3-row partials
     (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem"),
-    (32, 2, 128, 4500, "splits=66 active=57 merge=spread"),  # 16-row partials: too big for shared memory
-    (12, 1, 64, 30000, "splits=128 active=125 merge=spread"),
-    (2, 1, 64, 30000, "splits=128 active=125 merge=last in smem"),
+    (32, 2, 128, 4500, "splits=66 active=66 merge=spread"),  # 16-row partials: too big for shared memory
+    (32, 2, 128, 32768, "splits=66 active=66 merge=spread"),  # 2048 tiles: 31 or 32 a split
+    (12, 1, 64, 30000, "splits=128 active=128 merge=spread"),
+    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem"),
 ]
 
 

@@ -65,21 +65,27 @@ constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
 template <typename T, int D>
 constexpr int kStages = kRingBytes / (2 * kTK * D * int(sizeof(T)));  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
 
-// One sequence's split (host and device: the plan query makes the kernel's choice): keys per split,
-// whole tiles and at least kMinChunk of them, and how many splits get keys. A length that one CTA's
-// rings hold at once (192 keys at d 128, 384 at d 64) is one split: its loads all issue together
-// anyway, and a combine costs more than the stream (H200, bf16, us, back to back: 1 x 128 ctx, 9 q / 3
-// kv heads, d 64: 3.67 -> 2.19; 32 / 8, d 128: 4.13 -> 2.72; 1 x 256, 32 / 8, d 64: 4.75 -> 2.70).
+// One sequence's split (host and device: the plan query makes the kernel's choice): how many splits
+// get keys, and their whole tiles, dealt evenly: each active split takes `base` tiles, the first
+// `extra` one more, and every split gets at least kMinChunk keys' worth. So every launched split is
+// active once the length has kMinChunk keys per split. That matters beyond the split's own share: a
+// CTA with no keys exits at once, and back to back the next call's CTAs then double up on SMs (two of
+// one call on an SM stream at about half the rate each). Until the twenty-second session the chunk was
+// rounded up to whole tiles instead, which left splits empty (1 x 32k, 32 q / 2 kv heads: 64 of 66
+// active, 33 SMs with two CTAs of one call; 16.4 -> 14.8 us with all 66 active; perf/attention.md).
+// A length that one CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split: its loads
+// all issue together anyway, and a combine costs more than the stream (H200, bf16, us, back to back:
+// 1 x 128 ctx, 9 q / 3 kv heads, d 64: 3.67 -> 2.19; 32 / 8, d 128: 4.13 -> 2.72; 1 x 256, 32 / 8, d 64:
+// 4.75 -> 2.70).
 struct Split {
-  int chunk, n_active;
+  int n_active, base, extra;
 };
 template <typename T, int D>
 __host__ __device__ __forceinline__ Split split_of(int len, int num_splits) {
   constexpr int ring_keys = kWarps * kStages<T, D> * kTK;
-  int chunk = (len + num_splits - 1) / num_splits;
-  chunk = max(kMinChunk, (chunk + kTK - 1) / kTK * kTK);
-  if (len <= ring_keys) chunk = ring_keys;
-  return {chunk, max(1, (len + chunk - 1) / chunk)};
+  const int n_tiles = (len + kTK - 1) / kTK;
+  const int n_active = len <= ring_keys ? 1 : max(1, min(num_splits, n_tiles / (kMinChunk / kTK)));
+  return {n_active, n_tiles / n_active, n_tiles % n_active};
 }
 
 // How a (batch, kv block)'s splits combine, the same choice in every CTA of the pair (H200, bf16, us,
@@ -187,8 +193,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     len = max(0, min(p.start_pos[b] + 1, p.capacity));
     const Split sp = split_of<T, D>(len, p.num_splits);
     n_active = sp.n_active;
-    s0 = split * sp.chunk, s1 = min(s0 + sp.chunk, len);
-    const int n_tiles = max(0, (s1 - s0 + kTK - 1) / kTK);
+    const int n_tiles = sp.base + (split < sp.extra), tile0 = split * sp.base + min(split, sp.extra);
+    s0 = tile0 * kTK, s1 = min(s0 + n_tiles * kTK, len);
     n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
   };
 
