@@ -191,7 +191,8 @@ def test_decode_gqa(ratio, hd):
 # dealt evenly over as many of them as get at least two tiles (all of them from 32 keys a split up). A
 # length the CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split and no combine; up
 # to 16 splits merge from L2 in one unrolled pass; more that fit in shared memory (small rows) come in
-# by cp.async; more that do not are spread: every split merges a slice of the outputs. attention_decode_plan runs the launcher's choice and launches nothing.
+# by cp.async; more that do not are spread: every split merges a slice of the outputs.
+# attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
     (32, 8, 128, 192, "splits=7 active=1 merge=none"),      # the rings hold it: one split
     (32, 8, 128, 193, "splits=7 active=6 merge=last from L2"),  # one key more: 13 tiles, 2-3 a split
