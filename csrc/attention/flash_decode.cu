@@ -67,8 +67,8 @@ constexpr int kStages = kRingBytes / (2 * kTK * D * int(sizeof(T)));  // K+V til
 
 // One sequence's split (host and device: the plan query makes the kernel's choice): how many splits
 // get keys, and their whole tiles, dealt evenly: each active split takes `base` tiles, the first
-// `extra` one more, and every split gets at least kMinChunk keys' worth. So every launched split is
-// active once the length has kMinChunk keys per split. That matters beyond the split's own share: a
+// `extra` one more, and every split gets at least kMinChunk / kTK whole tiles. So every launched split
+// is active once the length has kMinChunk keys per split. That matters beyond the split's own share: a
 // CTA with no keys exits at once, and back to back the next call's CTAs then double up on SMs (two of
 // one call on an SM stream at about half the rate each). Until the twenty-second session the chunk was
 // rounded up to whole tiles instead, which left splits empty (1 x 32k, 32 q / 2 kv heads: 64 of 66
