@@ -57,6 +57,8 @@ constexpr int kRows = 16;             // q heads per CTA (the m of the mma)
 constexpr int kRingBytes = 24 << 10;  // per warp: 3 tiles of K+V at head_dim 128, 6 at 64
 constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
+constexpr int kEarlyTiles = 3;       // tiles a warp may load before griddepcontrol.wait (stable_prefix)
+constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
 // + slack to start the rings on a 1024-byte boundary: left from the TMA layout and kept because every
 // figure was measured with it (the XOR swizzle itself is conflict-free from any 16-byte aligned base).
@@ -84,7 +86,7 @@ template <typename T, int D>
 __host__ __device__ __forceinline__ Split split_of(int len, int num_splits) {
   constexpr int ring_keys = kWarps * kStages<T, D> * kTK;
   const int n_tiles = (len + kTK - 1) / kTK;
-  const int n_active = len <= ring_keys ? 1 : max(1, min(num_splits, n_tiles / (kMinChunk / kTK)));
+  const int n_active = len <= ring_keys ? 1 : min(num_splits, n_tiles / (kMinChunk / kTK));
   return {n_active, n_tiles / n_active, n_tiles % n_active};
 }
 
@@ -221,24 +223,55 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_commit();
   };
 
+  // The K rows (v_half false) or the V rows of this warp's tile i as one cp.async group: the pieces of
+  // the early loads below where a whole tile is more than kEarlyPieceBytes.
+  auto load_half = [&](int i, int st, bool v_half) {
+    const int key0 = tile_key0(i);
+    T* dst = ring + st * 2 * TILE + (v_half ? TILE : 0);
+    const int64_t ss = v_half ? p.v_ss : p.k_ss;
+    const T* src = (v_half ? vg : kg) + key0 * ss;
+    const int valid = s1 - key0;
+#pragma unroll
+    for (int j = 0; j < kTK * CH / 32; ++j) {
+      const int idx = lane + 32 * j, r = idx / CH, c = idx % CH;
+      const bool ok = r < valid;
+      cp_async16(dst + tile_off(r, c), src + (ok ? r : 0) * ss + c * 8, ok);
+    }
+    cp_async_commit();
+  };
+
   // With a stable prefix the length is read and the split laid out before griddepcontrol.wait, while
-  // the previous kernel runs (the read of start_pos was the first step after the wait), and a warp with
-  // at most 4 tiles loads all but its last one there too (a single tile: that one), as far as the ring
-  // holds them and they lie wholly before the newest key (start_pos[b], which the previous kernel,
+  // the previous kernel runs, and a warp with at most 8 tiles loads its first kEarlyTiles there too, as
+  // far as they lie wholly before the newest key (start_pos[b], which the previous kernel,
   // kv_cache_write in the engine, may be writing). Tiles fill in order, so the cp.async groups keep
-  // their count whichever side of the wait a tile was issued on. Bytes loaded early land on the
-  // previous call's tail (its q load and split merge), so how many pay was measured (H200, bf16,
-  // batch 1, 32 q / 8 kv heads, back to back, us, tiles loaded early 0 / 1 / 2 / 3): d 128 (3-stage
-  // ring) at 1k, 1 tile per warp, 5.39 / 5.07; 2k, 2 tiles, 6.19 / 5.81 / 6.00; 4k, 4 tiles,
-  // 7.88 / 7.66 / 8.17 / 7.12; 8k, 8 tiles, 11.79 / 12.19 / 12.45 / 12.53 (16k and 32k also lost
-  // with 3); d 64 (6-stage ring) at 4k, 4 tiles, 5.95 / 5.57 / 5.36 / 5.47 (perf/attention.md
-  // "Session 14").
+  // their count whichever side of the wait a tile was issued on (a tile loaded in two pieces is two
+  // groups, both complete but the last).
+  // The early loads are throttled: one piece of kEarlyPieceBytes in flight per warp, the next issued
+  // once it has landed. They run while the previous call's last tiles stream and its split combine
+  // makes its round trips through L2, and those queue behind whatever is in flight: issued all at once
+  // (12.6 MB over the GPU at 1 x 4k), they held the previous call up by more than they saved. H200,
+  // bf16, 32 q / 8 kv heads, back to back, us: the rule until the twenty-fourth session (all tiles but
+  // the last of a warp with at most 4, issued at once) -> kEarlyTiles of a warp with at most 8, one
+  // tile in flight -> one half tile in flight (this code), d 128: 1 x 1k 4.90 -> 4.91 -> 4.73; 1 x 2k
+  // 5.89 -> 5.52 -> 5.28; 1 x 4k 7.39 -> 7.00 -> 6.68; 1 x 8k 12.08 -> 11.36 -> 10.70; 2 x 4k 13.0 ->
+  // 12.2 -> 11.65. At d 64 a whole tile is 4 KB: 1 x 4k 5.52 -> 5.04 (halves: 5.29). Early tiles for
+  // warps with up to 16 tiles lost (1 x 16k 19.86 -> 20.44). perf/attention.md "Session 24".
   int filled = 0;
   if (p.stable_prefix) {
     take_range();
     if (split >= n_active) return;
-    const int early = n_my <= 4 ? min(STAGES, max(1, n_my - 1)) : 0;
-    while (filled < early && min(tile_key0(filled) + kTK, s1) <= len - 1) load_tile(filled, filled), ++filled;
+    static_assert(kEarlyTiles <= STAGES, "early tiles must fit the ring");
+    const int early = n_my <= 8 ? min(kEarlyTiles, n_my) : 0;
+    while (filled < early && min(tile_key0(filled) + kTK, s1) <= len - 1) {
+      if (filled >= 1) cp_async_wait<0>();
+      if constexpr (2 * TILE * int(sizeof(T)) > kEarlyPieceBytes) {
+        load_half(filled, filled, false);
+        cp_async_wait<0>();
+        load_half(filled, filled, true), ++filled;
+      } else {
+        load_tile(filled, filled), ++filled;
+      }
+    }
   }
 
 #if MINFER_DECODE_PDL
@@ -430,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     s_last = prev == n_active - 1;
     if (s_last) {  // every split has arrived
       if (spread) asm volatile("st.release.gpu.global.s32 [%0], 0;\n" ::"l"(count) : "memory");
-      else atomicExch(count, 0);  // nobody waits on it in this launch
+      else *count = 0;  // nobody waits on it in this launch
     } else if (spread) {
       // Every split of the pair is resident (all_resident), so this ends; a bug would hang, so after
       // ~2^28 polls (minutes) the kernel traps instead.
