@@ -208,6 +208,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto tile_key0 = [&](int i) { return s0 + (warp + i * kWarps) * kTK; };  // this warp's tile i
   // Keys >= s1 are zero-filled, never read (a cache slot past the length may hold anything, NaN
   // included); the consumer masks their scores.
+  // Chunk j of this lane's share of a [kTK, D] tile: rows from src (stride ss) into dst, zero-filled
+  // from row `valid` on.
+  auto copy_chunk = [&](T* dst, const T* src, int64_t ss, int valid, int j) {
+    const int idx = lane + 32 * j, r = idx / CH, c = idx % CH;
+    const bool ok = r < valid;
+    cp_async16(dst + tile_off(r, c), src + (ok ? r : 0) * ss + c * 8, ok);
+  };
   auto load_tile = [&](int i, int st) {
     const int key0 = tile_key0(i);
     T* dk = ring + st * 2 * TILE;
@@ -217,10 +224,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const T* gv = vg + key0 * p.v_ss;
 #pragma unroll
     for (int j = 0; j < kTK * CH / 32; ++j) {
-      const int idx = lane + 32 * j, r = idx / CH, c = idx % CH;
-      const bool ok = r < valid;
-      cp_async16(dk + tile_off(r, c), gk + (ok ? r : 0) * p.k_ss + c * 8, ok);
-      cp_async16(dv + tile_off(r, c), gv + (ok ? r : 0) * p.v_ss + c * 8, ok);
+      copy_chunk(dk, gk, p.k_ss, valid, j);
+      copy_chunk(dv, gv, p.v_ss, valid, j);
     }
     cp_async_commit();
   };
@@ -234,11 +239,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const T* src = (v_half ? vg : kg) + key0 * ss;
     const int valid = s1 - key0;
 #pragma unroll
-    for (int j = 0; j < kTK * CH / 32; ++j) {
-      const int idx = lane + 32 * j, r = idx / CH, c = idx % CH;
-      const bool ok = r < valid;
-      cp_async16(dst + tile_off(r, c), src + (ok ? r : 0) * ss + c * 8, ok);
-    }
+    for (int j = 0; j < kTK * CH / 32; ++j) copy_chunk(dst, src, ss, valid, j);
     cp_async_commit();
   };
 
