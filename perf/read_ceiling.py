@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "apps"))
-from bench.common import copy_bandwidth_gbs, time_us  # noqa: E402
+from bench.common import Case, copy_bandwidth_gbs, input_sets, time_us  # noqa: E402
 
 
 @triton.jit
@@ -38,11 +38,14 @@ def read_fn(block: int, iters: int, warps: int):
     return run
 
 
-def sets_of(nbytes: int, count: int, block: int, iters: int) -> list[dict]:
-    n = nbytes // 2
-    return [dict(x=torch.randn(n, device="cuda", dtype=torch.bfloat16),
-                 out=torch.empty(triton.cdiv(n, block * iters), device="cuda", dtype=torch.float32))
-            for _ in range(count)]
+def read_case(block: int, iters: int, warps: int) -> Case:
+    """One read configuration as a benchmark case, so input_sets rotates enough sets past L2."""
+    def make_inputs(shape, dtype):
+        n = shape[0] // dtype.itemsize
+        return dict(x=torch.randn(n, device="cuda", dtype=dtype),
+                    out=torch.empty(triton.cdiv(n, block * iters), device="cuda", dtype=torch.float32))
+    return Case(shapes=[], make_inputs=make_inputs, ref=None, minfer=read_fn(block, iters, warps),
+                bytes=lambda shape, dtype: shape[0])
 
 
 def main() -> int:
@@ -50,21 +53,19 @@ def main() -> int:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     print(f"# {torch.cuda.get_device_name(0)} | copy bandwidth {copy:.0f} GB/s (read + write)")
     configs = [(4096, 4, 8), (4096, 8, 8), (8192, 4, 8), (2048, 4, 4), (8192, 8, 16)]
-    # size name, bytes, input sets (rotated so that every call reads from HBM)
-    sizes = [("1 GiB (16 x 16k's K+V)", 1 << 30, 2), ("16.8 MB (1 x 4k's K+V)", 16 << 20, -(-2 * l2 // (16 << 20)))]
+    sizes = [("1 GiB (16 x 16k's K+V)", 1 << 30), ("16.8 MB (1 x 4k's K+V)", 16 << 20)]
     print(f"{'size':>24} {'block x iters, warps':>22} {'us':>9} {'GB/s':>7} {'%copy':>6}")
-    for name, nbytes, count in sizes:
+    for name, nbytes in sizes:
         for block, iters, warps in configs:
-            fn = read_fn(block, iters, warps)
-            sets = sets_of(nbytes, count, block, iters)
-            ref = sets[0]["x"].float().view(-1)
-            fn(**sets[0])
-            torch.testing.assert_close(sets[0]["out"].sum(), ref.sum(), rtol=1e-3, atol=1.0)  # it really reads
-            us = time_us(fn, sets, reps=10)
+            case = read_case(block, iters, warps)
+            sets = input_sets(case, (nbytes,), torch.bfloat16, l2)
+            case.minfer(**sets[0])
+            torch.testing.assert_close(sets[0]["out"].sum(), sets[0]["x"].float().sum(), rtol=1e-3, atol=1.0)
+            us = time_us(case.minfer, sets, reps=10)
             gbs = nbytes / (us * 1e-6) / 1e9
             print(f"{name:>24} {f'{block} x {iters}, {warps}':>22} {us:9.2f} {gbs:7.0f} {100 * gbs / copy:6.1f}",
                   flush=True)
-            del sets, ref
+            del sets
     return 0
 
 
