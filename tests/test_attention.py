@@ -148,7 +148,7 @@ def test_decode_dtypes_dims(ctx, hd, dtype, stable_prefix):
 
 
 @pytest.mark.parametrize("hd", [64, 128])
-@pytest.mark.parametrize("ctx", [1, 16, 17, 48, 49, 1000, 4097, 20000])
+@pytest.mark.parametrize("ctx", [1, 16, 17, 48, 49, 300, 1000, 4097, 20000])
 def test_decode_stable_prefix_newest_key_just_written(ctx, hd):
     # The engine's sequence: kv_cache_write puts the newest key and value (over NaN slots) at start_pos,
     # and decode, launched right behind it with stable_prefix, must wait for them: only older rows may be
@@ -189,13 +189,15 @@ def test_decode_gqa(ratio, hd):
 # Which combine each case takes. The launcher gives a pair (batch, kv block) 132 SMs / pairs splits,
 # at most one per 32 keys of the capacity (ctx + 7 here) and 128; the actual length's 16-key tiles are
 # dealt evenly over as many of them as get at least two tiles (all of them from 32 keys a split up). A
-# length the CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split and no combine; up
+# length the CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split and no combine, and
+# so is one up to 384 keys in a call of at most 1.5 MiB of K/V (at d 128 two rounds of the rings); up
 # to 16 splits merge from L2 in one unrolled pass; more that fit in shared memory (small rows) come in
 # by cp.async; more that do not are spread: every split merges a slice of the outputs.
 # attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
-    (32, 8, 128, 192, "splits=7 active=1 merge=none"),      # the rings hold it: one split
-    (32, 8, 128, 193, "splits=7 active=6 merge=last from L2"),  # one key more: 13 tiles, 2-3 a split
+    (32, 8, 128, 384, "splits=13 active=1 merge=none"),     # two rounds of the rings, 1.5 MiB: one split
+    (32, 8, 128, 385, "splits=13 active=12 merge=last from L2"),  # one key more: 25 tiles, 2-3 a split
+    (32, 16, 128, 384, "splits=8 active=8 merge=last from L2"),  # 16 kv heads, 3 MiB of K/V: not small
     (9, 3, 64, 384, "splits=13 active=1 merge=none"),       # the default model's heads
     (9, 3, 64, 385, "splits=13 active=12 merge=last from L2"),
     (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2"),

@@ -59,6 +59,8 @@ constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
 constexpr int kEarlyTiles = 3;       // tiles a warp may load before griddepcontrol.wait (stable_prefix)
 constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time
+constexpr int kBurstBytes = 3 << 19;  // ... except in a one-split call of at most this much K/V (1.5 MiB)
+constexpr int kOneSplitKeys = 384;    // the longest length that is one split (no combine) in a small call
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
 // + slack to start the rings on an aligned boundary. The bank mapping alone would not need it (the XOR
 // swizzle is conflict-free from any 16-byte aligned base), but the streams do: rings right after the
@@ -69,26 +71,35 @@ constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
 template <typename T, int D>
 constexpr int kStages = kRingBytes / (2 * kTK * D * int(sizeof(T)));  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
 
-// One sequence's split (host and device: the plan query makes the kernel's choice): how many splits
-// get keys, and their whole tiles, dealt evenly: each active split takes `base` tiles, the first
-// `extra` one more, and every split gets at least kMinChunk / kTK whole tiles. So every launched split
+// One sequence's split, in a call of `pairs` (batch, kv block) pairs (host and device: the plan query
+// makes the kernel's choice): how many splits get keys, and their whole tiles, dealt evenly: each active
+// split takes `base` tiles, the first `extra` one more, and every split gets at least kMinChunk / kTK
+// whole tiles. So every launched split
 // is active once the length has kMinChunk keys per split. That matters beyond the split's own share: a
 // CTA with no keys exits at once, and back to back the next call's CTAs then double up on SMs (two of
 // one call on an SM stream at about half the rate each). Until the twenty-second session the chunk was
 // rounded up to whole tiles instead, which left splits empty (1 x 32k, 32 q / 2 kv heads: 64 of 66
 // active, 33 SMs with two CTAs of one call; 16.4 -> 14.8 us with all 66 active; perf/attention.md).
-// A length that one CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split: its loads
-// all issue together anyway, and a combine costs more than the stream (H200, bf16, us, back to back:
-// 1 x 128 ctx, 9 q / 3 kv heads, d 64: 3.67 -> 2.19; 32 / 8, d 128: 4.13 -> 2.72; 1 x 256, 32 / 8, d 64:
-// 4.75 -> 2.70).
+// A length that one CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split, since a
+// combine costs more than such a stream (H200, bf16, us, back to back: 1 x 128 ctx, 9 q / 3 kv heads,
+// d 64: 3.67 -> 2.19; 32 / 8, d 128: 4.13 -> 2.72; 1 x 256, 32 / 8, d 64: 4.75 -> 2.70). In a small call
+// (small_call: its rings filled at once, below) so is a length up to kOneSplitKeys, the second round
+// streaming after the wait (H100, 32 / 8, d 128: 1 x 256 5.36 -> 3.55, 1 x 320 5.92 -> 4.15, 1 x 384
+// 6.33 -> 4.72; at 1 x 512 one split lost, 4.49 -> 5.92, and so did 4 x 256, 4.94 -> 5.23, with the
+// early loads throttled).
 struct Split {
   int n_active, base, extra;
 };
 template <typename T, int D>
-__host__ __device__ __forceinline__ Split split_of(int len, int num_splits) {
+__host__ __device__ __forceinline__ bool small_call(int64_t pairs, int n_tiles) {  // K/V of at most kBurstBytes
+  return pairs * n_tiles * (2 * kTK * D * int(sizeof(T))) <= kBurstBytes;
+}
+template <typename T, int D>
+__host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int64_t pairs) {
   constexpr int ring_keys = kWarps * kStages<T, D> * kTK;
   const int n_tiles = (len + kTK - 1) / kTK;
-  const int n_active = len <= ring_keys ? 1 : min(num_splits, n_tiles / (kMinChunk / kTK));
+  const bool one = len <= ring_keys || (len <= kOneSplitKeys && small_call<T, D>(pairs, n_tiles));
+  const int n_active = one ? 1 : min(num_splits, n_tiles / (kMinChunk / kTK));
   return {n_active, n_tiles / n_active, n_tiles % n_active};
 }
 
@@ -195,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0;
   auto take_range = [&] {
     len = max(0, min(p.start_pos[b] + 1, p.capacity));
-    const Split sp = split_of<T, D>(len, p.num_splits);
+    const Split sp = split_of<T, D>(len, p.num_splits, static_cast<int64_t>(gridDim.y) * gridDim.z);
     n_active = sp.n_active;
     const int n_tiles = sp.base + (split < sp.extra), tile0 = split * sp.base + min(split, sp.extra);
     s0 = tile0 * kTK, s1 = min(s0 + n_tiles * kTK, len);
@@ -259,17 +270,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   // 5.89 -> 5.52 -> 5.28; 1 x 4k 7.39 -> 7.00 -> 6.68; 1 x 8k 12.08 -> 11.36 -> 10.70; 2 x 4k 13.0 ->
   // 12.2 -> 11.65. At d 64 a whole tile is 4 KB: 1 x 4k 5.52 -> 5.04 (halves: 5.29). Early tiles for
   // warps with up to 16 tiles lost (1 x 16k 19.86 -> 20.44). perf/attention.md "Session 24".
+  // A one-split call of at most kBurstBytes of K/V fills its rings at once instead: so few bytes hardly
+  // slow the previous call, while the throttle's round trips, one per piece, outlast a call this short
+  // (H100, bf16, back to back, us: 32 q / 8 kv heads, d 128, 1 x 192 3.78 -> 3.12; 9 / 3 and 32 / 8
+  // heads, d 64, 1 x 384 3.42 -> 3.20 and 3.45 -> 3.26; split calls at once were level or slower, 1 x 512
+  // 4.49 -> 4.62 at 2 MiB). With two pieces a tile, both groups are in flight; the loop's waits then
+  // wait for a little more than they need, never less.
   int filled = 0;
   if (p.stable_prefix) {
     take_range();
     if (split >= n_active) return;
     static_assert(kEarlyTiles <= STAGES, "early tiles must fit the ring");
-    const int early = n_my <= 8 ? min(kEarlyTiles, n_my) : 0;
+    // (The call's K/V is counted with every sequence at this one's length.)
+    const bool at_once =
+        n_active == 1 && small_call<T, D>(static_cast<int64_t>(gridDim.y) * gridDim.z, (len + kTK - 1) / kTK);
+    const int early = at_once ? min(STAGES, n_my) : n_my <= 8 ? min(kEarlyTiles, n_my) : 0;
     while (filled < early && min(tile_key0(filled) + kTK, s1) <= len - 1) {
-      if (filled >= 1) cp_async_wait<0>();
+      if (filled >= 1 && !at_once) cp_async_wait<0>();
       if constexpr (2 * TILE * int(sizeof(T)) > kEarlyPieceBytes) {
         load_half(filled, filled, false);
-        cp_async_wait<0>();
+        if (!at_once) cp_async_wait<0>();
         load_half(filled, filled, true), ++filled;
       } else {
         load_tile(filled, filled), ++filled;
@@ -590,7 +610,7 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   p.num_splits = static_cast<int>(splits);
   p.all_resident = splits * pairs <= sm_count(device);  // one CTA per SM at most, and two fit
   if (plan) {  // describe, for sequences of plan_length keys, and launch nothing
-    const Split sp = split_of<T, D>(std::min(plan_length, p.capacity), p.num_splits);
+    const Split sp = split_of<T, D>(std::min(plan_length, p.capacity), p.num_splits, pairs);
     const char* names[] = {"none", "last from L2", "last in smem", "spread"};
     *plan = "splits=" + std::to_string(p.num_splits) + " active=" + std::to_string(sp.n_active) +
             " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident))];
