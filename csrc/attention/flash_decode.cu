@@ -59,7 +59,7 @@ constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
 constexpr int kEarlyTiles = 3;       // tiles a warp may load before griddepcontrol.wait (stable_prefix)
 constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time
-constexpr int kBurstBytes = 3 << 19;  // ... except in a one-split call of at most this much K/V (1.5 MiB)
+constexpr int kBurstBytes = 3 << 19;  // a call of at most this much K/V is small (1.5 MiB): see small_call
 constexpr int kOneSplitKeys = 384;    // the longest length that is one split (no combine) in a small call
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
 // + slack to start the rings on an aligned boundary. The bank mapping alone would not need it (the XOR
@@ -74,12 +74,12 @@ constexpr int kStages = kRingBytes / (2 * kTK * D * int(sizeof(T)));  // K+V til
 // One sequence's split, in a call of `pairs` (batch, kv block) pairs (host and device: the plan query
 // makes the kernel's choice): how many splits get keys, and their whole tiles, dealt evenly: each active
 // split takes `base` tiles, the first `extra` one more, and every split gets at least kMinChunk / kTK
-// whole tiles. So every launched split
-// is active once the length has kMinChunk keys per split. That matters beyond the split's own share: a
-// CTA with no keys exits at once, and back to back the next call's CTAs then double up on SMs (two of
-// one call on an SM stream at about half the rate each). Until the twenty-second session the chunk was
-// rounded up to whole tiles instead, which left splits empty (1 x 32k, 32 q / 2 kv heads: 64 of 66
-// active, 33 SMs with two CTAs of one call; 16.4 -> 14.8 us with all 66 active; perf/attention.md).
+// whole tiles. So every launched split is active once the length has kMinChunk keys per split. That
+// matters beyond the split's own share: a CTA with no keys exits at once, and back to back the next
+// call's CTAs then double up on SMs (two of one call on an SM stream at about half the rate each). Until
+// the twenty-second session the chunk was rounded up to whole tiles instead, which left splits empty (1 x
+// 32k, 32 q / 2 kv heads: 64 of 66 active, 33 SMs with two CTAs of one call; 16.4 -> 14.8 us with all 66
+// active; perf/attention.md).
 // A length that one CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split, since a
 // combine costs more than such a stream (H200, bf16, us, back to back: 1 x 128 ctx, 9 q / 3 kv heads,
 // d 64: 3.67 -> 2.19; 32 / 8, d 128: 4.13 -> 2.72; 1 x 256, 32 / 8, d 64: 4.75 -> 2.70). In a small call
