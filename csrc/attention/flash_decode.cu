@@ -106,8 +106,10 @@ __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int6
 // How a (batch, kv block)'s splits combine, the same choice in every CTA of the pair (H200, bf16, us,
 // back to back):
 // - Up to 16 splits: the last CTA, a thread per (row, 4 dims), reads them from L2 in one pass with a
-//   running max; a split's (max, sum) and O are independent loads, so the unrolled loop keeps all 16
-//   in flight. (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k with 4 kv heads 13.35 -> 13.0.)
+//   running max; a split's (max, sum) and O are independent loads, so a round keeps all 16 in flight,
+//   predicated past the count. (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k with 4 kv heads
+//   13.35 -> 13.0. Until the twenty-ninth session a count under 16 was a remainder loop, one round trip
+//   a split: H100, 1 x 448 keys, 14 splits 6.66 -> 4.24 us; 2 x 4k, 8 splits 14.07 -> 12.93.)
 // - More that shared memory holds at once (few, small rows: 9 q / 3 kv heads at d 64 has 44 splits of
 //   48 (row, 4 dims) items): the last CTA copies them in by every thread's cp.async, one round trip,
 //   and merges there: 1 x 2k 7.07 -> 5.13, 1 x 8k 8.22 -> 6.30, 1 x 32k 13.47 -> 10.79. (For 16 splits
@@ -169,8 +171,20 @@ __device__ __forceinline__ void fma4(float4& o, float4 x, float w) {
 
 __device__ __forceinline__ float4 scale4(float4 x, float w) { return make_float4(x.x * w, x.y * w, x.z * w, x.w * w); }
 
+// *ptr through L2 (ld.global.cg) where `live`, else `fallback`: a predicated load, no branch, so an
+// unrolled run of them issues back to back whatever the count.
+__device__ __forceinline__ float4 ldcg4_if(const float4* ptr, bool live, float4 fallback) {
+  float4 v = fallback;
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n}"
+               : "+f"(v.x), "+f"(v.y), "+f"(v.z), "+f"(v.w)
+               : "l"(ptr), "r"(static_cast<int>(live))
+               : "memory");
+  return v;
+}
+
 // Folds one partial (max in ml.x, sum in ml.y, unnormalised O in os) into a running (mx, sum, o).
-// ml.x is finite (no split is empty); mx starts at -inf.
+// mx starts at -inf and the first partial folded is a real split's (finite max). One with max -inf
+// (a load predicated off) then folds with weight 0.
 __device__ __forceinline__ void fold_partial(float& mx, float& sum, float4& o, float4 ml, float4 os) {
   const float m_new = fmaxf(mx, ml.x);
   const float a = exp2f(mx - m_new), w = exp2f(ml.x - m_new);
@@ -576,11 +590,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float* o_src = p.ws_o + (slot0 * p.rows + h) * D + d;
     float mx = -INFINITY, sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll kMergeUnroll
-    for (int s = 0; s < n_active; ++s) {
-      const float4 ml = __ldcg(ml_src + s * p.rows);
-      const float4 os = __ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D));
-      fold_partial(mx, sum, o, ml, os);
+    // Whole rounds of kMergeUnroll splits, the loads past n_active predicated off (they fold with weight
+    // 0): a loop over the count with a remainder loaded one split per round trip, the fold between.
+    for (int s0 = 0; s0 < n_active; s0 += kMergeUnroll) {
+#pragma unroll
+      for (int i = 0; i < kMergeUnroll; ++i) {
+        const int s = s0 + i;
+        const bool live = s < n_active;
+        const float4 ml = ldcg4_if(ml_src + s * p.rows, live, make_float4(-INFINITY, 0.f, 0.f, 0.f));
+        const float4 os = ldcg4_if(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D),
+                                   live, make_float4(0.f, 0.f, 0.f, 0.f));
+        fold_partial(mx, sum, o, ml, os);
+      }
     }
     store4(out + h * D + d, scale4(o, sum > 0.f ? 1.f / sum : 0.f));
   }
