@@ -591,7 +591,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     float mx = -INFINITY, sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
     // Whole rounds of kMergeUnroll splits, the loads past n_active predicated off (they fold with weight
-    // 0): a loop over the count with a remainder loaded one split per round trip, the fold between.
+    // 0), so every load of a round is in flight at once. A loop unrolled over the count itself ran its
+    // remainder as load, fold, next load: one L2 round trip a split for any count under 16.
     for (int s0 = 0; s0 < n_active; s0 += kMergeUnroll) {
 #pragma unroll
       for (int i = 0; i < kMergeUnroll; ++i) {
