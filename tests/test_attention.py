@@ -191,7 +191,7 @@ def test_decode_gqa(ratio, hd):
 # dealt evenly over as many of them as get at least two tiles (all of them from 32 keys a split up). A
 # length the CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split and no combine, and
 # so is one up to 384 keys in a call of at most 1.5 MiB of K/V (at d 128 two rounds of the rings); up
-# to 16 splits merge from L2 in one unrolled pass; more that fit in shared memory (small rows) come in
+# to 16 splits merge from L2 in one round of loads (predicated past the count); more that fit in shared memory (small rows) come in
 # by cp.async; more that do not are spread: every split merges a slice of the outputs.
 # attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
