@@ -191,22 +191,30 @@ def test_decode_gqa(ratio, hd):
 # dealt evenly over as many of them as get at least two tiles (all of them from 32 keys a split up). A
 # length the CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split and no combine, and
 # so is one up to 384 keys in a call of at most 1.5 MiB of K/V (at d 128 two rounds of the rings); up
-# to 16 splits merge from L2 in one round of loads (predicated past the count); more that fit in shared memory (small rows) come in
-# by cp.async; more that do not are spread: every split merges a slice of the outputs.
+# to 16 splits merge from L2 in one round of loads (predicated past the count); more that fit in shared
+# memory (small rows) come in by cp.async; more that do not are spread: every split merges a slice of
+# the outputs. Depth: the tiles a warp keeps in flight, its whole ring (3 at d 128, 6 at d 64) unless
+# the grid fills the GPU (2/3 of the SMs), the capacity is over 16 tiles a warp and so is split 0's first
+# warp (then 2 at d 128, 3 at d 64).
 # attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
-    (32, 8, 128, 384, "splits=13 active=1 merge=none"),     # two rounds of the rings, 1.5 MiB: one split
-    (32, 8, 128, 385, "splits=13 active=12 merge=last from L2"),  # one key more: 25 tiles, 2-3 a split
-    (32, 16, 128, 384, "splits=8 active=8 merge=last from L2"),  # 16 kv heads, 3 MiB of K/V: not small
-    (9, 3, 64, 384, "splits=13 active=1 merge=none"),       # the default model's heads
-    (9, 3, 64, 385, "splits=13 active=12 merge=last from L2"),
-    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2"),
-    (9, 3, 64, 2048, "splits=44 active=44 merge=last in smem"),  # 3-row partials
-    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem"),
-    (32, 2, 128, 4500, "splits=66 active=66 merge=spread"),  # 16-row partials: too big for shared memory
-    (32, 2, 128, 32768, "splits=66 active=66 merge=spread"),  # 2048 tiles: 31 or 32 a split
-    (12, 1, 64, 30000, "splits=128 active=128 merge=spread"),
-    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem"),
+    (32, 8, 128, 384, "splits=13 active=1 merge=none depth=3"),     # two rounds of the rings, 1.5 MiB: one split
+    (32, 8, 128, 385, "splits=13 active=12 merge=last from L2 depth=3"),  # one key more: 25 tiles, 2-3 a split
+    (32, 16, 128, 384, "splits=8 active=8 merge=last from L2 depth=3"),  # 16 kv heads, 3 MiB of K/V: not small
+    (9, 3, 64, 384, "splits=13 active=1 merge=none depth=6"),       # the default model's heads
+    (9, 3, 64, 385, "splits=13 active=12 merge=last from L2 depth=6"),
+    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2 depth=3"),
+    (9, 3, 64, 2048, "splits=44 active=44 merge=last in smem depth=6"),  # 3-row partials
+    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem depth=6"),
+    (32, 2, 128, 4500, "splits=66 active=66 merge=spread depth=3"),  # 16-row partials: too big for shared memory
+    (32, 2, 128, 32768, "splits=66 active=66 merge=spread depth=3"),  # 2048 tiles: 31 or 32 a split
+    (12, 1, 64, 30000, "splits=128 active=128 merge=spread depth=6"),
+    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem depth=6"),
+    # 128 CTAs fill the GPU: past 16 tiles a warp, fewer tiles in flight than the ring holds
+    (32, 8, 128, 16377, "splits=16 active=16 merge=last from L2 depth=3"),  # capacity 16384: 16 tiles a warp
+    (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=2"),  # 17 for split 0's warp 0
+    (32, 8, 128, 32768, "splits=16 active=16 merge=last from L2 depth=2"),
+    (32, 8, 64, 32768, "splits=16 active=16 merge=last from L2 depth=3"),
 ]
 
 

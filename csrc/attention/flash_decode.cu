@@ -11,7 +11,8 @@
 //
 // Each of the 4 warps streams its own tiles of 16 keys (tiles of the CTA's key range dealt round robin)
 // through its own ring of STAGES tiles (24 KB): no CTA barrier in the main loop, and the whole ring is in
-// flight before the first tile is used. The warps merge through shared memory at the end.
+// flight before the first tile is used (in a grid that fills the GPU, a long stream keeps only part of
+// it in flight: kFullGridStages). The warps merge through shared memory at the end.
 // Loads: 16-byte cp.async by every lane of the warp. (Per-warp TMA boxes of {64 columns, 16 keys} were
 // slower on H200 from batch 16 up, 16 x 16k context 267 against 248-254 us, equal at batch 1.) A tile is
 // D/64 column halves of [16 keys][128 bytes], 16-byte chunk c of row r at chunk c ^ (r % 8), so the 8
@@ -70,6 +71,26 @@ constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
 
 template <typename T, int D>
 constexpr int kStages = kRingBytes / (2 * kTK * D * int(sizeof(T)));  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
+
+// A grid that fills the GPU streams its long ranges with fewer tiles in flight than the ring holds: about
+// 12 KB a warp and at least two tiles (2 at d 128, 3 at d 64). With every SM streaming, the whole rings
+// (12 MB over the GPU at d 128) streamed slower than two tiles (8 MB); a grid of few CTAs needs each
+// one's whole ring. H100, bf16, 32 q / 8 kv heads, back to back, us, whole ring -> two tiles: 16 x 16k
+// 347.0 -> 342.3, 16 x 32k 692.0 -> 676.3, 14 x 16k 319.2 -> 300.6, 12 x 16k (96 CTAs) 265.0 -> 260.9,
+// 1 x 32k 47.4 -> 46.7, d 64 16 x 16k 180.1 -> 172.0 (three); but 9 x 16k (72 CTAs) 193.6 -> 209.3, and
+// 16 x 1k (16 tiles a warp) 24.3 -> 24.6. perf/attention.md "Session 30".
+constexpr int kFullGridRingBytes = 12 << 10;
+constexpr int kLongStreamTiles = 16;
+template <typename T, int D>
+constexpr int kFullGridStages = kFullGridRingBytes / (2 * kTK * D * int(sizeof(T))) > 2
+                                    ? kFullGridRingBytes / (2 * kTK * D * int(sizeof(T)))
+                                    : 2;
+
+// Whether a launch of `ctas` CTAs fills the GPU (2/3 of the SMs) and its capacity gives a warp more than
+// kLongStreamTiles tiles. The FULL_GRID kernel then checks each warp's actual tiles.
+__host__ __forceinline__ bool full_grid(int64_t ctas, int sms, int capacity, int64_t splits) {
+  return 3 * ctas >= 2 * sms && capacity > splits * kWarps * kTK * kLongStreamTiles;
+}
 
 // One sequence's split, in a call of `pairs` (batch, kv block) pairs (host and device: the plan query
 // makes the kernel's choice): how many splits get keys, and their whole tiles, dealt evenly: each active
@@ -194,7 +215,7 @@ __device__ __forceinline__ void fold_partial(float& mx, float& sum, float4& o, f
   mx = m_new;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool FULL_GRID>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_decode_kernel(const DecodeParams p) {
   constexpr int KD = D / 16;  // k-steps of Q K^T
@@ -345,7 +366,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     take_range();
     if (split >= n_active) return;
   }
-  for (int i = filled; i < STAGES; ++i) {
+  // Tiles in flight in the loop below: the whole ring, or in a full grid's long stream SHALLOW of its
+  // slots (such a warp loaded nothing before the wait).
+  constexpr int SHALLOW = kFullGridStages<T, D>;
+  static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
+  static_assert(kLongStreamTiles >= 8, "a long stream must not have loaded tiles early (at most 8 a warp do)");
+  const bool shallow = FULL_GRID && n_my > kLongStreamTiles;
+  const int depth = shallow ? SHALLOW : STAGES;
+  for (int i = filled; i < depth; ++i) {
     if (i < n_my) load_tile(i, i);
     else cp_async_commit();  // keep one group per stage: the waits count groups
   }
@@ -361,8 +389,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     T* tk = ring + st * 2 * TILE;
     T* tv = tk + TILE;
     const int valid = s1 - tile_key0(i);  // >= 1
-    cp_async_wait<STAGES - 1>();  // tile i has landed (this lane's copies) ...
-    __syncwarp();                 // ... and every lane's
+    if (shallow) cp_async_wait<SHALLOW - 1>();  // tile i has landed (this lane's copies) ...
+    else cp_async_wait<STAGES - 1>();
+    __syncwarp();  // ... and every lane's
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0-7, 8-15 of the tile
 #pragma unroll
@@ -423,9 +452,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 
     __syncwarp();  // every lane is done with slot st: refill it
-    if (i + STAGES < n_my) load_tile(i + STAGES, st);
+    if (i + depth < n_my) load_tile(i + depth, st);
     else cp_async_commit();
-    if (++st == STAGES) st = 0;
+    if (++st == depth) st = 0;
   }
   cp_async_wait<0>();
   __syncwarp();
@@ -611,9 +640,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream,
             std::string* plan = nullptr, int plan_length = 0) {
-  auto kernel = flash_decode_kernel<T, D>;
   static const bool configured = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    for (auto kernel : {flash_decode_kernel<T, D, false>, flash_decode_kernel<T, D, true>})
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)configured;
@@ -631,11 +660,15 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
   p.num_splits = static_cast<int>(splits);
   p.all_resident = splits * pairs <= sm_count(device);  // one CTA per SM at most, and two fit
+  const bool full = full_grid(splits * pairs, sm_count(device), p.capacity, splits);
   if (plan) {  // describe, for sequences of plan_length keys, and launch nothing
     const Split sp = split_of<T, D>(std::min(plan_length, p.capacity), p.num_splits, pairs);
+    const int warp_tiles = (sp.base + (sp.extra > 0) + kWarps - 1) / kWarps;  // split 0's warp 0
+    const int depth = full && warp_tiles > kLongStreamTiles ? kFullGridStages<T, D> : kStages<T, D>;
     const char* names[] = {"none", "last from L2", "last in smem", "spread"};
     *plan = "splits=" + std::to_string(p.num_splits) + " active=" + std::to_string(sp.n_active) +
-            " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident))];
+            " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident))] +
+            " depth=" + std::to_string(depth);
     return;
   }
   torch::Tensor ws, own_counters;
@@ -648,6 +681,7 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   }
   // Programmatic dependent launch where the code that runs waits for it (the sm_90 build): launch
   // and setup overlap the previous kernel.
+  auto kernel = full ? flash_decode_kernel<T, D, true> : flash_decode_kernel<T, D, false>;
   launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), kSmemBytes, stream, p);
 }
 
