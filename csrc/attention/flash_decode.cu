@@ -370,7 +370,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // slots (such a warp loaded nothing before the wait).
   constexpr int SHALLOW = kFullGridStages<T, D>;
   static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
-  static_assert(kLongStreamTiles >= 8, "a long stream must not have loaded tiles early (at most 8 a warp do)");
+  static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
+                "a long stream must not have loaded tiles early (warps with at most 8 tiles, or a small call, do)");
   const bool shallow = FULL_GRID && n_my > kLongStreamTiles;
   const int depth = shallow ? SHALLOW : STAGES;
   for (int i = filled; i < depth; ++i) {
