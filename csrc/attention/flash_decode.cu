@@ -70,7 +70,9 @@ constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's me
 constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
 
 template <typename T, int D>
-constexpr int kStages = kRingBytes / (2 * kTK * D * int(sizeof(T)));  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
+constexpr int kTileBytes = 2 * kTK * D * int(sizeof(T));  // K + V of one 16-key tile
+template <typename T, int D>
+constexpr int kStages = kRingBytes / kTileBytes<T, D>;  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
 
 // A grid that fills the GPU streams its long ranges with fewer tiles in flight than the ring holds: about
 // 12 KB a warp and at least two tiles (2 at d 128, 3 at d 64). With every SM streaming, the whole rings
@@ -82,15 +84,14 @@ constexpr int kStages = kRingBytes / (2 * kTK * D * int(sizeof(T)));  // K+V til
 constexpr int kFullGridRingBytes = 12 << 10;
 constexpr int kLongStreamTiles = 16;
 template <typename T, int D>
-constexpr int kFullGridStages = kFullGridRingBytes / (2 * kTK * D * int(sizeof(T))) > 2
-                                    ? kFullGridRingBytes / (2 * kTK * D * int(sizeof(T)))
-                                    : 2;
+constexpr int kFullGridStages = kFullGridRingBytes / kTileBytes<T, D> > 2 ? kFullGridRingBytes / kTileBytes<T, D> : 2;
 
 // Whether a launch of `ctas` CTAs fills the GPU (2/3 of the SMs) and its capacity gives a warp more than
-// kLongStreamTiles tiles. The FULL_GRID kernel then checks each warp's actual tiles.
+// kLongStreamTiles tiles. The FULL_GRID kernel then checks each warp's actual tiles (long_stream).
 __host__ __forceinline__ bool full_grid(int64_t ctas, int sms, int capacity, int64_t splits) {
   return 3 * ctas >= 2 * sms && capacity > splits * kWarps * kTK * kLongStreamTiles;
 }
+__host__ __device__ __forceinline__ bool long_stream(int warp_tiles) { return warp_tiles > kLongStreamTiles; }
 
 // One sequence's split, in a call of `pairs` (batch, kv block) pairs (host and device: the plan query
 // makes the kernel's choice): how many splits get keys, and their whole tiles, dealt evenly: each active
@@ -113,7 +114,7 @@ struct Split {
 };
 template <typename T, int D>
 __host__ __device__ __forceinline__ bool small_call(int64_t pairs, int n_tiles) {  // K/V of at most kBurstBytes
-  return pairs * n_tiles * (2 * kTK * D * int(sizeof(T))) <= kBurstBytes;
+  return pairs * n_tiles * kTileBytes<T, D> <= kBurstBytes;
 }
 template <typename T, int D>
 __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int64_t pairs) {
@@ -322,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int early = at_once ? min(STAGES, n_my) : n_my <= 8 ? min(kEarlyTiles, n_my) : 0;
     while (filled < early && min(tile_key0(filled) + kTK, s1) <= len - 1) {
       if (filled >= 1 && !at_once) cp_async_wait<0>();
-      if constexpr (2 * TILE * int(sizeof(T)) > kEarlyPieceBytes) {
+      if constexpr (kTileBytes<T, D> > kEarlyPieceBytes) {
         load_half(filled, filled, false);
         if (!at_once) cp_async_wait<0>();
         load_half(filled, filled, true), ++filled;
@@ -372,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
   static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
                 "a long stream must not have loaded tiles early (warps with at most 8 tiles, or a small call, do)");
-  const bool shallow = FULL_GRID && n_my > kLongStreamTiles;
+  const bool shallow = FULL_GRID && long_stream(n_my);
   const int depth = shallow ? SHALLOW : STAGES;
   for (int i = filled; i < depth; ++i) {
     if (i < n_my) load_tile(i, i);
@@ -665,7 +666,7 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   if (plan) {  // describe, for sequences of plan_length keys, and launch nothing
     const Split sp = split_of<T, D>(std::min(plan_length, p.capacity), p.num_splits, pairs);
     const int warp_tiles = (sp.base + (sp.extra > 0) + kWarps - 1) / kWarps;  // split 0's warp 0
-    const int depth = full && warp_tiles > kLongStreamTiles ? kFullGridStages<T, D> : kStages<T, D>;
+    const int depth = full && long_stream(warp_tiles) ? kFullGridStages<T, D> : kStages<T, D>;
     const char* names[] = {"none", "last from L2", "last in smem", "spread"};
     *plan = "splits=" + std::to_string(p.num_splits) + " active=" + std::to_string(sp.n_active) +
             " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident))] +
