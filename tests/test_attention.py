@@ -194,7 +194,7 @@ def test_decode_gqa(ratio, hd):
 # to 16 splits merge from L2 in one round of loads (predicated past the count); more that fit in shared
 # memory (small rows) come in by cp.async; more that do not are spread: every split merges a slice of
 # the outputs. Depth: the tiles a warp keeps in flight, its whole ring (3 at d 128, 6 at d 64) unless
-# the grid fills the GPU (2/3 of the SMs), the capacity is over 16 tiles a warp and so is split 0's first
+# the grid fills the GPU (7/10 of the SMs), the capacity is over 16 tiles a warp and so is split 0's first
 # warp (then 2 at d 128, 3 at d 64).
 # attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
@@ -215,6 +215,8 @@ MERGE_CASES = [
     (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=2"),  # 17 for split 0's warp 0
     (32, 8, 128, 32768, "splits=16 active=16 merge=last from L2 depth=2"),
     (32, 8, 64, 32768, "splits=16 active=16 merge=last from L2 depth=3"),
+    (45, 45, 128, 32768, "splits=2 active=2 merge=last from L2 depth=3"),  # 90 CTAs: under 7/10 of 132 SMs
+    (47, 47, 128, 32768, "splits=2 active=2 merge=last from L2 depth=2"),  # 94 CTAs
 ]
 
 
