@@ -28,7 +28,8 @@
 // Semantics as flash_prefill.cu (FlashParams): queries of sequence b at start_pos[b] + s (causal over
 // start_pos[b] + seq_q keys) or, without start_pos, bottom-right causal / plain over seq_k keys; GQA by
 // head / group. Key tiles entirely above the diagonal are never loaded, only tiles crossing the diagonal
-// or the kv length are masked, and query blocks run heaviest-first. TMA zero-fills rows past the tensor
+// or the kv length are masked, at head_dim 128 a warpgroup's diagonal tile whose upper 64 keys it cannot
+// see runs both GEMMs on the lower 64 only, and query blocks run heaviest-first. TMA zero-fills rows past the tensor
 // (seq_q, seq_k); cache slots in [kv_len, seq_k) may hold anything (NaN), so their scores are masked
 // (a select, not an add) and the producer zeroes those V rows in shared memory (0 * NaN would poison O).
 #include <c10/cuda/CUDAException.h>
@@ -177,6 +178,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = m_start + 64 * c + 16 * warp + g;  // query index in the sequence; row1 = row0 + 8
   const int pos0 = q_off + row0;  // row1's is pos0 + 8
   const int wg_first_pos = q_off + m_start + 64 * c;
+  // Causal: keys at or past wg_kv_end are invisible to all 64 rows of this warpgroup. A tile whose upper
+  // half lies there (consumer 0's diagonal tile) is a "half tile": both GEMMs run on its lower 64 keys
+  // only. The mask has set the upper scores to -inf, so their P is 0 and P V loses nothing. Only the last
+  // tile can be one (the tile before it ends at least 64 keys before wg_kv_end). At head_dim 128 this
+  // gained ~1%; at 64, where the softmax outweighs the GEMMs, the extra code lost 4-5% (PERF.md), so the
+  // d = 64 kernels do not have it.
+  const int wg_kv_end = min(kv_len, wg_first_pos + 64);
+  const bool last_is_half = CAUSAL && D == 128 && n_tiles > 1 && (n_tiles - 1) * kBN + kBN / 2 >= wg_kv_end;
+  constexpr std::false_type kFull{};
+  constexpr std::true_type kHalf{};
 
   float o[D / 2];
 #pragma unroll
@@ -185,23 +196,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   float sacc[kBN / 2];
   uint32_t pf[kBN / 16][4];
 
-  // Issues S = Q K^T for tile t (async; the caller commits and waits).
-  auto issue_s = [&](int t) {
+  // Issues S = Q K^T for tile t (async; the caller commits and waits). A half tile computes keys 0 .. 63:
+  // m64n64 writes the first 32 accumulators, which are the m64n128 layout's columns 0 .. 63.
+  auto issue_s = [&](int t, auto half) {
+    constexpr int N = decltype(half)::value ? kBN / 2 : kBN;
     const uint32_t dk = sK + (t % kStages) * kTileBytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t qa = sQ + (kk / 4) * kBM * 128 + c * 64 * 128 + (kk % 4) * 32;
       const uint32_t kb = dk + (kk / 4) * kBN * 128 + (kk % 4) * 32;
-      wgmma_ss<T, kBN>(sacc, desc_sw128(qa, 16, 1024), desc_sw128(kb, 16, 1024), kk > 0);
+      wgmma_ss<T, N>(reinterpret_cast<float(&)[N / 2]>(sacc), desc_sw128(qa, 16, 1024), desc_sw128(kb, 16, 1024), kk > 0);
     }
   };
-  // Issues O += P V for tile t from pf.
-  auto issue_pv = [&](int t) {
+  // Issues O += P V for tile t from pf (a half tile: keys 0 .. 63 only).
+  auto issue_pv = [&](int t, auto half) {
     const uint32_t dv = sV + (t % kStages) * kTileBytes;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) wgmma_rs_tb<T, D>(o, pf[kk], desc_sw128(dv + kk * 2048, kBN * 128, 1024), 1);
+    for (int kk = 0; kk < (decltype(half)::value ? kBN / 32 : kBN / 16); ++kk)
+      wgmma_rs_tb<T, D>(o, pf[kk], desc_sw128(dv + kk * 2048, kBN * 128, 1024), 1);
   };
   // Online softmax of tile t, first half: masks sacc (diagonal / kv-length tiles only), updates the running
   // max (raw scores: scale > 0 commutes with max) and sum, leaves P = exp2(s * scale - max * scale)
@@ -266,16 +280,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // of the other; consumer 1's last arrival is left pending at exit.
   auto my_turn = [&] { named_bar_sync(1 + c, 256); };
   auto your_turn = [&] { named_bar_arrive(2 - c, 256); };
-  if (n_tiles > 0) {
-    // Software pipeline: S(t) = Q K[t]^T and O += P(t-1) V[t-1] are issued back to back; the softmax of
-    // S(t) runs while P V is still on the tensor cores. wgmma groups complete in order, so wait<1> means
-    // S(t) is done. The fence_regs keep the compiler from touching sacc / o before their waits.
-    float alpha[2];
-    if (c == 1) your_turn();  // consumer 0 goes first
+  // Software pipeline: S(t) = Q K[t]^T and O += P(t-1) V[t-1] are issued back to back; the softmax of S(t)
+  // runs while P V is still on the tensor cores. wgmma groups complete in order, so wait<1> means S(t) is
+  // done. The fence_regs keep the compiler from touching sacc / o before their waits. Each stage below
+  // ends with nothing in flight, so the half / full choice is a branch between whole stages: a branch
+  // between a wgmma's issue and its wait makes ptxas serialize every wgmma.
+  float alpha[2];
+  auto first = [&] {  // S(0), always whole (a block of one tile)
     mbar_wait(smem_u32(&bar_q), 0);
     mbar_wait(smem_u32(&full_k[0]), 0);
     my_turn();
-    issue_s(0);
+    issue_s(0, kFull);
     wgmma_commit();
     your_turn();
     wgmma_wait<0>();
@@ -283,36 +298,48 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) mbar_arrive(smem_u32(&empty_k[0]));
     softmax(0, alpha);
     rescale_and_pack(alpha);
-    for (int t = 1; t < n_tiles; ++t) {
-      const int s = t % kStages, sp = (t - 1) % kStages;
-      mbar_wait(smem_u32(&full_k[s]), (t / kStages) & 1);
-      my_turn();
-      issue_s(t);
-      wgmma_commit();
-      mbar_wait(smem_u32(&full_v[sp]), ((t - 1) / kStages) & 1);
-      issue_pv(t - 1);
-      wgmma_commit();
-      your_turn();
-      fence_regs(o);
-      wgmma_wait<1>();  // S(t) is done
-      fence_regs(sacc);
-      if (tid == 0) mbar_arrive(smem_u32(&empty_k[s]));  // K[t] is consumed: the slot can be refilled
-      softmax(t, alpha);
-      wgmma_wait<0>();  // P(t-1) V[t-1] is done: o and pf may change
-      fence_regs(o);
-      fence_regs(sacc);  // the new pf is packed from sacc only after this point
-      if (tid == 0) mbar_arrive(smem_u32(&empty_v[sp]));
-      rescale_and_pack(alpha);
-    }
+  };
+  auto step = [&](int t, auto half) {  // S(t) (t may be the half tile) and P(t-1) V[t-1] (never half)
+    const int s = t % kStages, sp = (t - 1) % kStages;
+    mbar_wait(smem_u32(&full_k[s]), (t / kStages) & 1);
+    my_turn();
+    issue_s(t, half);
+    wgmma_commit();
+    mbar_wait(smem_u32(&full_v[sp]), ((t - 1) / kStages) & 1);
+    issue_pv(t - 1, kFull);
+    wgmma_commit();
+    your_turn();
+    fence_regs(o);
+    wgmma_wait<1>();  // S(t) is done
+    fence_regs(sacc);
+    if (tid == 0) mbar_arrive(smem_u32(&empty_k[s]));  // K[t] is consumed: the slot can be refilled
+    softmax(t, alpha);
+    wgmma_wait<0>();  // P(t-1) V[t-1] is done: o and pf may change
+    fence_regs(o);
+    fence_regs(sacc);  // the new pf is packed from sacc only after this point
+    if (tid == 0) mbar_arrive(smem_u32(&empty_v[sp]));
+    rescale_and_pack(alpha);
+  };
+  auto last_pv = [&](auto half) {  // P(n_tiles-1) V[n_tiles-1]
     const int sl = (n_tiles - 1) % kStages;
     mbar_wait(smem_u32(&full_v[sl]), ((n_tiles - 1) / kStages) & 1);
     my_turn();
-    issue_pv(n_tiles - 1);
+    issue_pv(n_tiles - 1, half);
     wgmma_commit();
     your_turn();
     wgmma_wait<0>();
     fence_regs(o);
     if (tid == 0) mbar_arrive(smem_u32(&empty_v[sl]));
+  };
+  if (n_tiles > 0) {
+    if (c == 1) your_turn();  // consumer 0 goes first
+    first();
+    for (int t = 1; t < n_tiles - last_is_half; ++t) step(t, kFull);
+    if (last_is_half) step(n_tiles - 1, kHalf);
+    if (last_is_half)
+      last_pv(kHalf);
+    else
+      last_pv(kFull);
   }
 
   // Epilogue: normalise by the row sums, convert, store the rows inside the sequence.
