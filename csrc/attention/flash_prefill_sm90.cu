@@ -28,10 +28,11 @@
 // Semantics as flash_prefill.cu (FlashParams): queries of sequence b at start_pos[b] + s (causal over
 // start_pos[b] + seq_q keys) or, without start_pos, bottom-right causal / plain over seq_k keys; GQA by
 // head / group. Key tiles entirely above the diagonal are never loaded, only tiles crossing the diagonal
-// or the kv length are masked, at head_dim 128 a warpgroup's diagonal tile whose upper 64 keys it cannot
-// see runs both GEMMs on the lower 64 only, and query blocks run heaviest-first. TMA zero-fills rows past the tensor
-// (seq_q, seq_k); cache slots in [kv_len, seq_k) may hold anything (NaN), so their scores are masked
-// (a select, not an add) and the producer zeroes those V rows in shared memory (0 * NaN would poison O).
+// or the kv length are masked (at head_dim 128, a warpgroup's diagonal tile whose upper 64 keys it cannot
+// see runs both GEMMs on the lower 64 only), and query blocks run heaviest-first. TMA zero-fills rows past
+// the tensor (seq_q, seq_k); cache slots in [kv_len, seq_k) may hold anything (NaN), so their scores are
+// masked (a select, not an add) and the producer zeroes those V rows in shared memory (0 * NaN would
+// poison O).
 #include <c10/cuda/CUDAException.h>
 
 #include <cmath>
@@ -181,9 +182,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Causal: keys at or past wg_kv_end are invisible to all 64 rows of this warpgroup. A tile whose upper
   // half lies there (consumer 0's diagonal tile) is a "half tile": both GEMMs run on its lower 64 keys
   // only. The mask has set the upper scores to -inf, so their P is 0 and P V loses nothing. Only the last
-  // tile can be one (the tile before it ends at least 64 keys before wg_kv_end). At head_dim 128 this
-  // gained ~1%; at 64, where the softmax outweighs the GEMMs, the extra code lost 4-5% (PERF.md), so the
-  // d = 64 kernels do not have it.
+  // tile can be one: wg_kv_end is at most 64 keys short of the block's kv_end, which lies in the last
+  // tile. At head_dim 128 this gained ~1%; at 64, where the softmax outweighs the GEMMs, the extra code
+  // lost 4-5% (PERF.md), so the d = 64 kernels do not have it.
   const int wg_kv_end = min(kv_len, wg_first_pos + 64);
   const bool last_is_half = CAUSAL && D == 128 && n_tiles > 1 && (n_tiles - 1) * kBN + kBN / 2 >= wg_kv_end;
   constexpr std::false_type kFull{};
@@ -206,7 +207,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t qa = sQ + (kk / 4) * kBM * 128 + c * 64 * 128 + (kk % 4) * 32;
       const uint32_t kb = dk + (kk / 4) * kBN * 128 + (kk % 4) * 32;
-      wgmma_ss<T, N>(reinterpret_cast<float(&)[N / 2]>(sacc), desc_sw128(qa, 16, 1024), desc_sw128(kb, 16, 1024), kk > 0);
+      wgmma_ss<T, N>(reinterpret_cast<float(&)[N / 2]>(sacc), desc_sw128(qa, 16, 1024), desc_sw128(kb, 16, 1024),
+                     kk > 0);
     }
   };
   // Issues O += P V for tile t from pf (a half tile: keys 0 .. 63 only).
@@ -286,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ends with nothing in flight, so the half / full choice is a branch between whole stages: a branch
   // between a wgmma's issue and its wait makes ptxas serialize every wgmma.
   float alpha[2];
-  auto first = [&] {  // S(0), always whole (a block of one tile)
+  auto first = [&] {  // S(0), always whole (a block's only tile is never taken as a half tile)
     mbar_wait(smem_u32(&bar_q), 0);
     mbar_wait(smem_u32(&full_k[0]), 0);
     my_turn();
