@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // only. The mask has set the upper scores to -inf, so their P is 0 and P V loses nothing. Only the last
   // tile can be one: wg_kv_end is at most 64 keys short of the block's kv_end, which lies in the last
   // tile. At head_dim 128 this gained ~1%; at 64, where the softmax outweighs the GEMMs, the extra code
-  // lost 4-5% (PERF.md), so the d = 64 kernels do not have it.
+  // lost 4-5% (perf/attention.md "Session 32"), so the d = 64 kernels do not have it.
   const int wg_kv_end = min(kv_len, wg_first_pos + 64);
   const bool last_is_half = CAUSAL && D == 128 && n_tiles > 1 && (n_tiles - 1) * kBN + kBN / 2 >= wg_kv_end;
   constexpr std::false_type kFull{};
