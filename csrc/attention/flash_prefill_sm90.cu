@@ -91,10 +91,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sK = sQ + kQBytes;                          // stage s at sK + s * kTileBytes
   const uint32_t sV = sK + kStages * kTileBytes;
 
-  // Grid (heads, batch, query blocks): all heads' heaviest blocks launch first, and CTAs of one GQA group
-  // are neighbours (their K/V tiles come from L2).
-  const int head = blockIdx.x, b = blockIdx.y;
-  const int m_start = (gridDim.z - 1 - blockIdx.z) * kBM;
+  // Grid (heads, query blocks, batch): CTAs of one GQA group are neighbours, and a wave holds several
+  // blocks of one sequence rather than one block of every sequence, so the K/V tiles its CTAs stream
+  // (from key 0 up) stay in L2 for all of them. Within a sequence the heaviest blocks launch first.
+  const int head = blockIdx.x, b = blockIdx.z;
+  const int m_start = (gridDim.y - 1 - blockIdx.y) * kBM;
   const int kvh = head / p.group;
   int q_off, kv_len;
   query_window(p, b, q_off, kv_len);
@@ -378,7 +379,7 @@ bool launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const dim3 grid(heads, batch, (p.seq_q + kBM - 1) / kBM);
+  const dim3 grid(heads, (p.seq_q + kBM - 1) / kBM, batch);
   kernel<<<grid, kThreads, smem_bytes<D>(), stream>>>(tm_q, tm_k, tm_v, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
