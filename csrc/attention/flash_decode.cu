@@ -75,23 +75,32 @@ template <typename T, int D>
 constexpr int kStages = kRingBytes / kTileBytes<T, D>;  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
 
 // A grid that fills the GPU streams its long ranges with fewer tiles in flight than the ring holds: about
-// 12 KB a warp and at least two tiles (2 at d 128, 3 at d 64). With every SM streaming, the whole rings
-// (12 MB over the GPU at d 128) streamed slower than two tiles (8 MB); a grid of few CTAs needs each
-// one's whole ring. H100, bf16, 32 q / 8 kv heads, back to back, us, whole ring -> two tiles: 16 x 16k
-// 347.0 -> 342.3, 16 x 32k 692.0 -> 676.3, 14 x 16k 319.2 -> 300.6, 12 x 16k (96 CTAs) 265.0 -> 260.9,
-// 1 x 32k 47.4 -> 46.7, d 64 16 x 16k 180.1 -> 172.0 (three); but 9 x 16k (72 CTAs) 193.6 -> 209.3, and
-// 16 x 1k (16 tiles a warp) 24.3 -> 24.6. perf/attention.md "Session 30".
+// 12 KB a warp and at least two tiles (2 at d 128, 3 at d 64), on a card whose DRAM gives an SM less than
+// kShallowBelowGBps. With every SM streaming, the bytes in flight that cover DRAM's latency grow with its
+// bandwidth: on the H100 (3.35 TB/s, 25 GB/s an SM) the whole rings (12 MB over the GPU at d 128)
+// streamed slower than two tiles (8 MB); on the H200 (4.8 TB/s, 36.5 GB/s an SM) two tiles streamed slower.
+// A grid of few CTAs needs each one's whole ring on either. Back to back, bf16, 32 q / 8 kv heads, us,
+// whole ring -> two tiles. H100: 16 x 16k 347.0 -> 342.3, 16 x 32k 692.0 -> 676.3, 14 x 16k 319.2 ->
+// 300.6, 12 x 16k (96 CTAs) 265.0 -> 260.9, 1 x 32k 47.4 -> 46.7, d 64 16 x 16k 180.1 -> 172.0 (three);
+// but 9 x 16k (72 CTAs) 193.6 -> 209.3, and 16 x 1k (16 tiles a warp) 24.3 -> 24.6 (perf/attention.md
+// "Session 30"). H200, one machine, two passes: 16 x 16k 234.2 -> 235.0, 16 x 32k 464.8-465.0 ->
+// 466.7-466.8, 14 x 16k 208.3-208.6 -> 212.5, d 64 16 x 16k 119.6 -> 124.6-124.8, 16 x 4k 60.6 -> 61.2,
+// 1 x 32k 33.6-33.7 -> 34.2; 9 x 16k level ("Session 35").
 constexpr int kFullGridRingBytes = 12 << 10;
 constexpr int kLongStreamTiles = 16;
+constexpr double kShallowBelowGBps = 30.0;  // DRAM bandwidth per SM
 template <typename T, int D>
 constexpr int kFullGridStages = kFullGridRingBytes / kTileBytes<T, D> > 2 ? kFullGridRingBytes / kTileBytes<T, D> : 2;
 
-// Whether a launch of `ctas` CTAs fills the GPU (7/10 of the SMs) and its capacity gives a warp more than
-// kLongStreamTiles tiles. The FULL_GRID kernel then checks each warp's actual tiles (long_stream).
+// Whether a launch of `ctas` CTAs takes the shallow full-grid kernel: it fills the GPU (7/10 of the SMs),
+// its capacity gives a warp more than kLongStreamTiles tiles, and the card's DRAM bandwidth per SM is
+// under kShallowBelowGBps (0, unknown, counts as under). The FULL_GRID kernel then checks each warp's
+// actual tiles (long_stream).
 // (H100, 32 q / 8 kv heads at 16k keys, full-grid depth against the whole ring: 88 CTAs lost, 241.2 ->
 // 244.8 us at d 128 and 124.5 -> 128.2 at d 64; 96 CTAs gained, 265.4 -> 262.9 and 147.2 -> 136.8.)
-__host__ __forceinline__ bool full_grid(int64_t ctas, int sms, int capacity, int64_t splits) {
-  return 10 * ctas >= 7 * int64_t{sms} && capacity > splits * kWarps * kTK * kLongStreamTiles;
+__host__ __forceinline__ bool full_grid(int64_t ctas, int sms, int capacity, int64_t splits, double dram_per_sm) {
+  return 10 * ctas >= 7 * int64_t{sms} && capacity > splits * kWarps * kTK * kLongStreamTiles &&
+         dram_per_sm < kShallowBelowGBps;
 }
 __host__ __device__ __forceinline__ bool long_stream(int warp_tiles) { return warp_tiles > kLongStreamTiles; }
 
@@ -664,7 +673,7 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
   p.num_splits = static_cast<int>(splits);
   p.all_resident = splits * pairs <= sm_count(device);  // one CTA per SM at most, and two fit
-  const bool full = full_grid(splits * pairs, sm_count(device), p.capacity, splits);
+  const bool full = full_grid(splits * pairs, sm_count(device), p.capacity, splits, dram_gbps_per_sm(device));
   if (plan) {  // describe, for sequences of plan_length keys, and launch nothing
     const Split sp = split_of<T, D>(std::min(plan_length, p.capacity), p.num_splits, pairs);
     const int warp_tiles = (sp.base + (sp.extra > 0) + kWarps - 1) / kWarps;  // split 0's warp 0

@@ -1,7 +1,7 @@
-// Launch helpers: the SM count, and programmatic dependent launch (Hopper), where the kernel may start
-// while the previous kernel in the stream is still running; it must execute griddepcontrol.wait before
-// touching anything that kernel writes (or reads: our outputs), and may execute
-// griddepcontrol.launch_dependents to let the next kernel in. Host-only.
+// Launch helpers: the SM count, the DRAM bandwidth per SM, and programmatic dependent launch (Hopper),
+// where the kernel may start while the previous kernel in the stream is still running; it must execute
+// griddepcontrol.wait before touching anything that kernel writes (or reads: our outputs), and may
+// execute griddepcontrol.launch_dependents to let the next kernel in. Host-only.
 #pragma once
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
@@ -17,6 +17,22 @@ inline int sm_count(int device) {
     int n = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
     cached[device] = n > 0 ? n : 132;
+  }
+  return cached[device];
+}
+
+// Peak DRAM bandwidth of a device per SM, in GB/s: memory clock x bus width, two transfers a clock
+// (HBM), looked up once. 0 where the driver does not report the memory clock or the bus width.
+inline double dram_gbps_per_sm(int device) {
+  static double cached[64] = {};
+  static bool known[64] = {};
+  if (device < 0 || device >= 64) return 0.0;
+  if (!known[device]) {
+    int clock_khz = 0, bus_bits = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+    cached[device] = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / sm_count(device);
+    known[device] = true;
   }
   return cached[device];
 }
