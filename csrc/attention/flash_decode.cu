@@ -11,8 +11,9 @@
 //
 // Each of the 4 warps streams its own tiles of 16 keys (tiles of the CTA's key range dealt round robin)
 // through its own ring of STAGES tiles (24 KB): no CTA barrier in the main loop, and the whole ring is in
-// flight before the first tile is used (in a grid that fills the GPU, a long stream keeps only part of
-// it in flight: kFullGridStages). The warps merge through shared memory at the end.
+// flight before the first tile is used (in a grid that fills the GPU of a card with less DRAM bandwidth
+// per SM, a long stream keeps only part of it in flight: kFullGridStages). The warps merge through shared
+// memory at the end.
 // Loads: 16-byte cp.async by every lane of the warp. (Per-warp TMA boxes of {64 columns, 16 keys} were
 // slower on H200 from batch 16 up, 16 x 16k context 267 against 248-254 us, equal at batch 1.) A tile is
 // D/64 column halves of [16 keys][128 bytes], 16-byte chunk c of row r at chunk c ^ (r % 8), so the 8
