@@ -22,6 +22,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(pred ? 16 : 0));
 }
+// Brings the 128-byte line at p into L2. No data comes back, so it orders with nothing and may run
+// before griddepcontrol.wait even where the previous kernel writes that line.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
