@@ -252,10 +252,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   // q's lines go to L2 first thing, before the wait: a prefetch returns no data, so it is safe while the
   // previous kernel may still be writing q (L2 is where its stores land), and a q that is not in L2
   // (the benchmark's rotated inputs) is no longer a DRAM round trip after the wait. (H200, bf16, 32 q /
-  // 8 kv heads, back to back, us: 1 x 2k 5.15 -> 5.08, 1 x 8k 10.60 -> 10.33, 2 x 4k 10.39 -> 10.15,
-  // 1 x 16k 19.37 -> 18.95; 1 x 4k 6.57 -> 6.55 and batch 16 level; perf/attention.md "Session 36".)
+  // 8 kv heads, back to back, us: 1 x 2k 5.08 -> 5.00, 1 x 4k 6.53 -> 6.38, 1 x 8k 10.93 -> 10.52,
+  // 2 x 4k 10.44 -> 10.21, 1 x 16k 19.65 -> 19.25; batch 16 level; the H100 gains at batch 1-2 too;
+  // perf/attention.md "Session 36".)
   {
-    constexpr int kLines = D * int(sizeof(T)) / 128;  // 128-byte lines of a q row
+    // 128-byte lines of a q row (a row that starts off a line boundary keeps its tail out of the prefetch)
+    constexpr int kLines = D * int(sizeof(T)) / 128;
     if (warp == 0 && lane < rows * kLines) {
       const T* qr = reinterpret_cast<const T*>(p.q) + b * p.q_bs + (head0 + lane / kLines) * p.q_hs;
       prefetch_l2(reinterpret_cast<const char*>(qr) + 128 * (lane % kLines));

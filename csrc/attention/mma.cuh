@@ -22,8 +22,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(pred ? 16 : 0));
 }
-// Brings the 128-byte line at p into L2. No data comes back, so it orders with nothing and may run
-// before griddepcontrol.wait even where the previous kernel writes that line.
+// Brings the 128-byte line holding p into L2: a hint that changes what no load returns, so it may run
+// before griddepcontrol.wait even on a line the previous kernel writes.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
