@@ -95,7 +95,7 @@ constexpr int kFullGridStages = kFullGridRingBytes / kTileBytes<T, D> > 2 ? kFul
 
 // Whether a launch of `ctas` CTAs takes the shallow full-grid kernel: it fills the GPU (7/10 of the SMs),
 // its capacity gives a warp more than kLongStreamTiles tiles, and the card's DRAM bandwidth per SM is
-// under kShallowBelowGBps (0, unknown, counts as under). The FULL_GRID kernel then checks each warp's
+// under kShallowBelowGBps (-1, unknown, counts as under). The FULL_GRID kernel then checks each warp's
 // actual tiles (long_stream).
 // (H100, 32 q / 8 kv heads at 16k keys, full-grid depth against the whole ring: 88 CTAs lost, 241.2 ->
 // 244.8 us at d 128 and 124.5 -> 128.2 at d 64; 96 CTAs gained, 265.4 -> 262.9 and 147.2 -> 136.8.)

@@ -22,17 +22,16 @@ inline int sm_count(int device) {
 }
 
 // Peak DRAM bandwidth of a device per SM, in GB/s: memory clock x bus width, two transfers a clock
-// (HBM), looked up once. 0 where the driver does not report the memory clock or the bus width.
+// (HBM), looked up once. -1 where the driver does not report the memory clock or the bus width.
 inline double dram_gbps_per_sm(int device) {
-  static double cached[64] = {};
-  static bool known[64] = {};
-  if (device < 0 || device >= 64) return 0.0;
-  if (!known[device]) {
+  static double cached[64] = {};  // 0: not looked up yet
+  if (device < 0 || device >= 64) return -1.0;
+  if (cached[device] == 0.0) {
     int clock_khz = 0, bus_bits = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-    cached[device] = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / sm_count(device);
-    known[device] = true;
+    const double gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / sm_count(device);
+    cached[device] = gbps > 0.0 ? gbps : -1.0;
   }
   return cached[device];
 }
