@@ -184,30 +184,20 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// The "+f" constraints of accumulators d[i] .. d[i + 7], and of the first R of them.
+#define MINFER_WGMMA_ACC8_AT(d, i) \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define MINFER_WGMMA_ACC4(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-#define MINFER_WGMMA_ACC8(d) MINFER_WGMMA_ACC4(d), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-#define MINFER_WGMMA_ACC16(d) MINFER_WGMMA_ACC8(d), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define MINFER_WGMMA_ACC32(d) \
-      MINFER_WGMMA_ACC16(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define MINFER_WGMMA_ACC8(d) MINFER_WGMMA_ACC8_AT(d, 0)
+#define MINFER_WGMMA_ACC16(d) MINFER_WGMMA_ACC8(d), MINFER_WGMMA_ACC8_AT(d, 8)
+#define MINFER_WGMMA_ACC32(d) MINFER_WGMMA_ACC16(d), MINFER_WGMMA_ACC8_AT(d, 16), MINFER_WGMMA_ACC8_AT(d, 24)
 #define MINFER_WGMMA_ACC64(d) \
-      MINFER_WGMMA_ACC32(d), \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define MINFER_WGMMA_ACC72(d) MINFER_WGMMA_ACC64(d), \
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
+  MINFER_WGMMA_ACC32(d), MINFER_WGMMA_ACC8_AT(d, 32), MINFER_WGMMA_ACC8_AT(d, 40), MINFER_WGMMA_ACC8_AT(d, 48), \
+      MINFER_WGMMA_ACC8_AT(d, 56)
+#define MINFER_WGMMA_ACC72(d) MINFER_WGMMA_ACC64(d), MINFER_WGMMA_ACC8_AT(d, 64)
 #define MINFER_WGMMA_ACC128(d) \
-      MINFER_WGMMA_ACC64(d), \
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+  MINFER_WGMMA_ACC72(d), MINFER_WGMMA_ACC8_AT(d, 72), MINFER_WGMMA_ACC8_AT(d, 80), MINFER_WGMMA_ACC8_AT(d, 88), \
+      MINFER_WGMMA_ACC8_AT(d, 96), MINFER_WGMMA_ACC8_AT(d, 104), MINFER_WGMMA_ACC8_AT(d, 112), MINFER_WGMMA_ACC8_AT(d, 120)
 
 // D[64 x N] (= or +=) A[64 x 16] . B[N x 16]^T, A and B K-major in shared memory; scale_d = 0 overwrites D.
 template <typename T, int N>
