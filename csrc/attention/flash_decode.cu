@@ -338,6 +338,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // heads, d 64, 1 x 384 3.42 -> 3.20 and 3.45 -> 3.26; split calls at once were level or slower, 1 x 512
   // 4.49 -> 4.62 at 2 MiB). With two pieces a tile, both groups are in flight; the loop's waits then
   // wait for a little more than they need, never less.
+  // Giving up co-residence with the next call's CTAs (a ring that holds the whole split, one CTA per SM,
+  // every tile issued before the wait) lost: 1 x 4k 6.39 -> 7.79 us. So did a cluster of a kv head's
+  // splits combining through distributed shared memory: 6.37 -> 8.25 (perf/attention.md "Session 39").
   int filled = 0;
   if (p.stable_prefix) {
     take_range();
