@@ -341,6 +341,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Giving up co-residence with the next call's CTAs (a ring that holds the whole split, one CTA per SM,
   // every tile issued before the wait) lost: 1 x 4k 6.39 -> 7.79 us. So did a cluster of a kv head's
   // splits combining through distributed shared memory: 6.37 -> 8.25 (perf/attention.md "Session 39").
+  // So did bringing the tile past the early ones into L2 here, each row's fill throttled like a piece:
+  // 6.39 -> 6.84-7.09 ("Session 40").
   int filled = 0;
   if (p.stable_prefix) {
     take_range();
