@@ -375,7 +375,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // here rather than after the stream: back to back at batch 16 x 4k 71.8 -> 62.4 us, 16 x 16k
   // 280.9 -> 239.6, batch 1 x 4k 9.5 -> 8.8 (H200, bf16, perf/attention.md "Session 13"). Released at
   // entry, before the early loads, it lost on the H200 at every batch-1 shape with d 128 (1 x 4k 6.4 ->
-  // 6.85; "Session 40"), and at batch 16 by over 20% (16 x 16k, "Session 21").
+  // 6.85; "Session 40"), also with a grid of one CTA on every SM (6.43 -> 6.70, "Session 41"), and at
+  // batch 16 by over 20% (16 x 16k, "Session 21").
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
