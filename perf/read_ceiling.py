@@ -24,12 +24,21 @@ from bench.common import Case, copy_bandwidth_gbs, input_sets, time_us  # noqa: 
 
 
 @triton.jit
-def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, PDL: tl.constexpr = 0):
+    # PDL (launched as a programmatic dependent): 0 no; 1 a dependent read: wait for the previous call,
+    # let the next one launch, then read; 2 an independent read: let the next call launch, read, and wait
+    # only before the store.
     pid = tl.program_id(0)
+    if PDL == 1:
+        tl.extra.cuda.gdc_wait()
+    if PDL != 0:
+        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for i in range(ITERS):
         offs = (pid * ITERS + i) * BLOCK + tl.arange(0, BLOCK)
         acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    if PDL == 2:
+        tl.extra.cuda.gdc_wait()
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
@@ -78,20 +87,21 @@ def head_slice_case(rows: int, iters: int, warps: int, heads_adjacent: bool) -> 
     return Case(shapes=[], make_inputs=make_inputs, ref=None, minfer=run, bytes=lambda shape, dtype: shape[0])
 
 
-def read_fn(block: int, iters: int, warps: int):
+def read_fn(block: int, iters: int, warps: int, pdl: int = 0):
     def run(x, out):
         n = x.numel()
-        _read_kernel[(triton.cdiv(n, block * iters),)](x, out, n, BLOCK=block, ITERS=iters, num_warps=warps)
+        extra = dict(PDL=pdl, launch_pdl=True) if pdl else {}
+        _read_kernel[(triton.cdiv(n, block * iters),)](x, out, n, BLOCK=block, ITERS=iters, num_warps=warps, **extra)
     return run
 
 
-def read_case(block: int, iters: int, warps: int) -> Case:
+def read_case(block: int, iters: int, warps: int, pdl: int = 0) -> Case:
     """One read configuration as a benchmark case, so input_sets rotates enough sets past L2."""
     def make_inputs(shape, dtype):
         n = shape[0] // dtype.itemsize
         return dict(x=torch.randn(n, device="cuda", dtype=dtype),
                     out=torch.empty(triton.cdiv(n, block * iters), device="cuda", dtype=torch.float32))
-    return Case(shapes=[], make_inputs=make_inputs, ref=None, minfer=read_fn(block, iters, warps),
+    return Case(shapes=[], make_inputs=make_inputs, ref=None, minfer=read_fn(block, iters, warps, pdl),
                 bytes=lambda shape, dtype: shape[0])
 
 
@@ -114,6 +124,16 @@ def main() -> int:
     for name, nbytes in sizes:
         for block, iters, warps in configs:
             report(name, f"{block} x {iters}, {warps}", read_case(block, iters, warps), nbytes)
+    # 1 x 4k's bytes as a programmatic dependent, as the decode launches: a read that waits for the
+    # previous call first (the decode's q and newest key are the previous kernel's outputs), and one that
+    # waits for nothing until its store (the floor of any overlap of one call's reads with the last's).
+    for pdl, kind in ((1, "PDL, wait first"), (2, "PDL, wait last")):
+        for block, iters, warps in configs:
+            try:
+                report(f"16.8 MB, {kind}", f"{block} x {iters}, {warps}", read_case(block, iters, warps, pdl), 16 << 20)
+            except Exception as e:  # a Triton without launch_pdl / gdc
+                print(f"16.8 MB, {kind}: not run ({type(e).__name__}: {e})".splitlines()[0], flush=True)
+                break
     # The same 1 GiB as a [16, 32k, 8, 128] cache, read a kv head's 256-byte slices at a time (keys x
     # iters per program, heads or chunks adjacent in launch order).
     for rows, iters, warps in [(64, 4, 8), (32, 8, 4), (128, 2, 8)]:
