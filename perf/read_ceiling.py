@@ -3,12 +3,13 @@ timed by the benchmark's own harness, beside the copy ceiling that apps/benchmar
 
     python perf/read_ceiling.py
 
-Two questions for decode (perf/attention.md): the read rate of a large stream (the wall that batch 16
-at 16k / 32k meets, ours and SDPA alike), and what a plain read of batch 1 x 4k's 16.8 MB achieves back to
-back in a graph (64 calls, input sets rotated past L2), i.e. the fixed cost of one launch over that many
-bytes with no attention work, no split merge and no dependency on the previous call. And a third: does
-the decode's access pattern (one kv head's 256-byte slice of each 2 KB key row of a [batch, seq,
-kv_heads, head_dim] cache) read slower than whole rows?
+Questions for decode (perf/attention.md): the read rate of a large stream (the wall that batch 16 at
+16k / 32k meets, ours and SDPA alike); what a plain read of batch 1 x 4k's 16.8 MB achieves back to back
+in a graph (64 calls, input sets rotated past L2), i.e. the fixed cost of one launch over that many bytes
+with no attention work and no split merge; the same read launched as a programmatic dependent, as the
+decode is, waiting for the previous call before it reads (as a decode must before it reads q) or only
+before its store (no dependency at all); and whether the decode's access pattern (one kv head's 256-byte
+slice of each 2 KB key row of a [batch, seq, kv_heads, head_dim] cache) reads slower than whole rows.
 """
 from __future__ import annotations
 
