@@ -338,11 +338,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // heads, d 64, 1 x 384 3.42 -> 3.20 and 3.45 -> 3.26; split calls at once were level or slower, 1 x 512
   // 4.49 -> 4.62 at 2 MiB). With two pieces a tile, both groups are in flight; the loop's waits then
   // wait for a little more than they need, never less.
-  // Giving up co-residence with the next call's CTAs (a ring that holds the whole split, one CTA per SM,
-  // every tile issued before the wait) lost: 1 x 4k 6.39 -> 7.79 us. So did a cluster of a kv head's
-  // splits combining through distributed shared memory: 6.37 -> 8.25 (perf/attention.md "Session 39").
-  // So did bringing the tile past the early ones into L2 here, each row's fill throttled like a piece:
-  // 6.39 -> 6.84-7.09 ("Session 40").
+  // More bytes before the wait lost in every form tried (a whole-split ring without co-residence, L2
+  // fills of the tile past the early ones; 1 x 4k 6.39 -> 6.84-7.79 us, perf/attention.md sessions 39-40).
   int filled = 0;
   if (p.stable_prefix) {
     take_range();
@@ -374,9 +371,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // place triggers only once they all have run this line, so they never compete with it.) Released
   // here rather than after the stream: back to back at batch 16 x 4k 71.8 -> 62.4 us, 16 x 16k
   // 280.9 -> 239.6, batch 1 x 4k 9.5 -> 8.8 (H200, bf16, perf/attention.md "Session 13"). Released at
-  // entry, before the early loads, it lost on the H200 at every batch-1 shape with d 128 (1 x 4k 6.4 ->
-  // 6.85; "Session 40"), also with a grid of one CTA on every SM (6.43 -> 6.70, "Session 41"), and at
-  // batch 16 by over 20% (16 x 16k, "Session 21").
+  // kernel entry it lost on the H200 at d 128, batch 1 and 16 (sessions 21, 40-41).
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
