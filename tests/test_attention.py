@@ -177,6 +177,34 @@ def test_decode_stable_prefix_newest_key_just_written(ctx, hd):
         _check(ours, ref32, lowp, dtype, f"ctx={ctx} rep {rep}")
 
 
+@pytest.mark.parametrize("ctx", [1, 100, 1000, 8000, 20000])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_decode_stable_prefix_q_just_written(ctx, hd):
+    # q is no part of the stable prefix: the kernel before decode may write it while decode's CTAs already
+    # run. Here kv_cache_write writes q (q's buffer as a one-slot cache of `heads` rows) behind a long gemv
+    # on one SM, so decode launches, with stable_prefix, while q still holds the old values; the output
+    # must be that of the new q.
+    cuda, dtype, batch, kv_heads, heads = _cuda(), torch.float16, 2, 4, 16
+    x_long = torch.randn(1, 1 << 20, device="cuda", dtype=dtype)
+    w_long = torch.randn(16, 1 << 20, device="cuda", dtype=dtype)
+    k = torch.randn(batch, ctx, kv_heads, hd, device="cuda", dtype=dtype)
+    v = torch.randn(batch, ctx, kv_heads, hd, device="cuda", dtype=dtype)
+    start = torch.tensor([ctx - 1, ctx // 2], device="cuda", dtype=torch.int32)
+    q_new = torch.randn(batch, 1, heads, hd, device="cuda", dtype=dtype)  # [batch, 1, heads, head_dim]
+    q_old = torch.randn_like(q_new)
+    q, q_side = torch.empty_like(q_new), torch.empty_like(q_new)
+    slot0 = torch.zeros(batch, 1, device="cuda", dtype=torch.int32)
+    scale = 1.0 / math.sqrt(hd)
+    ref32 = reference.attention(q_new.float(), k.float(), v.float(), start, scale)
+    lowp = reference.attention(q_new, k, v, start, scale)
+    for rep in range(20):
+        q.copy_(q_old)
+        cuda.linear(x_long, w_long)
+        cuda.kv_cache_write(q, q_side, q_new, q_new, slot0)
+        ours = cuda.attention(q, k, v, start, scale, stable_prefix=True)
+        _check(ours, ref32, lowp, dtype, f"ctx={ctx} hd={hd} rep {rep}")
+
+
 @pytest.mark.parametrize("ratio", [1, 3, 4, 8, 16, 20])
 @pytest.mark.parametrize("hd", [64, 128])
 def test_decode_gqa(ratio, hd):
@@ -196,28 +224,32 @@ def test_decode_gqa(ratio, hd):
 # the outputs. Depth: the tiles a warp keeps in flight, its whole ring (3 at d 128, 6 at d 64) unless
 # the grid fills the GPU (7/10 of the SMs), the capacity is over 16 tiles a warp and so is split 0's first
 # warp, and the card's DRAM gives an SM under 30 GB/s (the H100, not the H200): then 2 at d 128, 3 at d 64
-# ("depth=FULL" below).
+# ("depth=FULL" below). A stable_prefix call speculates (the whole split before griddepcontrol.wait,
+# validated by q read again after it) where a warp has more than 4 tiles, the splits do not spread their
+# combine, and the call is not a small call's one split, at the capacity's length and at this one.
 # attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
-    (32, 8, 128, 384, "splits=13 active=1 merge=none depth=3"),     # two rounds of the rings, 1.5 MiB: one split
-    (32, 8, 128, 385, "splits=13 active=12 merge=last from L2 depth=3"),  # one key more: 25 tiles, 2-3 a split
-    (32, 16, 128, 384, "splits=8 active=8 merge=last from L2 depth=3"),  # 16 kv heads, 3 MiB of K/V: not small
-    (9, 3, 64, 384, "splits=13 active=1 merge=none depth=6"),       # the default model's heads
-    (9, 3, 64, 385, "splits=13 active=12 merge=last from L2 depth=6"),
-    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2 depth=3"),
-    (9, 3, 64, 2048, "splits=44 active=44 merge=last in smem depth=6"),  # 3-row partials
-    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem depth=6"),
-    (32, 2, 128, 4500, "splits=66 active=66 merge=spread depth=3"),  # 16-row partials: too big for shared memory
-    (32, 2, 128, 32768, "splits=66 active=66 merge=spread depth=3"),  # 2048 tiles: 31 or 32 a split
-    (12, 1, 64, 30000, "splits=128 active=128 merge=spread depth=6"),
-    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem depth=6"),
+    (32, 8, 128, 384, "splits=13 active=1 merge=none depth=3 speculate=no"),     # two rounds of the rings, 1.5 MiB: one split
+    (32, 8, 128, 385, "splits=13 active=12 merge=last from L2 depth=3 speculate=no"),  # one key more: 25 tiles, 2-3 a split
+    (32, 16, 128, 384, "splits=8 active=8 merge=last from L2 depth=3 speculate=no"),  # 16 kv heads, 3 MiB of K/V: not small
+    (9, 3, 64, 384, "splits=13 active=1 merge=none depth=6 speculate=no"),       # the default model's heads
+    (9, 3, 64, 385, "splits=13 active=12 merge=last from L2 depth=6 speculate=no"),
+    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2 depth=3 speculate=no"),  # 4 tiles a warp
+    (32, 8, 128, 4336, "splits=16 active=16 merge=last from L2 depth=3 speculate=no"),  # 271 tiles: base 16 a split
+    (32, 8, 128, 4352, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # 272: 17 a split, 5 a warp
+    (9, 3, 64, 2048, "splits=44 active=44 merge=last in smem depth=6 speculate=no"),  # 3-row partials
+    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem depth=6 speculate=no"),
+    (32, 2, 128, 4500, "splits=66 active=66 merge=spread depth=3 speculate=no"),  # 16-row partials: too big for shared memory
+    (32, 2, 128, 32768, "splits=66 active=66 merge=spread depth=3 speculate=no"),  # 2048 tiles: 31 or 32 a split
+    (12, 1, 64, 30000, "splits=128 active=128 merge=spread depth=6 speculate=no"),
+    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem depth=6 speculate=no"),
     # 128 CTAs fill the GPU: past 16 tiles a warp, fewer tiles in flight than the ring holds (on an H100)
-    (32, 8, 128, 16377, "splits=16 active=16 merge=last from L2 depth=3"),  # capacity 16384: 16 tiles a warp
-    (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=FULL"),  # 17 for split 0's warp 0
-    (32, 8, 128, 32768, "splits=16 active=16 merge=last from L2 depth=FULL"),
-    (32, 8, 64, 32768, "splits=16 active=16 merge=last from L2 depth=FULL"),
-    (45, 45, 128, 32768, "splits=2 active=2 merge=last from L2 depth=3"),  # 90 CTAs: under 7/10 of 132 SMs
-    (47, 47, 128, 32768, "splits=2 active=2 merge=last from L2 depth=FULL"),  # 94 CTAs
+    (32, 8, 128, 16377, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # capacity 16384: 16 tiles a warp
+    (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=FULL speculate=yes"),  # 17 for split 0's warp 0
+    (32, 8, 128, 32768, "splits=16 active=16 merge=last from L2 depth=FULL speculate=yes"),
+    (32, 8, 64, 32768, "splits=16 active=16 merge=last from L2 depth=FULL speculate=yes"),
+    (45, 45, 128, 32768, "splits=2 active=2 merge=last from L2 depth=3 speculate=yes"),  # 90 CTAs: under 7/10 of 132 SMs
+    (47, 47, 128, 32768, "splits=2 active=2 merge=last from L2 depth=FULL speculate=yes"),  # 94 CTAs
 ]
 
 

@@ -28,6 +28,10 @@
 // counter to zero, so the counters are zero again after every launch (CUDA-graph replay included).
 // stable_prefix (the engine's call): start_pos and the cache rows before it are final before the
 // previous kernel runs, so the split is laid out, and short streams start loading, before the wait.
+// Longer streams speculate (a second kernel instance, `speculates`): they read q before the wait too,
+// stream and consume every tile but the newest key's there, and release the next kernel at entry; after
+// the wait q is read again, and only if it changed is the work done again. So back to back, one call's
+// streams run while the previous call ends, and the combine is all that is left after the wait.
 #include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -61,6 +65,8 @@ constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
 constexpr int kEarlyTiles = 3;       // tiles a warp may load before griddepcontrol.wait (stable_prefix)
 constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time
+constexpr int kSpecTiles = 4;          // a warp with more tiles than this speculates (the SPECULATE kernel) ...
+constexpr int kSpecThrottleTiles = 8;  // ... keeping one tile in flight before the wait up to this many
 constexpr int kBurstBytes = 3 << 19;  // a call of at most this much K/V is small (1.5 MiB): see small_call
 constexpr int kOneSplitKeys = 384;    // the longest length that is one split (no combine) in a small call
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
@@ -165,6 +171,19 @@ __host__ __device__ __forceinline__ Merge merge_of(int n_active, int rows, int b
   return Merge::kLastFromL2;
 }
 
+// Whether a sequence's splits speculate (in the SPECULATE kernel, with stable_prefix; host and device, the
+// same rule): a warp has more than kSpecTiles tiles, the splits do not combine by spreading, and the call
+// is not a small call's one split. Measured in the forty-third session (H200, bf16, back to back, us,
+// committed kernel -> speculating, SDPA in brackets): 1 x 16k 19.3 -> 16.0 (22.9), 1 x 32k 34.0 -> 30.4,
+// 2 x 4k 10.2 -> 9.1, 16 x 4k 61.9 -> 58.0 (63.4), 16 x 16k 240.3 -> 232.3 (239.5), 16 x 32k 476.1 ->
+// 466.8 (473.7), 64 x 16k 955 -> 940; up to 4 tiles a warp it lost (1 x 4k 6.4 -> 7.0, 1 x 1k 4.7 -> 5.2),
+// and so did 32 q / 2 kv heads at 32k, a spread combine (13.95 -> 16.9).
+template <typename T, int D>
+__host__ __device__ __forceinline__ bool speculates(const Split& sp, Merge merge, int64_t pairs, int n_tiles) {
+  const bool small_one = sp.n_active == 1 && small_call<T, D>(pairs, n_tiles);
+  return (sp.base + kWarps - 1) / kWarps > kSpecTiles && merge != Merge::kSpread && !small_one;
+}
+
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
   const void* k;  // k[b, j, kvh, :] at b*k_bs + j*k_ss + kvh*k_hs
@@ -228,7 +247,7 @@ __device__ __forceinline__ void fold_partial(float& mx, float& sum, float4& o, f
   mx = m_new;
 }
 
-template <typename T, int D, bool FULL_GRID>
+template <typename T, int D, bool FULL_GRID, bool SPECULATE>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_decode_kernel(const DecodeParams p) {
   constexpr int KD = D / 16;  // k-steps of Q K^T
@@ -266,10 +285,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   // This split's keys [s0, s1) of the actual length (split_of). Its warp `warp` takes tiles warp,
   // warp + 4, ... of them (n_my).
   int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0;
+  Split seq{};
   auto take_range = [&] {
     len = max(0, min(p.start_pos[b] + 1, p.capacity));
     const Split sp = split_of<T, D>(len, p.num_splits, static_cast<int64_t>(gridDim.y) * gridDim.z);
-    n_active = sp.n_active;
+    n_active = sp.n_active, seq = sp;
     const int n_tiles = sp.base + (split < sp.extra), tile0 = split * sp.base + min(split, sp.extra);
     s0 = tile0 * kTK, s1 = min(s0 + n_tiles * kTK, len);
     n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
@@ -316,69 +336,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_commit();
   };
 
-  // With a stable prefix the length is read and the split laid out before griddepcontrol.wait, while
-  // the previous kernel runs, and a warp with at most 8 tiles loads its first kEarlyTiles there too, as
-  // far as they lie wholly before the newest key (start_pos[b], which the previous kernel,
-  // kv_cache_write in the engine, may be writing). Tiles fill in order, so the cp.async groups keep
-  // their count whichever side of the wait a tile was issued on (a tile loaded in two pieces is two
-  // groups, both complete but the last).
-  // The early loads are throttled: one piece of kEarlyPieceBytes in flight per warp, the next issued
-  // once it has landed. They run while the previous call's last tiles stream and its split combine
-  // makes its round trips through L2, and those queue behind whatever is in flight: issued all at once
-  // (12.6 MB over the GPU at 1 x 4k), they held the previous call up by more than they saved. H200,
-  // bf16, 32 q / 8 kv heads, back to back, us: the rule until the twenty-fourth session (all tiles but
-  // the last of a warp with at most 4, issued at once) -> kEarlyTiles of a warp with at most 8, one
-  // tile in flight -> one half tile in flight (this code), d 128: 1 x 1k 4.90 -> 4.91 -> 4.73; 1 x 2k
-  // 5.89 -> 5.52 -> 5.28; 1 x 4k 7.39 -> 7.00 -> 6.68; 1 x 8k 12.08 -> 11.36 -> 10.70; 2 x 4k 13.0 ->
-  // 12.2 -> 11.65. At d 64 a whole tile is 4 KB: 1 x 4k 5.52 -> 5.04 (halves: 5.29). Early tiles for
-  // warps with up to 16 tiles lost (1 x 16k 19.86 -> 20.44). perf/attention.md "Session 24".
-  // A one-split call of at most kBurstBytes of K/V fills its rings at once instead: so few bytes hardly
-  // slow the previous call, while the throttle's round trips, one per piece, outlast a call this short
-  // (H100, bf16, back to back, us: 32 q / 8 kv heads, d 128, 1 x 192 3.78 -> 3.12; 9 / 3 and 32 / 8
-  // heads, d 64, 1 x 384 3.42 -> 3.20 and 3.45 -> 3.26; split calls at once were level or slower, 1 x 512
-  // 4.49 -> 4.62 at 2 MiB). With two pieces a tile, both groups are in flight; the loop's waits then
-  // wait for a little more than they need, never less.
-  // More bytes before the wait lost in every form tried (a whole-split ring without co-residence, L2
-  // fills of the tile past the early ones; 1 x 4k 6.39 -> 6.84-7.79 us, perf/attention.md sessions 39-40).
-  int filled = 0;
-  if (p.stable_prefix) {
-    take_range();
-    if (split >= n_active) return;
-    static_assert(kEarlyTiles <= STAGES, "early tiles must fit the ring");
-    // (The call's K/V is counted with every sequence at this one's length.)
-    const bool at_once =
-        n_active == 1 && small_call<T, D>(static_cast<int64_t>(gridDim.y) * gridDim.z, (len + kTK - 1) / kTK);
-    const int early = at_once ? min(STAGES, n_my) : n_my <= 8 ? min(kEarlyTiles, n_my) : 0;
-    while (filled < early && min(tile_key0(filled) + kTK, s1) <= len - 1) {
-      if (filled >= 1 && !at_once) cp_async_wait<0>();
-      if constexpr (kTileBytes<T, D> > kEarlyPieceBytes) {
-        load_half(filled, filled, false);
-        if (!at_once) cp_async_wait<0>();
-        load_half(filled, filled, true), ++filled;
-      } else {
-        load_tile(filled, filled), ++filled;
-      }
-    }
-  }
-
-#if MINFER_DECODE_PDL
-  // Launched as a programmatic dependent: the launch and the index setup above overlapped the previous
-  // kernel's tail; q, start_pos, the caches, the counters and the workspace may be its outputs (start_pos
-  // and the cache prefix not, with stable_prefix).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // The next kernel may launch now: its CTAs take the SMs' free slots and wait in their own
-  // griddepcontrol.wait, which returns only once this grid is complete. (A grid with CTAs still to
-  // place triggers only once they all have run this line, so they never compete with it.) Released
-  // here rather than after the stream: back to back at batch 16 x 4k 71.8 -> 62.4 us, 16 x 16k
-  // 280.9 -> 239.6, batch 1 x 4k 9.5 -> 8.8 (H200, bf16, perf/attention.md "Session 13"). Released at
-  // kernel entry it lost on the H200 at d 128, batch 1 and 16 (sessions 21, 40-41).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-
   // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory
-  // (the previous kernel may have written it).
+  // (the previous kernel may have written it). The speculating kernel reads it through L2 (ld.global.cg)
+  // both times, so that the read after the wait cannot be answered by a stale L1 line.
   uint32_t qf[KD][4];
-  {
+  auto load_q = [&](uint32_t (&f)[KD][4]) {
     const T* qb = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head0 * p.q_hs + 2 * t;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -386,44 +348,27 @@ __global__ void __launch_bounds__(kThreads, 2)
       const T* qr = qb + r * p.q_hs;
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) {
-        qf[kk][half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16) : 0u;
-        qf[kk][2 + half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16 + 8) : 0u;
+        if constexpr (SPECULATE) {
+          f[kk][half] = r < rows ? __ldcg(reinterpret_cast<const unsigned int*>(qr + kk * 16)) : 0u;
+          f[kk][2 + half] = r < rows ? __ldcg(reinterpret_cast<const unsigned int*>(qr + kk * 16 + 8)) : 0u;
+        } else {
+          f[kk][half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16) : 0u;
+          f[kk][2 + half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16 + 8) : 0u;
+        }
       }
     }
-  }
-
-  if (!p.stable_prefix) {
-    take_range();
-    if (split >= n_active) return;
-  }
-  // Tiles in flight in the loop below: the whole ring, or in a full grid's long stream SHALLOW of its
-  // slots (such a warp loaded nothing before the wait).
-  constexpr int SHALLOW = kFullGridStages<T, D>;
-  static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
-  static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
-                "a long stream must not have loaded tiles early (warps with at most 8 tiles, or a small call, do)");
-  const bool shallow = FULL_GRID && long_stream(n_my);
-  const int depth = shallow ? SHALLOW : STAGES;
-  for (int i = filled; i < depth; ++i) {
-    if (i < n_my) load_tile(i, i);
-    else cp_async_commit();  // keep one group per stage: the waits count groups
-  }
+  };
 
   // Per thread: rows g (index 0) and g + 8 (index 1) of the 16 heads.
-  float acc[DT][4];
+  float acc[DT][4], m_row[2], l_row[2];
+  auto reset = [&] {
 #pragma unroll
-  for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.f, 0.f};
+    for (int i = 0; i < DT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    m_row[0] = m_row[1] = -INFINITY, l_row[0] = l_row[1] = 0.f;
+  };
 
-  int st = 0;
-  for (int i = 0; i < n_my; ++i) {
-    T* tk = ring + st * 2 * TILE;
-    T* tv = tk + TILE;
-    const int valid = s1 - tile_key0(i);  // >= 1
-    if (shallow) cp_async_wait<SHALLOW - 1>();  // tile i has landed (this lane's copies) ...
-    else cp_async_wait<STAGES - 1>();
-    __syncwarp();  // ... and every lane's
-
+  // One 16-key tile (K at tk, V at tv, keys from `valid` on masked) into acc, m_row and l_row.
+  auto consume = [&](const T* tk, const T* tv, int valid) {
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0-7, 8-15 of the tile
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
@@ -481,12 +426,149 @@ __global__ void __launch_bounds__(kThreads, 2)
       mma_16816<T>(acc[2 * dd], pf, vf[0], vf[1]);
       mma_16816<T>(acc[2 * dd + 1], pf, vf[2], vf[3]);
     }
+  };
 
-    __syncwarp();  // every lane is done with slot st: refill it
-    if (i + depth < n_my) load_tile(i + depth, st);
-    else cp_async_commit();
-    if (++st == depth) st = 0;
+  // This warp's tiles [i0, n) through its ring, tile i0 + j in slot j % depth, loading nothing past n; the
+  // first `issued` of them are in flight already. In flight: one tile (`one`), or the whole ring, or in a
+  // full grid's long stream SHALLOW of its slots (such a warp loads nothing before the wait).
+  constexpr int SHALLOW = kFullGridStages<T, D>;
+  static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
+  static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
+                "a long stream must not have loaded tiles early (warps with at most 8 tiles, or a small call, do)");
+  auto stream = [&](int i0, int n, bool one, int issued, bool fresh) {
+    const bool shallow = FULL_GRID && long_stream(n_my);
+    const int depth = one ? 1 : shallow ? SHALLOW : STAGES;
+    for (int j = issued; j < depth; ++j) {
+      if (i0 + j < n) load_tile(i0 + j, j);
+      else cp_async_commit();  // keep one group per stage: the waits count groups
+    }
+    if (fresh) reset();
+    int st = 0;
+    for (int i = i0; i < n; ++i) {
+      T* tk = ring + st * 2 * TILE;
+      T* tv = tk + TILE;
+      const int valid = s1 - tile_key0(i);  // >= 1
+      if (one) cp_async_wait<0>();  // tile i has landed (this lane's copies) ...
+      else if (shallow) cp_async_wait<SHALLOW - 1>();
+      else cp_async_wait<STAGES - 1>();
+      __syncwarp();  // ... and every lane's
+      consume(tk, tv, valid);
+      __syncwarp();  // every lane is done with slot st: refill it
+      if (i + depth < n) load_tile(i + depth, st);
+      else cp_async_commit();
+      if (++st == depth) st = 0;
+    }
+  };
+
+  // (Not speculating:) with a stable prefix the length is read and the split laid out before
+  // griddepcontrol.wait, while the previous kernel runs, and a warp with at most 8 tiles loads its first
+  // kEarlyTiles there too, as
+  // far as they lie wholly before the newest key (start_pos[b], which the previous kernel,
+  // kv_cache_write in the engine, may be writing). Tiles fill in order, so the cp.async groups keep
+  // their count whichever side of the wait a tile was issued on (a tile loaded in two pieces is two
+  // groups, both complete but the last).
+  // The early loads are throttled: one piece of kEarlyPieceBytes in flight per warp, the next issued
+  // once it has landed. They run while the previous call's last tiles stream and its split combine
+  // makes its round trips through L2, and those queue behind whatever is in flight: issued all at once
+  // (12.6 MB over the GPU at 1 x 4k), they held the previous call up by more than they saved. H200,
+  // bf16, 32 q / 8 kv heads, back to back, us: the rule until the twenty-fourth session (all tiles but
+  // the last of a warp with at most 4, issued at once) -> kEarlyTiles of a warp with at most 8, one
+  // tile in flight -> one half tile in flight (this code), d 128: 1 x 1k 4.90 -> 4.91 -> 4.73; 1 x 2k
+  // 5.89 -> 5.52 -> 5.28; 1 x 4k 7.39 -> 7.00 -> 6.68; 1 x 8k 12.08 -> 11.36 -> 10.70; 2 x 4k 13.0 ->
+  // 12.2 -> 11.65. At d 64 a whole tile is 4 KB: 1 x 4k 5.52 -> 5.04 (halves: 5.29). Early tiles for
+  // warps with up to 16 tiles lost (1 x 16k 19.86 -> 20.44). perf/attention.md "Session 24".
+  // A one-split call of at most kBurstBytes of K/V fills its rings at once instead: so few bytes hardly
+  // slow the previous call, while the throttle's round trips, one per piece, outlast a call this short
+  // (H100, bf16, back to back, us: 32 q / 8 kv heads, d 128, 1 x 192 3.78 -> 3.12; 9 / 3 and 32 / 8
+  // heads, d 64, 1 x 384 3.42 -> 3.20 and 3.45 -> 3.26; split calls at once were level or slower, 1 x 512
+  // 4.49 -> 4.62 at 2 MiB). With two pieces a tile, both groups are in flight; the loop's waits then
+  // wait for a little more than they need, never less.
+  // More bytes before the wait lost in every form tried (a whole-split ring without co-residence, L2
+  // fills of the tile past the early ones; 1 x 4k 6.39 -> 6.84-7.79 us, perf/attention.md sessions 39-40).
+  //
+  // Speculating (the SPECULATE kernel, with stable_prefix, where `speculates`): q is read before
+  // griddepcontrol.wait, while the previous kernel may still be writing it, and every tile wholly before
+  // the newest key is streamed and consumed there (one tile in flight for a warp of up to
+  // kSpecThrottleTiles, as the early loads above; the whole depth past that); the next kernel is released
+  // at entry, so that its CTAs stream while this grid ends. After the wait q is read again: the same bits,
+  // and the work stands (it is the work of the final q); else it is done again with the final q. Nothing
+  // is written before the wait.
+  bool spec = false;
+  int n_pre = 0;  // speculative: the tiles consumed before the wait
+  int filled = 0;  // otherwise: the tiles loaded before the wait
+  if (p.stable_prefix) {
+    take_range();
+    if (split >= n_active) return;
+    if constexpr (SPECULATE)
+      spec = speculates<T, D>(seq, merge_of<D>(n_active, rows, p.rows, p.all_resident),
+                              static_cast<int64_t>(gridDim.y) * gridDim.z, (len + kTK - 1) / kTK);
+    if (spec) {
+#if MINFER_DECODE_PDL
+      asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+      load_q(qf);
+      n_pre = n_my;
+      if (n_my > 0 && min(tile_key0(n_my - 1) + kTK, s1) > len - 1) --n_pre;  // holds the newest key
+      stream(0, n_pre, n_my <= kSpecThrottleTiles, 0, true);
+    } else {
+      static_assert(kEarlyTiles <= STAGES, "early tiles must fit the ring");
+      // (The call's K/V is counted with every sequence at this one's length.)
+      const bool at_once =
+          n_active == 1 && small_call<T, D>(static_cast<int64_t>(gridDim.y) * gridDim.z, (len + kTK - 1) / kTK);
+      const int early = at_once ? min(STAGES, n_my) : n_my <= 8 ? min(kEarlyTiles, n_my) : 0;
+      while (filled < early && min(tile_key0(filled) + kTK, s1) <= len - 1) {
+        if (filled >= 1 && !at_once) cp_async_wait<0>();
+        if constexpr (kTileBytes<T, D> > kEarlyPieceBytes) {
+          load_half(filled, filled, false);
+          if (!at_once) cp_async_wait<0>();
+          load_half(filled, filled, true), ++filled;
+        } else {
+          load_tile(filled, filled), ++filled;
+        }
+      }
+    }
   }
+
+#if MINFER_DECODE_PDL
+  // Launched as a programmatic dependent: the launch and the index setup above overlapped the previous
+  // kernel's tail; q, start_pos, the caches, the counters and the workspace may be its outputs (start_pos
+  // and the cache prefix not, with stable_prefix).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The next kernel may launch now: its CTAs take the SMs' free slots and wait in their own
+  // griddepcontrol.wait, which returns only once this grid is complete. (A grid with CTAs still to
+  // place triggers only once they all have run this line, so they never compete with it.) Released
+  // here rather than after the stream: back to back at batch 16 x 4k 71.8 -> 62.4 us, 16 x 16k
+  // 280.9 -> 239.6, batch 1 x 4k 9.5 -> 8.8 (H200, bf16, perf/attention.md "Session 13"). Released at
+  // kernel entry it lost on the H200 at d 128, batch 1 and 16 (sessions 21, 40-41), where the next
+  // call's CTAs had nothing to do before their wait; a speculating CTA has released it at entry.
+  if (!spec) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+
+  int from = 0;  // the first tile still to stream
+  if (!spec) {
+    load_q(qf);
+    if (!p.stable_prefix) {
+      take_range();
+      if (split >= n_active) return;
+    }
+  } else {
+    uint32_t q_final[KD][4];
+    load_q(q_final);
+    bool same = true;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) same = same && q_final[kk][e] == qf[kk][e];
+    if (__all_sync(0xffffffffu, same)) {
+      from = n_pre;
+    } else {  // q changed after the first read: start over with the final q
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qf[kk][e] = q_final[kk][e];
+    }
+  }
+  stream(from, n_my, false, filled, from == 0);
   cp_async_wait<0>();
   __syncwarp();
 
@@ -672,7 +754,8 @@ template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream,
             std::string* plan = nullptr, int plan_length = 0) {
   static const bool configured = [&] {
-    for (auto kernel : {flash_decode_kernel<T, D, false>, flash_decode_kernel<T, D, true>})
+    for (auto kernel : {flash_decode_kernel<T, D, false, false>, flash_decode_kernel<T, D, true, false>,
+                        flash_decode_kernel<T, D, false, true>, flash_decode_kernel<T, D, true, true>})
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
@@ -692,6 +775,10 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   p.num_splits = static_cast<int>(splits);
   p.all_resident = splits * pairs <= sm_count(device);  // one CTA per SM at most, and two fit
   const bool full = full_grid(splits * pairs, sm_count(device), p.capacity, splits, dram_gbps_per_sm(device));
+  auto speculates_at = [&](int length) {  // a sequence of this length, in a stable_prefix call
+    const Split sp = split_of<T, D>(length, p.num_splits, pairs);
+    return speculates<T, D>(sp, merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident), pairs, (length + kTK - 1) / kTK);
+  };
   if (plan) {  // describe, for sequences of plan_length keys, and launch nothing
     const Split sp = split_of<T, D>(std::min(plan_length, p.capacity), p.num_splits, pairs);
     const int warp_tiles = (sp.base + (sp.extra > 0) + kWarps - 1) / kWarps;  // split 0's warp 0
@@ -699,7 +786,8 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
     const char* names[] = {"none", "last from L2", "last in smem", "spread"};
     *plan = "splits=" + std::to_string(p.num_splits) + " active=" + std::to_string(sp.n_active) +
             " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident))] +
-            " depth=" + std::to_string(depth);
+            " depth=" + std::to_string(depth) +
+            " speculate=" + (speculates_at(p.capacity) && speculates_at(std::min(plan_length, p.capacity)) ? "yes" : "no");
     return;
   }
   torch::Tensor ws, own_counters;
@@ -712,7 +800,11 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   }
   // Programmatic dependent launch where the code that runs waits for it (the sm_90 build): launch
   // and setup overlap the previous kernel.
-  auto kernel = full ? flash_decode_kernel<T, D, true> : flash_decode_kernel<T, D, false>;
+  // The speculating kernel where a warp has more than kSpecTiles tiles at the capacity's length (the
+  // kernel decides per sequence at the actual length).
+  const bool speculate = p.stable_prefix && speculates_at(p.capacity);
+  auto kernel = speculate ? (full ? flash_decode_kernel<T, D, true, true> : flash_decode_kernel<T, D, false, true>)
+                          : (full ? flash_decode_kernel<T, D, true, false> : flash_decode_kernel<T, D, false, false>);
   launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), kSmemBytes, stream, p);
 }
 
