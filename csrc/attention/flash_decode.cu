@@ -174,10 +174,10 @@ __host__ __device__ __forceinline__ Merge merge_of(int n_active, int rows, int b
 // Whether a sequence's splits speculate (in the SPECULATE kernel, with stable_prefix; host and device, the
 // same rule): a warp has more than kSpecTiles tiles, the splits do not combine by spreading, and the call
 // is not a small call's one split. Measured in the forty-third session (H200, bf16, back to back, us,
-// committed kernel -> speculating, SDPA in brackets): 1 x 16k 19.3 -> 16.0 (22.9), 1 x 32k 34.0 -> 30.4,
-// 2 x 4k 10.2 -> 9.1, 16 x 4k 61.9 -> 58.0 (63.4), 16 x 16k 240.3 -> 232.3 (239.5), 16 x 32k 476.1 ->
-// 466.8 (473.7), 64 x 16k 955 -> 940; up to 4 tiles a warp it lost (1 x 4k 6.4 -> 7.0, 1 x 1k 4.7 -> 5.2),
-// and so did 32 q / 2 kv heads at 32k, a spread combine (13.95 -> 16.9).
+// the other kernel -> speculating, SDPA in brackets): 1 x 16k 19.3 -> 16.1 (22.9), 1 x 32k 34.0 -> 30.4,
+// 2 x 4k 10.2 -> 9.1, 16 x 4k 61.9 -> 58.1 (63.4), 16 x 16k 240.3 -> 232.3 (239.5), 16 x 32k 476.1 ->
+// 466.8 (473.7), 64 x 16k 955 -> 940; up to 4 tiles a warp it lost (1 x 4k 6.4 -> 7.1, 1 x 1k 4.7 -> 6.5),
+// and so did 32 q / 2 kv heads at 32k, a spread combine (13.95 -> 16.9). perf/attention.md "Session 43".
 template <typename T, int D>
 __host__ __device__ __forceinline__ bool speculates(const Split& sp, Merge merge, int64_t pairs, int n_tiles) {
   const bool small_one = sp.n_active == 1 && small_call<T, D>(pairs, n_tiles);
