@@ -183,7 +183,8 @@ def test_decode_stable_prefix_q_just_written(ctx, hd):
     # q is no part of the stable prefix: the kernel before decode may write it while decode's CTAs already
     # run. Here kv_cache_write writes q (q's buffer as a one-slot cache of `heads` rows) behind a long gemv
     # on one SM, so decode launches, with stable_prefix, while q still holds the old values; the output
-    # must be that of the new q.
+    # must be that of the new q. From 8000 keys decode speculates: it reads q before its wait and must
+    # see the change when it reads q again after it.
     cuda, dtype, batch, kv_heads, heads = _cuda(), torch.float16, 2, 4, 16
     x_long = torch.randn(1, 1 << 20, device="cuda", dtype=dtype)
     w_long = torch.randn(16, 1 << 20, device="cuda", dtype=dtype)
@@ -195,6 +196,9 @@ def test_decode_stable_prefix_q_just_written(ctx, hd):
     q, q_side = torch.empty_like(q_new), torch.empty_like(q_new)
     slot0 = torch.zeros(batch, 1, device="cuda", dtype=torch.int32)
     scale = 1.0 / math.sqrt(hd)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # 16 splits a sequence
+        plan = torch.ops.minfer.attention_decode_plan(q, k, ctx)
+        assert ("speculate=yes" in plan) == (ctx >= 8000), plan  # 8000 keys: 8 tiles a warp
     ref32 = reference.attention(q_new.float(), k.float(), v.float(), start, scale)
     lowp = reference.attention(q_new, k, v, start, scale)
     for rep in range(20):
