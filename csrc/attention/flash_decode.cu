@@ -285,11 +285,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   // This split's keys [s0, s1) of the actual length (split_of). Its warp `warp` takes tiles warp,
   // warp + 4, ... of them (n_my).
   int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0;
-  Split seq{};
+  Split seq_split{};  // the sequence's split (split_of)
   auto take_range = [&] {
     len = max(0, min(p.start_pos[b] + 1, p.capacity));
     const Split sp = split_of<T, D>(len, p.num_splits, static_cast<int64_t>(gridDim.y) * gridDim.z);
-    n_active = sp.n_active, seq = sp;
+    n_active = sp.n_active, seq_split = sp;
     const int n_tiles = sp.base + (split < sp.extra), tile0 = split * sp.base + min(split, sp.extra);
     s0 = tile0 * kTK, s1 = min(s0 + n_tiles * kTK, len);
     n_my = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
@@ -460,11 +460,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
 
-  // (Not speculating:) with a stable prefix the length is read and the split laid out before
+  // Not speculating: with a stable prefix the length is read and the split laid out before
   // griddepcontrol.wait, while the previous kernel runs, and a warp with at most 8 tiles loads its first
-  // kEarlyTiles there too, as
-  // far as they lie wholly before the newest key (start_pos[b], which the previous kernel,
-  // kv_cache_write in the engine, may be writing). Tiles fill in order, so the cp.async groups keep
+  // kEarlyTiles there too, as far as they lie wholly before the newest key (start_pos[b], which the
+  // previous kernel, kv_cache_write in the engine, may be writing). Tiles fill in order, so the cp.async groups keep
   // their count whichever side of the wait a tile was issued on (a tile loaded in two pieces is two
   // groups, both complete but the last).
   // The early loads are throttled: one piece of kEarlyPieceBytes in flight per warp, the next issued
@@ -492,7 +491,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // kSpecThrottleTiles, as the early loads above; the whole depth past that); the next kernel is released
   // at entry, so that its CTAs stream while this grid ends. After the wait q is read again: the same bits,
   // and the work stands (it is the work of the final q); else it is done again with the final q. Nothing
-  // is written before the wait.
+  // is written before the wait. (One tile in flight there rather than the ring: 1 x 8k 11.2 -> 9.3 us, 2 x
+  // 4k 11.4 -> 9.1; the stream released after the wait instead of at entry: 1 x 32k 30.1 -> 36.1, 16 x 16k
+  // 243.5 -> 277.1; perf/attention.md "Session 43".)
   bool spec = false;
   int n_pre = 0;  // speculative: the tiles consumed before the wait
   int filled = 0;  // otherwise: the tiles loaded before the wait
@@ -500,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     take_range();
     if (split >= n_active) return;
     if constexpr (SPECULATE)
-      spec = speculates<T, D>(seq, merge_of<D>(n_active, rows, p.rows, p.all_resident),
+      spec = speculates<T, D>(seq_split, merge_of<D>(n_active, rows, p.rows, p.all_resident),
                               static_cast<int64_t>(gridDim.y) * gridDim.z, (len + kTK - 1) / kTK);
     if (spec) {
 #if MINFER_DECODE_PDL

@@ -164,7 +164,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     # on GPU) and runs on the reference instead.
     # stable_prefix=True promises that start_pos and the cache rows before start_pos[b] were written
     # before the kernels just ahead of this one in the stream: decode then starts reading them while
-    # the previous kernel still runs (a wrong promise gives wrong results).
+    # the previous kernel still runs (a wrong promise gives wrong results). q is no part of the promise:
+    # a long decode reads it early too, and again after the wait, and redoes its work if it changed.
     if q.dtype == torch.float32:
         return reference.attention(q, k_cache, v_cache, start_pos, scale)
     return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix)
