@@ -491,8 +491,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // kSpecThrottleTiles, as the early loads above; the whole depth past that); the next kernel is released
   // at entry, so that its CTAs stream while this grid ends. After the wait q is read again: the same bits,
   // and the work stands (it is the work of the final q); else it is done again with the final q. Nothing
-  // is written before the wait. (One tile in flight there rather than the ring: 1 x 8k 11.2 -> 9.3 us, 2 x
-  // 4k 11.4 -> 9.1; the stream released after the wait instead of at entry: 1 x 32k 30.1 -> 36.1, 16 x 16k
+  // is written before the wait. (One tile in flight there rather than the ring: 1 x 8k 10.9 -> 9.3 us, 2 x
+  // 4k 10.4 -> 9.1; the next kernel released after the wait instead of at entry: 1 x 32k 30.1 -> 36.1, 16 x 16k
   // 243.5 -> 277.1; perf/attention.md "Session 43".)
   bool spec = false;
   int n_pre = 0;  // speculative: the tiles consumed before the wait
