@@ -778,7 +778,8 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   const bool full = full_grid(splits * pairs, sm_count(device), p.capacity, splits, dram_gbps_per_sm(device));
   auto speculates_at = [&](int length) {  // a sequence of this length, in a stable_prefix call
     const Split sp = split_of<T, D>(length, p.num_splits, pairs);
-    return speculates<T, D>(sp, merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident), pairs, (length + kTK - 1) / kTK);
+    const Merge merge = merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident);
+    return speculates<T, D>(sp, merge, pairs, (length + kTK - 1) / kTK);
   };
   if (plan) {  // describe, for sequences of plan_length keys, and launch nothing
     const Split sp = split_of<T, D>(std::min(plan_length, p.capacity), p.num_splits, pairs);
@@ -787,8 +788,8 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
     const char* names[] = {"none", "last from L2", "last in smem", "spread"};
     *plan = "splits=" + std::to_string(p.num_splits) + " active=" + std::to_string(sp.n_active) +
             " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, p.all_resident))] +
-            " depth=" + std::to_string(depth) +
-            " speculate=" + (speculates_at(p.capacity) && speculates_at(std::min(plan_length, p.capacity)) ? "yes" : "no");
+            " depth=" + std::to_string(depth) + " speculate=" +
+            (speculates_at(p.capacity) && speculates_at(std::min(plan_length, p.capacity)) ? "yes" : "no");
     return;
   }
   torch::Tensor ws, own_counters;
