@@ -435,14 +435,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
   static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
                 "a long stream must not have loaded tiles early (warps with at most 8 tiles, or a small call, do)");
-  auto stream = [&](int i0, int n, bool one, int issued, bool fresh) {
+  auto stream = [&](int i0, int n, bool one, int issued) {
     const bool shallow = FULL_GRID && long_stream(n_my);
     const int depth = one ? 1 : shallow ? SHALLOW : STAGES;
     for (int j = issued; j < depth; ++j) {
       if (i0 + j < n) load_tile(i0 + j, j);
       else cp_async_commit();  // keep one group per stage: the waits count groups
     }
-    if (fresh) reset();
+    if (i0 == 0) reset();  // a stream from the first tile starts the softmax state afresh
     int st = 0;
     for (int i = i0; i < n; ++i) {
       T* tk = ring + st * 2 * TILE;
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_q(qf);
       n_pre = n_my;
       if (n_my > 0 && min(tile_key0(n_my - 1) + kTK, s1) > len - 1) --n_pre;  // holds the newest key
-      stream(0, n_pre, n_my <= kSpecThrottleTiles, 0, true);
+      stream(0, n_pre, n_my <= kSpecThrottleTiles, 0);
     } else {
       static_assert(kEarlyTiles <= STAGES, "early tiles must fit the ring");
       // (The call's K/V is counted with every sequence at this one's length.)
@@ -569,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int e = 0; e < 4; ++e) qf[kk][e] = q_final[kk][e];
     }
   }
-  stream(from, n_my, false, filled, from == 0);
+  stream(from, n_my, false, filled);
   cp_async_wait<0>();
   __syncwarp();
 
