@@ -247,6 +247,29 @@ __device__ __forceinline__ void fold_partial(float& mx, float& sum, float4& o, f
   mx = m_new;
 }
 
+// Folds N partials at once into a running (mx, sum, o): their max first, so that the N weights are
+// independent of each other, where one partial at a time chains N max / exp2 / rescale steps (the last
+// CTA's merge at the end of every split call; H200, bf16, back to back, us: 1 x 1k 4.68 -> 4.52, 1 x 16k
+// 16.2-16.6 -> 15.7-16.0, 1 x 32k 30.0-30.3 -> 29.6; perf/attention.md "Session 44"). At least one
+// partial must be a real split's (finite max); predicated-off ones (max -inf) weigh 0.
+template <int N>
+__device__ __forceinline__ void fold_partials(float& mx, float& sum, float4& o, const float4 (&ml)[N],
+                                              const float4 (&os)[N]) {
+  float m = mx;
+#pragma unroll
+  for (int i = 0; i < N; ++i) m = fmaxf(m, ml[i].x);
+  const float a = exp2f(mx - m);  // 0 while mx is -inf
+  sum *= a;
+  o = scale4(o, a);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float w = exp2f(ml[i].x - m);
+    sum = fmaf(ml[i].y, w, sum);
+    fma4(o, os[i], w);
+  }
+  mx = m;
+}
+
 template <typename T, int D, bool FULL_GRID, bool SPECULATE>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_decode_kernel(const DecodeParams p) {
@@ -737,15 +760,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     // 0), so every load of a round is in flight at once. A loop unrolled over the count itself ran its
     // remainder as load, fold, next load: one L2 round trip a split for any count under 16.
     for (int s0 = 0; s0 < n_active; s0 += kMergeUnroll) {
+      float4 ml[kMergeUnroll], os[kMergeUnroll];
 #pragma unroll
       for (int i = 0; i < kMergeUnroll; ++i) {
         const int s = s0 + i;
         const bool live = s < n_active;
-        const float4 ml = ldcg4_if(ml_src + s * p.rows, live, make_float4(-INFINITY, 0.f, 0.f, 0.f));
-        const float4 os = ldcg4_if(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D),
-                                   live, make_float4(0.f, 0.f, 0.f, 0.f));
-        fold_partial(mx, sum, o, ml, os);
+        ml[i] = ldcg4_if(ml_src + s * p.rows, live, make_float4(-INFINITY, 0.f, 0.f, 0.f));
+        os[i] = ldcg4_if(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D), live,
+                         make_float4(0.f, 0.f, 0.f, 0.f));
       }
+      fold_partials(mx, sum, o, ml, os);  // split s0 is live
     }
     store4(out + h * D + d, scale4(o, sum > 0.f ? 1.f / sum : 0.f));
   }
