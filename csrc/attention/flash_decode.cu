@@ -146,9 +146,9 @@ __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int6
 // How a (batch, kv block)'s splits combine, the same choice in every CTA of the pair (H200, bf16, us,
 // back to back):
 // - Up to 16 splits: the last CTA, a thread per (row, 4 dims), reads them from L2 in one pass and folds
-//   them max first (fold_partials); a split's (max, sum) and O are independent loads, so a round keeps all
-//   16 in flight, predicated past the count. (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k with 4 kv heads
-//   13.35 -> 13.0. Until the twenty-ninth session a count under 16 was a remainder loop, one round trip
+//   them max first (fold_partials); a split's (max, sum) and O are independent loads, so a round keeps
+//   all 16 in flight, predicated past the count. (16 rather than 8: 1 x 1k 6.17-6.36 -> 6.01-6.07, 1 x 8k
+//   with 4 kv heads 13.35 -> 13.0. Until the twenty-ninth session a count under 16 was a remainder loop, one round trip
 //   a split: H100, 1 x 448 keys, 14 splits 6.66 -> 4.24 us; 2 x 4k, 8 splits 14.07 -> 12.93.)
 // - More that shared memory holds at once (few, small rows: 9 q / 3 kv heads at d 64 has 44 splits of
 //   48 (row, 4 dims) items): the last CTA copies them in by every thread's cp.async, one round trip,
