@@ -177,14 +177,15 @@ def test_decode_stable_prefix_newest_key_just_written(ctx, hd):
         _check(ours, ref32, lowp, dtype, f"ctx={ctx} rep {rep}")
 
 
-@pytest.mark.parametrize("ctx", [1, 100, 1000, 8000, 20000])
+@pytest.mark.parametrize("ctx", [1, 100, 1000, 3000, 8000, 20000])
 @pytest.mark.parametrize("hd", [64, 128])
 def test_decode_stable_prefix_q_just_written(ctx, hd):
     # q is no part of the stable prefix: the kernel before decode may write it while decode's CTAs already
     # run. Here kv_cache_write writes q (q's buffer as a one-slot cache of `heads` rows) behind a long gemv
     # on one SM, so decode launches, with stable_prefix, while q still holds the old values; the output
-    # must be that of the new q. From 8000 keys decode speculates: it reads q before its wait and must
-    # see the change when it reads q again after it.
+    # must be that of the new q. From 3000 keys decode speculates: it reads q before its wait and must
+    # see the change when it reads q again after it (3000 and 8000 keys: 3 and 8 tiles a warp, the newest
+    # key's tile split in two; 20000: the whole tile after the wait).
     cuda, dtype, batch, kv_heads, heads = _cuda(), torch.float16, 2, 4, 16
     x_long = torch.randn(1, 1 << 20, device="cuda", dtype=dtype)
     w_long = torch.randn(16, 1 << 20, device="cuda", dtype=dtype)
@@ -198,7 +199,7 @@ def test_decode_stable_prefix_q_just_written(ctx, hd):
     scale = 1.0 / math.sqrt(hd)
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # 16 splits a sequence
         plan = torch.ops.minfer.attention_decode_plan(q, k, ctx)
-        assert ("speculate=yes" in plan) == (ctx >= 8000), plan  # 8000 keys: 8 tiles a warp
+        assert ("speculate=yes" in plan) == (ctx >= 3000), plan  # 3000 keys: 3 tiles a warp
     ref32 = reference.attention(q_new.float(), k.float(), v.float(), start, scale)
     lowp = reference.attention(q_new, k, v, start, scale)
     for rep in range(20):
@@ -229,7 +230,7 @@ def test_decode_gqa(ratio, hd):
 # the grid fills the GPU (7/10 of the SMs), the capacity is over 16 tiles a warp and so is split 0's first
 # warp, and the card's DRAM gives an SM under 30 GB/s (the H100, not the H200): then 2 at d 128, 3 at d 64
 # ("depth=FULL" below). A stable_prefix call speculates (the whole split before griddepcontrol.wait,
-# validated by q read again after it) where a warp has more than 4 tiles, the splits do not spread their
+# validated by q read again after it) where a warp has more than 2 tiles, the splits do not spread their
 # combine, and the call is not a small call's one split, at the capacity's length and at this one.
 # attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
@@ -238,15 +239,15 @@ MERGE_CASES = [
     (32, 16, 128, 384, "splits=8 active=8 merge=last from L2 depth=3 speculate=no"),  # 16 kv heads, 3 MiB of K/V: not small
     (9, 3, 64, 384, "splits=13 active=1 merge=none depth=6 speculate=no"),       # the default model's heads
     (9, 3, 64, 385, "splits=13 active=12 merge=last from L2 depth=6 speculate=no"),
-    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2 depth=3 speculate=no"),  # 4 tiles a warp
-    (32, 8, 128, 4336, "splits=16 active=16 merge=last from L2 depth=3 speculate=no"),  # 271 tiles: base 16 a split
-    (32, 8, 128, 4352, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # 272: 17 a split, 5 a warp
+    (32, 8, 128, 2288, "splits=16 active=16 merge=last from L2 depth=3 speculate=no"),  # 143 tiles: base 8 a split
+    (32, 8, 128, 2304, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # 144: 9 a split, 3 a warp
+    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # 4 tiles a warp
     (9, 3, 64, 2048, "splits=44 active=44 merge=last in smem depth=6 speculate=no"),  # 3-row partials
-    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem depth=6 speculate=no"),
+    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem depth=6 speculate=yes"),  # 12 a split, 3 a warp
     (32, 2, 128, 4500, "splits=66 active=66 merge=spread depth=3 speculate=no"),  # 16-row partials: too big for shared memory
     (32, 2, 128, 32768, "splits=66 active=66 merge=spread depth=3 speculate=no"),  # 2048 tiles: 31 or 32 a split
     (12, 1, 64, 30000, "splits=128 active=128 merge=spread depth=6 speculate=no"),
-    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem depth=6 speculate=no"),
+    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem depth=6 speculate=yes"),
     # 128 CTAs fill the GPU: past 16 tiles a warp, fewer tiles in flight than the ring holds (on an H100)
     (32, 8, 128, 16377, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # capacity 16384: 16 tiles a warp
     (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=FULL speculate=yes"),  # 17 for split 0's warp 0
@@ -315,6 +316,31 @@ def test_decode_merges_in_sequence():
             ours, ref32, lowp = _engine_case(1, 1, heads, kv_heads, hd, dtype, [ctx - 1], capacity=ctx,
                                              stable_prefix=True)
             _check(ours, ref32, lowp, dtype, f"rep {rep} {heads}/{kv_heads} ctx={ctx}")
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("layout", ["qkv view", "rows off 16 bytes"])
+def test_decode_speculating_q_layouts(hd, layout):
+    # The speculating kernel reads q once a CTA in 16-byte pieces with q's own strides: a view into the
+    # fused qkv projection (the model's q), and rows that start off a 16-byte boundary (which attention()
+    # copies first). Both speculate at this length and must be right.
+    dtype, batch, heads, kv_heads, ctx = torch.float16, 2, 12, 3, 4097
+    k, v, kp, vp = _make_cache(batch, ctx, kv_heads, hd, dtype, [ctx, ctx])
+    if layout == "qkv view":
+        qkv = torch.randn(batch, (heads + 2 * kv_heads) * hd, device="cuda", dtype=dtype)
+        q = qkv[:, : heads * hd].view(batch, 1, heads, hd)
+    else:
+        q = torch.randn(batch, 1, heads, hd + 1, device="cuda", dtype=dtype)[..., 1:]  # [batch, 1, heads, hd]
+    start = torch.full((batch,), ctx - 1, device="cuda", dtype=torch.int32)
+    scale = 1.0 / math.sqrt(hd)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        plan = torch.ops.minfer.attention_decode_plan(q, kp, ctx)
+        assert "speculate=yes" in plan, plan
+    ref32 = reference.attention(q.float(), k.float(), v.float(), start, scale)
+    lowp = reference.attention(q, k, v, start, scale)
+    for rep in range(3):
+        ours = _cuda().attention(q, kp, vp, start, scale, stable_prefix=True)
+        _check(ours, ref32, lowp, dtype, f"{layout} rep {rep}")
 
 
 @pytest.mark.parametrize("hd", [64, 128])

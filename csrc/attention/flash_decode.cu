@@ -28,10 +28,11 @@
 // counter to zero, so the counters are zero again after every launch (CUDA-graph replay included).
 // stable_prefix (the engine's call): start_pos and the cache rows before it are final before the
 // previous kernel runs, so the split is laid out, and short streams start loading, before the wait.
-// Longer streams speculate (a second kernel instance, `speculates`): they read q before the wait too,
-// stream and consume every tile but the newest key's there, and release the next kernel at entry; after
-// the wait q is read again, and only if it changed is the work done again. So back to back, one call's
-// streams run while the previous call ends, and the combine is all that is left after the wait.
+// Streams of more than 2 tiles a warp speculate (a second kernel instance, `speculates`): they read q
+// before the wait too (once a CTA, into shared memory), stream and consume every tile but the newest
+// key's there, and release the next kernel at entry; after the wait q is read again, and only if it
+// changed is the work done again. So back to back, one call's streams run while the previous call ends,
+// and the newest key's row and the combine are all that is left after the wait.
 #include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -65,8 +66,9 @@ constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
 constexpr int kEarlyTiles = 3;       // tiles a warp may load before griddepcontrol.wait (stable_prefix)
 constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time
-constexpr int kSpecTiles = 4;          // a warp with more tiles than this speculates (the SPECULATE kernel) ...
-constexpr int kSpecThrottleTiles = 8;  // ... keeping one tile in flight before the wait up to this many
+constexpr int kSpecTiles = 2;          // a warp with more tiles than this speculates (the SPECULATE kernel) ...
+constexpr int kSpecThrottleTiles = 8;  // ... keeping one tile in flight before the wait, and splitting the
+                                       // newest key's tile, up to this many
 constexpr int kBurstBytes = 3 << 19;  // a call of at most this much K/V is small (1.5 MiB): see small_call
 constexpr int kOneSplitKeys = 384;    // the longest length that is one split (no combine) in a small call
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
@@ -75,6 +77,9 @@ constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's me
 // static shared memory (16-byte aligned) ran 10-17% slower (H200, bf16: 16 x 16k 234.8 -> 274.1 us,
 // 1 x 4k 6.71 -> 7.34), a 256-byte boundary as fast as this one (perf/attention.md "Session 26").
 constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
+// The speculating kernel stages q in shared memory after the rings: [kRows][D + 8] (a padded row, so that
+// ldmatrix reads it without bank conflicts).
+constexpr int kSpecSmemBytes = kSmemBytes + kRows * (128 + 8) * 2;
 
 template <typename T, int D>
 constexpr int kTileBytes = 2 * kTK * D * int(sizeof(T));  // K + V of one 16-key tile
@@ -176,8 +181,10 @@ __host__ __device__ __forceinline__ Merge merge_of(int n_active, int rows, int b
 // is not a small call's one split. Measured in the forty-third session (H200, bf16, back to back, us,
 // the other kernel -> speculating, SDPA in brackets): 1 x 16k 19.3 -> 16.1 (22.9), 1 x 32k 34.0 -> 30.4,
 // 2 x 4k 10.2 -> 9.1, 16 x 4k 61.9 -> 58.1 (63.4), 16 x 16k 240.3 -> 232.3 (239.5), 16 x 32k 476.1 ->
-// 466.8 (473.7), 64 x 16k 955 -> 940; up to 4 tiles a warp it lost (1 x 4k 6.4 -> 7.1, 1 x 1k 4.7 -> 6.5),
-// and so did 32 q / 2 kv heads at 32k, a spread combine (13.95 -> 16.9). perf/attention.md "Session 43".
+// 466.8 (473.7), 64 x 16k 955 -> 940; spread combines lost (32 q / 2 kv heads at 32k, 13.95 -> 16.9).
+// At 3-4 tiles a warp it lost then (1 x 4k 6.4 -> 7.1) and wins since q is read once a CTA (the forty-
+// fourth session: 1 x 4k 6.37 -> 5.62, d 64 4.94 -> 4.30, with the newest key's tile split); at one tile
+// a warp it does not pay (1 x 1k 4.48 -> 5.27).
 template <typename T, int D>
 __host__ __device__ __forceinline__ bool speculates(const Split& sp, Merge merge, int64_t pairs, int n_tiles) {
   const bool small_one = sp.n_active == 1 && small_call<T, D>(pairs, n_tiles);
@@ -360,8 +367,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   // Q as A fragments (rows = heads head0 .. head0 + 15, zeros past `rows`), straight from global memory
-  // (the previous kernel may have written it). The speculating kernel reads it through L2 (ld.global.cg)
-  // both times, so that the read after the wait cannot be answered by a stale L1 line.
+  // (the previous kernel may have written it).
   uint32_t qf[KD][4];
   auto load_q = [&](uint32_t (&f)[KD][4]) {
     const T* qb = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head0 * p.q_hs + 2 * t;
@@ -371,14 +377,40 @@ __global__ void __launch_bounds__(kThreads, 2)
       const T* qr = qb + r * p.q_hs;
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) {
-        if constexpr (SPECULATE) {
-          f[kk][half] = r < rows ? __ldcg(reinterpret_cast<const unsigned int*>(qr + kk * 16)) : 0u;
-          f[kk][2 + half] = r < rows ? __ldcg(reinterpret_cast<const unsigned int*>(qr + kk * 16 + 8)) : 0u;
-        } else {
-          f[kk][half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16) : 0u;
-          f[kk][2 + half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16 + 8) : 0u;
-        }
+        f[kk][half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16) : 0u;
+        f[kk][2 + half] = r < rows ? *reinterpret_cast<const uint32_t*>(qr + kk * 16 + 8) : 0u;
       }
+    }
+  };
+
+  // The speculating kernel's q: read once a CTA in 16-byte pieces (attention() passes rows 16-byte
+  // aligned) through L2 (ld.global.cg, so that the read after the wait cannot be answered by a stale L1
+  // line), staged in shared memory, and taken as fragments by ldmatrix. Each warp reading its own
+  // fragments, as the other kernel does, sent 16 times the requests (four warps, 4 bytes each) to the same
+  // few lines, twice a call: speculating at 1 x 4k took 7.10 us that way (session 43), 5.83 this way, and
+  // 1 x 16k 16.2 -> 15.2 (H200, bf16, back to back; perf/attention.md "Session 44").
+  constexpr int QS = D + 8, QCH = D / 8, QPT = (kRows * QCH + kThreads - 1) / kThreads;
+  T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes);  // [kRows][QS]
+  auto read_q = [&](uint4 (&v)[QPT]) {  // this thread's 16-byte pieces of the rows (zeros past the end)
+#pragma unroll
+    for (int j = 0; j < QPT; ++j) {
+      const int i = tid + j * kThreads, r = min(i / QCH, rows - 1), c = i % QCH;
+      const T* src = reinterpret_cast<const T*>(p.q) + b * p.q_bs + (head0 + r) * p.q_hs + c * 8;
+      v[j] = i < rows * QCH ? __ldcg(reinterpret_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  auto stage_q = [&](const uint4 (&v)[QPT]) {  // into s_q and the fragments; every thread of the CTA
+#pragma unroll
+    for (int j = 0; j < QPT; ++j) {
+      const int i = tid + j * kThreads;
+      if (i < rows * QCH) *reinterpret_cast<uint4*>(s_q + (i / QCH) * QS + (i % QCH) * 8) = v[j];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      ldsm_x4(qf[kk], s_q + ((lane % 8) + ((lane / 8) % 2) * 8) * QS + kk * 16 + (lane / 16) * 8);
+      if (g >= rows) qf[kk][0] = qf[kk][2] = 0u;  // rows past the group: never staged
+      if (g + 8 >= rows) qf[kk][1] = qf[kk][3] = 0u;
     }
   };
 
@@ -517,7 +549,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   // is written before the wait. (One tile in flight there rather than the ring: 1 x 8k 10.9 -> 9.3 us, 2 x
   // 4k 10.4 -> 9.1; the next kernel released after the wait instead of at entry: 1 x 32k 30.1 -> 36.1, 16 x 16k
   // 243.5 -> 277.1; perf/attention.md "Session 43".)
-  bool spec = false;
+  // In a warp of up to kSpecThrottleTiles tiles the newest key's tile is split: its older rows load before
+  // the wait, the newest row's lines are prefetched to L2 (no data returns: safe while the previous kernel
+  // writes them), and after the wait only that row is read, issued before q's check so that the two round
+  // trips overlap. (H200, bf16, us, the whole tile after the check -> split, -> issued before the check:
+  // 1 x 4k 5.83 -> 5.72 -> 5.62, d 64 4.39 -> 4.54 -> 4.29. Longer warps lost with the split, 1 x 16k 15.2 ->
+  // 16.6-16.9, and keep the whole tile; perf/attention.md "Session 44".)
+  bool spec = false, row_split = false;
+  uint4 q_pre[QPT];  // speculative: q as read before the wait
   int n_pre = 0;  // speculative: the tiles consumed before the wait
   int filled = 0;  // otherwise: the tiles loaded before the wait
   if (p.stable_prefix) {
@@ -530,10 +569,25 @@ __global__ void __launch_bounds__(kThreads, 2)
 #if MINFER_DECODE_PDL
       asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-      load_q(qf);
+      read_q(q_pre);
+      stage_q(q_pre);
       n_pre = n_my;
       if (n_my > 0 && min(tile_key0(n_my - 1) + kTK, s1) > len - 1) --n_pre;  // holds the newest key
       stream(0, n_pre, n_my <= kSpecThrottleTiles, 0);
+      row_split = n_pre < n_my && n_my <= kSpecThrottleTiles;
+      if (row_split) {  // the newest key's tile into slot 0 but its newest row (zero-filled); that row to L2
+        const int key0 = tile_key0(n_pre), r_new = len - 1 - key0;
+#pragma unroll
+        for (int j = 0; j < kTK * CH / 32; ++j) {
+          copy_chunk(ring, kg + key0 * p.k_ss, p.k_ss, r_new, j);
+          copy_chunk(ring + TILE, vg + key0 * p.v_ss, p.v_ss, r_new, j);
+        }
+        cp_async_commit();
+        constexpr int kLines = D * int(sizeof(T)) / 128;  // 128-byte lines of a row
+        if (lane < 2 * kLines)
+          prefetch_l2(reinterpret_cast<const char*>(lane < kLines ? kg + (len - 1) * p.k_ss : vg + (len - 1) * p.v_ss) +
+                      128 * (lane % kLines));
+      }
     } else {
       static_assert(kEarlyTiles <= STAGES, "early tiles must fit the ring");
       // (The call's K/V is counted with every sequence at this one's length.)
@@ -575,21 +629,36 @@ __global__ void __launch_bounds__(kThreads, 2)
       take_range();
       if (split >= n_active) return;
     }
-  } else {
-    uint32_t q_final[KD][4];
-    load_q(q_final);
-    bool same = true;
+  } else if constexpr (SPECULATE) {
+    if (row_split) {  // the newest row into slot 0, once every lane's zero-filled copy of it has landed
+      cp_async_wait<0>();
+      __syncwarp();
+      const int r_new = len - 1 - tile_key0(n_pre), c = lane % CH;
+      if (lane < 2 * CH) {
+        const bool v_row = lane >= CH;
+        cp_async16((v_row ? ring + TILE : ring) + tile_off(r_new, c),
+                   (v_row ? vg + (len - 1) * p.v_ss : kg + (len - 1) * p.k_ss) + c * 8, true);
+      }
+      cp_async_commit();
+    }
+    uint4 q_final[QPT];
+    read_q(q_final);
+    bool changed = false;
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) same = same && q_final[kk][e] == qf[kk][e];
-    if (__all_sync(0xffffffffu, same)) {
+    for (int j = 0; j < QPT; ++j) {
+      const uint4 a = q_final[j], e = q_pre[j];
+      changed = changed || a.x != e.x || a.y != e.y || a.z != e.z || a.w != e.w;
+    }
+    if (__syncthreads_or(changed)) {  // q changed after the first read: start over with the final q
+      cp_async_wait<0>();             // nothing of the first pass lands in the ring from here on
+      stage_q(q_final);
+    } else if (row_split) {
+      cp_async_wait<0>();
+      __syncwarp();
+      consume(ring, ring + TILE, s1 - tile_key0(n_pre));
+      from = n_my;
+    } else {
       from = n_pre;
-    } else {  // q changed after the first read: start over with the final q
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) qf[kk][e] = q_final[kk][e];
     }
   }
   stream(from, n_my, false, filled);
@@ -779,9 +848,10 @@ template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream,
             std::string* plan = nullptr, int plan_length = 0) {
   static const bool configured = [&] {
-    for (auto kernel : {flash_decode_kernel<T, D, false, false>, flash_decode_kernel<T, D, true, false>,
-                        flash_decode_kernel<T, D, false, true>, flash_decode_kernel<T, D, true, true>})
+    for (auto kernel : {flash_decode_kernel<T, D, false, false>, flash_decode_kernel<T, D, true, false>})
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    for (auto kernel : {flash_decode_kernel<T, D, false, true>, flash_decode_kernel<T, D, true, true>})
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSpecSmemBytes));
     return true;
   }();
   (void)configured;
@@ -831,7 +901,8 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
   const bool speculate = p.stable_prefix && speculates_at(p.capacity);
   auto kernel = speculate ? (full ? flash_decode_kernel<T, D, true, true> : flash_decode_kernel<T, D, false, true>)
                           : (full ? flash_decode_kernel<T, D, true, false> : flash_decode_kernel<T, D, false, false>);
-  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), kSmemBytes, stream, p);
+  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), speculate ? kSpecSmemBytes : kSmemBytes,
+             stream, p);
 }
 
 // The fields of DecodeParams that follow from the shapes: q [batch, 1, heads, D], caches
