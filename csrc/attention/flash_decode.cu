@@ -77,8 +77,8 @@ constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's me
 // static shared memory (16-byte aligned) ran 10-17% slower (H200, bf16: 16 x 16k 234.8 -> 274.1 us,
 // 1 x 4k 6.71 -> 7.34), a 256-byte boundary as fast as this one (perf/attention.md "Session 26").
 constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
-// The speculating kernel stages q in shared memory after the rings: [kRows][D + 8] (a padded row, so that
-// ldmatrix reads it without bank conflicts).
+// The speculating kernel stages q in shared memory after the rings: [kRows][D + 8] 16-bit values (a padded
+// row, so that ldmatrix reads it without bank conflicts), sized for the largest head_dim.
 constexpr int kSpecSmemBytes = kSmemBytes + kRows * (128 + 8) * 2;
 
 template <typename T, int D>
@@ -390,6 +390,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // few lines, twice a call: speculating at 1 x 4k took 7.10 us that way (session 43), 5.83 this way, and
   // 1 x 16k 16.2 -> 15.2 (H200, bf16, back to back; perf/attention.md "Session 44").
   constexpr int QS = D + 8, QCH = D / 8, QPT = (kRows * QCH + kThreads - 1) / kThreads;
+  static_assert(kRows * QS * int(sizeof(T)) <= kSpecSmemBytes - kSmemBytes, "q's stage must fit past the rings");
   T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes);  // [kRows][QS]
   auto read_q = [&](uint4 (&v)[QPT]) {  // this thread's 16-byte pieces of the rows (zeros past the end)
 #pragma unroll
