@@ -242,23 +242,12 @@ __device__ __forceinline__ float4 ldcg4_if(const float4* ptr, bool live, float4 
   return v;
 }
 
-// Folds one partial (max in ml.x, sum in ml.y, unnormalised O in os) into a running (mx, sum, o).
-// mx starts at -inf and the first partial folded is a real split's (finite max). One with max -inf
-// (a load predicated off) then folds with weight 0.
-__device__ __forceinline__ void fold_partial(float& mx, float& sum, float4& o, float4 ml, float4 os) {
-  const float m_new = fmaxf(mx, ml.x);
-  const float a = exp2f(mx - m_new), w = exp2f(ml.x - m_new);
-  sum = sum * a + ml.y * w;
-  o = scale4(o, a);
-  fma4(o, os, w);
-  mx = m_new;
-}
-
-// Folds N partials at once into a running (mx, sum, o): their max first, so that the N weights are
-// independent of each other, where one partial at a time chains N max / exp2 / rescale steps (the last
-// CTA's merge at the end of every split call; H200, bf16, back to back, us: 1 x 1k 4.68 -> 4.52, 1 x 16k
-// 16.2-16.6 -> 15.7-16.0, 1 x 32k 30.0-30.3 -> 29.6; perf/attention.md "Session 44"). At least one
-// partial must be a real split's (finite max); predicated-off ones (max -inf) weigh 0.
+// Folds N partials (max in .x, sum in .y of ml; unnormalised O in os) into a running (mx, sum, o), which
+// starts at (-inf, 0, 0). Their max first, so that the N weights are independent of each other, where
+// one partial at a time chains N max / exp2 / rescale steps (the last CTA's merge from L2 folds 16 at a
+// time; H200, bf16, back to back, us: 1 x 1k 4.68 -> 4.52, 1 x 16k 16.2-16.6 -> 15.7-16.0, 1 x 32k
+// 30.0-30.3 -> 29.6; perf/attention.md "Session 44"). At least one partial must be a real split's
+// (finite max); predicated-off ones (max -inf) weigh 0.
 template <int N>
 __device__ __forceinline__ void fold_partials(float& mx, float& sum, float4& o, const float4 (&ml)[N],
                                               const float4 (&os)[N]) {
@@ -762,9 +751,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       const float* o_src = p.ws_o + (slot0 * p.rows + h) * D + d;
 #pragma unroll 4
       for (int s = sg; s < n_active; s += groups) {
-        const float4 ml = __ldcg(ml_src + s * p.rows);
-        const float4 os = __ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D));
-        fold_partial(mx, sum, o, ml, os);
+        const float4 ml[1] = {__ldcg(ml_src + s * p.rows)};
+        const float4 os[1] = {__ldcg(reinterpret_cast<const float4*>(o_src + static_cast<int64_t>(s) * p.rows * D))};
+        fold_partials(mx, sum, o, ml, os);
       }
     }
     float4* g_o = reinterpret_cast<float4*>(smem);  // [groups][per]
