@@ -21,3 +21,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how many GPU tests were skipped, so that a green run without a GPU is not read as GPU coverage."""
+    ready, why = _gpu_ready()
+    if ready:
+        return
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "gpu" in r.keywords]
+    if skipped:
+        terminalreporter.write_line(f"GPU tests: {len(skipped)} skipped ({why}); they run on a GPU machine "
+                                    f"(python -m pytest tests -m gpu, or .ci/gpu)")
