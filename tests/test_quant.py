@@ -1,0 +1,38 @@
+"""The torch dequantizers of every GGUF format minfer keeps quantized, against gguf's own."""
+import numpy as np
+import pytest
+import torch
+
+from minfer import quant
+from minfer.errors import MinferError
+
+gguf = pytest.importorskip("gguf")
+
+# Byte offsets of each format's fp16 scales, which get finite values (random bytes can spell NaN).
+SCALES = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2],
+          "Q6_K": [208]}
+
+
+def random_blocks(kind: str, blocks: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(blocks, quant.BLOCK_BYTES[kind]), dtype=np.uint8)
+    for at in SCALES[kind]:
+        raw[:, at:at + 2] = rng.standard_normal((blocks, 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(-1)
+
+
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+@pytest.mark.parametrize("blocks", [1, 37])
+def test_dequantize_matches_gguf(kind, blocks):
+    raw = random_blocks(kind, blocks, seed=blocks)
+    expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).reshape(-1)
+    n = blocks * quant.BLOCK_ELEMS[kind]
+    ours = quant.dequantize(kind, torch.from_numpy(raw.copy()), n)
+    assert ours.dtype == torch.float32 and ours.shape == (n,)
+    np.testing.assert_array_equal(ours.numpy(), expected.astype(np.float32))
+
+
+def test_dequantize_rejects_a_partial_block():
+    raw = torch.zeros(quant.BLOCK_BYTES["Q4_K"] - 1, dtype=torch.uint8)
+    with pytest.raises(MinferError, match="Q4_K"):
+        quant.dequantize("Q4_K", raw, 256)
