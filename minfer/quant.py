@@ -20,6 +20,8 @@ In the legacy (32-element) formats, the low nibbles hold elements 0-15 and the h
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .errors import MinferError
@@ -103,3 +105,40 @@ def dequantize(kind: str, raw: torch.Tensor, n: int) -> torch.Tensor:
     if raw.numel() % size or raw.numel() // size * BLOCK_ELEMS[kind] < n:
         raise MinferError(f"{kind}: {raw.numel()} bytes do not hold {n} values in blocks of {size} bytes")
     return dequantize_blocks(kind, raw.view(-1, size)).reshape(-1)[:n]
+
+
+@dataclass
+class QuantizedWeight:
+    """A weight kept in its GGUF block format: the op seam's `linear` and `embedding` take it where
+    they take a dense [out_features, in_features] tensor."""
+    kind: str  # GGUF type name, one of QUANTIZED
+    blocks: torch.Tensor  # uint8 [out_features, in_features / BLOCK_ELEMS * BLOCK_BYTES]: row n's blocks
+    shape: tuple[int, int]  # logical (out_features, in_features)
+
+    def __post_init__(self):
+        rows, cols = self.shape
+        if self.kind not in BLOCK_ELEMS:
+            raise MinferError(f"no kernel format {self.kind}; kept quantized: {', '.join(QUANTIZED)}")
+        if cols % BLOCK_ELEMS[self.kind]:
+            raise MinferError(f"{self.kind}: in_features {cols} is not a multiple of {BLOCK_ELEMS[self.kind]}")
+        row_bytes = cols // BLOCK_ELEMS[self.kind] * BLOCK_BYTES[self.kind]
+        if self.blocks.dtype != torch.uint8 or tuple(self.blocks.shape) != (rows, row_bytes):
+            raise MinferError(f"{self.kind} {self.shape}: blocks must be uint8 [{rows}, {row_bytes}], "
+                              f"got {self.blocks.dtype} {list(self.blocks.shape)}")
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks.device
+
+    def nbytes(self) -> int:
+        return self.blocks.numel()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """-> [out_features, in_features] in dtype, on the blocks' device."""
+        return dequantize(self.kind, self.blocks.reshape(-1), self.shape[0] * self.shape[1]).view(self.shape).to(dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` [n] dequantized -> [n, in_features]: an embedding lookup that reads only those rows."""
+        picked = self.blocks[ids.long()]  # [n, row_bytes]
+        n = picked.shape[0] * self.shape[1]
+        return dequantize(self.kind, picked.reshape(-1), n).view(-1, self.shape[1]).to(dtype)

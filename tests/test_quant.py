@@ -36,3 +36,21 @@ def test_dequantize_rejects_a_partial_block():
     raw = torch.zeros(quant.BLOCK_BYTES["Q4_K"] - 1, dtype=torch.uint8)
     with pytest.raises(MinferError, match="Q4_K"):
         quant.dequantize("Q4_K", raw, 256)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q8_0"])
+def test_quantized_weight_rows_and_matrix(kind):
+    rows, cols = 5, 2 * quant.BLOCK_ELEMS[kind]
+    raw = torch.from_numpy(random_blocks(kind, rows * 2, seed=3)).view(rows, -1)
+    w = quant.QuantizedWeight(kind, raw, (rows, cols))
+    dense = w.dequantize()
+    assert dense.shape == (rows, cols)
+    ids = torch.tensor([4, 0, 4])
+    torch.testing.assert_close(w.rows(ids, torch.float32), dense[ids], rtol=0, atol=0)
+
+
+def test_quantized_weight_checks_its_shape():
+    with pytest.raises(MinferError, match="blocks must be uint8"):
+        quant.QuantizedWeight("Q8_0", torch.zeros(3, 33, dtype=torch.uint8), (3, 32))
+    with pytest.raises(MinferError, match="multiple of 256"):
+        quant.QuantizedWeight("Q6_K", torch.zeros(3, 210, dtype=torch.uint8), (3, 200))
