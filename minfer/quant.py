@@ -142,3 +142,191 @@ class QuantizedWeight:
         picked = self.blocks[ids.long()]  # [n, row_bytes]
         n = picked.shape[0] * self.shape[1]
         return dequantize(self.kind, picked.reshape(-1), n).view(-1, self.shape[1]).to(dtype)
+
+
+# Quantizers: fp32 values -> GGUF blocks, in torch (CPU or GPU). The legacy formats follow
+# gguf.quants (ggml's reference C) op for op in fp32, so they match it bit for bit. The K-quants run
+# llama.cpp's reference search (quantize_row_q{4,5,6}_K_ref without an importance matrix):
+# make_qkx2_quants per 32-element sub-block for Q4_K/Q5_K, make_qx_quants per 16 for Q6_K, each
+# batched over all sub-blocks at once; sums run in another order than the C loops, so a rare
+# tie may round the other way.
+
+def _f16_bytes(v: torch.Tensor) -> torch.Tensor:
+    """fp32 [blocks, 1] -> its fp16 as uint8 [blocks, 2]."""
+    return v.to(torch.float16).view(torch.uint8)
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """u4 [blocks, 32] -> [blocks, 16]: elements 0-15 in the low nibbles, 16-31 in the high ones."""
+    return (q[:, :16] & 0xF) | (q[:, 16:] << 4)
+
+
+def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """0/1 [blocks, 8 k] -> [blocks, k] bytes, element j at bit j % 8 of byte j // 8 (little-endian)."""
+    shifts = torch.arange(8, device=bits.device, dtype=torch.uint8)
+    return (bits.view(bits.shape[0], -1, 8) << shifts).sum(-1, dtype=torch.uint8)
+
+
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    return torch.where(d == 0, torch.zeros_like(d), 1 / d)
+
+
+def _roundf(v: torch.Tensor) -> torch.Tensor:
+    """C's roundf (halves away from zero), written as gguf.quants.np_roundf so that no fp32 sum rounds."""
+    a = v.abs()
+    fl = a.floor()
+    return torch.sign(v) * (fl + torch.floor(2 * (a - fl)))
+
+
+def _quantize_legacy(kind: str, x: torch.Tensor) -> torch.Tensor:
+    if kind == "Q8_0":  # d = max|x| / 127, q = roundf(x / d)
+        d = x.abs().amax(1, keepdim=True) / 127
+        q = _roundf(x * _inverse(d)).to(torch.int8).view(torch.uint8)
+        return torch.cat([_f16_bytes(d), q], 1)
+    if kind in ("Q4_0", "Q5_0"):  # d = (the signed value of largest magnitude) / -2^(bits-1)
+        half = 8 if kind == "Q4_0" else 16
+        mx = x.gather(1, x.abs().argmax(1, keepdim=True))
+        d = mx / -half
+        q = torch.trunc(x * _inverse(d) + (half + 0.5)).clamp(0, 2 * half - 1).to(torch.uint8)
+        if kind == "Q4_0":
+            return torch.cat([_f16_bytes(d), _pack_nibbles(q)], 1)
+        return torch.cat([_f16_bytes(d), _pack_bits(q >> 4), _pack_nibbles(q)], 1)
+    # Q4_1, Q5_1: d = (max - min) / (2^bits - 1), m = min
+    top = 15 if kind == "Q4_1" else 31
+    mx, mn = x.amax(1, keepdim=True), x.amin(1, keepdim=True)
+    d = (mx - mn) / top
+    q = torch.trunc((x - mn) * _inverse(d) + 0.5).clamp(0, top).to(torch.uint8)
+    if kind == "Q4_1":
+        return torch.cat([_f16_bytes(d), _f16_bytes(mn), _pack_nibbles(q)], 1)
+    return torch.cat([_f16_bytes(d), _f16_bytes(mn), _pack_bits(q >> 4), _pack_nibbles(q)], 1)
+
+
+def _qkx2(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int):
+    """llama.cpp's make_qkx2_quants, per row of x [n, k] with weights w [n, k]: x ~ scale L - min, L in
+    [0, nmax]. Step i tries L = round((nmax + rmin + rdelta i) / (max - lo) (x - lo)) with lo the best
+    offset so far, fits (scale, offset <= 0) to it by weighted least squares, and keeps it if its weighted
+    squared error is lower. -> L [n, k], scale [n, 1], min [n, 1] (>= 0)."""
+    lo = x.amin(-1, keepdim=True).clamp(max=0)  # the offset is a min <= 0
+    mx = x.amax(-1, keepdim=True)
+    flat = mx == lo
+    span = lambda: torch.where(flat, torch.ones_like(lo), mx - lo)  # noqa: E731
+    sum_w, sum_x, sum_xx = w.sum(-1, keepdim=True), torch.linalg.vecdot(w, x).unsqueeze(-1), torch.linalg.vecdot(w * x, x).unsqueeze(-1)
+    iscale = nmax / span()
+    scale = 1 / iscale
+    l = (x - lo).mul_(iscale).round_().clamp_(0, nmax)  # noqa: E741
+    best = (w * (scale * l + lo - x) ** 2).sum(-1, keepdim=True)
+    used_iscale, used_lo = iscale, lo  # the L of the best fit is round(used_iscale (x - used_lo))
+    for i in range(nstep + 1):
+        iscale = (rmin + rdelta * i + nmax) / span()
+        l = (x - lo).mul_(iscale).round_().clamp_(0, nmax)  # noqa: E741
+        wl = w * l
+        sum_l, sum_l2, sum_xl = wl.sum(-1, keepdim=True), torch.linalg.vecdot(wl, l).unsqueeze(-1), torch.linalg.vecdot(wl, x).unsqueeze(-1)
+        D = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+        pos = this_min > 0  # a positive offset is not allowed: refit the scale alone
+        this_scale = torch.where(pos, sum_xl / sum_l2, this_scale)
+        this_min = torch.where(pos, torch.zeros_like(this_min), this_min)
+        # sum w (s l + m - x)^2, expanded into the sums above
+        err = (this_scale * (this_scale * sum_l2 + 2 * this_min * sum_l - 2 * sum_xl)
+               + this_min * (this_min * sum_w - 2 * sum_x) + sum_xx)
+        better = (D > 0) & (err < best)
+        used_iscale, used_lo = torch.where(better, iscale, used_iscale), torch.where(better, lo, used_lo)
+        best, scale, lo = torch.where(better, err, best), torch.where(better, this_scale, scale), torch.where(better, this_min, lo)
+    L = (x - used_lo).mul_(used_iscale).round_().clamp_(0, nmax)
+    L = torch.where(flat, torch.zeros_like(L), L)
+    scale = torch.where(flat, torch.zeros_like(scale), scale)
+    return L, scale, -lo
+
+
+def _quantize_q45_k(kind: str, x: torch.Tensor) -> torch.Tensor:
+    """quantize_row_q4_K_ref / q5_K_ref: per sub-block of 32 a (scale, min) from _qkx2 weighted by
+    rms(x) + |x|, both quantized to 6 bits against the block's largest (fp16 d, dmin), then L redone
+    against the quantized scales."""
+    nmax, rmin, nstep = (15, -1.0, 20) if kind == "Q4_K" else (31, -0.5, 15)
+    xs = x.view(-1, 8, 32)  # [blocks, sub-block, 32]
+    w = (xs * xs).mean(-1, keepdim=True).sqrt() + xs.abs()
+    L, sc, mn = _qkx2(xs, w, nmax, rmin, 0.1, nstep)  # [blocks, 8, 32], [blocks, 8, 1] x2
+    max_sc, max_mn = sc.amax(1, keepdim=True).clamp(min=0), mn.amax(1, keepdim=True).clamp(min=0)  # [blocks, 1, 1]
+    ls = torch.round(torch.where(max_sc > 0, 63 / max_sc, torch.zeros_like(max_sc)) * sc).clamp(0, 63)
+    lm = torch.round(torch.where(max_mn > 0, 63 / max_mn, torch.zeros_like(max_mn)) * mn).clamp(0, 63)
+    d16, dmin16 = (max_sc / 63).to(torch.float16), (max_mn / 63).to(torch.float16)
+    d, dm = d16.float() * ls, dmin16.float() * lm  # [blocks, 8, 1]
+    redo = torch.round((xs + dm) / torch.where(d == 0, torch.ones_like(d), d)).clamp(0, nmax)
+    L = torch.where(d == 0, L, redo).to(torch.uint8)  # a zero scale keeps the search's L, as the C does
+    ls, lm = ls.to(torch.uint8).view(-1, 8), lm.to(torch.uint8).view(-1, 8)
+    scales = torch.cat([ls[:, :4] | ((ls[:, 4:] >> 4) << 6), lm[:, :4] | ((lm[:, 4:] >> 4) << 6),
+                        (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)], 1)  # [blocks, 12]
+    pairs = L.view(-1, 4, 2, 32)  # byte l of each 32-byte run: sub-block 2j in the low nibble, 2j+1 high
+    qs = ((pairs[:, :, 0] & 0xF) | ((pairs[:, :, 1] & 0xF) << 4)).view(-1, 128)
+    head = [d16.view(-1, 1).view(torch.uint8), dmin16.view(-1, 1).view(torch.uint8), scales]
+    if kind == "Q5_K":  # qh byte l, bit k: the 5th bit of sub-block k's element l
+        shifts = torch.arange(8, device=x.device, dtype=torch.uint8)[:, None]
+        head.append(((L >> 4) << shifts).sum(1, dtype=torch.uint8))
+    return torch.cat(head + [qs], 1)
+
+
+def _qx(x: torch.Tensor, nmax: int):
+    """llama.cpp's make_qx_quants with rmse_type 1, per row of x [n, k]: x ~ scale l, l in [-nmax, nmax),
+    trying l = round(-(nmax + 0.1 i) / max x) for i in 0, -9..9 (max: the signed value of largest
+    magnitude) and keeping the best x^2-weighted least-squares fit. -> l + nmax [n, k], scale [n, 1]."""
+    mx = x.gather(-1, x.abs().argmax(-1, keepdim=True))  # [n, 1]
+    zero = mx.abs() < 1e-15
+    mx = torch.where(zero, torch.ones_like(mx), mx)
+    w = x * x
+    wx = w * x
+    best = scale = used = None
+    for i in [0] + [i for i in range(-9, 10) if i]:
+        iscale = -(nmax + 0.1 * i) / mx
+        l = (x * iscale).round_().clamp_(-nmax, nmax - 1)  # noqa: E741
+        sumlx, suml2 = torch.linalg.vecdot(wx, l).unsqueeze(-1), torch.linalg.vecdot(w * l, l).unsqueeze(-1)
+        this = sumlx / torch.where(suml2 == 0, torch.ones_like(suml2), suml2)
+        if best is None:
+            best, scale, used = this * sumlx, this, iscale
+            continue
+        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        best, scale, used = torch.where(better, this * sumlx, best), torch.where(better, this, scale), torch.where(better, iscale, used)
+    L = (x * used).round_().clamp_(-nmax, nmax - 1) + nmax
+    return torch.where(zero, torch.zeros_like(L), L), torch.where(zero, torch.zeros_like(scale), scale)
+
+
+def _quantize_q6_k(x: torch.Tensor) -> torch.Tensor:
+    """quantize_row_q6_K_ref: per sub-block of 16 a scale from _qx, quantized to int8 against the
+    block's largest (fp16 d), then L redone against the quantized scales."""
+    xs = x.view(-1, 16, 16)  # [blocks, sub-block, 16]
+    L, sc = _qx(xs, 32)  # [blocks, 16, 16] in [0, 64), [blocks, 16, 1]
+    mx = sc.gather(1, sc.abs().argmax(1, keepdim=True))  # [blocks, 1, 1]
+    zero = mx.abs() < 1e-15  # an all-zero block is all zero bytes
+    iscale = -128 / torch.where(zero, torch.ones_like(mx), mx)
+    d16 = torch.where(zero, torch.zeros_like(mx), 1 / iscale).to(torch.float16)
+    sc_q = torch.round(iscale * sc).clamp(max=127)
+    sc_q = torch.where(zero, torch.zeros_like(sc_q), sc_q)
+    d = d16.float() * sc_q  # [blocks, 16, 1]
+    redo = torch.round(xs / torch.where(d == 0, torch.ones_like(d), d)).clamp(-32, 31) + 32
+    L = torch.where(d == 0, L, redo).to(torch.uint8).view(-1, 2, 4, 32)  # [blocks, half, group, l]
+    ql = torch.cat([(L[:, :, 0] & 0xF) | ((L[:, :, 2] & 0xF) << 4), (L[:, :, 1] & 0xF) | ((L[:, :, 3] & 0xF) << 4)], 2)
+    qh = (L[:, :, 0] >> 4) | ((L[:, :, 1] >> 4) << 2) | ((L[:, :, 2] >> 4) << 4) | ((L[:, :, 3] >> 4) << 6)
+    return torch.cat([ql.reshape(-1, 128), qh.reshape(-1, 64), sc_q.view(-1, 16).to(torch.int8).view(torch.uint8),
+                      d16.view(-1, 1).view(torch.uint8)], 1)
+
+
+def quantize_blocks(kind: str, x: torch.Tensor) -> torch.Tensor:
+    """x: float [blocks, BLOCK_ELEMS[kind]] -> uint8 [blocks, BLOCK_BYTES[kind]], on x's device."""
+    if kind not in BLOCK_ELEMS:
+        raise MinferError(f"no quantizer for GGUF type {kind}; have: {', '.join(QUANTIZED)}")
+    x = x.float().reshape(-1, BLOCK_ELEMS[kind])
+    if kind in ("Q4_K", "Q5_K"):
+        return _quantize_q45_k(kind, x)
+    if kind == "Q6_K":
+        return _quantize_q6_k(x)
+    return _quantize_legacy(kind, x)
+
+
+def quantize(kind: str, w: torch.Tensor) -> torch.Tensor:
+    """w: float [rows, cols] -> uint8 [rows, cols / BLOCK_ELEMS * BLOCK_BYTES]: each row's blocks, GGUF's layout."""
+    rows, cols = w.shape
+    if kind not in BLOCK_ELEMS:
+        raise MinferError(f"no quantizer for GGUF type {kind}; have: {', '.join(QUANTIZED)}")
+    if cols % BLOCK_ELEMS[kind]:
+        raise MinferError(f"{kind}: row length {cols} is not a multiple of {BLOCK_ELEMS[kind]}")
+    return quantize_blocks(kind, w.reshape(-1, BLOCK_ELEMS[kind])).view(rows, -1)
