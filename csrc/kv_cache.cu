@@ -11,6 +11,7 @@
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/launch.h"
+#include "common/ptx.cuh"
 #include "common/vec.h"
 
 namespace minfer {
@@ -29,12 +30,10 @@ __global__ void kv_cache_write_kernel(T* __restrict__ k_cache,           // [cac
                                       const index_t* __restrict__ positions,  // [batch, seq], contiguous
                                       KvStrides st, int64_t seq, int64_t capacity, int row, int64_t tokens) {
   using P = Pack<T, W>;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The dependent may launch before this waits: it too waits for this grid (and so for the one before)
   // to complete before it touches anything that either writes.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // k, v and positions may be the previous kernel's
-#endif
+  ptx::griddep_launch_dependents();
+  ptx::griddep_wait();  // k, v and positions may be the previous kernel's
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= row / W) return;
   for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {

@@ -77,10 +77,10 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
     // gemv streams W once for up to 16 activation rows (two n8 mma tiles) at the cost of M = 1; from
     // M = 17 it streams W once per 16 rows, where sm90's small-M kernel (Hopper) and split-K sm80 read
     // it once. The repeats come from L2 and cost little while W is small: up to M = 64, gemv wins while
-    // blocks of 16 rows x N x K stays within 2^24 (H200, fp16, session 12: 64 x 576 x 576 3.1 against
+    // blocks of 16 rows x N x K stays within 2^24 (H200, fp16: 64 x 576 x 576 3.1 against
     // sm80's 7.9 us, 64 x 3072 x 576 5.7 against 9.6, 64 x 2048 x 2048 9.6 against sm90's 13.5; at twice
     // that, 32 x 4096 x 4096, level with sm90 at 17.6; 64 x 4096 x 4096 28.7 against 19.7). Measured
-    // (H200, session 8): small-M beats sm80 from M = 32 on W of 4M elements and more (64 x 4096 x 4096:
+    // (H200): small-M beats sm80 from M = 32 on W of 4M elements and more (64 x 4096 x 4096:
     // 20.9 against 25.4 us; 64 x 28672 x 4096: 72 against 106) and loses at M = 17 (18.9 against 17.9).
     const int64_t row_blocks = (p.M + 15) / 16;
     const bool gemv_wins = p.M <= 16 || (p.M <= 64 && row_blocks * p.N * p.K <= (int64_t(1) << 24));

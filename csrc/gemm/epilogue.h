@@ -21,8 +21,8 @@ __device__ __forceinline__ void store_out(const Params<T, Out>& p, int m, int n,
 
 // alpha * acc + bias[n] + beta * C[m, n] in fp32, before the one rounding to Out; bias and C are read
 // only inside [M, N] (the value outside is never stored). kWithC = false (the caller knows C is null,
-// as in every linear) compiles the C term out: kept in, its address arithmetic was issued for every
-// value under a false predicate, which made the sm90 epilogue cost as much as a K = 576 mainloop.
+// as in every linear) compiles the C term out: kept in, its address arithmetic is issued for every
+// value under a false predicate, and the sm90 epilogue costs as much as a K = 576 mainloop.
 template <bool kWithC, typename T, typename Out>
 __device__ __forceinline__ float epilogue_value(const Params<T, Out>& p, int m, int n, float acc) {
   float v = p.alpha * acc;

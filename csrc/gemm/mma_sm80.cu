@@ -13,10 +13,12 @@
 #include <c10/cuda/CUDAException.h>
 
 #include "gemm/epilogue.h"
-#include "gemm/ptx.h"
+#include "common/ptx.cuh"
 
 namespace minfer::gemm_impl {
 namespace {
+
+using namespace ::minfer::ptx;
 
 constexpr int kBN = 128, kStages = 4, kThreads = 256;
 constexpr int kRowBytes = 64;  // one tile row: 4 chunks of 16 bytes
@@ -108,8 +110,8 @@ __global__ void __launch_bounds__(kThreads) mma_sm80_kernel(const Params<T, Out>
       for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < NI; ++j) {
-          if constexpr (std::is_same_v<T, int8_t>) mma(acc[i][j], a[i], b[j]);
-          else mma<T>(acc[i][j], a[i], b[j]);
+          if constexpr (std::is_same_v<T, int8_t>) mma_m16n8k32_s8(acc[i][j], a[i], b[j]);
+          else mma_m16n8k16<T>(acc[i][j], a[i], b[j]);
         }
     }
   }
