@@ -1,0 +1,374 @@
+"""Quantizers (quant.quantize_blocks) and the GGUF writer (python -m minfer.quantize).
+
+The legacy formats are checked bit for bit against gguf.quants.quantize; the K-quants by round-trip error
+and by gguf's own dequantizer reading what we wrote. Written files are loaded by transformers and by
+minfer and compared with each other and with the source model (fp32, CPU, ref backend).
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from minfer import quant, quantize, shapes
+from minfer.config import ModelConfig
+from minfer.errors import MinferError
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+# Relative RMSE of dequantize(quantize(x)) on N(0, 1), a little above what each format gives
+# (measured: Q8_0 0.0053, Q4_0 0.086, Q4_1 0.078, Q5_0 0.043, Q5_1 0.038, Q4_K 0.071, Q5_K 0.036, Q6_K 0.0177).
+ROUND_TRIP = {"Q8_0": 0.006, "Q4_0": 0.095, "Q4_1": 0.085, "Q5_0": 0.047, "Q5_1": 0.042, "Q4_K": 0.08,
+              "Q5_K": 0.04, "Q6_K": 0.02}
+VOCAB = 320
+TEXT = "The quick brown fox jumps over the lazy dog. Hello world! 12345 numbers and words, the end. " * 3
+TINY = dict(arch="llama", vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+            num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=256)
+
+
+def hard_rows(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Gaussian rows with the blocks quantizers get wrong first: all zero, constant, tiny, one outlier,
+    ties between +max and -max, all negative."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x[0, :32] = 0
+    x[1, :64] = 1.5
+    x[2, :32] *= 1e-6
+    x[3, 5] = 40.0
+    x[4, :32] = np.where(np.arange(32) % 2, 2.0, -2.0)
+    x[5, :256] = -np.abs(x[5, :256]) - 0.5
+    return x
+
+
+@pytest.mark.parametrize("kind", LEGACY)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_legacy_quantizers_match_gguf_bit_for_bit(kind, dtype):
+    x = hard_rows(48, 512, seed=len(kind))
+    x = torch.from_numpy(x).to(dtype)
+    expected = gguf.quants.quantize(x.float().numpy(), getattr(gguf.GGMLQuantizationType, kind))
+    ours = quant.quantize(kind, x)
+    assert ours.dtype == torch.uint8 and ours.shape == expected.shape
+    np.testing.assert_array_equal(ours.numpy(), expected)
+
+
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_round_trip_error_and_format(kind):
+    x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(7))
+    blocks = quant.quantize(kind, x)
+    assert blocks.shape == (64, 1024 // quant.BLOCK_ELEMS[kind] * quant.BLOCK_BYTES[kind])
+    ours = quant.dequantize(kind, blocks.reshape(-1), x.numel()).view_as(x)
+    rel = ((ours - x).pow(2).mean().sqrt() / x.pow(2).mean().sqrt()).item()
+    assert rel < ROUND_TRIP[kind], f"{kind}: relative RMSE {rel:.4f}"
+    # The bytes mean the same to gguf's independent dequantizer: the layout is exact, not just close.
+    theirs = gguf.quants.dequantize(blocks.numpy(), getattr(gguf.GGMLQuantizationType, kind)).reshape(x.shape)
+    np.testing.assert_array_equal(ours.numpy(), theirs)
+
+
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_hard_blocks_stay_finite_and_zero_stays_zero(kind):
+    x = torch.from_numpy(hard_rows(8, 512, seed=3))
+    y = quant.dequantize(kind, quant.quantize(kind, x).reshape(-1), x.numel()).view_as(x)
+    assert torch.isfinite(y).all()
+    assert (y[0, :32] == 0).all()
+    bound = {"Q8_0": 0.01, "Q6_K": 0.04}.get(kind, 0.2)  # the outlier row: relative error of the row
+    assert ((y[3] - x[3]).norm() / x[3].norm()).item() < bound
+    zero = quant.quantize(kind, torch.zeros(2, 256))
+    assert (quant.dequantize(kind, zero.reshape(-1), 512) == 0).all()
+
+
+def test_quantize_rejects_bad_rows():
+    with pytest.raises(MinferError, match="multiple of 256"):
+        quant.quantize("Q4_K", torch.zeros(2, 64))
+    with pytest.raises(MinferError, match="no quantizer"):
+        quant.quantize("Q3_K", torch.zeros(2, 256))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_quantizers_on_cuda(kind):
+    x = torch.from_numpy(hard_rows(64, 1024, seed=11))
+    cpu, gpu = quant.quantize(kind, x), quant.quantize(kind, x.cuda()).cpu()
+    if kind in LEGACY:
+        torch.testing.assert_close(gpu, cpu, rtol=0, atol=0)
+    n = x.numel()
+    y_cpu, y_gpu = quant.dequantize(kind, cpu.reshape(-1), n), quant.dequantize(kind, gpu.reshape(-1), n)
+    assert ((y_gpu - y_cpu).abs() > 0).float().mean() < 0.01  # K-quants: sums in another order, rare ties
+
+
+def test_permute_is_the_inverse_of_unpermute():
+    from minfer.gguf import unpermute_qk
+
+    w = torch.randn(4 * 16, 24)
+    for heads in (1, 2, 4):
+        torch.testing.assert_close(unpermute_qk(quantize.permute_qk(w, heads), heads), w, rtol=0, atol=0)
+        assert not torch.equal(quantize.permute_qk(w, heads), w)
+
+
+def test_tensor_types_of_llama3_8b_q4_k_m_match_llama_cpp():
+    """llama.cpp's Meta-Llama-3-8B Q4_K_M: 65 f32, 193 q4_K, 33 q6_K tensors."""
+    cfg = shapes.config("llama-3-8b")
+    sizes = shapes.weight_shapes(cfg)
+    types = {quantize.gguf_name(k): quantize.tensor_type(quantize.gguf_name(k), s, "Q4_K_M", cfg, True)
+             for k, s in sizes.items()}
+    counts = {t: list(types.values()).count(t) for t in set(types.values())}
+    assert counts == {"F32": 65, "Q4_K": 193, "Q6_K": 33}
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q4_K"
+    more = [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]  # use_more_bits for 32 layers
+    assert [i for i in range(32) if types[f"blk.{i}.attn_v.weight"] == "Q6_K"] == more
+    assert [i for i in range(32) if types[f"blk.{i}.ffn_down.weight"] == "Q6_K"] == more
+    assert types["blk.5.ffn_gate.weight"] == types["blk.0.attn_q.weight"] == "Q4_K"
+
+
+def test_tensor_type_fallbacks_and_other_types():
+    cfg = shapes.config("llama-3-8b")
+    t = lambda name, cols, ftype, has_output=True, pure=False: quantize.tensor_type(  # noqa: E731
+        name, (512, cols), ftype, cfg, has_output, pure)
+    assert t("blk.1.ffn_gate.weight", 64, "Q4_K_M") == "Q5_0"  # rows not a multiple of 256
+    assert t("blk.1.ffn_gate.weight", 64, "Q5_K_M") == "Q5_1"
+    assert t("blk.1.ffn_gate.weight", 64, "Q6_K") == "Q8_0"
+    assert t("blk.1.ffn_gate.weight", 100, "Q4_K_M") == "F16"  # not even a multiple of 32
+    assert t("output.weight", 64, "Q4_K_M") == "Q8_0"
+    assert t("output.weight", 4096, "Q4_0") == "Q6_K" and t("output.weight", 4096, "Q8_0") == "Q8_0"
+    assert t("token_embd.weight", 4096, "Q4_K_M", has_output=False) == "Q6_K"  # tied: it is the output
+    assert t("token_embd.weight", 4096, "Q4_0") == "Q4_0"
+    assert t("blk.0.attn_v.weight", 4096, "Q5_K_M") == "Q6_K" and t("blk.4.attn_v.weight", 4096, "Q5_K_M") == "Q5_K"
+    assert t("blk.0.attn_v.weight", 4096, "Q4_K_M", pure=True) == "Q4_K"
+    assert t("output.weight", 4096, "Q4_K_M", pure=True) == "Q4_K"
+    assert quantize.tensor_type("output_norm.weight", (4096,), "Q4_K_M", cfg, True) == "F32"
+    seventy = ModelConfig("llama", 128256, 8192, 28672, 80, 64, 8, 128)
+    assert quantize.tensor_type("blk.10.attn_v.weight", (1024, 8192), "Q4_K_M", seventy, True) == "Q5_K"
+
+
+# ------------------------------------------------------------------------------ whole files
+
+def write_bpe_tokenizer(folder):
+    """A byte-level BPE with Llama 3's split, trained on TEXT: 256 bytes, 2 special tokens, merges."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from minfer.gguf import _LLAMA3_SPLIT
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([TEXT], trainer)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "add_bos_token": True,
+                   "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}, f)
+
+
+def build_llama(folder, hidden=64, inter=128, tie=False, seed=0):
+    """A random tiny Llama (norms perturbed away from 1) with a byte-level BPE tokenizer; 320 ids for a
+    300-token tokenizer, so the file pads the vocabulary as llama.cpp's converter does."""
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   rms_norm_eps=1e-5, initializer_range=0.08, tie_word_embeddings=tie,
+                                   bos_token_id=0, eos_token_id=1,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    write_bpe_tokenizer(folder)
+    return model
+
+
+def fake_quantized(model, types: dict):
+    """A copy of the HF model with each weight replaced by dequantize(quantize(w)) of its planned type."""
+    import copy
+
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            t = types.get(quantize.gguf_name(name), "F32")
+            if t in quant.BLOCK_ELEMS:
+                p.copy_(quant.dequantize(t, quant.quantize(t, p).reshape(-1), p.numel()).view_as(p))
+            elif t == "F16":
+                p.copy_(p.half().float())
+    return out
+
+
+def minfer_logits(path, ids):
+    from minfer import loader
+    from minfer.kv_cache import KVCache
+    from minfer.model import Transformer
+    from minfer.ops import get_backend
+
+    cfg, weights, tok = loader.load(str(path), torch.float32, "cpu")
+    model = Transformer(cfg, weights, get_backend("ref", "cpu"), 64)
+    cache = KVCache(cfg.num_layers, 1, 64, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+    return model.forward(ids, torch.zeros(1, dtype=torch.int32), cache)[0], tok
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits[0]
+
+
+def rel_rms(a, b):
+    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
+
+
+def quantize_cli(args):
+    assert quantize.main([str(a) for a in args]) == 0
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0"])
+def test_hf_llama_to_gguf_loads_in_transformers_and_minfer(ftype, tmp_path):
+    src = tmp_path / "hf"
+    hf = build_llama(src)
+    out = tmp_path / f"model.{ftype}.gguf"
+    quantize_cli([src, out, "--type", ftype])
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
+
+    tf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
+    theirs = hf_logits(tf, ids)
+    ours, tok = minfer_logits(out, ids)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)  # the same file read two ways
+    reader = gguf.GGUFReader(str(out))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert set(types.values()) == {"F32", ftype} | ({"Q8_0"} if ftype == "Q4_0" else set())  # output: 64 % 256
+    # Exactly the source model with each weight through dequantize(quantize(w)): the permutation and
+    # the layout are right; and within the quantization error of the source itself.
+    torch.testing.assert_close(theirs, hf_logits(fake_quantized(hf, types), ids), atol=1e-4, rtol=0)
+    ref = hf_logits(hf, ids)
+    assert ref.abs().max() > 1
+    assert rel_rms(theirs, ref) < {"Q8_0": 0.05, "Q4_0": 0.5}[ftype]
+
+    # The tokenizer: the same ids as the source's tokenizer.json, in minfer and in transformers.
+    source_tok = transformers.AutoTokenizer.from_pretrained(src)
+    text = "The lazy fox says hello world 123"
+    expected = source_tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.encode(text) == [0] + expected  # add_bos_token: BOS first
+    tf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=out.name)
+    assert tf_tok(text, add_special_tokens=False)["input_ids"] == expected
+    assert tok.decode(tok.encode(text)) == text
+    f = lambda k: reader.fields[k].contents()  # noqa: E731
+    assert (f("general.architecture"), f("tokenizer.ggml.pre"), f("general.file_type")) == \
+        ("llama", "llama-bpe", quantize.FTYPES[ftype][1])
+    assert len(f("tokenizer.ggml.tokens")) == VOCAB and f("tokenizer.ggml.token_type")[300:] == [5] * 20
+    assert f("tokenizer.ggml.token_type")[:2] == [3, 3] and f("tokenizer.ggml.eos_token_id") == 1
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K"])
+def test_k_quant_file_loads_in_transformers(ftype, tmp_path):
+    src = tmp_path / "hf"
+    hf = build_llama(src, hidden=256, inter=512, tie=True)
+    out = tmp_path / f"model.{ftype}.gguf"
+    quantize_cli([src, out, "--type", ftype])
+    reader = gguf.GGUFReader(str(out))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    base = quantize.FTYPES[ftype][0]
+    assert "output.weight" not in types and types["token_embd.weight"] == "Q6_K"  # tied: the output rule
+    assert types["blk.0.ffn_gate.weight"] == base and types["blk.1.attn_v.weight"] == "Q6_K"
+    ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(2))
+    tf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
+    theirs = hf_logits(tf, ids)
+    torch.testing.assert_close(theirs, hf_logits(fake_quantized(hf, types), ids), atol=1e-4, rtol=0)
+    assert rel_rms(theirs, hf_logits(hf, ids)) < 0.5
+    try:
+        ours, _ = minfer_logits(out, ids)
+    except MinferError as e:
+        pytest.xfail(f"loader K-quants pending ({e})")
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_shape_source_with_placeholder_tokenizer(tmp_path, monkeypatch):
+    monkeypatch.setitem(shapes.SHAPES, "tiny-llama", TINY)
+    out = tmp_path / "tiny.gguf"
+    quantize_cli(["--shape", "tiny-llama", out, "--type", "Q8_0"])
+    ids = torch.tensor([[256, 5, 280, 299, 17]])
+    ours, tok = minfer_logits(out, ids)
+    tf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
+    torch.testing.assert_close(ours, hf_logits(tf, ids), atol=1e-4, rtol=0)
+    text = "Hello world, ünïcode!"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.encode("a cat")[0] == 256 and len(tok.encode("a cat")) < 1 + len("a cat")  # BOS; merges apply
+    assert tok.stop_ids == [257]
+    tf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=out.name)
+    assert tf_tok(text)["input_ids"] == tok.encode(text)
+
+
+def test_shape_source_is_the_named_shape():
+    src = quantize.shape_source("llama-3-8b", "cpu")
+    assert src.shapes["model.layers.31.mlp.down_proj.weight"] == (4096, 14336)
+    assert len(src.vocab.tokens) == 128256 and src.vocab.tokens[-1] == "[PAD128255]"
+    w = src.read("model.layers.0.input_layernorm.weight")
+    assert w.shape == (4096,) and abs(w.mean().item() - 1) < 0.01
+    torch.testing.assert_close(w, src.read("model.layers.0.input_layernorm.weight"), rtol=0, atol=0)  # seeded
+
+
+def test_f16_gguf_source(tmp_path):
+    """An F16 GGUF (written here from the HF model, Q/K in llama.cpp's order) quantizes like the HF folder."""
+    src = tmp_path / "hf"
+    build_llama(src)
+    q8 = tmp_path / "from_hf.gguf"
+    quantize_cli([src, q8, "--type", "Q8_0"])
+    # The same metadata and tensor names, each tensor the F16 of the source (norms F32), as convert_hf_to_gguf.
+    reader = gguf.GGUFReader(str(q8))
+    hf_src = quantize.hf_source(str(src))
+    f16 = tmp_path / "f16.gguf"
+    w = gguf.GGUFWriter(str(f16), "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[1] if len(field.types) > 1 else None
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        hf_name = next(k for k in hf_src.shapes if quantize.gguf_name(k) == t.name)
+        x = hf_src.read(hf_name).float()
+        if "attn_q." in t.name or "attn_k." in t.name:
+            x = quantize.permute_qk(x, 4 if "attn_q." in t.name else 2)
+        w.add_tensor(t.name, x.numpy() if x.dim() == 1 else x.half().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    again = tmp_path / "from_f16.gguf"
+    quantize_cli([f16, again, "--type", "Q8_0"])
+    ids = torch.tensor([[3, 50, 7, 299, 100]])
+    a, _ = minfer_logits(q8, ids)
+    b, _ = minfer_logits(again, ids)
+    torch.testing.assert_close(a, b, atol=0.02, rtol=0)  # the F16 rounding of the source, then Q8_0 again
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    src = tmp_path / "hf"
+    build_llama(src)
+    out = tmp_path / "x.gguf"
+    capsys.readouterr()
+
+    def error(args):
+        assert quantize.main([str(a) for a in args]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("minfer: error: ")
+        return err
+
+    assert "unknown --type 'Q3_K_S'" in error([src, out, "--type", "Q3_K_S"])
+    assert "no such file or folder" in error([tmp_path / "missing", out, "--type", "Q8_0"])
+    assert "either SRC or --shape" in error([src, out, "--type", "Q8_0", "--shape", "llama-3-8b"])
+    assert "unknown shape" in error(["--shape", "llama-9", out, "--type", "Q8_0"])
+    out.write_bytes(b"keep")
+    assert "exists; pass --force" in error([src, out, "--type", "Q8_0"])
+    assert out.read_bytes() == b"keep"
+    quantize_cli([src, out, "--type", "Q8_0", "--force"])
+    assert out.read_bytes()[:4] == b"GGUF" and not os.path.exists(str(out) + ".part")
+    capsys.readouterr()
+
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"]}))
+    assert "unsupported architecture" in error([src, tmp_path / "y.gguf", "--type", "Q8_0"])
+    (src / "config.json").write_text(json.dumps(cfg))
+    from tokenizers import Tokenizer, models
+    Tokenizer(models.WordLevel({"a": 0}, unk_token="a")).save(str(src / "tokenizer.json"))
+    assert "supported: byte-level BPE" in error([src, tmp_path / "y.gguf", "--type", "Q8_0"])
+    assert not os.path.exists(tmp_path / "y.gguf")
