@@ -12,6 +12,10 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
+# config.json's `model_type`, for configs without `architectures`.
+MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+# Sizes that must be positive integers (checked before any is divided by).
+_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 @dataclass
@@ -42,12 +46,22 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
+        if not isinstance(hf, dict):
+            raise MinferError(f"config.json holds a JSON {type(hf).__name__}, not an object")
         archs = hf.get("architectures") or []
         arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        if arch is None and not archs:  # older configs name only the model_type
+            arch = MODEL_TYPES.get(hf.get("model_type"))
         if arch is None:
             raise MinferError(
                 f"unsupported architecture {archs or hf.get('model_type')!r}; supported: {', '.join(ARCHITECTURES)}"
             )
+        for key in _SIZES + ("num_key_value_heads", "head_dim"):
+            v = hf.get(key)
+            if v is None and key in _SIZES:
+                raise MinferError(f"config.json is missing {key!r}")
+            if v is not None and not (type(v) is int and v > 0):
+                raise MinferError(f"config.json: {key} is {v!r}; it must be a positive integer")
         try:
             num_heads = hf["num_attention_heads"]
             hidden = hf["hidden_size"]
@@ -86,6 +100,11 @@ class ModelConfig:
         return cfg
 
     def validate(self) -> None:
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                    "head_dim", "max_position_embeddings"):
+            v = getattr(self, key)
+            if not (type(v) is int and v > 0):
+                raise MinferError(f"model config: {key} is {v!r}; it must be a positive integer")
         if self.num_heads % self.num_kv_heads:
             raise MinferError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         kind = (self.rope_scaling or {}).get("rope_type")

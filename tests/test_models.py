@@ -172,3 +172,35 @@ def test_hf_config_fields(tmp_path):
     build_hf("llama3_scaling", tmp_path / "l3", seed=2)
     cfg, *_ = load_minfer(tmp_path / "l3", batch=1)
     assert cfg.rope_scaling["rope_type"] == "llama3" and cfg.rope_scaling["factor"] == 8.0
+
+
+# ---- config.json as HF writes it, and as users break it ----
+
+def hf_config(**changes):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **COMMON}
+    cfg.update(changes)
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def test_config_model_type_stands_in_for_architectures():
+    from minfer.config import ModelConfig
+    assert ModelConfig.from_hf(hf_config(architectures=None)).arch == "llama"
+    assert ModelConfig.from_hf(hf_config(architectures=None, model_type="qwen3")).qk_norm
+    with pytest.raises(MinferError, match="gpt2"):
+        ModelConfig.from_hf(hf_config(architectures=None, model_type="gpt2"))
+    with pytest.raises(MinferError, match="GPT2LMHeadModel"):  # a named architecture is not second-guessed
+        ModelConfig.from_hf(hf_config(architectures=["GPT2LMHeadModel"]))
+
+
+@pytest.mark.parametrize("key,value", [("num_attention_heads", 0), ("hidden_size", -64), ("num_hidden_layers", "2"),
+                                       ("num_key_value_heads", 0), ("head_dim", 1.5), ("vocab_size", None)])
+def test_config_bad_sizes_are_named(key, value):
+    from minfer.config import ModelConfig
+    with pytest.raises(MinferError, match=key):
+        ModelConfig.from_hf(hf_config(**{key: value}))
+
+
+def test_config_that_is_not_an_object():
+    from minfer.config import ModelConfig
+    with pytest.raises(MinferError, match="config.json.*not an object"):
+        ModelConfig.from_hf([hf_config()])
