@@ -6,7 +6,6 @@ the default model that setup.sh installs.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -15,7 +14,7 @@ from tqdm import tqdm
 
 from . import gguf, tokenizer
 from .config import ModelConfig
-from .errors import MinferError
+from .errors import MinferError, check_readable, file_error, open_input, read_json
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -46,8 +45,13 @@ def resolve(checkpoint: str | None) -> str:
     if checkpoint is None:
         return default_checkpoint()
     path = os.path.expanduser(checkpoint)
-    if os.path.exists(path):
+    try:
+        os.stat(path)
         return path
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # e.g. a folder on the way that we may not search
+        raise file_error(path, e) from None
     if _looks_like_hub_id(checkpoint):
         from huggingface_hub import snapshot_download
         try:
@@ -61,7 +65,7 @@ def load(checkpoint: str | None, dtype: torch.dtype, device) -> tuple[ModelConfi
     path = resolve(checkpoint)
     if os.path.isdir(path):
         return _load_hf_folder(path, dtype, device)
-    with open(path, "rb") as f:
+    with open_input(path, "rb") as f:
         magic = f.read(4)
     if magic == b"GGUF":
         return _load_gguf(path, dtype, device)
@@ -80,28 +84,22 @@ def _load_gguf(path, dtype, device):
 def _load_hf_folder(folder, dtype, device):
     from safetensors import safe_open
 
-    cfg_path = os.path.join(folder, "config.json")
-    if not os.path.exists(cfg_path):
+    hf_cfg = read_json(os.path.join(folder, "config.json"), missing_ok=True)
+    if hf_cfg is None:
         raise MinferError(f"{folder}: no config.json (not an HF checkpoint folder)")
-    try:
-        with open(cfg_path) as f:
-            hf_cfg = json.load(f)
-    except json.JSONDecodeError as e:
-        raise MinferError(f"{cfg_path}: invalid JSON ({e})") from None
     cfg = ModelConfig.from_hf(hf_cfg)
     gen_path = os.path.join(folder, "generation_config.json")
-    if os.path.exists(gen_path):
-        with open(gen_path) as f:
-            eos = json.load(f).get("eos_token_id")
-        if eos is not None:
-            cfg.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(eos if isinstance(eos, list) else [eos]))
+    eos = (read_json(gen_path, missing_ok=True) or {}).get("eos_token_id")
+    if eos is not None:
+        cfg.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(eos if isinstance(eos, list) else [eos]))
 
-    index = os.path.join(folder, "model.safetensors.index.json")
-    single = os.path.join(folder, "model.safetensors")
-    if os.path.exists(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(single):
+    index_path = os.path.join(folder, "model.safetensors.index.json")
+    index = read_json(index_path, missing_ok=True)
+    if index is not None:
+        if not isinstance(index.get("weight_map"), dict):
+            raise MinferError(f"{index_path}: no weight_map")
+        shards = sorted(set(index["weight_map"].values()))
+    elif os.path.exists(os.path.join(folder, "model.safetensors")):
         shards = ["model.safetensors"]
     else:
         raise MinferError(f"{folder}: no model.safetensors or model.safetensors.index.json")
@@ -109,6 +107,7 @@ def _load_hf_folder(folder, dtype, device):
     weights = {}
     for shard in shards:
         shard_path = os.path.join(folder, shard)
+        check_readable(shard_path)
         try:
             with safe_open(shard_path, framework="pt", device="cpu") as f:
                 for name in _progress(list(f.keys()), f"loading {shard}"):

@@ -1,13 +1,12 @@
 """Text <-> ids (the `tokenizers` library) and the chat template (jinja2)."""
 from __future__ import annotations
 
-import json
 import os
 
 import jinja2
 import jinja2.sandbox
 
-from .errors import MinferError
+from .errors import MinferError, check_readable, file_error, read_json
 
 # Control tokens that end a turn in common chat formats; they stop generation when present.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|end|>")
@@ -41,7 +40,7 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         if not self.chat_template:
-            raise MinferError("this model has no chat template; drop --chat")
+            raise MinferError("this model has no chat template")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
         def raise_exception(msg):
@@ -85,19 +84,22 @@ def from_hf_folder(folder: str, eos_token_ids: list[int], bos_token_id: int | No
     from tokenizers import Tokenizer as HFTokenizer
 
     path = os.path.join(folder, "tokenizer.json")
-    if not os.path.exists(path):
-        raise MinferError(f"{folder}: no tokenizer.json")
-    tok = HFTokenizer.from_file(path)
-    cfg = {}
-    cfg_path = os.path.join(folder, "tokenizer_config.json")
-    if os.path.exists(cfg_path):
-        with open(cfg_path) as f:
-            cfg = json.load(f)
+    check_readable(path)
+    try:
+        tok = HFTokenizer.from_file(path)
+    except Exception as e:  # the Rust side raises one exception type for every kind of broken file
+        raise MinferError(f"{path}: not a readable tokenizer ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    cfg = read_json(os.path.join(folder, "tokenizer_config.json"), missing_ok=True) or {}
     template = cfg.get("chat_template")
     jinja_path = os.path.join(folder, "chat_template.jinja")
-    if template is None and os.path.exists(jinja_path):
-        with open(jinja_path) as f:
-            template = f.read()
+    if template is None:
+        try:
+            with open(jinja_path, encoding="utf-8") as f:
+                template = f.read()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise file_error(jinja_path, e) from None
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
 
