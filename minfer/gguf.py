@@ -1,16 +1,23 @@
-"""GGUF files (llama architecture): config, weights and tokenizer, read through the `gguf` package.
+"""GGUF files (llama architecture): a small reader of the format, and the config, weights and tokenizer.
 
-Quantized tensors (Q8_0, Q4_0, Q4_1) are dequantized at load to the compute dtype. Q and K
-projections are un-permuted from llama.cpp's interleaved RoPE pairing back to HF's rotate-half order,
-so the model runs the same code for GGUF and safetensors checkpoints.
+The header (metadata and tensor table) is parsed here with struct; tensor data stays memory-mapped. A
+tensor's raw bytes go to the target device as they are, and are decoded there: quantized blocks (Q8_0,
+Q4_0, Q4_1) dequantized, and Q/K rows un-permuted from llama.cpp's interleaved RoPE pairing back to HF's
+rotate-half order, so that the model runs the same code for GGUF and safetensors checkpoints.
 """
 from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import struct
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .config import ModelConfig
-from .errors import MinferError
+from .errors import MinferError, file_error
 
 QK = 32  # elements per quantization block for Q8_0, Q4_0 and Q4_1
 
@@ -30,20 +37,98 @@ TENSOR_NAMES = {
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
 }
 
+# Metadata value types: struct formats of the scalars (numpy dtypes for arrays of them), string, array.
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
 
-def open_reader(path: str):
-    from gguf import GGUFReader
+
+@dataclass
+class Tensor:
+    name: str
+    kind: str  # ggml type name: F32, F16, BF16, Q8_0, Q4_0, Q4_1, ...
+    shape: tuple[int, ...]  # HF order [ne1, ne0]: ggml lists the contiguous dim first
+    n_elements: int
+    data: torch.Tensor  # uint8 [bytes]: a view of the mapped file
+
+
+class Reader:
+    """A GGUF file's metadata (`fields`: key -> Python value) and tensor table (`tensors`)."""
+
+    def __init__(self, path: str):
+        import gguf  # for its table of ggml types and their block sizes
+
+        with open(path, "rb") as f:
+            # A private (copy-on-write) mapping: writable, so torch takes views of it without copying or
+            # warning, and nothing is ever written back to the file.
+            self.buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        self.pos = 0
+        magic, version, n_tensors, n_kv = self._unpack("<4sIQQ")
+        if magic != b"GGUF" or version not in (2, 3):
+            raise ValueError(f"magic {magic!r}, version {version}; expected GGUF version 2 or 3")
+        self.fields = {}
+        for _ in range(n_kv):
+            key = self._string()
+            self.fields[key] = self._value(self._unpack("<I")[0])
+        table = []
+        for _ in range(n_tensors):
+            name = self._string()
+            dims = self._unpack(f"<{self._unpack('<I')[0]}Q")
+            table.append((name, dims, *self._unpack("<IQ")))
+        align = self.fields.get("general.alignment", 32)
+        start = -(-self.pos // align) * align  # tensor data starts at the next multiple of the alignment
+        data = torch.frombuffer(self.buf, dtype=torch.uint8)
+        self.tensors = []
+        for name, dims, kind, offset in table:
+            try:
+                qtype = gguf.GGMLQuantizationType(kind)
+            except ValueError:
+                raise MinferError(f"tensor {name}: unknown GGUF tensor type {kind}") from None
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            n = math.prod(dims)
+            begin, end = start + offset, start + offset + n // block * size
+            if end > len(self.buf):
+                raise ValueError(f"tensor {name} ends at byte {end}, past the end of the file ({len(self.buf)} bytes)")
+            self.tensors.append(Tensor(name, qtype.name, tuple(reversed(dims)), n, data[begin:end]))
+
+    def _unpack(self, fmt: str) -> tuple:
+        out = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return out
+
+    def _string(self) -> str:
+        (n,) = self._unpack("<Q")
+        self.pos += n
+        return self.buf[self.pos - n:self.pos].decode("utf-8", errors="replace")
+
+    def _value(self, vtype: int):
+        if vtype == _STRING:
+            return self._string()
+        if vtype in _SCALAR:
+            return self._unpack("<" + _SCALAR[vtype])[0]
+        if vtype != _ARRAY:
+            raise ValueError(f"unknown metadata value type {vtype}")
+        etype, count = self._unpack("<IQ")
+        if etype in _SCALAR:  # one numpy read for the whole array (token types, scores)
+            dtype = np.dtype("<" + _SCALAR[etype])
+            out = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).tolist()
+            self.pos += count * dtype.itemsize
+            return out
+        return [self._value(etype) for _ in range(count)]  # strings (the vocabulary, merges) or nested arrays
+
+
+def open_reader(path: str) -> Reader:
     try:
-        return GGUFReader(path, "r")
-    except Exception as e:  # truncated or not a GGUF file: the reader raises many kinds
+        return Reader(path)
+    except MinferError:
+        raise
+    except OSError as e:
+        raise file_error(path, e) from None
+    except Exception as e:  # a truncated or foreign header fails in struct, numpy or decoding
         raise MinferError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
 
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def _field(reader: Reader, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
 def read_config(reader) -> ModelConfig:
@@ -61,7 +146,7 @@ def read_config(reader) -> ModelConfig:
         rope_scaling = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
     if "rope_freqs.weight" in names:  # llama3-style scaling, stored as per-frequency divisors
         freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
-        rope_scaling = {"rope_type": "freq_factors", "factors": np.array(freqs.data, dtype=np.float32).tolist()}
+        rope_scaling = {"rope_type": "freq_factors", "factors": tensor_to_torch(freqs).float().tolist()}
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     head_dim = a("attention.key_length") or hidden // heads
     cfg = ModelConfig(
@@ -86,43 +171,40 @@ def read_config(reader) -> ModelConfig:
     return cfg
 
 
-def _dequantize(kind: str, raw: np.ndarray, n: int) -> torch.Tensor:
-    """raw: the tensor's bytes as uint8; n: element count. Returns fp32 [n]."""
-    blocks = torch.from_numpy(np.array(raw, dtype=np.uint8).reshape(-1))  # a writable copy
+def _dequantize(kind: str, raw: torch.Tensor, n: int) -> torch.Tensor:
+    """raw: the tensor's bytes, uint8 [bytes] on any device; n: element count. Returns fp32 [n] there."""
     if kind == "Q8_0":  # fp16 scale d, 32 x int8:  x = d * q
-        b = blocks.view(-1, 2 + QK)
+        b = raw.view(-1, 2 + QK)
         d = b[:, :2].contiguous().view(torch.float16).float()
-        q = b[:, 2:].contiguous().view(torch.int8).float()
-        return (d * q).reshape(-1)[:n]
+        return (d * b[:, 2:].contiguous().view(torch.int8)).reshape(-1)[:n]
     if kind in ("Q4_0", "Q4_1"):  # low nibbles hold elements 0..15, high nibbles 16..31
         head = 2 if kind == "Q4_0" else 4
-        b = blocks.view(-1, head + QK // 2)
+        b = raw.view(-1, head + QK // 2)
         d = b[:, :2].contiguous().view(torch.float16).float()
         packed = b[:, head:]
-        q = torch.cat([packed & 0xF, packed >> 4], dim=1).float()  # [blocks, 32]
+        q = torch.cat([packed & 0xF, packed >> 4], dim=1)  # uint8 [blocks, 32]
         if kind == "Q4_0":  # x = d * (q - 8)
-            return (d * (q - 8)).reshape(-1)[:n]
+            return (d * (q.float() - 8)).reshape(-1)[:n]
         m = b[:, 2:4].contiguous().view(torch.float16).float()  # x = d * q + m
-        return (d * q + m).reshape(-1)[:n]
+        return torch.addcmul(m, d, q.float()).reshape(-1)[:n]
     raise MinferError(f"unsupported GGUF tensor type {kind}; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1")
 
 
-def tensor_to_torch(t) -> torch.Tensor:
-    """One GGUF tensor -> fp32 (or its float dtype) torch tensor in HF shape [ne1, ne0]."""
-    kind = t.tensor_type.name
-    shape = tuple(int(s) for s in reversed(t.shape))  # ggml lists the contiguous dim first
-    n = int(t.n_elements)
-    if kind == "F32":
-        out = torch.from_numpy(np.array(t.data, dtype=np.float32))
-    elif kind == "F16":
-        out = torch.from_numpy(np.array(t.data, dtype=np.float16))
-    elif kind == "BF16":
-        out = torch.from_numpy(np.array(t.data).view(np.int16)).view(torch.bfloat16)
-    else:
-        out = _dequantize(kind, t.data, n)
-    if out.numel() != n:
-        raise MinferError(f"GGUF tensor {t.name} holds {out.numel()} values, expected {n} (truncated file?)")
-    return out.reshape(shape)
+def _no_timing(phase: str):
+    return contextlib.nullcontext()
+
+
+def tensor_to_torch(t: Tensor, device="cpu", timing=_no_timing) -> torch.Tensor:
+    """One GGUF tensor -> a torch tensor [ne1, ne0] on `device`: fp32, or F16/BF16 as stored. The raw
+    bytes are read into host memory, uploaded, and decoded on the device; timing(phase) brackets each."""
+    with timing("read"):
+        raw = t.data.clone()  # uint8 [bytes]; owned memory, so that no weight aliases the file's mapping
+    with timing("upload"):
+        raw = raw.to(device)
+    with timing("dequantize"):
+        floats = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+        out = raw.view(floats[t.kind]) if t.kind in floats else _dequantize(t.kind, raw, t.n_elements)
+        return out.reshape(t.shape)
 
 
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -139,18 +221,20 @@ def hf_name(gguf_name: str) -> str | None:
     return TENSOR_NAMES.get(gguf_name)
 
 
-def read_weights(reader, cfg: ModelConfig, dtype: torch.dtype, device, progress) -> dict[str, torch.Tensor]:
+def read_weights(reader: Reader, cfg: ModelConfig, dtype: torch.dtype, device, progress,
+                 timing=_no_timing) -> dict[str, torch.Tensor]:
     weights = {}
     for t in progress(reader.tensors):
         name = hf_name(t.name)
         if name is None:
             continue  # e.g. rope_freqs.weight, already folded into the config
-        w = tensor_to_torch(t)
-        if name.endswith("q_proj.weight"):
-            w = unpermute_qk(w, cfg.num_heads)
-        elif name.endswith("k_proj.weight"):
-            w = unpermute_qk(w, cfg.num_kv_heads)
-        weights[name] = w.to(device=device, dtype=dtype)
+        w = tensor_to_torch(t, device, timing)
+        with timing("dequantize"):
+            if name.endswith("q_proj.weight"):
+                w = unpermute_qk(w, cfg.num_heads)
+            elif name.endswith("k_proj.weight"):
+                w = unpermute_qk(w, cfg.num_kv_heads)
+            weights[name] = w.to(dtype)
     return weights
 
 

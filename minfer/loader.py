@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -18,6 +21,24 @@ from .errors import MinferError, check_readable, file_error, open_input, read_js
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+@dataclass
+class LoadTimes:
+    """Seconds spent reading the checkpoint into host memory, uploading it to the device, and dequantizing
+    (or casting, un-permuting) it there. Each phase ends with a device sync, so that none hides another."""
+    read: float = 0.0
+    upload: float = 0.0
+    dequantize: float = 0.0
+    device: torch.device = torch.device("cpu")
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        setattr(self, phase, getattr(self, phase) + time.perf_counter() - t0)
 
 
 def cache_dir() -> str:
@@ -61,27 +82,32 @@ def resolve(checkpoint: str | None) -> str:
     raise MinferError(f"{checkpoint}: no such file or folder")
 
 
-def load(checkpoint: str | None, dtype: torch.dtype, device) -> tuple[ModelConfig, dict, tokenizer.Tokenizer]:
+def load(checkpoint: str | None, dtype: torch.dtype, device,
+         times: LoadTimes | None = None) -> tuple[ModelConfig, dict, tokenizer.Tokenizer]:
+    """times, when given, accumulates where the load time went."""
+    device = torch.device(device)
+    times = times or LoadTimes()
+    times.device = device
     path = resolve(checkpoint)
     if os.path.isdir(path):
-        return _load_hf_folder(path, dtype, device)
+        return _load_hf_folder(path, dtype, device, times)
     with open_input(path, "rb") as f:
         magic = f.read(4)
     if magic == b"GGUF":
-        return _load_gguf(path, dtype, device)
+        return _load_gguf(path, dtype, device, times)
     raise MinferError(f"{path}: not a GGUF file or an HF checkpoint folder")
 
 
-def _load_gguf(path, dtype, device):
+def _load_gguf(path, dtype, device, times):
     reader = gguf.open_reader(path)
     cfg = gguf.read_config(reader)
     tok = tokenizer.from_gguf(reader)
-    weights = gguf.read_weights(reader, cfg, dtype, device, lambda xs: _progress(xs, "loading"))
+    weights = gguf.read_weights(reader, cfg, dtype, device, lambda xs: _progress(xs, "loading"), times)
     _check_complete(cfg, weights, path)
     return cfg, weights, tok
 
 
-def _load_hf_folder(folder, dtype, device):
+def _load_hf_folder(folder, dtype, device, times):
     from safetensors import safe_open
 
     hf_cfg = read_json(os.path.join(folder, "config.json"), missing_ok=True)
@@ -111,7 +137,12 @@ def _load_hf_folder(folder, dtype, device):
         try:
             with safe_open(shard_path, framework="pt", device="cpu") as f:
                 for name in _progress(list(f.keys()), f"loading {shard}"):
-                    weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                    with times("read"):
+                        w = f.get_tensor(name)
+                    with times("upload"):
+                        w = w.to(device)
+                    with times("dequantize"):
+                        weights[name] = w.to(dtype)
         except MinferError:
             raise
         except Exception as e:  # truncated or corrupt file

@@ -139,7 +139,8 @@ def test_greedy_30_tokens_match_hf_generate(engine, hf_model):
 # ---- dequantizers and the Q/K un-permute ----
 
 def _write_and_read(tmp_path, arrays):
-    """Write {name: (float32 array [rows, cols], qtype)} to a GGUF file; return the reader's tensors by name."""
+    """Write {name: (float32 array [rows, cols], qtype)} to a GGUF file; return (our reader's tensors, the
+    gguf package's) by name."""
     path = str(tmp_path / "t.gguf")
     w = gguf.GGUFWriter(path, "llama")
     for name, (x, qtype) in arrays.items():
@@ -153,7 +154,7 @@ def _write_and_read(tmp_path, arrays):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+    return {t.name: t for t in mgguf.open_reader(path).tensors}, {t.name: t for t in gguf.GGUFReader(path).tensors}
 
 
 QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
@@ -166,12 +167,12 @@ def test_dequantize_matches_gguf_package(kind, tmp_path):
     shapes = [(5, 96), (1, 32), (3, 256)]
     arrays = {f"t{i}": ((rng.standard_normal(s) * rng.uniform(0.01, 10)).astype(np.float32) + rng.uniform(-1, 1),
                         qtype) for i, s in enumerate(shapes)}
-    tensors = _write_and_read(tmp_path, arrays)
+    tensors, theirs = _write_and_read(tmp_path, arrays)
     for name, (x, _) in arrays.items():
-        t = tensors[name]
-        assert t.tensor_type.name == kind
+        t, g = tensors[name], theirs[name]
+        assert t.kind == g.tensor_type.name == kind
         ours = mgguf.tensor_to_torch(t).float()
-        ref = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)).reshape(x.shape)
+        ref = torch.from_numpy(gguf.quants.dequantize(g.data, g.tensor_type).astype(np.float32)).reshape(x.shape)
         assert ours.shape == x.shape
         torch.testing.assert_close(ours, ref, atol=0, rtol=1e-6)
         # and close to the original values (quantization error is bounded by the block scale)
@@ -213,3 +214,26 @@ def test_unpermute_turns_interleaved_rope_into_rotate_half():
     reference.rope(q_inter, q_inter.clone(), pos, cos_sin, False)
     back = mgguf.unpermute_qk(q_inter.reshape(tokens, -1).T, n_head).T.reshape(tokens, n_head, hd)
     torch.testing.assert_close(back, q_neox)
+
+
+@needs_model
+def test_reader_matches_gguf_package():
+    """Our header parser against the gguf package's reader on the default model: every metadata field,
+    and every tensor's name, type, shape and bytes."""
+    ours, ref = mgguf.open_reader(MODEL_PATH), gguf.GGUFReader(MODEL_PATH)
+    assert set(ours.fields) == set(ref.fields) - {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+    for key, value in ours.fields.items():
+        assert value == ref.fields[key].contents(), key
+    assert [t.name for t in ours.tensors] == [t.name for t in ref.tensors]
+    for t, r in zip(ours.tensors, ref.tensors):
+        assert (t.kind, t.shape, t.n_elements) == (r.tensor_type.name, tuple(int(s) for s in reversed(r.shape)),
+                                                   int(r.n_elements))
+        assert t.data.numpy().tobytes() == np.asarray(r.data).tobytes(), t.name
+
+
+@needs_model
+def test_load_times_are_recorded():
+    times = loader.LoadTimes()
+    cfg, weights, _ = loader.load(MODEL_PATH, torch.float32, "cpu", times)
+    assert times.read > 0 and times.upload > 0 and times.dequantize > 0
+    assert weights["model.embed_tokens.weight"].dtype == torch.float32
