@@ -1,4 +1,9 @@
-"""The engine: load once, then prefill + decode loop + stop handling for a batch of prompts."""
+"""The engine: load once, then prefill + decode loop + stop handling for a batch of prompts.
+
+The engine owns one KV cache, grown on demand to the largest batch and context asked for, and one decode
+step per batch size over it (on the cuda backend a captured CUDA graph). Both are made by warmup(),
+before any timing starts, and reused by later generate() calls.
+"""
 from __future__ import annotations
 
 import os
@@ -9,30 +14,35 @@ from dataclasses import dataclass, field
 import torch
 
 from . import loader
+from .config import ModelConfig
 from .errors import MinferError
 from .kv_cache import KVCache
 from .model import Transformer
-from .ops import get_backend
+from .ops import cuda_available, get_backend
 from .sampling import SamplingParams, make_generator, sample
 from .tokenizer import StreamDecoder
 
 
 @dataclass
 class Stats:
+    """One generate() call. Timed on a warm engine: warm-up (graph capture, first-call costs) is warmup_s."""
     prompt_tokens: int = 0
-    generated_tokens: int = 0
-    ttft_s: float = 0.0  # prompt in -> first token on the host
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
+    tokens: int = 0  # tokens generated over all sequences (a stop token counts: it was computed)
+    steps: int = 0  # decode steps: forward passes after the prefill
+    decode_tokens: int = 0  # the tokens those steps produced (the prefill gives each sequence its first)
+    warmup_s: float = 0.0  # 0 when the engine was already warm for this batch and prompt length
+    prefill_s: float = 0.0  # prompts in -> first tokens on the host
+    ttft_s: float = 0.0  # time to first token: the prefill, as the engine is warm
+    decode_s: float = 0.0  # first tokens on the host -> last tokens on the host
 
     @property
     def prefill_tok_s(self) -> float:
         return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
 
     @property
-    def decode_tok_s(self) -> float:
-        steps = self.generated_tokens
-        return steps / self.decode_s if self.decode_s else 0.0
+    def decode_tok_s(self) -> float | None:
+        """None when there was no decode step (generation ended at the first token)."""
+        return self.decode_tokens / self.decode_s if self.steps and self.decode_s else None
 
 
 @dataclass
@@ -42,26 +52,66 @@ class Output:
     finish_reason: str = "length"  # length | stop
 
 
+def _device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise MinferError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise MinferError(f"--device {name}: minfer runs on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise MinferError(f"--device {name} asked for, but no CUDA GPU is visible")
+    if device.index is not None and device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise MinferError(f"--device {name}: there are {torch.cuda.device_count()} GPUs")
+    return device
+
+
+def _backend(name: str, device: torch.device):
+    if name not in ("auto", "cuda", "ref"):
+        raise MinferError(f"--backend {name!r}: use auto, cuda or ref")
+    if name == "cuda" and device.type != "cuda":
+        raise MinferError("--backend cuda needs a CUDA GPU" if not torch.cuda.is_available()
+                          else "--backend cuda needs --device cuda")
+    if name == "cuda" and not cuda_available():
+        raise MinferError("--backend cuda: the CUDA extension (minfer._C) is not built; run setup.sh")
+    return get_backend(name, device)
+
+
 class Engine:
     def __init__(self, checkpoint: str | None = None, dtype: torch.dtype | None = None, device: str | None = None,
-                 backend: str = "auto", max_context: int | None = None):
+                 backend: str = "auto", max_context: int | None = None, random_weights: ModelConfig | None = None):
+        """random_weights: instead of a checkpoint, random weights of this config's shape and no tokenizer
+        (token ids in, token ids out), for benchmarks."""
         t0 = time.perf_counter()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise MinferError("--device cuda asked for, but no CUDA GPU is visible")
+        self.device = _device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.ops = get_backend(backend, self.device)
-        if self.ops.name == "cuda" and self.device.type != "cuda":
-            raise MinferError("--backend cuda needs --device cuda")
-        self.cfg, weights, self.tokenizer = loader.load(checkpoint, self.dtype, self.device)
+        self.ops = _backend(backend, self.device)
+        self.load_times = loader.LoadTimes(device=self.device)
+        if random_weights is None:
+            self.cfg, weights, self.tokenizer = loader.load(checkpoint, self.dtype, self.device, self.load_times)
+        else:
+            from .shapes import random_weights as make_weights
+            self.cfg, weights, self.tokenizer = random_weights, make_weights(random_weights, self.dtype, self.device), None
         limit = self.cfg.max_position_embeddings
         if self.cfg.sliding_window:
             limit = min(limit, self.cfg.sliding_window)  # full attention is exact only inside the window
         self.max_context = min(max_context or limit, limit)
         self.model = Transformer(self.cfg, weights, self.ops, self.max_context)
+        self.cache: KVCache | None = None  # [max batch, capacity], grown by _cache_rows
+        self.steps: dict[int, callable] = {}  # batch -> decode step over the cache's first `batch` rows
+        self.warm_prefills: set[tuple[int, int]] = set()  # (batch, prompt length) run once
+        self._sync()
+        self.load_s = time.perf_counter() - t0
+
+    @classmethod
+    def from_random_weights(cls, cfg: ModelConfig, **kwargs) -> "Engine":
+        return cls(random_weights=cfg, **kwargs)
+
+    def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.load_s = time.perf_counter() - t0
 
     def encode(self, text: str, chat: bool, system: str | None = None) -> list[int]:
         if not chat:
@@ -69,8 +119,43 @@ class Engine:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         return self.tokenizer.encode_chat(messages)
 
-    def _decode_step(self, cache: KVCache, next_ids: torch.Tensor, pos: torch.Tensor):
-        """A function (ids [batch], pos [batch]) -> logits [batch, vocab] for one decode step.
+    def _cache_rows(self, batch: int, capacity: int) -> KVCache:
+        """The first `batch` rows of the engine's KV cache, grown first if it is too small. Batch and capacity
+        never shrink; capacity grows in steps of 256, so that a run of longer prompts reallocates rarely.
+        Growing drops the decode steps, whose graphs point into the old cache."""
+        old = self.cache
+        if old is None or old.batch < batch or old.capacity < capacity:
+            batch_all = max(batch, old.batch if old else 0)
+            capacity = min(self.max_context, max(-(-capacity // 256) * 256, old.capacity if old else 0))
+            self.cache, self.steps = None, {}  # free the old memory first
+            cfg = self.cfg
+            self.cache = KVCache(cfg.num_layers, batch_all, capacity, cfg.num_kv_heads, cfg.head_dim, self.dtype,
+                                 self.device)
+        return self.cache.rows(batch)
+
+    @torch.inference_mode()
+    def warmup(self, batch: int = 1, prompt_len: int = 8, capacity: int | None = None) -> float:
+        """Readies generate() for `batch` prompts padded to `prompt_len` tokens, with `capacity` positions a
+        sequence: sizes the KV cache, runs that prefill once (lazy CUDA init, kernel loading, allocator
+        growth) and makes the decode step (a captured CUDA graph on the cuda backend). Returns the seconds
+        it took; 0.0 when all of it was already done."""
+        t0 = time.perf_counter()
+        capacity = min(self.max_context, capacity or prompt_len + 1)
+        cache = self._cache_rows(batch, capacity)
+        warm = (batch, prompt_len) in self.warm_prefills and batch in self.steps
+        if (batch, prompt_len) not in self.warm_prefills:
+            ids = torch.zeros(batch, prompt_len, dtype=torch.int64, device=self.device)
+            start = torch.zeros(batch, dtype=torch.int32, device=self.device)
+            last = torch.full((batch,), prompt_len - 1, device=self.device)
+            self.model.forward(ids, start, cache, logit_index=last)  # writes rows that generate() rewrites
+            self.warm_prefills.add((batch, prompt_len))
+        if batch not in self.steps:
+            self.steps[batch] = self._decode_step(cache, batch)
+        self._sync()
+        return 0.0 if warm else time.perf_counter() - t0
+
+    def _decode_step(self, cache: KVCache, batch: int):
+        """A function (ids [batch], pos [batch]) -> logits [batch, vocab] for one decode step, run once here.
 
         On the cuda backend with no ref fallbacks the step is captured once in a CUDA graph: a decode
         step at batch 1 is ~30 layers x 10 small launches, and replaying them as one graph removes the
@@ -78,14 +163,16 @@ class Engine:
         def eager(ids, p):
             return self.model.forward(ids[:, None], p, cache)[:, 0]
 
+        static_ids = torch.zeros(batch, dtype=torch.int64, device=self.device)
+        static_pos = torch.zeros(batch, dtype=torch.int32, device=self.device)  # writes position 0, rewritten later
         if self.ops.name != "cuda" or self.ops.fallbacks or os.environ.get("MINFER_NO_GRAPH"):
+            eager(static_ids, static_pos)  # the first call's costs, outside any timing
             return eager
-        static_ids, static_pos = next_ids.clone(), pos.clone()
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):  # warm-up outside capture: lazy init, workspace allocation
-                eager(static_ids, static_pos)  # writes only position `pos`, which the real step rewrites
+                eager(static_ids, static_pos)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -98,93 +185,112 @@ class Engine:
             static_ids.copy_(ids)
             static_pos.copy_(p)
             graph.replay()
-            return static_logits
+            return static_logits  # overwritten by the next replay
 
         return replay
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
-                 stop: list[str] | None = None, on_text=None) -> tuple[list[Output], Stats]:
-        """prompts: token ids per sequence. on_text(seq_index, text_delta) is called as text decodes."""
+                 stop: list[str] | None = None, on_text=None, ignore_eos: bool = False) -> tuple[list[Output], Stats]:
+        """prompts: token ids per sequence. on_text(seq_index, text_delta) is called as text decodes.
+        ignore_eos: the model's end-of-sequence ids do not stop a sequence (stop strings still do)."""
         stop = stop or []
+        if "" in stop:
+            raise MinferError("empty stop string: it would match before the first token")
         batch, lens = len(prompts), [len(p) for p in prompts]
-        longest = max(lens)
-        if min(lens) == 0:
+        if batch == 0 or min(lens) == 0:
             raise MinferError("empty prompt")
+        longest = max(lens)
         if longest >= self.max_context:
-            raise MinferError(f"prompt is {longest} tokens; the context is {self.max_context} (see --max-context)")
-        max_new_tokens = min(max_new_tokens, self.max_context - longest)
-        dev = self.device
-        cache = KVCache(self.cfg.num_layers, batch, longest + max_new_tokens, self.cfg.num_kv_heads,
-                        self.cfg.head_dim, self.dtype, dev)
-        generator = make_generator(params.seed, dev)
+            raise MinferError(f"prompt is {longest} tokens and the context holds {self.max_context}: "
+                              f"no room to generate (raise --max-context)")
+        # Each sequence may grow to the context's end, whatever the other prompts' lengths.
+        caps = [min(max_new_tokens, self.max_context - n) for n in lens]
+        capacity = max(n + c for n, c in zip(lens, caps))
         stats = Stats(prompt_tokens=sum(lens))
-        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda *a: None)
+        stats.warmup_s = self.warmup(batch, longest, capacity)
+        cache, decode_step = self._cache_rows(batch, capacity), self.steps[batch]
+        dev = self.device
+        generator = make_generator(params.seed, dev)
 
-        sync()
         t0 = time.perf_counter()
-        ids = torch.zeros(batch, longest, dtype=torch.int64)  # right-padded; padding rows are never read
-        for b, p in enumerate(prompts):
-            ids[b, : len(p)] = torch.tensor(p)
-        ids = ids.to(dev)
+        # Right-padded with each prompt's first id: padding rows are never read, and the repetition
+        # penalty's seen-set below gets no id that the prompt does not hold.
+        ids = torch.tensor([p + p[:1] * (longest - len(p)) for p in prompts], device=dev)  # [batch, longest]
         start = torch.zeros(batch, dtype=torch.int32, device=dev)
         last = torch.tensor([n - 1 for n in lens], device=dev)
         logits = self.model.forward(ids, start, cache, logit_index=last)  # [batch, vocab]
         seen = None
         if params.repetition_penalty != 1.0:
-            seen = torch.zeros(batch, logits.shape[-1], dtype=torch.bool, device=dev)
+            seen = torch.zeros(batch, logits.shape[-1], dtype=torch.bool, device=dev)  # [batch, vocab]
             seen.scatter_(1, ids, True)
         next_ids = sample(logits, params, generator, seen)  # [batch]
-        pos = torch.tensor(lens, dtype=torch.int32, device=dev)  # position of next_ids
+        pos = torch.tensor(lens, dtype=torch.int32, device=dev)  # [batch] position of next_ids
 
         outputs = [Output() for _ in range(batch)]
-        decoders = [StreamDecoder(self.tokenizer) for _ in range(batch)]
-        emitted = [0] * batch
+        decoders = [StreamDecoder(self.tokenizer) for _ in range(batch)] if self.tokenizer else None
+        emitted, done = [0] * batch, [False] * batch
         hold = max((len(s) for s in stop), default=1) - 1  # text that may still become a stop string
-        done = [False] * batch
-        stop_ids = set(self.tokenizer.stop_ids)
-        t_decode = None
-        for step in range(max_new_tokens):
+        stop_ids = set() if ignore_eos or not self.tokenizer else set(self.tokenizer.stop_ids)
+        t_decode = t0
+        for step in range(max(caps)):
             host_ids = next_ids.tolist()
             if step == 0:
                 stats.ttft_s = stats.prefill_s = time.perf_counter() - t0
                 t_decode = time.perf_counter()
-                decode_step = self._decode_step(cache, next_ids, pos)  # graph capture counts as decode time
             for b, tok in enumerate(host_ids):
                 if done[b]:
                     continue
                 out = outputs[b]
+                stats.tokens += 1
                 if tok in stop_ids:
                     out.finish_reason, done[b] = "stop", True
                 else:
                     out.token_ids.append(tok)
-                    out.text += decoders[b].push(tok)
+                    out.text += decoders[b].push(tok) if decoders else ""
                 cut = min((i for i in (out.text.find(s) for s in stop) if i >= 0), default=-1)
                 if cut >= 0:
                     out.text, out.finish_reason, done[b] = out.text[:cut], "stop", True
+                done[b] = done[b] or step + 1 == caps[b]  # finish_reason stays "length"
                 end = len(out.text) if done[b] else max(emitted[b], len(out.text) - hold)
                 if on_text and end > emitted[b]:
                     on_text(b, out.text[emitted[b]:end])
                 emitted[b] = end
-            if all(done) or step == max_new_tokens - 1:
+            if all(done):
                 break
             if seen is not None:
                 seen.scatter_(1, next_ids[:, None], True)
             logits = decode_step(next_ids, pos)  # [batch, vocab]
-            pos += 1
+            stats.steps += 1
+            # Finished sequences keep stepping (the batch's shape is fixed); they rewrite their own last
+            # cache row instead of running past the cache.
+            pos.add_(1).clamp_(max=cache.capacity - 1)
             next_ids = sample(logits, params, generator, seen)
-        for b, out in enumerate(outputs):
-            if on_text and len(out.text) > emitted[b]:
-                on_text(b, out.text[emitted[b]:])
-        sync()
-        if t_decode is not None:
-            stats.decode_s = time.perf_counter() - t_decode
-        # Tokens produced by decode steps (the first came from prefill).
-        stats.generated_tokens = sum(max(0, len(o.token_ids) + (o.finish_reason == "stop") - 1) for o in outputs)
+        self._sync()
+        stats.decode_s = time.perf_counter() - t_decode
+        stats.decode_tokens = stats.tokens - batch
         return outputs, stats
 
 
-def print_stats(engine: Engine, stats: Stats, file=sys.stderr) -> None:
-    print(f"[minfer] load {engine.load_s:.2f} s | backend {engine.ops.name} {str(engine.dtype).replace('torch.', '')} "
-          f"on {engine.device} | prompt {stats.prompt_tokens} tok | ttft {stats.ttft_s * 1000:.1f} ms | "
-          f"prefill {stats.prefill_tok_s:.1f} tok/s | decode {stats.decode_tok_s:.1f} tok/s", file=file)
+def format_stats(engine: Engine, stats: Stats) -> str:
+    decode = "–" if stats.decode_tok_s is None else f"{stats.decode_tok_s:.1f} tok/s"
+    warmup = f" | warmup {stats.warmup_s:.2f} s" if stats.warmup_s else ""
+    return (f"[minfer] load {engine.load_s:.2f} s{warmup} | backend {engine.ops.name} "
+            f"{str(engine.dtype).replace('torch.', '')} on {engine.device} | prompt {stats.prompt_tokens} tok | "
+            f"ttft {stats.ttft_s * 1000:.1f} ms | prefill {stats.prefill_tok_s:.1f} tok/s | decode {decode}")
+
+
+def format_details(engine: Engine) -> list[str]:
+    """--verbose: where the load time went, and the peak GPU memory."""
+    t = engine.load_times
+    other = engine.load_s - t.read - t.upload - t.dequantize
+    lines = [f"[minfer] load {engine.load_s:.2f} s: read {t.read:.2f} s, upload {t.upload:.2f} s, "
+             f"dequantize {t.dequantize:.2f} s, other {other:.2f} s (parsing, tokenizer, model setup)"]
+    if engine.device.type == "cuda":
+        lines.append(f"[minfer] peak GPU memory {torch.cuda.max_memory_allocated(engine.device) / 2**30:.2f} GiB")
+    return lines
+
+
+def print_stats(engine: Engine, stats: Stats, file=sys.stderr, verbose: bool = False) -> None:
+    for line in [format_stats(engine, stats)] + (format_details(engine) if verbose else []):
+        print(line, file=file)

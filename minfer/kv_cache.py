@@ -7,6 +7,8 @@ tracked by the engine (start positions), not here: the cache is plain storage.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .errors import MinferError
@@ -25,6 +27,12 @@ class KVCache:
         if end_position > self.capacity:
             raise MinferError(f"KV cache is full: {end_position} positions needed, capacity is {self.capacity} "
                               f"(raise --max-context)")
+
+    def rows(self, batch: int) -> "KVCache":
+        """The first `batch` sequences, sharing this cache's storage (each layer's rows stay contiguous)."""
+        view = copy.copy(self)
+        view.batch, view.k, view.v = batch, self.k[:, :batch], self.v[:, :batch]
+        return view
 
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
