@@ -1,67 +1,115 @@
-"""CLI: python -m minfer.generate [CHECKPOINT] -p "..." -- streams text to stdout, stats to stderr."""
+"""CLI: python -m minfer.generate [CHECKPOINT] -p "..." -- streams text to stdout, stats to stderr.
+
+Exit status: 0 done; 1 an error in the input (one line on stderr); 130 interrupted; 141 stdout closed
+before the end (e.g. `| head`): generation stops quietly, as for a tool killed by SIGPIPE.
+"""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minfer.generate", description=__doc__)
-    p.add_argument("checkpoint", nargs="?", help="HF folder, HF hub id or .gguf file (default: SmolLM2-135M-Instruct Q4_1)")
-    p.add_argument("-p", "--prompt", action="append", help="prompt text; '-' reads stdin; repeat for a batch")
+    p = argparse.ArgumentParser(prog="python -m minfer.generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", nargs="?",
+                   help="HF folder, HF hub id or .gguf file (default: SmolLM2-135M-Instruct Q4_1, from setup.sh)")
+    p.add_argument("-m", "--model", help="the CHECKPOINT, given as an option")
+    p.add_argument("-p", "--prompt", action="append",
+                   help="prompt text; '-' reads stdin; repeat for a batch (default: 'Hello')")
     chat = p.add_mutually_exclusive_group()
-    chat.add_argument("--chat", dest="chat", action="store_true", default=False,
-                      help="wrap the prompt in the model's chat template (needs one)")
-    chat.add_argument("--no-chat", dest="chat", action="store_false", help="feed the prompt as raw text (default)")
-    p.add_argument("--system", help="system message (with --chat)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", choices=list(DTYPES), help="default: bfloat16 on GPU, float32 on CPU")
-    p.add_argument("--device", help="cuda or cpu (default: cuda when present)")
-    p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
-    p.add_argument("--max-context", type=int, help="KV cache capacity per sequence (default: the model's)")
-    return p.parse_args(argv)
+    chat.add_argument("--chat", dest="chat", action="store_const", const=True,
+                      help="wrap the prompt in the model's chat template (default: raw text, or chat with --system)")
+    chat.add_argument("--no-chat", dest="chat", action="store_const", const=False, help="feed the prompt as raw text")
+    p.add_argument("--system", "--system-prompt", help="system message; implies --chat")
+    p.add_argument("-n", "--max-new-tokens", "--max-tokens", "--n-predict", type=int, default=256,
+                   help="tokens to generate per prompt, at most (default: %(default)s)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="end-of-sequence tokens do not stop generation: exactly --max-new-tokens, as the context allows")
+    p.add_argument("--temperature", "--temp", type=float, default=0.7,
+                   help="0 = greedy, else >= 1e-5 (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="keep the most likely tokens up to this mass, in (0, 1]; 1 = off (default: %(default)s)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below min-p x the top probability, in [0, 1); 0 = off (default: %(default)s)")
+    p.add_argument("--repetition-penalty", "--repeat-penalty", type=float, default=1.0,
+                   help="> 0; 1 = off (default: %(default)s)")
+    p.add_argument("-s", "--seed", type=int, help="sampling seed (default: a random one)")
+    p.add_argument("--stop", action="append", default=[], help="stop string, not empty (repeatable)")
+    p.add_argument("--dtype", choices=DTYPES, help="default: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
+    p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto",
+                   help="cuda: our kernels; ref: plain torch (default: %(default)s, cuda when built and on a GPU)")
+    p.add_argument("-c", "--max-context", "--max-model-len", "--ctx-size", type=int,
+                   help="positions per sequence, prompt included (default: the model's)")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print the load time's parts and peak GPU memory")
+    args = p.parse_args(argv)
+    if args.model and args.checkpoint:
+        p.error("give the checkpoint once: as CHECKPOINT or as --model")
+    args.checkpoint = args.checkpoint or args.model
+    return args
 
 
 def _check(args):
+    """The options that the engine does not check itself, before anything is loaded."""
     from .errors import MinferError
     if args.max_new_tokens < 1:
         raise MinferError("--max-new-tokens must be at least 1")
-    if args.temperature < 0 or args.top_k < 0 or not 0 < args.top_p <= 1 or not 0 <= args.min_p < 1:
-        raise MinferError("need --temperature >= 0, --top-k >= 0, 0 < --top-p <= 1, 0 <= --min-p < 1")
-    if args.repetition_penalty <= 0:
-        raise MinferError("--repetition-penalty must be > 0")
     if args.max_context is not None and args.max_context < 2:
         raise MinferError("--max-context must be at least 2")
+    if "" in args.stop:
+        raise MinferError("--stop '' is empty: it would match before the first token")
+    if args.system is not None and args.chat is False:
+        raise MinferError("--system needs the chat template, which --no-chat turns off; drop one of them")
+
+
+def _text(arg: str, flag: str) -> str:
+    """A command-line string whose bytes were not UTF-8 (Python keeps them as surrogates) with those
+    bytes replaced by U+FFFD, and a notice; the tokenizer takes only valid text."""
+    fixed = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if fixed != arg:
+        print(f"[minfer] {flag} is not valid UTF-8; its undecodable bytes are replaced by U+FFFD", file=sys.stderr)
+    return fixed
+
+
+def _prompt(arg: str) -> str:
+    if arg != "-":
+        return _text(arg, "-p")
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", "replace")
+        print("[minfer] stdin is not valid UTF-8; its undecodable bytes are replaced by U+FFFD", file=sys.stderr)
+    return text.removesuffix("\n")  # one trailing newline (from echo or a file) is not part of the prompt
 
 
 def run(args) -> None:
-    import torch
-
-    from .engine import Engine, print_stats
+    from .errors import MinferError
     from .sampling import SamplingParams
 
     _check(args)
-    prompts = args.prompt or ["Hello"]
-    # One trailing newline (from echo or a file) is not part of the prompt.
-    prompts = [sys.stdin.read().removesuffix("\n") if p == "-" else p for p in prompts]
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty, args.seed)
+    prompts = [_prompt(p) for p in args.prompt or ["Hello"]]
+    system = None if args.system is None else _text(args.system, "--system")
+    stop = [_text(s, "--stop") for s in args.stop]
+    chat_flag = "--chat" if args.chat else "--system" if system is not None else None
+
+    import torch
+
+    from .engine import Engine, print_stats
     engine = Engine(args.checkpoint, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                     backend=args.backend, max_context=args.max_context)
     if engine.ops.fallbacks:
         print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(engine.ops.fallbacks)}", file=sys.stderr)
+    if chat_flag and not engine.tokenizer.chat_template:
+        raise MinferError(f"this model has no chat template; drop {chat_flag}")
     # Raw completion by default, so that "-p 'The capital of France is'" continues the text.
-    ids = [engine.encode(p, args.chat or bool(args.system), args.system) for p in prompts]
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty, args.seed)
-
+    ids = [engine.encode(p, chat_flag is not None, system) for p in prompts]
     single = len(ids) == 1
 
     def on_text(b, delta):
@@ -69,14 +117,14 @@ def run(args) -> None:
             sys.stdout.write(delta)
             sys.stdout.flush()
 
-    outputs, stats = engine.generate(ids, params, args.max_new_tokens, args.stop, on_text)
+    outputs, stats = engine.generate(ids, params, args.max_new_tokens, stop, on_text, ignore_eos=args.ignore_eos)
     if single:
         sys.stdout.write("\n")
     else:
         for b, out in enumerate(outputs):
             sys.stdout.write(f"--- [{b}] {prompts[b]!r}\n{out.text}\n")
     sys.stdout.flush()
-    print_stats(engine, stats)
+    print_stats(engine, stats, verbose=args.verbose)
 
 
 def main(argv=None) -> int:
@@ -89,6 +137,11 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of stdout is gone: stop without a message. Point stdout at /dev/null, so that
+        # the interpreter's own flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as e:  # a one-line report; MINFER_DEBUG=1 shows the traceback
         if os.environ.get("MINFER_DEBUG"):
             raise

@@ -1,9 +1,16 @@
 """Logits -> next token ids, entirely on the device (no host sync)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from .errors import MinferError
+
+# The smallest temperature above 0: below it logits / temperature overflow fp32 to inf, and the
+# probabilities become NaN. Use 0 for greedy.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -14,6 +21,21 @@ class SamplingParams:
     min_p: float = 0.0  # 0 = off
     repetition_penalty: float = 1.0  # 1 = off
     seed: int | None = None
+
+    def __post_init__(self):
+        # One check per parameter, named by its CLI flag. Each accepts only good values, as NaN fails
+        # every comparison (a check that rejects bad values would let NaN through).
+        t = self.temperature
+        if not (t == 0 or MIN_TEMPERATURE <= t < math.inf):
+            raise MinferError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, not {t}")
+        if not self.top_k >= 0:
+            raise MinferError(f"--top-k must be >= 0 (0 = off), not {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise MinferError(f"--top-p must be in (0, 1], not {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise MinferError(f"--min-p must be in [0, 1), not {self.min_p}")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise MinferError(f"--repetition-penalty must be a finite number > 0, not {self.repetition_penalty}")
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -16,23 +16,33 @@ needs_model = pytest.mark.skipif(not os.path.exists(MODEL_PATH), reason=f"defaul
 ACCEPT = ["-p", "The capital of France is", "--temperature", "0", "--max-new-tokens", "8", "--device", "cpu"]
 
 
+def env():
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "default"}  # warnings would show, not hide
+    e.pop("MINFER_DEBUG", None)
+    return e
+
+
 def run(*args, stdin=None, timeout=240):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "default"}  # warnings would show, not hide
-    env.pop("MINFER_DEBUG", None)
+    """args and stdin are str, or bytes to pass bytes that are not UTF-8."""
+    text = not any(isinstance(a, bytes) for a in (*args, stdin))
     p = subprocess.run([sys.executable, "-m", "minfer.generate", *args], cwd=ROOT, input=stdin, capture_output=True,
-                       text=True, timeout=timeout, env=env)
+                       text=text, timeout=timeout, env=env())
+    if not text:
+        return p.returncode, p.stdout.decode(), p.stderr.decode()
     return p.returncode, p.stdout, p.stderr
 
 
-def assert_clean_stats(stderr):
-    """stderr holds the stats line and nothing else (no warnings, no progress bars)."""
+def assert_clean_stats(stderr, decoded=True):
+    """stderr holds the stats line and nothing else (no warnings, no progress bars). decoded: there were
+    decode steps, so a decode speed."""
     lines = stderr.splitlines()
     assert len(lines) == 1, f"stderr should be the stats line only:\n{stderr}"
     line = lines[0]
     assert line.startswith("[minfer] ")
     for key in ("ttft", "prefill", "decode"):
         assert key in line
-    assert line.count("tok/s") == 2
+    assert line.count("tok/s") == (2 if decoded else 1)
+    assert decoded or "decode –" in line
     return line
 
 
@@ -191,13 +201,139 @@ def test_error_not_a_checkpoint_file(tmp_path):
     assert_one_line_error(*run(str(path), "-p", "hi"), "model.bin")
 
 
-def test_error_prompt_longer_than_context(tmp_path):
+@pytest.mark.parametrize("n", [40, 16])
+def test_error_prompt_longer_than_context(tmp_path, n):
     folder = write_tiny_hf(str(tmp_path / "tiny"))  # a tiny model: loading the default one costs CI time
-    prompt = " ".join(f"w{i % 60 + 2}" for i in range(40))
-    assert_one_line_error(*run(folder, "-p", prompt, "--max-context", "16"), "40 tokens", "16")
+    prompt = " ".join(f"w{i % 60 + 2}" for i in range(n))
+    assert_one_line_error(*run(folder, "-p", prompt, "--max-context", "16"), f"{n} tokens", "16", "no room")
 
 
 @pytest.mark.parametrize("bad", [["--top-p", "0"], ["--max-new-tokens", "0"], ["--temperature", "-1"]])
 def test_error_bad_options(bad):
     assert_one_line_error(*run("-p", "hi", *bad))
+
+
+# ---- in process: options checked before anything is loaded ----
+
+def main(capsys, *args):
+    from minfer import generate
+    rc = generate.main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+SAMPLING_FLAGS = ["--temperature", "--top-k", "--top-p", "--min-p", "--repetition-penalty"]
+
+
+@pytest.mark.parametrize("flag,value", [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "1e-40"),
+                                        ("--top-p", "nan"), ("--min-p", "nan"), ("--top-k", "-1"),
+                                        ("--repetition-penalty", "nan"), ("--repetition-penalty", "inf"),
+                                        ("--repetition-penalty", "0")])
+def test_error_names_the_one_bad_sampling_flag(capsys, flag, value):
+    rc, out, err = main(capsys, "-p", "hi", "--temperature", "0", flag, value)
+    assert_one_line_error(rc, out, err, flag)
+    assert [f for f in SAMPLING_FLAGS if f in err] == [flag]
+
+
+def test_good_small_temperature_is_accepted():
+    from minfer.sampling import MIN_TEMPERATURE, SamplingParams
+    SamplingParams(temperature=MIN_TEMPERATURE)
+    SamplingParams(temperature=0)
+
+
+def test_error_empty_stop_string(capsys):
+    assert_one_line_error(*main(capsys, "-p", "hi", "--stop", ""), "--stop", "empty")
+
+
+def test_error_system_with_no_chat_names_both(capsys):
+    assert_one_line_error(*main(capsys, "-p", "hi", "--system", "Be brief.", "--no-chat"), "--system", "--no-chat")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
+@pytest.mark.parametrize("args,needle", [(["--backend", "cuda"], "--backend cuda"), (["--device", "cuda"], "--device cuda"),
+                                         (["--device", "foo"], "--device 'foo'"), (["--device", "mps"], "--device mps")])
+def test_error_no_gpu_or_bad_device_is_a_user_error(capsys, args, needle):
+    rc, out, err = main(capsys, "-p", "hi", *args)
+    assert_one_line_error(rc, out, err, needle)
+    assert "Error:" not in err and "MINFER_DEBUG" not in err  # a MinferError, not an internal one
+
+
+def test_help_shows_defaults(capsys):
+    from minfer import generate
+    with pytest.raises(SystemExit):
+        generate.parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 'Hello')" in out
+    for default in ("(default: 256)", "(default: 0.7)", "(default: auto", "(default: 1.0)"):
+        assert default in out
+
+
+def test_common_flag_names():
+    """The names vLLM and llama.cpp use work too."""
+    from minfer import generate
+    a = generate.parse_args(["-m", "x.gguf", "--temp", "0", "-n", "3", "-c", "64", "--repeat-penalty", "1.1",
+                             "--system-prompt", "s", "-s", "5"])
+    assert (a.checkpoint, a.temperature, a.max_new_tokens, a.max_context, a.repetition_penalty, a.system, a.seed) == \
+        ("x.gguf", 0.0, 3, 64, 1.1, "s", 5)
+    b = generate.parse_args(["--max-tokens", "7", "--max-model-len", "99", "--ctx-size", "98"])
+    assert (b.max_new_tokens, b.max_context) == (7, 98)
+
+
+# ---- the tiny model, in a subprocess ----
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_hf(str(tmp_path_factory.mktemp("cli") / "tiny"))
+
+
+@pytest.mark.parametrize("flag", ["--chat", "--system"])
+def test_error_no_chat_template_names_the_flag_given(tiny, flag):
+    args = ["--chat"] if flag == "--chat" else ["--system", "Be brief."]
+    rc, out, err = run(tiny, "-p", "w1", *args)
+    assert_one_line_error(rc, out, err, f"drop {flag}")
+    assert ("--chat" in err) == (flag == "--chat")
+
+
+def test_non_utf8_stdin_and_argv(tiny):
+    rc, out, err = run(tiny, "-p", "-", "-n", "3", "--temperature", "0", stdin=b"w3 Caf\xe9 w4\n")
+    assert rc == 0, err
+    notice, stats = err.splitlines()
+    assert "stdin is not valid UTF-8" in notice and "U+FFFD" in notice
+    assert_clean_stats(stats + "\n")
+    rc, out, err = run(tiny, "-p", b"w3 Caf\xe9", "-n", "3", "--temperature", "0")
+    assert rc == 0, err
+    assert "-p is not valid UTF-8" in err.splitlines()[0]
+
+
+def test_non_utf8_prompt_is_checked_before_loading(tmp_path):
+    rc, out, err = run(str(tmp_path / "missing"), "-p", b"Caf\xe9")
+    lines = err.splitlines()
+    assert rc == 1 and "-p is not valid UTF-8" in lines[0] and "no such file" in lines[1]
+
+
+def test_closed_stdout_exits_quietly(tiny):
+    """As `... | head -c 20`: the reader goes away; no error message, exit status 141 (as for SIGPIPE)."""
+    p = subprocess.Popen([sys.executable, "-m", "minfer.generate", tiny, "-p", "w1", "-n", "50", "--ignore-eos"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    p.stdout.close()  # before the first token is written: the write fails with EPIPE
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=240) == 141, err
+    assert err == ""
+
+
+def test_stop_on_first_token_reports_no_decode_speed(tiny):
+    rc, out, err = run(tiny, "-p", "w1 w2", "--stop", "w", "-n", "8")
+    assert rc == 0, err
+    assert out == "\n"
+    assert_clean_stats(err, decoded=False)
+
+
+def test_ignore_eos_and_verbose(tiny):
+    rc, out, err = run(tiny, "-p", "w1 w2", "-n", "9", "--ignore-eos", "--temperature", "1.5", "--seed", "3", "-v")
+    assert rc == 0, err
+    assert len(out.split()) == 9
+    stats, split = err.splitlines()  # no GPU memory line on the CPU
+    assert_clean_stats(stats)
+    for part in ("read", "upload", "dequantize"):
+        assert f"{part} " in split
 
