@@ -26,6 +26,12 @@ TORCH_LIBRARY(minfer, m) {
   m.def("naive_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
   m.def("tiled_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
   m.def("flash_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
+  // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
+  // type id (minfer/ops/quantized.py)
+  m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
+  m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype) -> ()");
+  m.def("qlinear(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, bool static_weight=False) -> Tensor");
+  m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
@@ -48,6 +54,11 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("naive_attention", &minfer::naive_attention);
   m.impl("tiled_attention", &minfer::tiled_attention);
   m.impl("flash_attention", &minfer::flash_attention);
+  // quantized weights (csrc/qgemm/)
+  m.impl("dequantize", &minfer::dequantize);
+  m.impl("dequantize_into", &minfer::dequantize_into);
+  m.impl("qlinear", &minfer::qlinear);
+  m.impl("qembedding", &minfer::qembedding);
 }
 
 // memory-bound kernels: CPU tensors reach the same launchers, whose first check names the CPU argument

@@ -34,5 +34,12 @@ torch::Tensor tiled_attention(const torch::Tensor& q, const torch::Tensor& k, co
                               std::optional<double> scale, bool is_causal);
 torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               std::optional<double> scale, bool is_causal);
+// quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's type id
+torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype);
+void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype);
+torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                      const std::optional<torch::Tensor>& bias, bool static_weight);
+torch::Tensor qembedding(const torch::Tensor& ids, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                         at::ScalarType dtype);
 
 }  // namespace minfer

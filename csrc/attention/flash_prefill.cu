@@ -20,6 +20,8 @@
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
+#include "common/dispatch.h"
+#include "common/ptx.cuh"
 #include "common/vec.h"
 
 namespace minfer::attn {
@@ -36,7 +38,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
   for (int i = threadIdx.x; i < ROWS * CH; i += kThreads) {
     const int r = i / CH, c = i % CH;
     const bool ok = r < rows_valid;
-    cp_async16(s + swz<D>(r, c), ok ? g + r * row_stride + c * 8 : g, ok);
+    ptx::cp_async16(s + swz<D>(r, c), ok ? g + r * row_stride + c * 8 : g, ok);
   }
 }
 
@@ -73,10 +75,10 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   const T* vg = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs;
 
   load_tile<T, D, BM>(sQ, qg, p.q_ss, p.seq_q - m_start);
-  cp_async_commit();
+  ptx::cp_async_commit();
   if (n_tiles > 0) load_tile<T, D, kBN>(sK, kg, p.k_ss, kv_end);
-  cp_async_commit();
-  cp_async_wait<1>();  // Q has landed (K[0] may still be in flight)
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<1>();  // Q has landed (K[0] may still be in flight)
   __syncthreads();
 
   // Row block of m-tile mt of this warp: rows wrow + mt * 16 .. + 15 of the CTA's BM rows.
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk)
-      ldsm_x4(qf[mt][kk], sQ + swz<D>(wrow + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk * 2 + lane / 16));
+      ptx::ldmatrix_x4(qf[mt][kk], sQ + swz<D>(wrow + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk * 2 + lane / 16));
 
   // Per thread: rows (mt, half) = m_start + wrow + mt * 16 + half * 8 + lane / 4, index h = 2 mt + half.
   float acc[MT][DT][4];
@@ -105,8 +107,8 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   for (int t = 0; t < n_tiles; ++t) {
     const int n_start = t * kBN;
     load_tile<T, D, kBN>(sV, vg + n_start * p.v_ss, p.v_ss, kv_end - n_start);
-    cp_async_commit();
-    cp_async_wait<1>();  // K[t] has landed
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();  // K[t] has landed
     __syncthreads();
 
     float s[MT][NT][4];
@@ -119,17 +121,17 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
 #pragma unroll
       for (int nn = 0; nn < NT / 2; ++nn) {
         uint32_t bf[4];
-        ldsm_x4(bf, sK + swz<D>(nn * 16 + (lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
+        ptx::ldmatrix_x4(bf, sK + swz<D>(nn * 16 + (lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(s[mt][2 * nn], qf[mt][kk], bf[0], bf[1]);
-          mma_16816<T>(s[mt][2 * nn + 1], qf[mt][kk], bf[2], bf[3]);
+          ptx::mma_m16n8k16<T>(s[mt][2 * nn], qf[mt][kk], bf[0], bf[1]);
+          ptx::mma_m16n8k16<T>(s[mt][2 * nn + 1], qf[mt][kk], bf[2], bf[3]);
         }
       }
     }
     __syncthreads();  // every warp is done with sK: it can be refilled
     if (t + 1 < n_tiles) load_tile<T, D, kBN>(sK, kg + (n_start + kBN) * p.k_ss, p.k_ss, kv_end - n_start - kBN);
-    cp_async_commit();  // (possibly empty group: keeps the wait counts uniform)
+    ptx::cp_async_commit();  // (possibly empty group: keeps the wait counts uniform)
 
     // Mask only the tiles that cross the kv length or the diagonal.
     const bool need_mask = n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > q_off + m_start);
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
       }
     }
 
-    cp_async_wait<1>();  // V[t] has landed (K[t+1] may still be in flight)
+    ptx::cp_async_wait<1>();  // V[t] has landed (K[t+1] may still be in flight)
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
@@ -198,17 +200,17 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
 #pragma unroll
       for (int dd = 0; dd < DT / 2; ++dd) {
         uint32_t vf[4];
-        ldsm_x4_trans(vf, sV + swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, dd * 2 + lane / 16));
+        ptx::ldmatrix_x4_trans(vf, sV + swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, dd * 2 + lane / 16));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(acc[mt][2 * dd], pf[mt], vf[0], vf[1]);
-          mma_16816<T>(acc[mt][2 * dd + 1], pf[mt], vf[2], vf[3]);
+          ptx::mma_m16n8k16<T>(acc[mt][2 * dd], pf[mt], vf[0], vf[1]);
+          ptx::mma_m16n8k16<T>(acc[mt][2 * dd + 1], pf[mt], vf[2], vf[3]);
         }
       }
     }
     __syncthreads();  // every warp is done with sV: it can be refilled
   }
-  cp_async_wait<0>();
+  ptx::cp_async_wait<0>();
 
   T* o_base = reinterpret_cast<T*>(p.o) + b * p.o_bs + head * p.o_hs;
 #pragma unroll
@@ -258,20 +260,12 @@ void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, boo
                  "(it needs compute capability 9.x, float16/bfloat16, head_dim 64/128 and TMA-describable operands: "
                  "16-byte aligned base and row strides)");
   }
-  auto go = [&](auto t_tag, auto d_tag) {
-    using T = decltype(t_tag);
-    constexpr int D = decltype(d_tag)::value;
-    if (causal) launch<T, D, true>(p, batch, heads, stream);
-    else launch<T, D, false>(p, batch, heads, stream);
-  };
-  auto by_dim = [&](auto t_tag) {
-    if (head_dim == 64) go(t_tag, std::integral_constant<int, 64>{});
-    else if (head_dim == 128) go(t_tag, std::integral_constant<int, 128>{});
-    else MINFER_CHECK(false, "flash prefill: head_dim must be 64 or 128, got ", head_dim);
-  };
-  if (dtype == at::kHalf) by_dim(__half{});
-  else if (dtype == at::kBFloat16) by_dim(__nv_bfloat16{});
-  else MINFER_CHECK(false, "flash prefill: dtype must be float16 or bfloat16, got ", dtype);
+  MINFER_DISPATCH_HALF(dtype, "flash prefill", [&] {
+    MINFER_DISPATCH_HEAD_DIM(head_dim, D, [&] {
+      if (causal) launch<scalar_t, D, true>(p, batch, heads, stream);
+      else launch<scalar_t, D, false>(p, batch, heads, stream);
+    });
+  });
 }
 
 }  // namespace minfer::attn

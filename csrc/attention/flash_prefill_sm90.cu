@@ -40,6 +40,8 @@
 #include "attention/attention.h"
 #include "attention/mma.cuh"
 #include "common/checks.h"
+#include "common/dispatch.h"
+#include "common/ptx.cuh"
 #include "common/sm90.cuh"
 
 namespace minfer::attn {
@@ -55,14 +57,6 @@ constexpr int smem_bytes() {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 using namespace sm90;
-
-// 2^x on the SFU alone (exp2f wraps MUFU.EX2 in a range fix-up): x <= 0 here, results below 2^-126
-// flush to zero, which a softmax weight that small may.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // op over 16 values as a tree (depth 4 instead of a 15-long dependency chain).
 template <typename Op>
@@ -87,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, full_k[kStages], empty_k[kStages], full_v[kStages], empty_v[kStages],
       bar_vfix;
-  const uint32_t sQ = (smem_u32(smem_raw) + 1023) & ~1023u;  // swizzled tiles need 1024-byte alignment
+  const uint32_t sQ = (ptx::smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles need 1024-byte alignment
   const uint32_t sK = sQ + kQBytes;                          // stage s at sK + s * kTileBytes
   const uint32_t sV = sK + kStages * kTileBytes;
 
@@ -104,15 +98,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
 
   if (threadIdx.x == 0) {
-    mbar_init(smem_u32(&bar_q), 1);
-    mbar_init(smem_u32(&bar_vfix), 1);
+    ptx::mbar_init(ptx::smem_addr(&bar_q), 1);
+    ptx::mbar_init(ptx::smem_addr(&bar_vfix), 1);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(smem_u32(&full_k[s]), 1);   // the producer's expect_tx arrival (+ the TMA bytes)
-      mbar_init(smem_u32(&full_v[s]), 1);
-      mbar_init(smem_u32(&empty_k[s]), 2);  // one arrival per consumer warpgroup
-      mbar_init(smem_u32(&empty_v[s]), 2);
+      ptx::mbar_init(ptx::smem_addr(&full_k[s]), 1);   // the producer's expect_tx arrival (+ the TMA bytes)
+      ptx::mbar_init(ptx::smem_addr(&full_v[s]), 1);
+      ptx::mbar_init(ptx::smem_addr(&empty_k[s]), 2);  // one arrival per consumer warpgroup
+      ptx::mbar_init(ptx::smem_addr(&empty_v[s]), 2);
     }
-    mbar_init_fence();
+    ptx::mbar_init_fence();
   }
   __syncthreads();
 
@@ -123,48 +117,48 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x >= 32 || n_tiles == 0) return;  // one warp; nothing is loaded for a block that sees no key
     const bool leader = threadIdx.x == 0;
     if (leader) {
-      mbar_expect_tx(smem_u32(&bar_q), kQBytes);
+      ptx::mbar_expect_tx(ptx::smem_addr(&bar_q), kQBytes);
 #pragma unroll
-      for (int h = 0; h < HALVES; ++h) tma_load_4d(sQ + h * kBM * 128, &tm_q, smem_u32(&bar_q), h * 64, head, m_start, b);
+      for (int h = 0; h < HALVES; ++h)
+        ptx::tma_load_4d(sQ + h * kBM * 128, &tm_q, ptx::smem_addr(&bar_q), h * 64, head, m_start, b);
     }
     for (int t = 0; t < n_tiles; ++t) {
       const int s = t % kStages;
       const uint32_t phase = (t / kStages) & 1;
       const int n_start = t * kBN;
       const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
-      mbar_wait(smem_u32(&empty_k[s]), phase ^ 1);  // first pass: a fresh barrier's parity 1 counts as done
+      ptx::mbar_wait(ptx::smem_addr(&empty_k[s]), phase ^ 1);  // first pass: a fresh barrier's parity 1 counts as done
       if (leader) {
-        mbar_expect_tx(smem_u32(&full_k[s]), kTileBytes);
+        ptx::mbar_expect_tx(ptx::smem_addr(&full_k[s]), kTileBytes);
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)
-          tma_load_4d(dk + h * kBN * 128, &tm_k, smem_u32(&full_k[s]), h * 64, kvh, n_start, b);
+          ptx::tma_load_4d(dk + h * kBN * 128, &tm_k, ptx::smem_addr(&full_k[s]), h * 64, kvh, n_start, b);
       }
-      mbar_wait(smem_u32(&empty_v[s]), phase ^ 1);
+      ptx::mbar_wait(ptx::smem_addr(&empty_v[s]), phase ^ 1);
       const int valid = kv_len - n_start;  // >= 1: tile t starts below kv_end <= kv_len
       if (valid < kBN && kv_len < p.seq_k) {
         // The last tile reaches into cache slots past this sequence: load it, zero those rows, then
         // publish it. Only the last tile can, so this waits on bar_vfix at most once (parity 0).
         if (leader) {
-          mbar_expect_tx(smem_u32(&bar_vfix), kTileBytes);
+          ptx::mbar_expect_tx(ptx::smem_addr(&bar_vfix), kTileBytes);
 #pragma unroll
           for (int h = 0; h < HALVES; ++h)
-            tma_load_4d(dv + h * kBN * 128, &tm_v, smem_u32(&bar_vfix), h * 64, kvh, n_start, b);
+            ptx::tma_load_4d(dv + h * kBN * 128, &tm_v, ptx::smem_addr(&bar_vfix), h * 64, kvh, n_start, b);
         }
-        mbar_wait(smem_u32(&bar_vfix), 0);
+        ptx::mbar_wait(ptx::smem_addr(&bar_vfix), 0);
         const int lane = threadIdx.x;
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)  // whole 128-byte rows: the swizzle only permutes chunks in a row
           for (int off = valid * 128 + lane * 16; off < kBN * 128; off += 32 * 16)
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dv + h * kBN * 128 + off), "r"(0)
-                         : "memory");
-        fence_proxy_async();  // generic-proxy stores, read next by wgmma (async proxy)
+            ptx::st_shared_v4(dv + h * kBN * 128 + off, 0);
+        ptx::fence_proxy_async();  // generic-proxy stores, read next by wgmma (async proxy)
         __syncwarp();
-        if (leader) mbar_arrive(smem_u32(&full_v[s]));
+        if (leader) ptx::mbar_arrive(ptx::smem_addr(&full_v[s]));
       } else if (leader) {
-        mbar_expect_tx(smem_u32(&full_v[s]), kTileBytes);
+        ptx::mbar_expect_tx(ptx::smem_addr(&full_v[s]), kTileBytes);
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)
-          tma_load_4d(dv + h * kBN * 128, &tm_v, smem_u32(&full_v[s]), h * 64, kvh, n_start, b);
+          ptx::tma_load_4d(dv + h * kBN * 128, &tm_v, ptx::smem_addr(&full_v[s]), h * 64, kvh, n_start, b);
       }
     }
     return;
@@ -184,8 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // half lies there (consumer 0's diagonal tile) is a "half tile": both GEMMs run on its lower 64 keys
   // only. The mask has set the upper scores to -inf, so their P is 0 and P V loses nothing. Only the last
   // tile can be one: wg_kv_end is at most 64 keys short of the block's kv_end, which lies in the last
-  // tile. At head_dim 128 this gained ~1%; at 64, where the softmax outweighs the GEMMs, the extra code
-  // lost 4-5% (perf/attention.md "Session 32"), so the d = 64 kernels do not have it.
+  // tile. At head_dim 128 this gains ~1%; at 64, where the softmax outweighs the GEMMs, the extra code
+  // cost 4-5%, so the d = 64 kernels do not have it.
   const int wg_kv_end = min(kv_len, wg_first_pos + 64);
   const bool last_is_half = CAUSAL && D == 128 && n_tiles > 1 && (n_tiles - 1) * kBN + kBN / 2 >= wg_kv_end;
   constexpr std::false_type kFull{};
@@ -223,7 +217,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Online softmax of tile t, first half: masks sacc (diagonal / kv-length tiles only), updates the running
   // max (raw scores: scale > 0 commutes with max) and sum, leaves P = exp2(s * scale - max * scale)
   // (unnormalised, one FFMA + one MUFU per score) in sacc and returns the factors that rescale the older
-  // output. Touches neither o nor pf, so it runs while P V of the previous tile is in flight.
+  // output. Touches neither o nor pf, so it runs while P V of the previous tile is in flight. 2^x on the
+  // SFU alone (ex2_approx; exp2f adds a range fix-up): x <= 0 here, and a weight below 2^-126 may flush to 0.
   auto softmax = [&](int t, float (&alpha)[2]) {
     const int n_start = t * kBN;
     if (n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > wg_first_pos)) {
@@ -250,11 +245,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       const float m_new = fmaxf(m_run[h], m);
       base[h] = m_new == -INFINITY ? 0.f : m_new * p.scale_log2;  // nothing visible yet: avoid inf - inf
-      alpha[h] = ex2(fmaf(m_run[h], p.scale_log2, -base[h]));    // 0 while m_run is still -inf
+      alpha[h] = ptx::ex2_approx(fmaf(m_run[h], p.scale_log2, -base[h]));  // 0 while m_run is still -inf
       m_run[h] = m_new;
     }
 #pragma unroll
-    for (int i = 0; i < kBN / 2; ++i) sacc[i] = ex2(fmaf(sacc[i], p.scale_log2, -base[(i >> 1) & 1]));
+    for (int i = 0; i < kBN / 2; ++i) sacc[i] = ptx::ex2_approx(fmaf(sacc[i], p.scale_log2, -base[(i >> 1) & 1]));
     // Row sums: this thread's columns only; the quad is summed at the end.
     float sm[2][kBN / 8];
 #pragma unroll
@@ -281,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // issue"), so one consumer's softmax runs while the other's GEMMs hold the tensor cores. Both run the
   // same n_tiles + 1 issue turns (a CTA's tile count is shared), so each sync meets exactly one arrival
   // of the other; consumer 1's last arrival is left pending at exit.
-  auto my_turn = [&] { named_bar_sync(1 + c, 256); };
-  auto your_turn = [&] { named_bar_arrive(2 - c, 256); };
+  auto my_turn = [&] { ptx::named_bar_sync(1 + c, 256); };
+  auto your_turn = [&] { ptx::named_bar_arrive(2 - c, 256); };
   // Software pipeline: S(t) = Q K[t]^T and O += P(t-1) V[t-1] are issued back to back; the softmax of S(t)
   // runs while P V is still on the tensor cores. wgmma groups complete in order, so wait<1> means S(t) is
   // done. The fence_regs keep the compiler from touching sacc / o before their waits. Each stage below
@@ -290,49 +285,49 @@ __global__ void __launch_bounds__(kThreads, 1)
   // between a wgmma's issue and its wait makes ptxas serialize every wgmma.
   float alpha[2];
   auto first = [&] {  // S(0), always whole (a block's only tile is never taken as a half tile)
-    mbar_wait(smem_u32(&bar_q), 0);
-    mbar_wait(smem_u32(&full_k[0]), 0);
+    ptx::mbar_wait(ptx::smem_addr(&bar_q), 0);
+    ptx::mbar_wait(ptx::smem_addr(&full_k[0]), 0);
     my_turn();
     issue_s(0, kFull);
     wgmma_commit();
     your_turn();
     wgmma_wait<0>();
     fence_regs(sacc);
-    if (tid == 0) mbar_arrive(smem_u32(&empty_k[0]));
+    if (tid == 0) ptx::mbar_arrive(ptx::smem_addr(&empty_k[0]));
     softmax(0, alpha);
     rescale_and_pack(alpha);
   };
   auto step = [&](int t, auto half) {  // S(t) (t may be the half tile) and P(t-1) V[t-1] (never half)
     const int s = t % kStages, sp = (t - 1) % kStages;
-    mbar_wait(smem_u32(&full_k[s]), (t / kStages) & 1);
+    ptx::mbar_wait(ptx::smem_addr(&full_k[s]), (t / kStages) & 1);
     my_turn();
     issue_s(t, half);
     wgmma_commit();
-    mbar_wait(smem_u32(&full_v[sp]), ((t - 1) / kStages) & 1);
+    ptx::mbar_wait(ptx::smem_addr(&full_v[sp]), ((t - 1) / kStages) & 1);
     issue_pv(t - 1, kFull);
     wgmma_commit();
     your_turn();
     fence_regs(o);
     wgmma_wait<1>();  // S(t) is done
     fence_regs(sacc);
-    if (tid == 0) mbar_arrive(smem_u32(&empty_k[s]));  // K[t] is consumed: the slot can be refilled
+    if (tid == 0) ptx::mbar_arrive(ptx::smem_addr(&empty_k[s]));  // K[t] is consumed: the slot can be refilled
     softmax(t, alpha);
     wgmma_wait<0>();  // P(t-1) V[t-1] is done: o and pf may change
     fence_regs(o);
     fence_regs(sacc);  // the new pf is packed from sacc only after this point
-    if (tid == 0) mbar_arrive(smem_u32(&empty_v[sp]));
+    if (tid == 0) ptx::mbar_arrive(ptx::smem_addr(&empty_v[sp]));
     rescale_and_pack(alpha);
   };
   auto last_pv = [&](auto half) {  // P(n_tiles-1) V[n_tiles-1]
     const int sl = (n_tiles - 1) % kStages;
-    mbar_wait(smem_u32(&full_v[sl]), ((n_tiles - 1) / kStages) & 1);
+    ptx::mbar_wait(ptx::smem_addr(&full_v[sl]), ((n_tiles - 1) / kStages) & 1);
     my_turn();
     issue_pv(n_tiles - 1, half);
     wgmma_commit();
     your_turn();
     wgmma_wait<0>();
     fence_regs(o);
-    if (tid == 0) mbar_arrive(smem_u32(&empty_v[sl]));
+    if (tid == 0) ptx::mbar_arrive(ptx::smem_addr(&empty_v[sl]));
   };
   if (n_tiles > 0) {
     if (c == 1) your_turn();  // consumer 0 goes first
@@ -403,15 +398,12 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v)) return false;
   if ((p.seq_q + kBM - 1) / kBM > 65535 || batch > 65535) return false;
   if (!is_hopper()) return false;
-  auto go = [&](auto t_tag, auto d_tag) {
-    using T = decltype(t_tag);
-    constexpr int D = decltype(d_tag)::value;
-    return causal ? launch<T, D, true>(p, batch, heads, stream) : launch<T, D, false>(p, batch, heads, stream);
-  };
-  auto by_dim = [&](auto t_tag) {
-    return head_dim == 64 ? go(t_tag, std::integral_constant<int, 64>{}) : go(t_tag, std::integral_constant<int, 128>{});
-  };
-  return dtype == at::kHalf ? by_dim(__half{}) : by_dim(__nv_bfloat16{});
+  return MINFER_DISPATCH_HALF(dtype, "flash prefill", [&] {
+    return MINFER_DISPATCH_HEAD_DIM(head_dim, D, [&] {
+      return causal ? launch<scalar_t, D, true>(p, batch, heads, stream)
+                    : launch<scalar_t, D, false>(p, batch, heads, stream);
+    });
+  });
 }
 
 }  // namespace minfer::attn
