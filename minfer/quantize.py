@@ -199,9 +199,10 @@ def hf_vocab(folder: str, cfg: ModelConfig) -> Vocab:
     by_id = {i: t for t, i in model["vocab"].items()}
     added = {a["id"]: a for a in tj.get("added_tokens", [])}
     by_id.update({i: a["content"] for i, a in added.items()})
-    n = max(cfg.vocab_size, max(by_id) + 1)
+    if max(by_id) >= cfg.vocab_size:
+        raise MinferError(f"{path}: token id {max(by_id)} is past the model's vocab_size {cfg.vocab_size}")
     tokens, types = [], []
-    for i in range(n):
+    for i in range(cfg.vocab_size):
         if i not in by_id:
             tokens.append(f"[PAD{i}]")
             types.append(5)
@@ -226,12 +227,11 @@ def hf_source(folder: str) -> Source:
         cfg.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(eos if isinstance(eos, list) else [eos]))
     index = read_json(os.path.join(folder, "model.safetensors.index.json"), missing_ok=True)
     files = sorted(set(index["weight_map"].values())) if index else ["model.safetensors"]
-    handles, where, shapes = [], {}, {}
+    where, shapes = {}, {}  # HF name -> its open file, its shape
     for f in files:
         path = os.path.join(folder, f)
         check_readable(path)
         h = safe_open(path, framework="pt", device="cpu")
-        handles.append(h)
         for k in h.keys():
             if gguf_name(k) is None:
                 continue  # e.g. rotary_emb.inv_freq
