@@ -1,0 +1,114 @@
+"""End-to-end latency of the whole engine (prefill, TTFT, decode), like llama-bench or vLLM's benchmark_latency.
+
+    python apps/bench_e2e.py [CHECKPOINT] [--batch 1,16,64] [--prompt-len 128] [--gen-len 128] [--json out.jsonl]
+    python apps/bench_e2e.py --shape llama-3-8b --batch 1,16,64      # random weights, no download
+
+Each batch size runs Engine.generate (greedy, EOS ignored, random prompt ids) once to warm up, then
+--reps times; the medians are reported. The roofline is the bytes one decode step must read (every
+weight once, plus the KV cache at the mean context) over the device-to-device copy bandwidth measured
+in the same run. Load time and peak GPU memory are the engine's own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench.common import copy_bandwidth_gbs  # noqa: E402
+
+from minfer import shapes  # noqa: E402
+from minfer.engine import Engine  # noqa: E402
+from minfer.sampling import SamplingParams  # noqa: E402
+
+
+def weight_bytes(engine: Engine) -> int:
+    """Bytes of every tensor one decode step reads once: the layers, the final norm and the lm_head."""
+    model = engine.model
+    tensors = [t for layer in model.layers for t in layer.values() if t is not None]
+    tensors += [model.final_norm, model.lm_head]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def kv_bytes_per_token(engine: Engine) -> int:
+    """K and V bytes of one cached position over all layers."""
+    cfg = engine.cfg
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.dtype.itemsize
+
+
+def make_engine(args) -> Engine:
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    max_context = args.prompt_len + args.gen_len
+    if args.shape:
+        cfg = shapes.config(args.shape)
+        return Engine.from_random_weights(cfg, dtype=dtype, device="cuda", backend=args.backend,
+                                          max_context=max_context)
+    return Engine(args.checkpoint, dtype=dtype, device="cuda", backend=args.backend, max_context=max_context)
+
+
+def run_batch(engine: Engine, batch: int, args, copy_gbs: float) -> dict:
+    gen = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(engine.cfg.vocab_size, (batch, args.prompt_len), generator=gen).tolist()
+    params = SamplingParams(temperature=0)
+    torch.cuda.reset_peak_memory_stats()
+    engine.generate(prompts, params, args.gen_len, ignore_eos=True)  # warm-up: graph capture for this batch
+    runs = [engine.generate(prompts, params, args.gen_len, ignore_eos=True)[1] for _ in range(args.reps)]
+    median = lambda xs: statistics.median(xs)  # noqa: E731
+    step_s = median([s.decode_s / s.steps for s in runs])  # the first token comes from the prefill
+    prefill_s = median([s.prefill_s for s in runs])
+    mean_context = args.prompt_len + args.gen_len / 2
+    floor_bytes = weight_bytes(engine) + batch * mean_context * kv_bytes_per_token(engine)
+    floor_s = floor_bytes / (copy_gbs * 1e9)
+    return dict(
+        model=args.shape or os.path.basename(args.checkpoint or "default"), dtype=str(engine.dtype).split(".")[-1],
+        batch=batch, prompt_len=args.prompt_len, gen_len=args.gen_len,
+        prefill_tok_s=batch * args.prompt_len / prefill_s, ttft_ms=1000 * median([s.ttft_s for s in runs]),
+        decode_tok_s=batch / step_s, ms_per_step=1000 * step_s, pct_roofline=100 * floor_s / step_s,
+        floor_ms=1000 * floor_s, load_s=engine.load_s, peak_gb=torch.cuda.max_memory_allocated() / 1e9,
+        copy_gbs=copy_gbs, device=torch.cuda.get_device_name(0),
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", nargs="?", help="HF folder, hub id or .gguf (default: the default model)")
+    p.add_argument("--shape", choices=sorted(shapes.SHAPES), help="random weights of this model's shape")
+    p.add_argument("--batch", default="1,16,64", help="comma-separated batch sizes")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--gen-len", type=int, default=128)
+    p.add_argument("--dtype", choices=["float16", "bfloat16"], help="default: the engine's (bfloat16)")
+    p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--json", help="append one JSON line per batch size to this file")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_e2e: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if args.shape and args.checkpoint:
+        p.error("give a CHECKPOINT or --shape, not both")
+    if args.gen_len < 2 or args.prompt_len < 1:
+        p.error("need --gen-len >= 2 and --prompt-len >= 1")
+
+    copy_gbs = copy_bandwidth_gbs()
+    engine = make_engine(args)
+    print(f"# {torch.cuda.get_device_name(0)} | copy {copy_gbs:.0f} GB/s | {args.shape or args.checkpoint or 'default model'}"
+          f" | weights {weight_bytes(engine) / 1e9:.2f} GB | load {engine.load_s:.2f} s")
+    print(f"{'model':>16} {'dtype':>8} {'batch':>5} {'prefill tok/s':>13} {'TTFT ms':>8} {'decode tok/s':>12} "
+          f"{'ms/step':>8} {'%roof':>6} {'load s':>6} {'peak GB':>7}")
+    for batch in (int(b) for b in args.batch.split(",")):
+        row = run_batch(engine, batch, args, copy_gbs)
+        print(f"{row['model']:>16} {row['dtype']:>8} {batch:5d} {row['prefill_tok_s']:13.0f} {row['ttft_ms']:8.2f} "
+              f"{row['decode_tok_s']:12.1f} {row['ms_per_step']:8.3f} {row['pct_roofline']:6.1f} {row['load_s']:6.2f} "
+              f"{row['peak_gb']:7.2f}", flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
