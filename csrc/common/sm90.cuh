@@ -1,7 +1,7 @@
-// Hopper (sm_90a) building blocks shared by the wgmma GEMM (csrc/gemm/wgmma_sm90.cu), the flash
-// prefill (csrc/attention/flash_prefill_sm90.cu):
-// mbarriers, TMA (cp.async.bulk.tensor) loads, wgmma descriptors and instructions, setmaxnreg; and on
+// Hopper (sm_90a) building blocks shared by the wgmma GEMM (csrc/gemm/wgmma_sm90.cu) and the flash
+// prefill (csrc/attention/flash_prefill_sm90.cu): wgmma descriptors and instructions, setmaxnreg; and on
 // the host, the driver's tensor-map encoder and a builder for maps over [batch, seq, heads, D] rows.
+// The mbarrier, TMA-load and barrier instructions are in common/ptx.cuh, visible here as sm90::.
 //
 // Device code exists only in the sm_90a pass: guard its use with
 //   #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDAException.h>
 
 #include "common/checks.h"
+#include "common/ptx.cuh"
 
 namespace minfer::sm90 {
 
@@ -64,61 +65,11 @@ bool make_rows_map(CUtensorMap* map, const void* ptr, int D, int64_t heads, int6
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-// ---- mbarriers ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-// Makes the inits visible to the async proxy (TMA) before any copy signals them.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Blocks until the phase with the given parity has completed (a fresh barrier: parity 1 counts as done).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-// ---- TMA loads (global -> shared, completion counted in bytes on an mbarrier) ----
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
-                                            int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
-}
-
-// Orders this thread's ordinary shared-memory stores before later async-proxy reads (wgmma, TMA).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// ---- named barriers (ids 1..15; 0 is __syncthreads) over `count` threads, a multiple of 32 ----
-// sync blocks until `count` threads have arrived (this one included); arrive only counts this thread.
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
+// The ptx primitives (mbarriers, TMA loads, named barriers, fence.proxy.async) under this namespace too:
+// a Hopper kernel's `using namespace sm90` sees everything it issues.
+using namespace ::minfer::ptx;
+// flash_prefill_sm90.cu's name for ptx::smem_addr.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return smem_addr(p); }
 
 // ---- register reallocation between warpgroups (needs __launch_bounds__(threads, 1)) ----
 template <int N>

@@ -37,7 +37,6 @@
 #include "common/launch.h"
 #include "common/sm90.cuh"
 #include "gemm/epilogue.h"
-#include "gemm/ptx.h"
 
 namespace minfer::gemm_impl {
 namespace {
@@ -70,7 +69,7 @@ static_assert(smem_bytes<256>() + 64 <= 232448, "over the 227 KB of shared memor
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr int kGroupM = 16;  // tile-order group height in M tiles (see tile_origin)
 
-// The mbarrier / TMA / wgmma / setmaxnreg wrappers are shared with the attention kernels.
+// The mbarrier / TMA / wgmma / setmaxnreg wrappers (sm90.cuh, ptx.cuh), shared with the attention kernels.
 using namespace ::minfer::sm90;
 
 // Shared-memory descriptor of a K-major 128-byte-swizzled tile: 8-row groups 1024 B apart.
@@ -214,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<uint32_t*>(buf + r * 128 + ((jj ^ g) << 4) + t4 * 4) =
                 *reinterpret_cast<const uint32_t*>(pair);
           }
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");  // this warpgroup only
+        named_bar_sync(1 + c, 128);  // this warpgroup only
 #pragma unroll
         for (int i = 0; i < 64 * kChunks / 128; ++i) {
           const int idx = tid_wg + 128 * i, r = idx / kChunks, k = idx % kChunks;
@@ -300,10 +299,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   // Launched as a programmatic dependent (launch_small_m): the previous kernel may still run, so read
-  // or write nothing before griddepcontrol.wait. (An L2 prefetch of the first W stages here cost 1-3 us
-  // per call on H200: the loads then asked for lines already in flight.)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // or write nothing before griddep_wait. (An L2 prefetch of the first W stages here cost 1-3 us per
+  // call on H200: the loads then ask for lines already in flight.)
+  griddep_wait();
+  griddep_launch_dependents();
   __syncthreads();
 
   if (wg == 0) {  // producer: one thread walks the CTA's range with TMA
@@ -479,7 +478,7 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, float* ws,
   // ceil(tiles / sms) tiles and a tile's time goes about with its width, a narrower one's a bit more
   // per column (its wgmmas read 1.2x the shared-memory bytes per FLOP): cost = rounds x BN x (1 or
   // 1.15). 128 wins where it needs fewer rounds (512 x 4096: one round of 128 tiles against one of 64
-  // twice as long); 144, tried only where it tiles N exactly, where 256 pads and idles SMs (M = 4096,
+  // twice as long); 144, considered only where it tiles N exactly, where 256 pads and idles SMs (M = 4096,
   // N = 576: 128 tiles in one round, against 96 tiles of 256 with a third of their columns padding).
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
   auto tiles_of = [&](int bn) { return m_tiles * ((p.N + bn - 1) / bn); };
