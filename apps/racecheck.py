@@ -8,6 +8,7 @@ their shared-memory hazards too; this script launches only ours:
 """
 import torch
 
+import minfer.ops.baselines as baselines
 import minfer.ops.cuda as kernels
 
 torch.manual_seed(0)
@@ -20,9 +21,9 @@ for hd in (64, 128):
         kernels.attention(q[:, :1].contiguous(), k_cache, v_cache, torch.tensor([150, 299], device="cuda",
                           dtype=torch.int32), hd ** -0.5, stable_prefix=stable_prefix)
     x = torch.randn(1, 4, 200, hd, **opts)  # [batch, heads, seq, hd]
-    kernels.flash_attention(x, x, x, is_causal=True)
-    kernels.tiled_attention(x, x, x, is_causal=True)
-    kernels.naive_attention(x[:, :, :64], x, x)
+    baselines.flash_attention(x, x, x, is_causal=True)
+    baselines.tiled_attention(x, x, x, is_causal=True)
+    baselines.naive_attention(x[:, :, :64], x, x)
 
 # decode merges through shared memory: many small partials copied in (9 q / 3 kv heads, d 64: 44 splits),
 # and the spread merge's groups meeting there (32 q / 2 kv heads, d 128: 66 splits of 16 rows)

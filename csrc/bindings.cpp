@@ -1,11 +1,14 @@
-// The one place where minfer's ops are declared (schemas) and bound to their CUDA launchers.
-// Fake (meta) implementations live in minfer/ops/cuda.py.
+// The one place where minfer's ops are declared (schemas) and bound to their launchers (ops.h), in two
+// groups: the engine ops, which minfer/model.py calls (and the plan queries its tests ask), and the
+// baselines, the seed's teaching API (csrc/baselines/), kept exposed and benchmarked.
+// Fake (meta) implementations: minfer/ops/cuda.py (engine ops), minfer/ops/baselines.py (baselines).
 #include <Python.h>
 #include <torch/library.h>
 
 #include "ops.h"
 
 TORCH_LIBRARY(minfer, m) {
+  // ---- engine ops ----
   m.def("embedding(Tensor ids, Tensor weight) -> Tensor");
   // memory-bound kernels
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -16,25 +19,21 @@ TORCH_LIBRARY(minfer, m) {
   // gemm family (csrc/gemm/): path = auto | wmma | sm80 | sm90 | gemv | simt
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\", bool static_weight=False) -> Tensor");
   m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\") -> str");  // what linear would launch (tests)
+  // attention family (csrc/attention/)
+  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False) -> Tensor");
+  m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length) -> str");  // what decode would launch (tests)
+  // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
         "bool trans_b=False, str path=\"auto\") -> Tensor");
   m.def("tensor_core_gemm(Tensor a, Tensor b) -> Tensor");
   m.def("gemm_int8(Tensor a, Tensor b) -> Tensor");
-  // attention family
-  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False) -> Tensor");
-  m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length) -> str");  // what decode would launch (tests)
   m.def("naive_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
   m.def("tiled_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
   m.def("flash_attention(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False) -> Tensor");
-  // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
-  // type id (minfer/ops/quantized.py)
-  m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
-  m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype) -> ()");
-  m.def("qlinear(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, bool static_weight=False) -> Tensor");
-  m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
+  // ---- engine ops ----
   m.impl("embedding", &minfer::embedding);
   // memory-bound kernels
   m.impl("rms_norm", &minfer::rms_norm);
@@ -45,20 +44,16 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   // gemm family
   m.impl("linear", &minfer::linear);
   m.impl("linear_plan", &minfer::linear_plan);
-  m.impl("gemm", &minfer::gemm);
-  m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);
-  m.impl("gemm_int8", &minfer::gemm_int8);
   // attention family
   m.impl("attention", &minfer::attention);
   m.impl("attention_decode_plan", &minfer::attention_decode_plan);
+  // ---- baselines (teaching API) ----
+  m.impl("gemm", &minfer::gemm);
+  m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);
+  m.impl("gemm_int8", &minfer::gemm_int8);
   m.impl("naive_attention", &minfer::naive_attention);
   m.impl("tiled_attention", &minfer::tiled_attention);
   m.impl("flash_attention", &minfer::flash_attention);
-  // quantized weights (csrc/qgemm/)
-  m.impl("dequantize", &minfer::dequantize);
-  m.impl("dequantize_into", &minfer::dequantize_into);
-  m.impl("qlinear", &minfer::qlinear);
-  m.impl("qembedding", &minfer::qembedding);
 }
 
 // memory-bound kernels: CPU tensors reach the same launchers, whose first check names the CPU argument

@@ -4,6 +4,7 @@
 
 namespace minfer {
 
+// ---- engine ops ----
 // embedding.cu
 torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight);
 
@@ -16,30 +17,24 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
 torch::Tensor silu_and_mul(const torch::Tensor& x);
 void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& k,
                     const torch::Tensor& v, const torch::Tensor& positions);
-// gemm family (csrc/gemm/dispatch.cpp)
+// gemm family (gemm/dispatch.cpp)
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
                      const std::string& path, bool static_weight);
 std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path);
+// attention family (attention/attention.cu)
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& start_pos, double scale, bool stable_prefix);
+std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length);
+// ---- baselines (teaching API): baselines/gemm.cpp, baselines/attention.cpp ----
 torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
                    const std::optional<torch::Tensor>& c, bool trans_a, bool trans_b, const std::string& path);
 torch::Tensor tensor_core_gemm(const torch::Tensor& a, const torch::Tensor& b);
 torch::Tensor gemm_int8(const torch::Tensor& a, const torch::Tensor& b);
-// attention/ (attention.cu): engine op + seed API
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                        const torch::Tensor& start_pos, double scale, bool stable_prefix);
-std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length);
 torch::Tensor naive_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               std::optional<double> scale, bool is_causal);
 torch::Tensor tiled_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               std::optional<double> scale, bool is_causal);
 torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               std::optional<double> scale, bool is_causal);
-// quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's type id
-torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype);
-void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype);
-torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                      const std::optional<torch::Tensor>& bias, bool static_weight);
-torch::Tensor qembedding(const torch::Tensor& ids, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                         at::ScalarType dtype);
 
 }  // namespace minfer

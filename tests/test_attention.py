@@ -39,6 +39,11 @@ def _cuda():
     return cuda
 
 
+def _baselines():
+    from minfer.ops import baselines  # registers the fakes of the seed ops
+    return baselines
+
+
 def _check(ours, ref32, lowp, dtype, what=""):
     assert ours.dtype == dtype and ours.shape == ref32.shape, what
     assert torch.isfinite(ours).all(), f"{what}: non-finite output"
@@ -488,10 +493,10 @@ def test_seed(op, dtype, causal, shape):
     batch, heads, kv_heads, sq, sk, hd = shape
     q, k, v = _seed_inputs(batch, heads, kv_heads, sq, sk, hd, dtype)
     scale = None if sq % 2 else 0.3
-    ours = getattr(_cuda(), op)(q, k, v, scale=scale, is_causal=causal)
+    ours = getattr(_baselines(), op)(q, k, v, scale=scale, is_causal=causal)
     group = heads // kv_heads
-    ref32 = reference._seed_attention(q.float(), k.float().repeat_interleave(group, 1),
-                                      v.float().repeat_interleave(group, 1), scale, causal)
+    ref32 = _baselines().attention_reference(q.float(), k.float().repeat_interleave(group, 1),
+                                             v.float().repeat_interleave(group, 1), scale, causal)
     s = 1.0 / math.sqrt(hd) if scale is None else scale
     lowp = _seed_lowp(q, k, v, s, causal) if dtype != torch.float32 else ref32
     # Bottom-right causal with seq_q > seq_k: the first seq_q - seq_k rows see no key. The references
@@ -509,9 +514,9 @@ def test_seed_flash_gqa(sq, sk, ratio, hd, causal):
     # the prefill kernel through the seed API: plain and bottom-right causal, GQA, ragged tiles
     dtype = torch.bfloat16 if (sq + hd) % 2 else torch.float16
     q, k, v = _seed_inputs(2, 2 * ratio, 2, sq, sk, hd, dtype)
-    ours = _cuda().flash_attention(q, k, v, is_causal=causal)
-    ref32 = reference._seed_attention(q.float(), k.float().repeat_interleave(ratio, 1),
-                                      v.float().repeat_interleave(ratio, 1), None, causal)
+    ours = _baselines().flash_attention(q, k, v, is_causal=causal)
+    ref32 = _baselines().attention_reference(q.float(), k.float().repeat_interleave(ratio, 1),
+                                             v.float().repeat_interleave(ratio, 1), None, causal)
     _check(ours, ref32, _seed_lowp(q, k, v, 1 / math.sqrt(hd), causal), dtype, f"{sq}x{sk}")
 
 
@@ -522,9 +527,9 @@ def test_seed_flash_strided_views():
     k = torch.randn(2, 300, 2, 128, device="cuda", dtype=dtype).transpose(1, 2)
     v = torch.randn(2, 300, 2, 128, device="cuda", dtype=dtype).transpose(1, 2)
     for causal in (False, True):
-        ours = _cuda().flash_attention(q, k, v, is_causal=causal)
-        ref32 = reference._seed_attention(q.float(), k.float().repeat_interleave(4, 1),
-                                          v.float().repeat_interleave(4, 1), None, causal)
+        ours = _baselines().flash_attention(q, k, v, is_causal=causal)
+        ref32 = _baselines().attention_reference(q.float(), k.float().repeat_interleave(4, 1),
+                                                 v.float().repeat_interleave(4, 1), None, causal)
         _check(ours, ref32, _seed_lowp(q, k, v, 1 / math.sqrt(128), causal), dtype)
 
 
@@ -540,8 +545,8 @@ def test_prefill_sm80_path_on_hopper(hd, monkeypatch):
 def test_seed_flash_long():
     q, k, v = _seed_inputs(1, 4, 4, 1000, 4097, 128, torch.float16)
     for causal in (False, True):
-        ours = _cuda().flash_attention(q, k, v, is_causal=causal)
-        ref32 = reference._seed_attention(q.float(), k.float(), v.float(), None, causal)
+        ours = _baselines().flash_attention(q, k, v, is_causal=causal)
+        ref32 = _baselines().attention_reference(q.float(), k.float(), v.float(), None, causal)
         _check(ours, ref32, _seed_lowp(q, k, v, 1 / math.sqrt(128), causal), torch.float16)
 
 
@@ -556,6 +561,7 @@ def test_opcheck():
     torch.library.opcheck(ops.attention.default, (q, k, v, start, 0.125))
     torch.library.opcheck(ops.attention.default, (q[:, :1], k, v, start, 0.125))
     qs, ks, vs = _seed_inputs(1, 4, 2, 33, 40, 64, torch.bfloat16)
+    _baselines()
     for name in ("naive_attention", "tiled_attention", "flash_attention"):
         torch.library.opcheck(getattr(ops, name).default, (qs, ks, vs, None, True))
         torch.library.opcheck(getattr(ops, name).default, (qs, ks, vs, 0.2, False))

@@ -1,4 +1,5 @@
-"""GEMM family: linear, gemm, tensor_core_gemm, gemm_int8, every path forced on its own.
+"""GEMM family: linear (engine op) and the baselines gemm, tensor_core_gemm, gemm_int8, every path forced
+on its own.
 
 Low-precision results are bounded by torch's own error at the same precision (flash-attention's
 rule): |ours - ref64| <= 2 |torch_lowp - ref64| + eps, elementwise, with eps one output ulp."""
@@ -13,7 +14,8 @@ ULP = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 2.0 
 
 
 def _ops():
-    import minfer.ops.cuda  # noqa: F401  registers the fakes
+    import minfer.ops.baselines  # noqa: F401  registers the fakes of gemm, tensor_core_gemm, gemm_int8
+    import minfer.ops.cuda  # noqa: F401  and of linear
     return torch.ops.minfer
 
 
@@ -365,11 +367,11 @@ def test_gemm_alpha_beta_transposes(trans_a, trans_b, dtype):
 
 
 def test_gemm_wrapper_and_broadcast_c():
-    from minfer.ops import cuda, reference
+    from minfer.ops import baselines
     a, b = _rand(7, 64, dtype=torch.float16), _rand(64, 24, dtype=torch.float16)
     c = _rand(24, dtype=torch.float16)  # broadcast over rows, as in the reference
-    ours = cuda.gemm(a, b, 1.0, 1.0, c)
-    _check(ours, reference.gemm(a, b, 1.0, 1.0, c), a.double() @ b.double() + c.double(), torch.float16)
+    ours = baselines.gemm(a, b, 1.0, 1.0, c)
+    _check(ours, baselines.gemm_reference(a, b, 1.0, 1.0, c), a.double() @ b.double() + c.double(), torch.float16)
 
 
 @pytest.mark.parametrize("mnk", [(1, 200, 328), (113, 200, 328), (128, 128, 512), (300, 72, 40)])

@@ -7,7 +7,8 @@ attention_prefill (batch, seq, heads, kv_heads, head_dim, causal): causal rows t
     beforehand (untimed), is_causal as the row says.
 attention_decode (batch, context, heads, kv_heads, head_dim): one query per sequence at position
     context-1; bytes = K + V read. ref: SDPA (enable_gqa) over the cache slice [:, :context].
-naive/tiled/flash_attention (batch, heads, seq, head_dim, causal): the seed API; ref: SDPA.
+naive/tiled/flash_attention (batch, heads, seq, head_dim, causal): the seed API (minfer/ops/baselines.py);
+    ref: SDPA.
 """
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ from .common import Case
 def _ops():
     from minfer.ops import cuda
     return cuda
+
+
+def _baselines():
+    from minfer.ops import baselines
+    return baselines
 
 
 def _attn_flops(b, h, sq, sk, d, causal):
@@ -50,7 +56,7 @@ def _prefill_ref(q, k, v, start, causal, q_ref, k_ref, v_ref):
 def _prefill_minfer(q, k, v, start, causal, q_ref, k_ref, v_ref):
     if causal:
         return _ops().attention(q, k, v, start, 1.0 / math.sqrt(q.shape[-1]))
-    return _ops().flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return _baselines().flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
 
 def _prefill_bytes(shape, dtype):
@@ -100,7 +106,7 @@ def _seed_ref(q, k, v, causal):
 
 
 def _seed(name):
-    return lambda q, k, v, causal: getattr(_ops(), name)(q, k, v, is_causal=causal)
+    return lambda q, k, v, causal: getattr(_baselines(), name)(q, k, v, is_causal=causal)
 
 
 def _seed_bytes(shape, dtype):

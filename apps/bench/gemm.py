@@ -4,6 +4,9 @@ Default sweep: squares 1024..8192, Llama-3-8B's linear shapes at M in {1, 8, 64,
 SmolLM2-135M's at M in {1, 4096}. Everything in ALL_SHAPES can be run with --shape M,N,K.
 gemm_decode: every model's linear shapes at M in {1, 8, 16} (the gemv path's range).
 --path wmma|sm80|sm90|gemv forces one kernel path.
+Baselines (the seed's teaching API, minfer/ops/baselines.py), on squares: gemm_baseline (gemm, auto path;
+ref: torch.mm), tensor_core_gemm (WMMA, fp16 -> fp32; ref: torch.mm in fp16) and gemm_int8 (int8 -> int32;
+ref: torch._int_mm).
 """
 from __future__ import annotations
 
@@ -58,6 +61,38 @@ try:
 except ImportError:  # extension not built: the ref side still runs
     pass
 
+
+# ---- baselines: A [M, K] @ B [K, N] ----
+
+def _ab_inputs(shape, dtype):
+    m, n, k = shape
+    if dtype == torch.int8:
+        return {"a": torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8),
+                "b": torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8).t()}
+    return {"a": torch.randn(m, k, device="cuda", dtype=dtype),
+            "b": torch.randn(k, n, device="cuda", dtype=dtype) / k ** 0.5}
+
+
+def _ab_bytes(out_itemsize=None):
+    def fn(shape, dtype):
+        m, n, k = shape
+        return (m * k + k * n) * dtype.itemsize + m * n * (out_itemsize or dtype.itemsize)
+    return fn
+
+
+def _baseline(name):
+    def fn(a, b):
+        from minfer.ops import baselines
+        return getattr(baselines, name)(a, b)
+    return fn
+
+
+def _baseline_case(name, ref, dtypes, out_itemsize=None):
+    return Case(shapes=[(s, s, s) for s in (1024, 2048, 4096)], make_inputs=_ab_inputs, ref=ref,
+                minfer=_baseline(name), bytes=_ab_bytes(out_itemsize),
+                flops=lambda shape: 2 * shape[0] * shape[1] * shape[2], shape_names="M x N x K (A [M, K] @ B [K, N])",
+                dtypes=dtypes)
+
 CASES = {
     "gemm": Case(
         shapes=DEFAULT,
@@ -73,3 +108,6 @@ CASES = {
 }
 # fp16 only by default (45 shapes); --dtype bfloat16 for the other.
 CASES["gemm_decode"] = dataclasses.replace(CASES["gemm"], shapes=DECODE, dtypes=(torch.float16,))
+CASES["gemm_baseline"] = _baseline_case("gemm", torch.mm, (torch.float16, torch.bfloat16))
+CASES["tensor_core_gemm"] = _baseline_case("tensor_core_gemm", torch.mm, (torch.float16,), out_itemsize=4)
+CASES["gemm_int8"] = _baseline_case("gemm_int8", torch._int_mm, (torch.int8,), out_itemsize=4)

@@ -1,6 +1,6 @@
 // Launchers of the attention family: validation at the boundary, then dispatch.
 //   attention (engine op): seq > 1 -> flash prefill (flash_prefill.cu), seq == 1 -> split-KV decode
-//   (flash_decode.cu). naive/tiled/flash_attention: the seed API on [batch, heads, seq, head_dim].
+//   (flash_decode.cu). The seed API on [batch, heads, seq, head_dim] is in csrc/baselines/attention.cpp.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -14,47 +14,9 @@
 
 namespace minfer {
 
-namespace attn {
-torch::Tensor naive_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   double scale, bool is_causal);
-}
-
 namespace {
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-
-// 16-byte rows for cp.async / vector loads: every stride but the last a multiple of 8 elements (16-bit
-// types), the last stride 1, and the base pointer 16-byte aligned.
-bool rows_aligned16(const torch::Tensor& t) {
-  if (t.stride(-1) != 1 || !is_aligned16(t.data_ptr())) return false;
-  for (int i = 0; i + 1 < t.dim(); ++i)
-    if (t.size(i) > 1 && t.stride(i) % 8 != 0) return false;
-  return true;
-}
-
-void check_seed(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const char* name) {
-  MINFER_CHECK_CUDA(q);
-  MINFER_CHECK_CUDA(k);
-  MINFER_CHECK_CUDA(v);
-  MINFER_CHECK_SAME_DEVICE(q, k);
-  MINFER_CHECK_SAME_DEVICE(q, v);
-  MINFER_CHECK_FLOAT(q);
-  MINFER_CHECK_SAME_DTYPE(q, k);
-  MINFER_CHECK_SAME_DTYPE(q, v);
-  MINFER_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, name,
-              ": q, k, v must be [batch, heads, seq, head_dim], got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  MINFER_CHECK(k.sizes() == v.sizes(), name, ": k and v must have the same shape, got ", k.sizes(), " and ", v.sizes());
-  MINFER_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3), name,
-              ": q and k must agree in batch and head_dim, got ", q.sizes(), " and ", k.sizes());
-  MINFER_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, name, ": q heads (", q.size(1),
-              ") must be a multiple of kv heads (", k.size(1), ")");
-  MINFER_CHECK(q.size(2) <= kIntMax && k.size(2) <= kIntMax && q.numel() / std::max<int64_t>(q.size(3), 1) <= kIntMax,
-              name, ": sizes too large");
-}
-
-double seed_scale(const torch::Tensor& q, std::optional<double> scale) {
-  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-}
 
 // The engine op's checks on q [batch, seq, heads, head_dim] and k_cache [batch, capacity, kv_heads, head_dim].
 void check_q_and_cache(const torch::Tensor& q, const torch::Tensor& k_cache) {
@@ -128,49 +90,6 @@ std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k
   MINFER_CHECK(k_cache.size(1) <= kIntMax, "attention_decode_plan: capacity must be below 2^31, got ", k_cache.size(1));
   const c10::cuda::CUDAGuard guard(q.device());
   return attn::flash_decode_plan(q, k_cache, static_cast<int>(length));
-}
-
-torch::Tensor naive_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              std::optional<double> scale, bool is_causal) {
-  check_seed(q, k, v, "naive_attention");
-  const c10::cuda::CUDAGuard guard(q.device());
-  return attn::naive_attention_impl(q.contiguous(), k.contiguous(), v.contiguous(), seed_scale(q, scale), is_causal);
-}
-
-torch::Tensor tiled_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              std::optional<double> scale, bool is_causal) {
-  check_seed(q, k, v, "tiled_attention");
-  const c10::cuda::CUDAGuard guard(q.device());
-  return attn::tiled_attention_impl(q.contiguous(), k.contiguous(), v.contiguous(), seed_scale(q, scale), is_causal);
-}
-
-torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
-                              std::optional<double> scale, bool is_causal) {
-  check_seed(q_in, k_in, v_in, "flash_attention");
-  const c10::cuda::CUDAGuard guard(q_in.device());
-  const int64_t head_dim = q_in.size(3);
-  // Tensor cores take 16-bit inputs and the kernel is built for head_dim 64/128: anything else
-  // (fp32 inputs included) runs on the CUDA-core tiled kernel.
-  if (q_in.scalar_type() == at::kFloat || (head_dim != 64 && head_dim != 128))
-    return attn::tiled_attention_impl(q_in.contiguous(), k_in.contiguous(), v_in.contiguous(),
-                                      seed_scale(q_in, scale), is_causal);
-  auto aligned = [](const torch::Tensor& t) { return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous); };
-  const torch::Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
-  const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2);
-  auto out = torch::empty({batch, heads, seq_q, head_dim}, q.options());  // [batch, heads, seq_q, head_dim]
-  if (out.numel() == 0) return out;
-  MINFER_CHECK(batch <= 65535 && heads <= 65535, "flash_attention: batch and heads must be <= 65535");
-  attn::FlashParams p{};
-  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.o = out.data_ptr();
-  p.q_bs = q.stride(0), p.q_hs = q.stride(1), p.q_ss = q.stride(2);
-  p.k_bs = k.stride(0), p.k_hs = k.stride(1), p.k_ss = k.stride(2);
-  p.v_bs = v.stride(0), p.v_hs = v.stride(1), p.v_ss = v.stride(2);
-  p.o_bs = out.stride(0), p.o_hs = out.stride(1), p.o_ss = out.stride(2);
-  p.seq_q = seq_q, p.seq_k = k.size(2), p.group = heads / k.size(1);
-  p.start_pos = nullptr;
-  p.scale_log2 = static_cast<float>(seed_scale(q, scale)) * attn::kLog2e;
-  attn::flash_prefill(p, q.scalar_type(), head_dim, is_causal, batch, heads, c10::cuda::getCurrentCUDAStream());
-  return out;
 }
 
 }  // namespace minfer

@@ -58,10 +58,6 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
 // keys, and how they merge), launching nothing.
 std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length);
 
-// tiled.cu: the CUDA-core tiled kernel (also the fp32 path of flash_attention).
-torch::Tensor tiled_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   double scale, bool is_causal);
-
 constexpr float kLog2e = 1.4426950408889634f;
 
 }  // namespace minfer::attn

@@ -7,11 +7,11 @@
 
 #include <cmath>
 
-#include "attention/attention.h"
+#include "baselines/baselines.h"
 #include "common/dispatch.h"
 #include "common/vec.h"
 
-namespace minfer::attn {
+namespace minfer::baselines {
 
 namespace {
 
@@ -80,4 +80,4 @@ torch::Tensor naive_attention_impl(const torch::Tensor& q, const torch::Tensor& 
   return out;
 }
 
-}  // namespace minfer::attn
+}  // namespace minfer::baselines

@@ -3,7 +3,6 @@
 // serves row t / 8; the 8 threads of a row split the tile's keys for the scores (4 each) and the
 // head dims for the output (d = t % 8 + 8 i). Rows (pad +1) avoid shared-memory bank conflicts.
 // Also the fp32 path of flash_attention (tensor cores take only 16-bit inputs there).
-#include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -11,10 +10,12 @@
 #include <cmath>
 
 #include "attention/attention.h"
+#include "baselines/baselines.h"
+#include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/vec.h"
 
-namespace minfer::attn {
+namespace minfer::baselines {
 
 namespace {
 
@@ -122,7 +123,7 @@ void launch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
   kernel<<<grid, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const T*>(q.data_ptr()), reinterpret_cast<const T*>(k.data_ptr()),
       reinterpret_cast<const T*>(v.data_ptr()), reinterpret_cast<T*>(out.data_ptr()), heads, heads / kv_heads, seq_q,
-      seq_k, D, scale * kLog2e, causal);
+      seq_k, D, scale * attn::kLog2e, causal);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -142,4 +143,4 @@ torch::Tensor tiled_attention_impl(const torch::Tensor& q, const torch::Tensor& 
   return out;
 }
 
-}  // namespace minfer::attn
+}  // namespace minfer::baselines

@@ -5,6 +5,8 @@
 
 #include <torch/all.h>
 
+#include "common/vec.h"
+
 namespace minfer::detail {
 // Messages are assembled from std::string pieces here rather than streamed by c10::str: on the GPU
 // machine (torch 2.11) a failing TORCH_CHECK that streamed an integer crashed the process instead of
@@ -53,3 +55,14 @@ std::string msg(const Args&... args) {
 #define MINFER_CHECK_INDEX(t)                                                                                  \
   MINFER_CHECK((t).scalar_type() == at::kInt || (t).scalar_type() == at::kLong, #t " must be int32 or int64, got ", \
               (t).scalar_type())
+
+namespace minfer {
+// 16-byte rows for cp.async / vector loads: every stride but the last a multiple of 8 elements (16-bit
+// types), the last stride 1, and the base pointer 16-byte aligned.
+inline bool rows_aligned16(const torch::Tensor& t) {
+  if (t.stride(-1) != 1 || !is_aligned16(t.data_ptr())) return false;
+  for (int i = 0; i + 1 < t.dim(); ++i)
+    if (t.size(i) > 1 && t.stride(i) % 8 != 0) return false;
+  return true;
+}
+}  // namespace minfer

@@ -1,7 +1,8 @@
 """The cuda backend: thin Python wrappers over torch.ops.minfer.*, plus their fake (meta)
 implementations so that the ops work under torch.compile, opcheck and CUDA graph capture.
 
-An op appears here only when its kernel exists; ops/__init__.py falls back to ref for the rest.
+An op appears here only when its kernel exists; ops/__init__.py falls back to ref for the rest. The
+seed's teaching API (gemm, naive/tiled/flash_attention, ...) is in ops/baselines.py.
 """
 from __future__ import annotations
 
@@ -95,29 +96,14 @@ def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     # k_cache, v_cache [batch, capacity, kv_heads, head_dim]; k, v [batch, seq, kv_heads, head_dim]
     # (batch and seq may be strided); positions [batch, seq]. Positions outside [0, capacity) are skipped.
     _ops.kv_cache_write(k_cache, v_cache, k, v, positions.contiguous())
+
+
 # ---- gemm family (csrc/gemm/) ----
-# Extra trailing argument on the ops (not on the wrappers): path = auto | wmma | sm80 | sm90 | gemv | simt.
+# Extra trailing argument on linear's op (not on the wrapper): path = auto | wmma | sm80 | sm90 | gemv | simt.
 
 @torch.library.register_fake("minfer::linear")
 def _linear_fake(x, w, bias=None, path="auto", static_weight=False):
     return x.new_empty((x.shape[0], w.shape[0]))
-
-
-@torch.library.register_fake("minfer::gemm")
-def _gemm_fake(a, b, alpha=1.0, beta=0.0, c=None, trans_a=False, trans_b=False, path="auto"):
-    m = a.shape[1] if trans_a else a.shape[0]
-    n = b.shape[0] if trans_b else b.shape[1]
-    return a.new_empty((m, n))
-
-
-@torch.library.register_fake("minfer::tensor_core_gemm")
-def _tensor_core_gemm_fake(a, b):
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
-
-
-@torch.library.register_fake("minfer::gemm_int8")
-def _gemm_int8_fake(a, b):
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -130,30 +116,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _ops.linear(x, weight, bias, "auto", static_weight)
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
-         trans_a: bool = False, trans_b: bool = False) -> torch.Tensor:
-    return _ops.gemm(a, b, alpha, beta, c, trans_a, trans_b)
-
-
-def tensor_core_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _ops.tensor_core_gemm(a, b)
-
-
-def gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _ops.gemm_int8(a, b)
 # ---- attention family (csrc/attention/) ----
 
 @torch.library.register_fake("minfer::attention")
 def _attention_fake(q, k_cache, v_cache, start_pos, scale, stable_prefix=False):
     return q.new_empty(q.shape)  # [batch, seq, heads, head_dim], contiguous
-
-
-def _seed_attention_fake(q, k, v, scale=None, is_causal=False):
-    return q.new_empty(q.shape)  # [batch, heads, seq_q, head_dim], contiguous
-
-
-for _name in ("naive_attention", "tiled_attention", "flash_attention"):
-    torch.library.register_fake(f"minfer::{_name}")(_seed_attention_fake)
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
@@ -170,15 +137,3 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         return reference.attention(q, k_cache, v_cache, start_pos, scale)
     return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix)
 
-
-def naive_attention(q, k, v, scale=None, is_causal=False):
-    return _ops.naive_attention(q, k, v, scale, is_causal)
-
-
-def tiled_attention(q, k, v, scale=None, is_causal=False):
-    return _ops.tiled_attention(q, k, v, scale, is_causal)
-
-
-def flash_attention(q, k, v, scale=None, is_causal=False):
-    # fp16/bf16 with head_dim 64/128 run on tensor cores; fp32 and other head dims on the tiled kernel.
-    return _ops.flash_attention(q, k, v, scale, is_causal)

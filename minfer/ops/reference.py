@@ -6,8 +6,6 @@ backend implements exactly the same signatures.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -93,50 +91,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     # In the input dtype: on a GPU this is cuBLAS with fp32 accumulation, the baseline to beat.
     # static_weight is a scheduling promise for the CUDA kernels (see ops/cuda.py); no effect here.
     return F.linear(x, weight, bias)
-
-
-# ---- exposed seed kernels (benchmarked baselines), same semantics as the CUDA ones ----
-
-def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
-         trans_a: bool = False, trans_b: bool = False) -> torch.Tensor:
-    # alpha * op(A) @ op(B) + beta * C; A [M, K] (or [K, M] if trans_a), B [K, N] (or [N, K] if trans_b)
-    a32 = a.float().t() if trans_a else a.float()
-    b32 = b.float().t() if trans_b else b.float()
-    y = alpha * (a32 @ b32)
-    if c is not None and beta != 0.0:
-        y = y + beta * c.float()
-    return y.to(a.dtype)
-
-
-def tensor_core_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    # fp16 A [M, K] @ B [K, N] -> fp32 [M, N]
-    return a.float() @ b.float()
-
-
-def gemm_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    # int8 A [M, K] @ int8 B [K, N] -> int32 [M, N], exact (int64 on the way)
-    return (a.long() @ b.long()).to(torch.int32) if a.device.type == "cpu" else \
-        (a.double() @ b.double()).round().to(torch.int32)
-
-
-def _seed_attention(q, k, v, scale, is_causal):
-    # q [batch, heads, seq_q, head_dim], k, v [batch, heads, seq_k, head_dim]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (q.float() @ k.float().transpose(-1, -2)) * scale
-    if is_causal:  # bottom-right aligned, as for queries that are the last seq_q of seq_k
-        sq, sk = q.shape[-2], k.shape[-2]
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-        s = s.masked_fill(~keep, float("-inf"))
-    return (s.softmax(-1) @ v.float()).to(q.dtype)
-
-
-def naive_attention(q, k, v, scale=None, is_causal=False):
-    return _seed_attention(q, k, v, scale, is_causal)
-
-
-def tiled_attention(q, k, v, scale=None, is_causal=False):
-    return _seed_attention(q, k, v, scale, is_causal)
-
-
-def flash_attention(q, k, v, scale=None, is_causal=False):
-    return _seed_attention(q, k, v, scale, is_causal)
