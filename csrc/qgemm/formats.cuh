@@ -1,0 +1,144 @@
+// GGUF block formats on the device: the type ids (ggml's, shared with minfer/ops/quantized.py), each
+// format's block size, and decode8<QT>(block, j, v): elements 8j .. 8j + 7 of one block as fp32.
+//
+// Layouts (ggml's, as in minfer/quant.py), per block; fp16 fields little-endian, at even offsets:
+//   Q8_0  d@0, q:int8[32]@2                                       x = d q
+//   Q4_0  d@0, q:u4[32]@2                                         x = d (q - 8)
+//   Q4_1  d@0, m@2, q:u4[32]@4                                    x = d q + m
+//   Q5_0  d@0, qh:u32@2, q:u4[32]@6                               x = d (q + 16 hbit - 16)
+//   Q5_1  d@0, m@2, qh:u32@4, q:u4[32]@8                          x = d (q + 16 hbit) + m
+//   Q4_K  d@0, dmin@2, scales@4 (12 bytes), q:u4[256]@16          x = d sc q - dmin mn
+//   Q5_K  as Q4_K with qh:u8[32]@16, q:u4[256]@48
+//   Q6_K  ql:u4[256]@0, qh:u2[256]@128, sc:int8[16]@192, d@208    x = d sc (q - 32)
+// The legacy (32-element) formats keep elements 0-15 in the low nibbles of their 16 quant bytes, 16-31
+// in the high ones: a run of 8 elements is 8 consecutive bytes, one nibble each.
+//
+// Every value is computed in fp32 in the reference's order (quant.dequantize_blocks) with no fused
+// multiply-add, so that rounding it to fp16/bf16 gives exactly quant.dequantize(...).to(dtype).
+// Block pointers need only 2-byte alignment (every block size is even): bytes are read as u16 pairs.
+#pragma once
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace minfer::qgemm {
+
+// ggml's type ids.
+enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+template <int QT> struct Format;
+template <> struct Format<kQ4_0> { static constexpr int kElems = 32, kBytes = 18; };
+template <> struct Format<kQ4_1> { static constexpr int kElems = 32, kBytes = 20; };
+template <> struct Format<kQ5_0> { static constexpr int kElems = 32, kBytes = 22; };
+template <> struct Format<kQ5_1> { static constexpr int kElems = 32, kBytes = 24; };
+template <> struct Format<kQ8_0> { static constexpr int kElems = 32, kBytes = 34; };
+template <> struct Format<kQ4_K> { static constexpr int kElems = 256, kBytes = 144; };
+template <> struct Format<kQ5_K> { static constexpr int kElems = 256, kBytes = 176; };
+template <> struct Format<kQ6_K> { static constexpr int kElems = 256, kBytes = 210; };
+
+#ifdef __CUDACC__
+// The fp16 at p (2-byte aligned) as fp32.
+__device__ __forceinline__ float f16_at(const uint8_t* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
+
+// 4 / 8 little-endian bytes at p (2-byte aligned), as u16 pairs: blocks are only 2-byte aligned.
+__device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+}
+__device__ __forceinline__ void bytes8_at(const uint8_t* p, uint32_t (&w)[2]) { w[0] = u32_at(p), w[1] = u32_at(p + 4); }
+// Byte i (0..7) of the 8 bytes in w.
+__device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[2], int i) { return (w[i >> 2] >> (8 * (i & 3))) & 0xFF; }
+
+// An integer below 2^23 as fp32, exactly, without I2F (a quarter-rate instruction): 2^23 + q, minus 2^23.
+__device__ __forceinline__ float u2f(uint32_t q) { return __int_as_float(0x4B000000u | q) - 8388608.f; }
+
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block s (0..7) from the 12 scale bytes at sc. Sub-blocks
+// 0-3 keep theirs in the low 6 bits of bytes s / s + 4; 4-7 take 4 bits from byte s + 4 and the top 2
+// of bytes s - 4 / s.
+__device__ __forceinline__ void k_scale_min(const uint8_t* sc, int s, float& scale, float& min) {
+  if (s < 4) {
+    scale = u2f(sc[s] & 63), min = u2f(sc[s + 4] & 63);
+  } else {
+    scale = u2f((sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4));
+    min = u2f((sc[s + 4] >> 4) | ((sc[s] >> 6) << 4));
+  }
+}
+
+// v[i] = element 8j + i of the block at b (j < kElems / 8).
+template <int QT>
+__device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) {
+  uint32_t w[2];
+  if constexpr (QT == kQ8_0) {
+    const float d = f16_at(b);
+    bytes8_at(b + 2 + 8 * j, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, u2f(byte_of(w, i) ^ 0x80) - 128.f);  // int8 = (u8 ^ 0x80) - 128
+  } else if constexpr (QT == kQ4_0 || QT == kQ4_1) {
+    const int qs = QT == kQ4_0 ? 2 : 4, shift = 4 * (j >> 1);  // elements 16-31: the high nibbles
+    const float d = f16_at(b);
+    bytes8_at(b + qs + 8 * (j & 1), w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float q = u2f((byte_of(w, i) >> shift) & 0xF);
+      v[i] = QT == kQ4_0 ? __fmul_rn(d, q - 8.f) : __fadd_rn(__fmul_rn(d, q), f16_at(b + 2));
+    }
+  } else if constexpr (QT == kQ5_0 || QT == kQ5_1) {
+    const int qh_at = QT == kQ5_0 ? 2 : 4, shift = 4 * (j >> 1);
+    const float d = f16_at(b);
+    const uint32_t qh = u32_at(b + qh_at) >> (8 * j);  // bit e: the 5th bit of element e
+    bytes8_at(b + qh_at + 4 + 8 * (j & 1), w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float q = u2f(((byte_of(w, i) >> shift) & 0xF) | (((qh >> i) & 1) << 4));
+      v[i] = QT == kQ5_0 ? __fmul_rn(d, q - 16.f) : __fadd_rn(__fmul_rn(d, q), f16_at(b + 2));
+    }
+  } else if constexpr (QT == kQ4_K || QT == kQ5_K) {
+    const int s = j >> 2, l0 = 8 * (j & 3);  // sub-block s, its elements l0 .. l0 + 7
+    float sc, mn;
+    k_scale_min(b + 4, s, sc, mn);
+    const float ds = __fmul_rn(f16_at(b), sc), dm = __fmul_rn(f16_at(b + 2), mn);
+    // Sub-blocks 2p and 2p + 1 share 32 quant bytes: low nibbles, then high ones.
+    bytes8_at(b + (QT == kQ4_K ? 16 : 48) + 32 * (s >> 1) + l0, w);
+    uint32_t hw[2] = {0, 0};
+    if constexpr (QT == kQ5_K) bytes8_at(b + 16 + l0, hw);  // qh byte l, bit s: element l of sub-block s
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      uint32_t q = (byte_of(w, i) >> (4 * (s & 1))) & 0xF;
+      if constexpr (QT == kQ5_K) q |= ((byte_of(hw, i) >> s) & 1) << 4;
+      v[i] = __fsub_rn(__fmul_rn(ds, u2f(q)), dm);
+    }
+  } else {
+    static_assert(QT == kQ6_K, "decode8: unknown format");
+    // Element 8j: half h (128 elements), group g (32) of it, l0 within the group.
+    const int h = j >> 4, g = (j >> 2) & 3, l0 = 8 * (j & 3);
+    const float ds = __fmul_rn(f16_at(b + 208), float(int8_t(b[192 + 8 * h + 2 * g + (l0 >> 4)])));  // 16 a scale
+    uint32_t hw[2];
+    bytes8_at(b + 64 * h + 32 * (g & 1) + l0, w);  // groups 0, 1: low nibbles of two 32-byte runs; 2, 3: high
+    bytes8_at(b + 128 + 32 * h + l0, hw);          // bits 2g, 2g + 1: the high 2 bits
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t q = ((byte_of(w, i) >> (4 * (g >> 1))) & 0xF) | (((byte_of(hw, i) >> (2 * g)) & 3) << 4);
+      v[i] = __fmul_rn(ds, u2f(q) - 32.f);
+    }
+  }
+}
+#endif  // __CUDACC__
+
+}  // namespace minfer::qgemm
+
+// Compile-time dispatch on a qtype: the body sees `QT` as a constexpr int; an unknown id fails a check
+// that names the argument.
+#define MINFER_DISPATCH_QTYPE(qtype, QT, ...)                                                                   \
+  [&] {                                                                                                       \
+    switch (qtype) {                                                                                          \
+      case ::minfer::qgemm::kQ4_0: { constexpr static int QT = ::minfer::qgemm::kQ4_0; return __VA_ARGS__(); } \
+      case ::minfer::qgemm::kQ4_1: { constexpr static int QT = ::minfer::qgemm::kQ4_1; return __VA_ARGS__(); } \
+      case ::minfer::qgemm::kQ5_0: { constexpr static int QT = ::minfer::qgemm::kQ5_0; return __VA_ARGS__(); } \
+      case ::minfer::qgemm::kQ5_1: { constexpr static int QT = ::minfer::qgemm::kQ5_1; return __VA_ARGS__(); } \
+      case ::minfer::qgemm::kQ8_0: { constexpr static int QT = ::minfer::qgemm::kQ8_0; return __VA_ARGS__(); } \
+      case ::minfer::qgemm::kQ4_K: { constexpr static int QT = ::minfer::qgemm::kQ4_K; return __VA_ARGS__(); } \
+      case ::minfer::qgemm::kQ5_K: { constexpr static int QT = ::minfer::qgemm::kQ5_K; return __VA_ARGS__(); } \
+      case ::minfer::qgemm::kQ6_K: { constexpr static int QT = ::minfer::qgemm::kQ6_K; return __VA_ARGS__(); } \
+      default: MINFER_CHECK(false, #qtype " must be a GGUF type id of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), " \
+                                   "Q8_0 (8), Q4_K (12), Q5_K (13) or Q6_K (14), got ", qtype);                 \
+    }                                                                                                         \
+  }()

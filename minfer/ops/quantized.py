@@ -1,0 +1,74 @@
+"""Quantized weights on the GPU (csrc/qgemm/): thin wrappers over torch.ops.minfer.{dequantize,
+dequantize_into, qlinear, qembedding}, plus their fake (meta) implementations.
+
+A weight stays in its GGUF blocks (quant.QuantizedWeight: uint8 [n, k / elems * bytes], ggml's layout).
+Decode (x of at most 16 rows) streams the blocks and dequantizes in registers (qlinear); prefill
+dequantizes the weight into a scratch buffer and runs the dense GEMM (linear).
+"""
+from __future__ import annotations
+
+import torch
+
+import minfer._C  # noqa: F401  registers torch.ops.minfer
+
+from ..quant import QuantizedWeight
+
+_ops = torch.ops.minfer
+
+# ggml's type ids, the kernels' qtype (csrc/qgemm/formats.cuh).
+QTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+QLINEAR_MAX_ROWS = 16  # qlinear's range; more rows take dequantize + linear
+
+
+# ---- fake implementations: shapes and dtypes only ----
+
+@torch.library.register_fake("minfer::dequantize")
+def _dequantize_fake(blocks, qtype, n, k, dtype):
+    return blocks.new_empty((n, k), dtype=dtype)
+
+
+@torch.library.register_fake("minfer::dequantize_into")
+def _dequantize_into_fake(out, blocks, qtype):
+    return None
+
+
+@torch.library.register_fake("minfer::qlinear")
+def _qlinear_fake(x, blocks, qtype, n, k, bias=None, static_weight=False):
+    return x.new_empty((x.shape[0], n))
+
+
+@torch.library.register_fake("minfer::qembedding")
+def _qembedding_fake(ids, blocks, qtype, n, k, dtype):
+    return blocks.new_empty((*ids.shape, k), dtype=dtype)
+
+
+# ---- the ops ----
+
+def dequantize(w: QuantizedWeight, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """w -> [n, k] in dtype (fp16/bf16); into `out` (contiguous [n, k]) when given, e.g. a reused scratch."""
+    n, k = w.shape
+    if out is None:
+        return _ops.dequantize(w.blocks, QTYPE[w.kind], n, k, dtype)
+    _ops.dequantize_into(out, w.blocks, QTYPE[w.kind])
+    return out
+
+
+def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None, static_weight: bool = True,
+           scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., k] @ W^T (+ bias) -> [..., n]. Up to 16 rows: qlinear; more: W dequantized (into `scratch`,
+    a contiguous [n, k] of x's dtype, when given) and the dense linear. static_weight: no kernel that may
+    still be running writes w (as for the engine's weights; see README)."""
+    n, k = w.shape
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] <= QLINEAR_MAX_ROWS:
+        out = _ops.qlinear(x2.contiguous(), w.blocks, QTYPE[w.kind], n, k, bias, static_weight)
+    else:
+        dense = dequantize(w, x.dtype, scratch)
+        out = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before
+    return out.view(*x.shape[:-1], n)
+
+
+def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` of w dequantized -> [*ids.shape, k]; out-of-range ids give NaN rows."""
+    n, k = w.shape
+    return _ops.qembedding(ids.contiguous(), w.blocks, QTYPE[w.kind], n, k, dtype)

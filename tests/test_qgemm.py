@@ -1,0 +1,190 @@
+"""Quantized weights on the GPU (csrc/qgemm/): dequantize, dequantize_into, qlinear, qembedding, every
+format, against minfer.quant's torch dequantizer.
+
+dequantize and qembedding must match quant.dequantize(...).to(dtype) bit for bit (the kernels compute
+each value in fp32 in the reference's order). Products follow the GEMM tests' rule: |ours - ref64| <=
+2 |torch_lowp - ref64| + eps, with torch_lowp = the weight dequantized to fp16/bf16, then F.linear."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minfer import quant
+from test_quant import random_blocks
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+ULP = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+DTYPES = [torch.float16, torch.bfloat16]
+LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+KQUANTS = ["Q4_K", "Q5_K", "Q6_K"]
+# k per format family: one short row, and one past a multiple of 256 where the blocks allow it
+KS = {**{kind: [96, 4128] for kind in LEGACY}, **{kind: [256, 4352] for kind in KQUANTS}}
+
+
+def _q():
+    from minfer.ops import quantized
+    return quantized
+
+
+def _weight(kind: str, n: int, k: int, seed: int = 0) -> quant.QuantizedWeight:
+    """Random blocks (finite fp16 scales) for W [n, k], on the GPU."""
+    row_blocks = k // quant.BLOCK_ELEMS[kind]
+    raw = random_blocks(kind, n * row_blocks, seed=seed)
+    blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(n, row_blocks * quant.BLOCK_BYTES[kind]).to(DEV)
+    return quant.QuantizedWeight(kind, blocks, (n, k))
+
+
+def _check(ours, torch_out, ref64, dtype):
+    assert ours.dtype == torch_out.dtype and ours.shape == torch_out.shape
+    assert not torch.isnan(ours).any(), "NaN in output (an element was not written?)"
+    ref = ref64.float()
+    err, base = (ours.float() - ref).abs(), (torch_out.float() - ref).abs()
+    eps = ULP[dtype] * (ref.abs() + 1e-2 * ref.abs().max() + 1e-6)
+    bad = err > 2 * base + eps
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} elements off; worst err {err.max().item():.3g} "
+                           f"(torch's worst {base.max().item():.3g})")
+
+
+def _product_case(kind, m, n, k, dtype, seed=0, bias=True):
+    """(w, x, bias, ref64, torch_lowp): x scaled so that outputs are O(1) (fp16 does not overflow)."""
+    w = _weight(kind, n, k, seed)
+    w32 = w.dequantize(torch.float32)  # [n, k]
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(m, k, device=DEV, generator=gen) / (w32.abs().mean() * k ** 0.5)
+    x = x.to(dtype)
+    b = torch.randn(n, device=DEV, generator=gen).to(dtype) if bias else None
+    ref64 = x.double() @ w32.double().t() + (b.double() if bias else 0)
+    torch_out = F.linear(x, w32.to(dtype), b)
+    return w, x, b, ref64, torch_out
+
+
+# ---- dequantize / dequantize_into ----
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_dequantize_matches_reference_exactly(kind, dtype):
+    q = _q()
+    for n, k in [(1, KS[kind][0]), (37, KS[kind][1])]:
+        w = _weight(kind, n, k, seed=n)
+        expected = w.dequantize(torch.float32).to(dtype)
+        ours = q.dequantize(w, dtype)
+        assert ours.dtype == dtype and ours.shape == (n, k)
+        assert torch.equal(ours, expected), f"{kind} {n}x{k}: {int((ours != expected).sum())} elements differ"
+        out = torch.full((n, k), float("nan"), device=DEV, dtype=dtype)  # poisoned: every element must be written
+        assert q.dequantize(w, dtype, out=out) is out
+        assert torch.equal(out, expected)
+
+
+# ---- qlinear (decode, M <= 16) ----
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 7, 16])
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_qlinear(kind, m, dtype):
+    q = _q()
+    for n, k in [(200, KS[kind][1]), (33, KS[kind][0])]:  # 200, 33: a partial 16-row tile
+        w, x, b, ref64, torch_out = _product_case(kind, m, n, k, dtype, seed=m)
+        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)
+        _check(ours, torch_out, ref64, dtype)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])
+def test_qlinear_static_weight_and_no_bias(kind):
+    q = _q()
+    n, k = 4096, KS[kind][1]  # many CTAs, programmatic dependent launch
+    w, x, _, ref64, torch_out = _product_case(kind, 3, n, k, torch.bfloat16, bias=False)
+    ours = q.linear(x, w, None, static_weight=True)  # the seam's call
+    _check(ours, torch_out, ref64, torch.bfloat16)
+    again = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, None, False)
+    assert torch.equal(ours, again)
+
+
+# ---- prefill: dequantize into a scratch, then the dense linear ----
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [113, 4097])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+def test_linear_prefill(kind, m, dtype):
+    q = _q()
+    n, k = 200, KS[kind][1]
+    w, x, b, ref64, torch_out = _product_case(kind, m, n, k, dtype, seed=m)
+    scratch = torch.full((n, k), float("nan"), device=DEV, dtype=dtype)
+    ours = q.linear(x, w, b, scratch=scratch)
+    _check(ours, torch_out, ref64, dtype)
+
+
+# ---- qembedding ----
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_qembedding(kind, dtype):
+    q = _q()
+    n, k = 50, KS[kind][1]
+    w = _weight(kind, n, k)
+    expected = w.dequantize(torch.float32).to(dtype)  # [n, k]
+    for index_dtype in (torch.int32, torch.int64):
+        ids = torch.tensor([[3, 0, 49], [7, 7, 12]], device=DEV, dtype=index_dtype)
+        ours = q.embedding(ids, w, dtype)
+        assert ours.shape == (2, 3, k) and ours.dtype == dtype
+        assert torch.equal(ours, expected[ids.long()])
+    bad = q.embedding(torch.tensor([1, -1, n, 2], device=DEV), w, dtype)
+    assert torch.equal(bad[0], expected[1]) and torch.equal(bad[3], expected[2])
+    assert torch.isnan(bad[1:3]).all(), "an out-of-range id must give a NaN row"
+
+
+# ---- the ops' registration (fakes, schemas) ----
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_0"])
+def test_opcheck(kind):
+    q = _q()
+    qt = q.QTYPE[kind]
+    n, k = 40, KS[kind][0]
+    w = _weight(kind, n, k)
+    x = torch.randn(5, k, device=DEV, dtype=torch.float16) / k
+    bias = torch.randn(n, device=DEV, dtype=torch.float16)
+    out = torch.empty(n, k, device=DEV, dtype=torch.bfloat16)
+    ids = torch.tensor([2, 0, 39], device=DEV)
+    ops = torch.ops.minfer
+    torch.library.opcheck(ops.dequantize.default, (w.blocks, qt, n, k, torch.bfloat16))
+    torch.library.opcheck(ops.dequantize_into.default, (out, w.blocks, qt))
+    torch.library.opcheck(ops.qlinear.default, (x, w.blocks, qt, n, k, bias, True))
+    torch.library.opcheck(ops.qembedding.default, (ids, w.blocks, qt, n, k, torch.float16))
+
+
+# ---- bad inputs raise, naming the argument ----
+
+def test_bad_inputs_raise():
+    q = _q()
+    ops = torch.ops.minfer
+    n, k = 32, 256
+    w = _weight("Q4_K", n, k)
+    qt = q.QTYPE["Q4_K"]
+    x = torch.randn(2, k, device=DEV, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="blocks must be uint8"):
+        ops.dequantize(w.blocks.view(torch.int8), qt, n, k, torch.float16)
+    with pytest.raises(RuntimeError, match="blocks must have shape"):
+        ops.dequantize(w.blocks[:, :100].contiguous(), qt, n, k, torch.float16)
+    with pytest.raises(RuntimeError, match="blocks must have shape"):
+        ops.qlinear(x, w.blocks, qt, n + 1, k, None, False)
+    with pytest.raises(RuntimeError, match="qtype"):
+        ops.dequantize(w.blocks, 99, n, k, torch.float16)
+    with pytest.raises(RuntimeError, match="qtype"):
+        ops.qlinear(x, w.blocks, 1, n, k, None, False)  # F16's id: not a block format
+    with pytest.raises(RuntimeError, match="k must be a positive multiple of 256"):
+        ops.dequantize(w.blocks, qt, n, 128, torch.float16)
+    with pytest.raises(RuntimeError, match="dtype must be float16 or bfloat16"):
+        ops.dequantize(w.blocks, qt, n, k, torch.float32)
+    with pytest.raises(RuntimeError, match="x must be float16 or bfloat16"):
+        ops.qlinear(x.float(), w.blocks, qt, n, k, None, False)
+    with pytest.raises(RuntimeError, match="at most 16 rows"):
+        ops.qlinear(torch.randn(17, k, device=DEV, dtype=torch.float16), w.blocks, qt, n, k, None, False)
+    with pytest.raises(RuntimeError, match="x must have k"):
+        ops.qlinear(x[:, :128].contiguous(), w.blocks, qt, n, k, None, False)
+    with pytest.raises(RuntimeError, match="bias must have shape"):
+        ops.qlinear(x, w.blocks, qt, n, k, torch.zeros(n + 1, device=DEV, dtype=torch.float16), False)
+    with pytest.raises(RuntimeError, match="out must be float16 or bfloat16"):
+        ops.dequantize_into(torch.empty(n, k, device=DEV), w.blocks, qt)
+    with pytest.raises(RuntimeError, match="ids must be int32 or int64"):
+        ops.qembedding(torch.zeros(3, device=DEV), w.blocks, qt, n, k, torch.float16)
