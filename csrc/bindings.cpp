@@ -22,6 +22,12 @@ TORCH_LIBRARY(minfer, m) {
   // attention family (csrc/attention/)
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False) -> Tensor");
   m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length) -> str");  // what decode would launch (tests)
+  // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
+  // type id (minfer/ops/quantized.py)
+  m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
+  m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype) -> ()");
+  m.def("qlinear(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, bool static_weight=False) -> Tensor");
+  m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
         "bool trans_b=False, str path=\"auto\") -> Tensor");
@@ -47,6 +53,11 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   // attention family
   m.impl("attention", &minfer::attention);
   m.impl("attention_decode_plan", &minfer::attention_decode_plan);
+  // quantized weights (csrc/qgemm/)
+  m.impl("dequantize", &minfer::dequantize);
+  m.impl("dequantize_into", &minfer::dequantize_into);
+  m.impl("qlinear", &minfer::qlinear);
+  m.impl("qembedding", &minfer::qembedding);
   // ---- baselines (teaching API) ----
   m.impl("gemm", &minfer::gemm);
   m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);

@@ -25,6 +25,13 @@ std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, con
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                         const torch::Tensor& start_pos, double scale, bool stable_prefix);
 std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length);
+// quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's type id
+torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype);
+void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype);
+torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                      const std::optional<torch::Tensor>& bias, bool static_weight);
+torch::Tensor qembedding(const torch::Tensor& ids, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                         at::ScalarType dtype);
 // ---- baselines (teaching API): baselines/gemm.cpp, baselines/attention.cpp ----
 torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
                    const std::optional<torch::Tensor>& c, bool trans_a, bool trans_b, const std::string& path);
