@@ -101,7 +101,7 @@ class Engine:
         self.model = Transformer(self.cfg, weights, self.ops, self.max_context)
         self.cache: KVCache | None = None  # [max batch, capacity], grown by _cache_rows
         self.steps: dict[int, callable] = {}  # batch -> decode step over the cache's first `batch` rows
-        self.warm_prefills: set[tuple[int, int]] = set()  # (batch, prompt length) run once
+        self.warm: set[tuple] = set()  # warmup() keys: batch, prompt length, sampling switches
         self._sync()
         self.load_s = time.perf_counter() - t0
 
@@ -134,25 +134,27 @@ class Engine:
         return self.cache.rows(batch)
 
     @torch.inference_mode()
-    def warmup(self, batch: int = 1, prompt_len: int = 8, capacity: int | None = None) -> float:
-        """Readies generate() for `batch` prompts padded to `prompt_len` tokens, with `capacity` positions a
-        sequence: sizes the KV cache, runs that prefill once (lazy CUDA init, kernel loading, allocator
-        growth) and makes the decode step (a captured CUDA graph on the cuda backend). Returns the seconds
-        it took; 0.0 when all of it was already done."""
+    def warmup(self, batch: int = 1, prompt_len: int = 8, capacity: int | None = None,
+               params: SamplingParams | None = None) -> float:
+        """Readies generate() for `batch` prompts padded to `prompt_len` tokens, `capacity` positions a
+        sequence, sampled like `params`: sizes the KV cache, makes the decode step (a captured CUDA graph on
+        the cuda backend) and runs three tokens of such a generation, so that every first-call cost (lazy
+        CUDA init, kernel loading, a graph's first replay, allocator growth) is paid here. Returns the
+        seconds it took; 0.0 when it was already done."""
+        params = params or SamplingParams(temperature=0.0)
+        capacity = min(self.max_context, max(capacity or 0, prompt_len + 3))
+        key = (batch, prompt_len, params.temperature > 0, params.top_k > 0, params.top_p < 1, params.min_p > 0,
+               params.repetition_penalty != 1)
+        old = self.cache
+        if key in self.warm and batch in self.steps and old.batch >= batch and old.capacity >= capacity:
+            return 0.0
         t0 = time.perf_counter()
-        capacity = min(self.max_context, capacity or prompt_len + 1)
         cache = self._cache_rows(batch, capacity)
-        warm = (batch, prompt_len) in self.warm_prefills and batch in self.steps
-        if (batch, prompt_len) not in self.warm_prefills:
-            ids = torch.zeros(batch, prompt_len, dtype=torch.int64, device=self.device)
-            start = torch.zeros(batch, dtype=torch.int32, device=self.device)
-            last = torch.full((batch,), prompt_len - 1, device=self.device)
-            self.model.forward(ids, start, cache, logit_index=last)  # writes rows that generate() rewrites
-            self.warm_prefills.add((batch, prompt_len))
         if batch not in self.steps:
             self.steps[batch] = self._decode_step(cache, batch)
-        self._sync()
-        return 0.0 if warm else time.perf_counter() - t0
+        self._generate([[0] * prompt_len] * batch, params, [3] * batch, cache, [], None, set())
+        self.warm.add(key)
+        return time.perf_counter() - t0
 
     def _decode_step(self, cache: KVCache, batch: int):
         """A function (ids [batch], pos [batch]) -> logits [batch, vocab] for one decode step, run once here.
@@ -207,12 +209,19 @@ class Engine:
         # Each sequence may grow to the context's end, whatever the other prompts' lengths.
         caps = [min(max_new_tokens, self.max_context - n) for n in lens]
         capacity = max(n + c for n, c in zip(lens, caps))
-        stats = Stats(prompt_tokens=sum(lens))
-        stats.warmup_s = self.warmup(batch, longest, capacity)
-        cache, decode_step = self._cache_rows(batch, capacity), self.steps[batch]
-        dev = self.device
-        generator = make_generator(params.seed, dev)
+        warmup_s = self.warmup(batch, longest, capacity, params)
+        stop_ids = set() if ignore_eos or not self.tokenizer else set(self.tokenizer.stop_ids)
+        outputs, stats = self._generate(prompts, params, caps, self._cache_rows(batch, capacity), stop, on_text,
+                                        stop_ids)
+        stats.warmup_s = warmup_s
+        return outputs, stats
 
+    def _generate(self, prompts, params, caps, cache, stop, on_text, stop_ids) -> tuple[list[Output], Stats]:
+        """The timed part of generate(): caps[b] tokens at most for prompt b, over `cache` (batch rows)."""
+        batch, lens, longest, dev = len(prompts), [len(p) for p in prompts], max(map(len, prompts)), self.device
+        decode_step, generator = self.steps[batch], make_generator(params.seed, self.device)
+        stats = Stats(prompt_tokens=sum(lens))
+        self._sync()
         t0 = time.perf_counter()
         # Right-padded with each prompt's first id: padding rows are never read, and the repetition
         # penalty's seen-set below gets no id that the prompt does not hold.
@@ -231,7 +240,6 @@ class Engine:
         decoders = [StreamDecoder(self.tokenizer) for _ in range(batch)] if self.tokenizer else None
         emitted, done = [0] * batch, [False] * batch
         hold = max((len(s) for s in stop), default=1) - 1  # text that may still become a stop string
-        stop_ids = set() if ignore_eos or not self.tokenizer else set(self.tokenizer.stop_ids)
         t_decode = t0
         for step in range(max(caps)):
             host_ids = next_ids.tolist()

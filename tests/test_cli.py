@@ -142,7 +142,7 @@ def write_tiny_hf(folder, arch="LlamaForCausalLM"):
 
 def test_tiny_hf_folder_runs(tmp_path):
     folder = write_tiny_hf(str(tmp_path / "tiny"))
-    rc, out, err = run(folder, "-p", "w3 w4 w5", "--max-new-tokens", "5", "--temperature", "0")
+    rc, out, err = run(folder, "-p", "w3 w4 w5", "--max-new-tokens", "5", "--temperature", "0", "--device", "cpu")
     assert rc == 0, err
     assert_clean_stats(err)
     assert "prompt 3 tok" in err
@@ -279,7 +279,7 @@ def test_common_flag_names():
     assert (b.max_new_tokens, b.max_context) == (7, 98)
 
 
-# ---- the tiny model, in a subprocess ----
+# ---- the tiny model, in a subprocess, on the CPU (its head_dim 8 has no CUDA kernel) ----
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -295,12 +295,12 @@ def test_error_no_chat_template_names_the_flag_given(tiny, flag):
 
 
 def test_non_utf8_stdin_and_argv(tiny):
-    rc, out, err = run(tiny, "-p", "-", "-n", "3", "--temperature", "0", stdin=b"w3 Caf\xe9 w4\n")
+    rc, out, err = run(tiny, "-p", "-", "-n", "3", "--temperature", "0", "--device", "cpu", stdin=b"w3 Caf\xe9 w4\n")
     assert rc == 0, err
     notice, stats = err.splitlines()
     assert "stdin is not valid UTF-8" in notice and "U+FFFD" in notice
     assert_clean_stats(stats + "\n")
-    rc, out, err = run(tiny, "-p", b"w3 Caf\xe9", "-n", "3", "--temperature", "0")
+    rc, out, err = run(tiny, "-p", b"w3 Caf\xe9", "-n", "3", "--temperature", "0", "--device", "cpu")
     assert rc == 0, err
     assert "-p is not valid UTF-8" in err.splitlines()[0]
 
@@ -313,7 +313,8 @@ def test_non_utf8_prompt_is_checked_before_loading(tmp_path):
 
 def test_closed_stdout_exits_quietly(tiny):
     """As `... | head -c 20`: the reader goes away; no error message, exit status 141 (as for SIGPIPE)."""
-    p = subprocess.Popen([sys.executable, "-m", "minfer.generate", tiny, "-p", "w1", "-n", "50", "--ignore-eos"],
+    p = subprocess.Popen([sys.executable, "-m", "minfer.generate", tiny, "-p", "w1", "-n", "50", "--ignore-eos",
+                          "--device", "cpu"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
     p.stdout.close()  # before the first token is written: the write fails with EPIPE
     err = p.stderr.read().decode()
@@ -322,14 +323,15 @@ def test_closed_stdout_exits_quietly(tiny):
 
 
 def test_stop_on_first_token_reports_no_decode_speed(tiny):
-    rc, out, err = run(tiny, "-p", "w1 w2", "--stop", "w", "-n", "8")
+    rc, out, err = run(tiny, "-p", "w1 w2", "--stop", "w", "-n", "8", "--device", "cpu")
     assert rc == 0, err
     assert out == "\n"
     assert_clean_stats(err, decoded=False)
 
 
 def test_ignore_eos_and_verbose(tiny):
-    rc, out, err = run(tiny, "-p", "w1 w2", "-n", "9", "--ignore-eos", "--temperature", "1.5", "--seed", "3", "-v")
+    rc, out, err = run(tiny, "-p", "w1 w2", "-n", "9", "--ignore-eos", "--temperature", "1.5", "--seed", "3", "-v",
+                        "--device", "cpu")
     assert rc == 0, err
     assert len(out.split()) == 9
     stats, split = err.splitlines()  # no GPU memory line on the CPU
