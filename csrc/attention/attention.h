@@ -54,8 +54,8 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
 // so the kernel may start reading them before the previous kernel in the stream is done.
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                   const torch::Tensor& start_pos, double scale, bool stable_prefix, torch::Tensor& out);
-// What flash_decode would launch for sequences of `length` keys (the split count, the splits that get
-// keys, and how they merge), launching nothing.
+// decode_plan.cu: what flash_decode would launch for sequences of `length` keys (the split count, the
+// splits that get keys, how they merge, the ring depth, speculation), launching nothing.
 std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length);
 
 constexpr float kLog2e = 1.4426950408889634f;

@@ -1,0 +1,50 @@
+// The split-KV decode kernel's arguments and CTA geometry, shared by its host planning (decode_plan.h)
+// and its device code (decode_stream.cuh, decode_merge.cuh, flash_decode.cu).
+//
+// Grid (split, kv block, batch). A kv block is up to 16 q heads of one kv group (heads / kv_heads of them;
+// more than 16 take several blocks), so each K/V byte is read once for all of them: the heads are the 16
+// rows of the A operand of mma.sync m16n8k16 (rows past the group are zeros). Each of the CTA's 4 warps
+// streams its own 16-key tiles through its own ring of shared memory.
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace minfer::attn::decode {
+
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kTK = 16;               // keys per warp tile (the k of the P V mma)
+constexpr int kRows = 16;             // q heads per CTA (the m of the mma)
+constexpr int kRingBytes = 24 << 10;  // per warp: 3 tiles of K+V at head_dim 128, 6 at 64
+// + slack to start the rings on a 1024-byte boundary. The XOR swizzle is conflict-free from any 16-byte
+// aligned base, but the streams are not: rings right after the static shared memory ran 10-17% slower
+// (H200, bf16: 16 x 16k 234.8 -> 274.1 us); a 256-byte boundary is as fast.
+constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
+// The speculating kernel stages q in shared memory after the rings: [kRows][D + 8] 16-bit values (a padded
+// row, so that ldmatrix reads it without bank conflicts), sized for the largest head_dim.
+constexpr int kSpecSmemBytes = kSmemBytes + kRows * (128 + 8) * 2;
+
+template <typename T, int D>
+constexpr int kTileBytes = 2 * kTK * D * int(sizeof(T));  // K + V of one 16-key tile
+template <typename T, int D>
+constexpr int kStages = kRingBytes / kTileBytes<T, D>;  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
+
+struct DecodeParams {
+  const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
+  const void* k;  // k[b, j, kvh, :] at b*k_bs + j*k_ss + kvh*k_hs
+  const void* v;
+  void* o;          // [batch, heads, D] contiguous
+  float* ws_o;      // [batch * kv_blocks, num_splits, rows, D] unnormalised partial outputs
+  float4* ws_ml;    // [batch * kv_blocks, num_splits, rows] (max in log2 units, sum, -, -)
+  int* counters;    // [batch * kv_blocks], zero between launches
+  const int* start_pos;  // [batch]
+  int64_t q_bs, q_hs, k_bs, k_ss, k_hs, v_bs, v_ss, v_hs;
+  int heads, group;
+  int hblocks;      // kv blocks per kv head: ceil(group / 16)
+  int rows;         // q heads per kv block: min(group, 16) (the last block of a group may have fewer)
+  int capacity, num_splits;
+  int stable_prefix;  // start_pos and the cache rows before start_pos[b] may be read before the wait
+  int all_resident;   // the grid fits on the GPU at once: the splits of a pair may wait for each other
+  float scale_log2;
+};
+
+}  // namespace minfer::attn::decode

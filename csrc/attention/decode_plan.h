@@ -1,0 +1,162 @@
+// How a split-KV decode call is laid out: how many splits, which of them get keys, how they merge, how
+// deep the rings stream and which calls speculate. The rules are __host__ __device__: the launcher picks
+// the grid and the kernel with them, each CTA applies them to its sequence's actual length (start_pos[b],
+// read on the device: no host sync), and attention_decode_plan reports them.
+#pragma once
+#include <stdint.h>
+
+#include <algorithm>
+#include <string>
+
+#include "attention/decode_params.h"
+
+namespace minfer::attn::decode {
+
+constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
+constexpr int kMaxSplits = 128;
+constexpr int kSpecTiles = 2;          // a warp with more tiles than this speculates (speculates)
+constexpr int kBurstBytes = 3 << 19;  // a call of at most this much K/V is small (1.5 MiB): see small_call
+constexpr int kOneSplitKeys = 384;    // the longest length that is one split (no combine) in a small call
+constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
+
+// A grid that fills the GPU streams its long ranges with fewer tiles in flight than the ring holds: about
+// 12 KB a warp and at least two tiles (2 at d 128, 3 at d 64), on a card whose DRAM gives an SM less than
+// kShallowBelowGBps. With every SM streaming, the bytes in flight that cover DRAM's latency grow with its
+// bandwidth: on the H100 (25 GB/s an SM) the whole rings streamed slower than two tiles (16 x 16k, bf16,
+// 347.0 -> 342.3 us), on the H200 (36.5 GB/s an SM) two tiles streamed slower (234.2 -> 235.0 us). A grid
+// of few CTAs needs each one's whole ring on either (H100, 9 x 16k: 193.6 -> 209.3 us with two tiles).
+constexpr int kFullGridRingBytes = 12 << 10;
+constexpr int kLongStreamTiles = 16;
+constexpr double kShallowBelowGBps = 30.0;  // DRAM bandwidth per SM
+template <typename T, int D>
+constexpr int kFullGridStages = kFullGridRingBytes / kTileBytes<T, D> > 2 ? kFullGridRingBytes / kTileBytes<T, D> : 2;
+
+// Whether a launch of `ctas` CTAs takes the shallow full-grid kernel: it fills the GPU (7/10 of the SMs),
+// its capacity gives a warp more than kLongStreamTiles tiles, and the card's DRAM bandwidth per SM is
+// under kShallowBelowGBps (-1, unknown, counts as under). The FULL_GRID kernel then checks each warp's
+// actual tiles (long_stream).
+__host__ __forceinline__ bool full_grid(int64_t ctas, int sms, int capacity, int64_t splits, double dram_per_sm) {
+  return 10 * ctas >= 7 * int64_t{sms} && capacity > splits * kWarps * kTK * kLongStreamTiles &&
+         dram_per_sm < kShallowBelowGBps;
+}
+__host__ __device__ __forceinline__ bool long_stream(int warp_tiles) { return warp_tiles > kLongStreamTiles; }
+
+// Whether a call is small: K/V of at most kBurstBytes (every sequence counted at this one's length).
+template <typename T, int D>
+__host__ __device__ __forceinline__ bool small_call(int64_t pairs, int n_tiles) {
+  return pairs * n_tiles * kTileBytes<T, D> <= kBurstBytes;
+}
+
+// One sequence's split, in a call of `pairs` (batch, kv block) pairs: how many splits get keys, and their
+// whole tiles, dealt evenly: each active split takes `base` tiles, the first `extra` one more, and every
+// split gets at least kMinChunk / kTK whole tiles. So every launched split is active once the length has
+// kMinChunk keys per split: a CTA with no keys exits at once, and back to back the next call's CTAs then
+// double up on SMs (1 x 32k, 32 q / 2 kv heads, 64 of 66 splits active: 16.4 us, all 66: 14.8).
+// A length that one CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split, since a
+// combine costs more than such a stream (H200, 1 x 128, 32 q / 8 kv heads: 4.13 -> 2.72 us); in a small
+// call so is a length up to kOneSplitKeys, its second round streaming after the wait (H100, 1 x 384:
+// 6.33 -> 4.72 us; at 1 x 512 one split lost, 4.49 -> 5.92).
+struct Split {
+  int n_active, base, extra;
+};
+template <typename T, int D>
+__host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int64_t pairs) {
+  constexpr int ring_keys = kWarps * kStages<T, D> * kTK;
+  const int n_tiles = (len + kTK - 1) / kTK;
+  const bool one = len <= ring_keys || (len <= kOneSplitKeys && small_call<T, D>(pairs, n_tiles));
+  const int n_active = one ? 1 : min(num_splits, n_tiles / (kMinChunk / kTK));
+  return {n_active, n_tiles / n_active, n_tiles % n_active};
+}
+
+// How a (batch, kv block)'s splits combine, the same choice in every CTA of the pair (H200, bf16, us):
+// - kLastFromL2, up to 16 splits: the last CTA, a thread per (row, 4 dims), reads them from L2 in one pass
+//   and folds them max first; a split's (max, sum) and O are independent loads, so a round keeps all 16 in
+//   flight, predicated past the count (16 rather than 8 a round: 1 x 1k 6.17 -> 6.01).
+// - kLastInSmem, more that shared memory holds at once (few, small rows: 9 q / 3 kv heads at d 64 has 44
+//   splits of 48 (row, 4 dims) items): the last CTA copies them in by every thread's cp.async, one round
+//   trip, and merges there (1 x 8k 8.22 -> 6.30; for 16 splits of 32 q / 8 kv heads it lost, 7.42 -> 7.96).
+// - kSpread, more than two rounds' worth otherwise (32 q / 2 kv heads at d 128 has 66 splits of 16 rows,
+//   540 KB of partials): every split waits for the last arrival and merges its slice of the outputs from
+//   all splits (1 x 4k 15.82 -> 7.51). That needs every split of the pair resident at once: the grid is at
+//   most one CTA per SM where it splits, and two fit.
+// The last CTA's merge from L2 also takes more splits, in rounds of 16, where spreading is not allowed.
+enum class Merge { kNone, kLastFromL2, kLastInSmem, kSpread };
+template <int D>
+__host__ __device__ __forceinline__ Merge merge_of(int n_active, int rows, int block_rows, bool all_resident) {
+  if (n_active == 1) return Merge::kNone;
+  const int items = rows * (D / 4);             // (row, 4 dims) outputs of the pair
+  const int per_split = block_rows * (D + 4);  // floats of a split's partial: O, then (max, sum, -, -) per row
+  if (n_active > kMergeUnroll && n_active * per_split * 4 <= kWarps * kRingBytes) return Merge::kLastInSmem;
+  if (all_resident && items * n_active > 2 * kMergeUnroll * kThreads) return Merge::kSpread;
+  return Merge::kLastFromL2;
+}
+
+// Whether a sequence's splits speculate (in the SPECULATE kernel, with stable_prefix): a warp has more than
+// kSpecTiles tiles, the splits do not combine by spreading, and the call is not a small call's one split.
+// (H200, bf16, back to back, us, the other kernel -> speculating: 1 x 4k 6.37 -> 5.62, 1 x 16k 19.3 ->
+// 16.1, 16 x 16k 240.3 -> 232.3; a spread combine lost, 32 q / 2 kv heads at 32k 13.95 -> 16.9, and so
+// did one tile a warp, 1 x 1k 4.48 -> 5.27.)
+template <typename T, int D>
+__host__ __device__ __forceinline__ bool speculates(const Split& sp, Merge merge, int64_t pairs, int n_tiles) {
+  const bool small_one = sp.n_active == 1 && small_call<T, D>(pairs, n_tiles);
+  return (sp.base + kWarps - 1) / kWarps > kSpecTiles && merge != Merge::kSpread && !small_one;
+}
+
+// The fields of DecodeParams that follow from the shapes: q [batch, 1, heads, D], caches
+// [batch, capacity, kv_heads, D].
+inline DecodeParams shape_params(int heads, int kv_heads, int capacity) {
+  DecodeParams p{};
+  p.heads = heads, p.group = heads / kv_heads, p.capacity = capacity;
+  p.hblocks = (p.group + kRows - 1) / kRows, p.rows = std::min(p.group, kRows);
+  return p;
+}
+
+// The launcher's choices for one call (host-only).
+struct Launch {
+  int num_splits;
+  bool all_resident;  // every CTA resident at once (one per SM at most; two fit)
+  bool full;          // the shallow full-grid kernel (full_grid)
+};
+
+// One CTA per SM: enough splits that every SM streams (each CTA streams its range with a deep pipeline,
+// so more, shorter CTAs only add ramp-ups and combine work; two CTAs per SM streamed slower everywhere
+// measured: H200, 1 x 16k 23.6 -> 22.3 us with one). Bounded by the capacity (no split under kMinChunk
+// keys) and a 256 MB workspace. sms: the device's SM count; dram_per_sm: its DRAM bandwidth per SM in GB/s
+// (common/launch.h).
+template <int D>
+inline Launch plan_launch(const DecodeParams& p, int64_t pairs, int sms, double dram_per_sm) {
+  int64_t splits = std::max<int64_t>(1, sms / pairs);
+  splits = std::min<int64_t>({splits, (p.capacity + kMinChunk - 1) / kMinChunk, kMaxSplits});
+  const int64_t per_split = pairs * p.rows * (D + 4) * static_cast<int64_t>(sizeof(float));
+  splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
+  Launch l;
+  l.num_splits = static_cast<int>(splits);
+  l.all_resident = splits * pairs <= sms;
+  l.full = full_grid(splits * pairs, sms, p.capacity, splits, dram_per_sm);
+  return l;
+}
+
+// Whether a sequence of `length` keys speculates in a stable_prefix call launched as `l`.
+template <typename T, int D>
+inline bool speculates_at(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
+  const Split sp = split_of<T, D>(length, l.num_splits, pairs);
+  const Merge merge = merge_of<D>(sp.n_active, p.rows, p.rows, l.all_resident);
+  return speculates<T, D>(sp, merge, pairs, (length + kTK - 1) / kTK);
+}
+
+// What a call launched as `l` does with sequences of `length` keys: "splits=.. active=.. merge=..
+// depth=.. speculate=yes|no" (attention_decode_plan's answer).
+template <typename T, int D>
+inline std::string describe(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
+  const int len = std::min(length, p.capacity);
+  const Split sp = split_of<T, D>(len, l.num_splits, pairs);
+  const int warp_tiles = (sp.base + (sp.extra > 0) + kWarps - 1) / kWarps;  // split 0's warp 0
+  const int depth = l.full && long_stream(warp_tiles) ? kFullGridStages<T, D> : kStages<T, D>;
+  const char* names[] = {"none", "last from L2", "last in smem", "spread"};
+  return "splits=" + std::to_string(l.num_splits) + " active=" + std::to_string(sp.n_active) +
+         " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, l.all_resident))] +
+         " depth=" + std::to_string(depth) + " speculate=" +
+         (speculates_at<T, D>(p, l, pairs, p.capacity) && speculates_at<T, D>(p, l, pairs, len) ? "yes" : "no");
+}
+
+}  // namespace minfer::attn::decode
