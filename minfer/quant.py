@@ -171,6 +171,11 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
     return torch.where(d == 0, torch.zeros_like(d), 1 / d)
 
 
+def _div(a: torch.Tensor, b: float) -> torch.Tensor:
+    """a / b correctly rounded on every device (CUDA multiplies by 1/b for a Python scalar b)."""
+    return a / torch.full_like(a, b)
+
+
 def _roundf(v: torch.Tensor) -> torch.Tensor:
     """C's roundf (halves away from zero), written as gguf.quants.np_roundf so that no fp32 sum rounds."""
     a = v.abs()
@@ -180,13 +185,13 @@ def _roundf(v: torch.Tensor) -> torch.Tensor:
 
 def _quantize_legacy(kind: str, x: torch.Tensor) -> torch.Tensor:
     if kind == "Q8_0":  # d = max|x| / 127, q = roundf(x / d)
-        d = x.abs().amax(1, keepdim=True) / 127
+        d = _div(x.abs().amax(1, keepdim=True), 127)
         q = _roundf(x * _inverse(d)).to(torch.int8).view(torch.uint8)
         return torch.cat([_f16_bytes(d), q], 1)
     if kind in ("Q4_0", "Q5_0"):  # d = (the signed value of largest magnitude) / -2^(bits-1)
         half = 8 if kind == "Q4_0" else 16
         mx = x.gather(1, x.abs().argmax(1, keepdim=True))
-        d = mx / -half
+        d = _div(mx, -half)
         q = torch.trunc(x * _inverse(d) + (half + 0.5)).clamp(0, 2 * half - 1).to(torch.uint8)
         if kind == "Q4_0":
             return torch.cat([_f16_bytes(d), _pack_nibbles(q)], 1)
@@ -194,7 +199,7 @@ def _quantize_legacy(kind: str, x: torch.Tensor) -> torch.Tensor:
     # Q4_1, Q5_1: d = (max - min) / (2^bits - 1), m = min
     top = 15 if kind == "Q4_1" else 31
     mx, mn = x.amax(1, keepdim=True), x.amin(1, keepdim=True)
-    d = (mx - mn) / top
+    d = _div(mx - mn, top)
     q = torch.trunc((x - mn) * _inverse(d) + 0.5).clamp(0, top).to(torch.uint8)
     if kind == "Q4_1":
         return torch.cat([_f16_bytes(d), _f16_bytes(mn), _pack_nibbles(q)], 1)
