@@ -9,8 +9,8 @@
 //                  ld_nc_v4(p, pred) (read-only, L1-resident), ld_cg_v4f32_if(p, pred, fallback),
 //                  prefetch_l2(p), st_shared_v4(addr, x)
 //   math           ex2_approx(x)
-//   memory order   ld_acquire_gpu(p), st_release_gpu(p, v), atom_add_acq_rel_gpu(p, v) (also with an
-//                  immediate: st_release_gpu<V>(p), atom_add_acq_rel_gpu<V>(p)), fence_proxy_async()
+//   memory order   ld_acquire_gpu(p), st_release_gpu<V>(p), atom_add_acq_rel_gpu<V>(p) (V an immediate),
+//                  fence_proxy_async()
 //   barriers       named_bar_sync(id, count), named_bar_arrive(id, count)
 //   sm_90          griddep_wait(), griddep_launch_dependents() (programmatic dependent launch; no-ops
 //                  below sm_90, where nothing launches early), mbar_init, mbar_init_fence, mbar_expect_tx,
@@ -155,20 +155,12 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void st_release_gpu(int* p, int v) {
-  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-// Returns the value before the add.
-__device__ __forceinline__ int atom_add_acq_rel_gpu(int* p, int v) {
-  int prev;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(prev) : "l"(p), "r"(v) : "memory");
-  return prev;
-}
-// The same two with the value an immediate V (no register for it).
+// *p = V (an immediate: no register for it), release.
 template <int V>
 __device__ __forceinline__ void st_release_gpu(int* p) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "n"(V) : "memory");
 }
+// *p += V, acquire and release; returns the value before the add.
 template <int V>
 __device__ __forceinline__ int atom_add_acq_rel_gpu(int* p) {
   int prev;

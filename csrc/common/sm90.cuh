@@ -1,7 +1,7 @@
 // Hopper (sm_90a) building blocks shared by the wgmma GEMM (csrc/gemm/wgmma_sm90.cu) and the flash
 // prefill (csrc/attention/flash_prefill_sm90.cu): wgmma descriptors and instructions, setmaxnreg; and on
 // the host, the driver's tensor-map encoder and a builder for maps over [batch, seq, heads, D] rows.
-// The mbarrier, TMA-load and barrier instructions are in common/ptx.cuh, visible here as sm90::.
+// The mbarrier, TMA-load and barrier instructions are in common/ptx.cuh (minfer::ptx).
 //
 // Device code exists only in the sm_90a pass: guard its use with
 //   #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -64,12 +64,6 @@ bool make_rows_map(CUtensorMap* map, const void* ptr, int D, int64_t heads, int6
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// The ptx primitives (mbarriers, TMA loads, named barriers, fence.proxy.async) under this namespace too:
-// a Hopper kernel's `using namespace sm90` sees everything it issues.
-using namespace ::minfer::ptx;
-// flash_prefill_sm90.cu's name for ptx::smem_addr.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return smem_addr(p); }
 
 // ---- register reallocation between warpgroups (needs __launch_bounds__(threads, 1)) ----
 template <int N>

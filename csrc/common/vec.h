@@ -15,15 +15,6 @@ template <> __device__ __forceinline__ float from_float<float>(float x) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// N elements of T packed into 16 bytes: one LDG.128 / STG.128 per thread.
-template <typename T>
-struct alignas(16) Vec {
-  static constexpr int N = 16 / sizeof(T);
-  T v[N];
-  __device__ __forceinline__ void load(const T* p) { *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(p); }
-  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(v); }
-};
-
 // W elements of T in registers. A 16-byte pack moves with one LDG.128 / STG.128 (the caller guarantees
 // 16-byte alignment); any other width moves element by element and assumes nothing about alignment.
 template <typename T, int W>

@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "common/launch.h"
+#include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "gemm/epilogue.h"
 
@@ -69,7 +70,8 @@ static_assert(smem_bytes<256>() + 64 <= 232448, "over the 227 KB of shared memor
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr int kGroupM = 16;  // tile-order group height in M tiles (see tile_origin)
 
-// The mbarrier / TMA / wgmma / setmaxnreg wrappers (sm90.cuh, ptx.cuh), shared with the attention kernels.
+// The mbarrier / TMA / wgmma / setmaxnreg wrappers (ptx.cuh, sm90.cuh), shared with the attention kernels.
+using namespace ::minfer::ptx;
 using namespace ::minfer::sm90;
 
 // Shared-memory descriptor of a K-major 128-byte-swizzled tile: 8-row groups 1024 B apart.
