@@ -14,7 +14,8 @@
 // in the high ones: a run of 8 elements is 8 consecutive bytes, one nibble each.
 //
 // Every value is computed in fp32 in the reference's order (quant.dequantize_blocks) with no fused
-// multiply-add, so that rounding it to fp16/bf16 gives exactly quant.dequantize(...).to(dtype).
+// multiply-add, so that rounding it to fp16/bf16 gives exactly quant.dequantize(...).to(dtype)
+// (qlinear allows one FFMA for d q + m: see decode8).
 // Block pointers need only 2-byte alignment (every block size is even): bytes are read as u16 pairs.
 #pragma once
 #include <cuda_fp16.h>
@@ -45,11 +46,19 @@ __device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
   return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
 }
 __device__ __forceinline__ void bytes8_at(const uint8_t* p, uint32_t (&w)[2]) { w[0] = u32_at(p), w[1] = u32_at(p + 4); }
-// Byte i (0..7) of the 8 bytes in w.
-__device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[2], int i) { return (w[i >> 2] >> (8 * (i & 3))) & 0xFF; }
 
 // An integer below 2^23 as fp32, exactly, without I2F (a quarter-rate instruction): 2^23 + q, minus 2^23.
 __device__ __forceinline__ float u2f(uint32_t q) { return __int_as_float(0x4B000000u | q) - 8388608.f; }
+
+// Byte i (0..7) of q, minus bias, as fp32: one PRMT puts the byte under 2^23's exponent (the float
+// 2^23 + byte), one FADD takes 2^23 + bias off; exact (integers below 2^24).
+__device__ __forceinline__ float byte_f(const uint32_t (&q)[2], int i, float bias) {
+  return __int_as_float(__byte_perm(q[i >> 2], 0x4B000000u, 0x7440 + (i & 3))) - (8388608.f + bias);
+}
+
+// Bits 0..3 of h to bit 4 of bytes 0..3 (the 5th bit of 4 elements): the product moves bit i to bit 8i
+// (sums of distinct bits, no carries), the mask keeps those.
+__device__ __forceinline__ uint32_t bit4_of_bytes(uint32_t h) { return (((h & 0xF) * 0x00204081u) & 0x01010101u) << 4; }
 
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block s (0..7) from the 12 scale bytes at sc. Sub-blocks
 // 0-3 keep theirs in the low 6 bits of bytes s / s + 4; 4-7 take 4 bits from byte s + 4 and the top 2
@@ -63,34 +72,43 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* sc, int s, float& sca
   }
 }
 
-// v[i] = element 8j + i of the block at b (j < kElems / 8).
-template <int QT>
+// d q + m, rounded as the reference (two roundings) or, where the caller allows (a product's weight),
+// in one FFMA.
+template <bool EXACT>
+__device__ __forceinline__ float scale_add(float d, float q, float m) {
+  return EXACT ? __fadd_rn(__fmul_rn(d, q), m) : __fmaf_rn(d, q, m);
+}
+
+// v[i] = element 8j + i of the block at b (j < kElems / 8). The 8 quants are gathered as bytes of q
+// (two words, four at a time), then each becomes fp32 (byte_f) and is scaled. EXACT: every value as
+// quant.dequantize computes it; else d q + m in one FFMA (Q4_1, Q5_1, Q4_K, Q5_K; at most an fp32 ulp).
+template <int QT, bool EXACT = true>
 __device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) {
-  uint32_t w[2];
+  uint32_t w[2], q[2];
   if constexpr (QT == kQ8_0) {
     const float d = f16_at(b);
     bytes8_at(b + 2 + 8 * j, w);
+    q[0] = w[0] ^ 0x80808080u, q[1] = w[1] ^ 0x80808080u;  // int8 + 128
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, u2f(byte_of(w, i) ^ 0x80) - 128.f);  // int8 = (u8 ^ 0x80) - 128
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, byte_f(q, i, 128.f));
   } else if constexpr (QT == kQ4_0 || QT == kQ4_1) {
-    const int qs = QT == kQ4_0 ? 2 : 4, shift = 4 * (j >> 1);  // elements 16-31: the high nibbles
+    const int shift = 4 * (j >> 1);  // elements 16-31: the high nibbles
     const float d = f16_at(b);
-    bytes8_at(b + qs + 8 * (j & 1), w);
+    bytes8_at(b + (QT == kQ4_0 ? 2 : 4) + 8 * (j & 1), w);
+    q[0] = (w[0] >> shift) & 0x0F0F0F0Fu, q[1] = (w[1] >> shift) & 0x0F0F0F0Fu;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float q = u2f((byte_of(w, i) >> shift) & 0xF);
-      v[i] = QT == kQ4_0 ? __fmul_rn(d, q - 8.f) : __fadd_rn(__fmul_rn(d, q), f16_at(b + 2));
-    }
+    for (int i = 0; i < 8; ++i)
+      v[i] = QT == kQ4_0 ? __fmul_rn(d, byte_f(q, i, 8.f)) : scale_add<EXACT>(d, byte_f(q, i, 0.f), f16_at(b + 2));
   } else if constexpr (QT == kQ5_0 || QT == kQ5_1) {
     const int qh_at = QT == kQ5_0 ? 2 : 4, shift = 4 * (j >> 1);
     const float d = f16_at(b);
-    const uint32_t qh = u32_at(b + qh_at) >> (8 * j);  // bit e: the 5th bit of element e
+    const uint32_t qh = u32_at(b + qh_at) >> (8 * j);  // bit i: the 5th bit of element 8j + i
     bytes8_at(b + qh_at + 4 + 8 * (j & 1), w);
+    q[0] = ((w[0] >> shift) & 0x0F0F0F0Fu) | bit4_of_bytes(qh);
+    q[1] = ((w[1] >> shift) & 0x0F0F0F0Fu) | bit4_of_bytes(qh >> 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float q = u2f(((byte_of(w, i) >> shift) & 0xF) | (((qh >> i) & 1) << 4));
-      v[i] = QT == kQ5_0 ? __fmul_rn(d, q - 16.f) : __fadd_rn(__fmul_rn(d, q), f16_at(b + 2));
-    }
+    for (int i = 0; i < 8; ++i)
+      v[i] = QT == kQ5_0 ? __fmul_rn(d, byte_f(q, i, 16.f)) : scale_add<EXACT>(d, byte_f(q, i, 0.f), f16_at(b + 2));
   } else if constexpr (QT == kQ4_K || QT == kQ5_K) {
     const int s = j >> 2, l0 = 8 * (j & 3);  // sub-block s, its elements l0 .. l0 + 7
     float sc, mn;
@@ -98,14 +116,14 @@ __device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) 
     const float ds = __fmul_rn(f16_at(b), sc), dm = __fmul_rn(f16_at(b + 2), mn);
     // Sub-blocks 2p and 2p + 1 share 32 quant bytes: low nibbles, then high ones.
     bytes8_at(b + (QT == kQ4_K ? 16 : 48) + 32 * (s >> 1) + l0, w);
-    uint32_t hw[2] = {0, 0};
-    if constexpr (QT == kQ5_K) bytes8_at(b + 16 + l0, hw);  // qh byte l, bit s: element l of sub-block s
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      uint32_t q = (byte_of(w, i) >> (4 * (s & 1))) & 0xF;
-      if constexpr (QT == kQ5_K) q |= ((byte_of(hw, i) >> s) & 1) << 4;
-      v[i] = __fsub_rn(__fmul_rn(ds, u2f(q)), dm);
+    q[0] = (w[0] >> (4 * (s & 1))) & 0x0F0F0F0Fu, q[1] = (w[1] >> (4 * (s & 1))) & 0x0F0F0F0Fu;
+    if constexpr (QT == kQ5_K) {  // qh byte l, bit s: the 5th bit of element l of sub-block s
+      uint32_t h[2];
+      bytes8_at(b + 16 + l0, h);
+      q[0] |= ((h[0] >> s) & 0x01010101u) << 4, q[1] |= ((h[1] >> s) & 0x01010101u) << 4;
     }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = scale_add<EXACT>(ds, byte_f(q, i, 0.f), -dm);
   } else {
     static_assert(QT == kQ6_K, "decode8: unknown format");
     // Element 8j: half h (128 elements), group g (32) of it, l0 within the group.
@@ -115,10 +133,9 @@ __device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) 
     bytes8_at(b + 64 * h + 32 * (g & 1) + l0, w);  // groups 0, 1: low nibbles of two 32-byte runs; 2, 3: high
     bytes8_at(b + 128 + 32 * h + l0, hw);          // bits 2g, 2g + 1: the high 2 bits
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t q = ((byte_of(w, i) >> (4 * (g >> 1))) & 0xF) | (((byte_of(hw, i) >> (2 * g)) & 3) << 4);
-      v[i] = __fmul_rn(ds, u2f(q) - 32.f);
-    }
+    for (int k = 0; k < 2; ++k) q[k] = ((w[k] >> (4 * (g >> 1))) & 0x0F0F0F0Fu) | (((hw[k] >> (2 * g)) & 0x03030303u) << 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(ds, byte_f(q, i, 32.f));
   }
 }
 #endif  // __CUDACC__

@@ -111,9 +111,9 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
       xv[nt] = ld_nc_v4(reinterpret_cast<const uint4*>(x + int64_t(m) * a.K + 32 * s), m < a.M);
     }
     float v[8];
-    decode8<QT>(row_a + blk, j, v);
+    decode8<QT, false>(row_a + blk, j, v);
     const uint4 wa = pack8<T>(v);
-    decode8<QT>(row_b + blk, j, v);
+    decode8<QT, false>(row_b + blk, j, v);
     const uint4 wb = pack8<T>(v);
     mma_step<T, NT>(acc, wa, wb, xv);
   }
