@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench.common import MIN_CALLS, Case, copy_bandwidth_gbs, input_sets, time_many  # noqa: E402
 
-FAMILIES = ("memory", "gemm", "attention")
+FAMILIES = ("memory", "gemm", "attention", "qgemm")
 
 
 def all_cases() -> dict[str, Case]:

@@ -1,0 +1,73 @@
+"""Quantized-weight linear (csrc/qgemm/): x [M, K] @ W^T with W kept in GGUF blocks, shape (M, N, K).
+
+minfer: the seam's call (minfer.ops.quantized.linear): qlinear for M <= 16, else dequantize into a scratch
++ minfer's dense linear. ref: W dequantized to x's dtype, then F.linear (cuBLAS); the dequantize is
+minfer's kernel, as torch's (minfer.quant) copies a host tensor to the GPU, which graph capture forbids.
+Paths: `dense` = cuBLAS on W already dense in x's dtype (the unquantized model's cost, its 2-byte W not
+counted in the bytes); `prefill` = dequantize + linear at any M. Bytes: the quantized W + x + out.
+One case per format: qgemm (Q4_K), qgemm_q6_k, qgemm_q8_0, ...; Llama-3-8B's linear shapes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minfer import quant
+
+from .common import Case
+from .gemm import model_shapes
+
+SHAPES = model_shapes("llama-3-8b", (1, 8, 16, 64, 512, 4096))
+# Byte offsets of each format's fp16 scales (set to small finite values; random bytes can spell NaN).
+SCALES = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2],
+          "Q6_K": [208]}
+
+try:
+    from minfer.ops import quantized  # registers torch.ops.minfer's quantized ops
+except ImportError:  # extension not built: the ref side still runs
+    quantized = None
+
+
+def _weight(kind: str, n: int, k: int) -> quant.QuantizedWeight:
+    elems, size = quant.BLOCK_ELEMS[kind], quant.BLOCK_BYTES[kind]
+    raw = torch.randint(0, 256, (n, k // elems, size), device="cuda", dtype=torch.uint8)
+    for at in SCALES[kind]:
+        raw[..., at:at + 2] = (torch.randn(n, k // elems, 1, device="cuda") * 1e-3).half().view(torch.uint8)
+    return quant.QuantizedWeight(kind, raw.view(n, -1), (n, k))
+
+
+def _case(kind: str) -> Case:
+    def inputs(shape, dtype):
+        m, n, k = shape
+        w = _weight(kind, n, k)
+        return {"x": torch.randn(m, k, device="cuda", dtype=dtype), "w": w,
+                "dense": w.dequantize(dtype), "scratch": torch.empty(n, k, device="cuda", dtype=dtype)}
+
+    def ref(x, w, dense, scratch):
+        return F.linear(x, quantized.dequantize(w, x.dtype, out=scratch))
+
+    def ours(x, w, dense, scratch):
+        return quantized.linear(x, w, None, static_weight=True, scratch=scratch)
+
+    def prefill(x, w, dense, scratch):
+        return torch.ops.minfer.linear(x, quantized.dequantize(w, x.dtype, out=scratch), None, "auto", False)
+
+    def nbytes(shape, dtype):
+        m, n, k = shape
+        return n * k // quant.BLOCK_ELEMS[kind] * quant.BLOCK_BYTES[kind] + (m * k + m * n) * dtype.itemsize
+
+    return Case(
+        shapes=SHAPES,
+        make_inputs=inputs,
+        ref=ref,
+        minfer=ours,
+        bytes=nbytes,
+        flops=lambda shape: 2 * shape[0] * shape[1] * shape[2],
+        shape_names=f"M x N x K (x [M, K] @ W[N, K]^T, W {kind})",
+        paths={"dense": lambda x, w, dense, scratch: F.linear(x, dense), "prefill": prefill},
+        dtypes=(torch.bfloat16,),
+    )
+
+
+CASES = {"qgemm": _case("Q4_K")}
+CASES.update({f"qgemm_{kind.lower()}": _case(kind) for kind in quant.QUANTIZED if kind != "Q4_K"})
