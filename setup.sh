@@ -30,7 +30,7 @@ fi
 # Python dependencies: install only what is missing, so a second run needs no network.
 declare -A PKG=([numpy]=numpy [safetensors]=safetensors [tokenizers]=tokenizers [huggingface_hub]=huggingface_hub
                 [gguf]=gguf [jinja2]=jinja2 [tqdm]=tqdm [ninja]=ninja [setuptools]=setuptools [wheel]=wheel
-                [pytest]=pytest [transformers]=transformers)
+                [pytest]=pytest [transformers]=transformers [accelerate]=accelerate)
 missing=()
 for mod in "${!PKG[@]}"; do "$PY" -c "import $mod" 2>/dev/null || missing+=("${PKG[$mod]}"); done
 if ((${#missing[@]})); then
