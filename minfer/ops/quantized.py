@@ -61,7 +61,10 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.shape[0] <= QLINEAR_MAX_ROWS:
-        out = _ops.qlinear(x2.contiguous(), w.blocks, QTYPE[w.kind], n, k, bias, static_weight)
+        x2 = x2.contiguous()
+        if x2.data_ptr() % 16:  # qlinear reads x in 16-byte loads
+            x2 = x2.clone()
+        out = _ops.qlinear(x2, w.blocks, QTYPE[w.kind], n, k, bias, static_weight)
     else:
         dense = dequantize(w, x.dtype, scratch)
         out = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before
