@@ -224,6 +224,7 @@ def quantize_cli(args):
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0"])
 def test_hf_llama_to_gguf_loads_in_transformers_and_minfer(ftype, tmp_path):
+    pytest.importorskip("accelerate")  # transformers loads GGUF files through it
     src = tmp_path / "hf"
     hf = build_llama(src)
     out = tmp_path / f"model.{ftype}.gguf"
@@ -261,6 +262,7 @@ def test_hf_llama_to_gguf_loads_in_transformers_and_minfer(ftype, tmp_path):
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K"])
 def test_k_quant_file_loads_in_transformers(ftype, tmp_path):
+    pytest.importorskip("accelerate")  # transformers loads GGUF files through it
     src = tmp_path / "hf"
     hf = build_llama(src, hidden=256, inter=512, tie=True)
     out = tmp_path / f"model.{ftype}.gguf"
@@ -283,6 +285,7 @@ def test_k_quant_file_loads_in_transformers(ftype, tmp_path):
 
 
 def test_shape_source_with_placeholder_tokenizer(tmp_path, monkeypatch):
+    pytest.importorskip("accelerate")  # transformers loads GGUF files through it
     monkeypatch.setitem(shapes.SHAPES, "tiny-llama", TINY)
     out = tmp_path / "tiny.gguf"
     quantize_cli(["--shape", "tiny-llama", out, "--type", "Q8_0"])
