@@ -23,15 +23,18 @@ from bench.common import copy_bandwidth_gbs  # noqa: E402
 
 from minfer import shapes  # noqa: E402
 from minfer.engine import Engine  # noqa: E402
+from minfer.quant import QuantizedWeight  # noqa: E402
 from minfer.sampling import SamplingParams  # noqa: E402
 
 
 def weight_bytes(engine: Engine) -> int:
-    """Bytes of every tensor one decode step reads once: the layers, the final norm and the lm_head."""
+    """Bytes of every weight one decode step reads once: the layers, the final norm and the lm_head (a
+    quantized weight's blocks, as stored)."""
     model = engine.model
-    tensors = [t for layer in model.layers for t in layer.values() if t is not None]
-    tensors += [model.final_norm, model.lm_head]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    weights = [w for layer in model.layers for w in layer.values() if w is not None]
+    weights += [model.final_norm, model.lm_head]
+    flat = [p for w in weights for p in (w if isinstance(w, list) else [w])]  # fuse() may give a list
+    return sum(w.nbytes() if isinstance(w, QuantizedWeight) else w.numel() * w.element_size() for w in flat)
 
 
 def kv_bytes_per_token(engine: Engine) -> int:
@@ -47,7 +50,8 @@ def make_engine(args) -> Engine:
         cfg = shapes.config(args.shape)
         return Engine.from_random_weights(cfg, dtype=dtype, device="cuda", backend=args.backend,
                                           max_context=max_context)
-    return Engine(args.checkpoint, dtype=dtype, device="cuda", backend=args.backend, max_context=max_context)
+    return Engine(args.checkpoint, dtype=dtype, device="cuda", backend=args.backend, max_context=max_context,
+                  dequantize=args.dequantize)
 
 
 def run_batch(engine: Engine, batch: int, args, copy_gbs: float) -> dict:
@@ -64,7 +68,8 @@ def run_batch(engine: Engine, batch: int, args, copy_gbs: float) -> dict:
     floor_bytes = weight_bytes(engine) + batch * mean_context * kv_bytes_per_token(engine)
     floor_s = floor_bytes / (copy_gbs * 1e9)
     return dict(
-        model=args.shape or os.path.basename(args.checkpoint or "default"), dtype=str(engine.dtype).split(".")[-1],
+        model=(args.shape or os.path.basename(args.checkpoint or "default")) + (" deq" if args.dequantize else ""),
+        dtype=str(engine.dtype).split(".")[-1],
         batch=batch, prompt_len=args.prompt_len, gen_len=args.gen_len,
         prefill_tok_s=batch * args.prompt_len / prefill_s, ttft_ms=1000 * median([s.ttft_s for s in runs]),
         decode_tok_s=batch / step_s, ms_per_step=1000 * step_s, pct_roofline=100 * floor_s / step_s,
@@ -82,6 +87,7 @@ def main(argv=None) -> int:
     p.add_argument("--gen-len", type=int, default=128)
     p.add_argument("--dtype", choices=["float16", "bfloat16"], help="default: the engine's (bfloat16)")
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
+    p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", help="append one JSON line per batch size to this file")
     args = p.parse_args(argv)

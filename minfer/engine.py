@@ -81,16 +81,20 @@ def _backend(name: str, device: torch.device):
 
 class Engine:
     def __init__(self, checkpoint: str | None = None, dtype: torch.dtype | None = None, device: str | None = None,
-                 backend: str = "auto", max_context: int | None = None, random_weights: ModelConfig | None = None):
+                 backend: str = "auto", max_context: int | None = None, random_weights: ModelConfig | None = None,
+                 dequantize: bool = False):
         """random_weights: instead of a checkpoint, random weights of this config's shape and no tokenizer
-        (token ids in, token ids out), for benchmarks."""
+        (token ids in, token ids out), for benchmarks. dequantize: a GGUF's quantized matrices are
+        expanded to `dtype` at load instead of staying in their blocks; the ref backend always expands
+        them (it has no kernels that read blocks, and would dequantize every matrix at every step)."""
         t0 = time.perf_counter()
         self.device = _device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.ops = _backend(backend, self.device)
         self.load_times = loader.LoadTimes(device=self.device)
         if random_weights is None:
-            self.cfg, weights, self.tokenizer = loader.load(checkpoint, self.dtype, self.device, self.load_times)
+            self.cfg, weights, self.tokenizer = loader.load(checkpoint, self.dtype, self.device, self.load_times,
+                                                            dequantize or self.ops.name != "cuda")
         else:
             from .shapes import random_weights as make_weights
             self.cfg, weights, self.tokenizer = random_weights, make_weights(random_weights, self.dtype, self.device), None

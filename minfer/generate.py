@@ -46,6 +46,9 @@ def parse_args(argv=None):
                    help="cuda: our kernels; ref: plain torch (default: %(default)s, cuda when built and on a GPU)")
     p.add_argument("-c", "--max-context", "--max-model-len", "--ctx-size", type=int,
                    help="positions per sequence, prompt included (default: the model's)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="expand a GGUF's quantized matrices to --dtype at load (default: they stay quantized on the "
+                        "cuda backend; the ref backend always expands them)")
     p.add_argument("-v", "--verbose", action="store_true", help="also print the load time's parts and peak GPU memory")
     args = p.parse_args(argv)
     if args.model and args.checkpoint:
@@ -103,7 +106,7 @@ def run(args) -> None:
 
     from .engine import Engine, print_stats
     engine = Engine(args.checkpoint, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
-                    backend=args.backend, max_context=args.max_context)
+                    backend=args.backend, max_context=args.max_context, dequantize=args.dequantize)
     if engine.ops.fallbacks:
         print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(engine.ops.fallbacks)}", file=sys.stderr)
     if chat_flag and not engine.tokenizer.chat_template:

@@ -1,9 +1,10 @@
 """GGUF files (llama architecture): a small reader of the format, and the config, weights and tokenizer.
 
 The header (metadata and tensor table) is parsed here with struct; tensor data stays memory-mapped. A
-tensor's raw bytes go to the target device as they are, and are decoded there: quantized blocks (Q8_0,
-Q4_0, Q4_1) dequantized, and Q/K rows un-permuted from llama.cpp's interleaved RoPE pairing back to HF's
-rotate-half order, so that the model runs the same code for GGUF and safetensors checkpoints.
+tensor's raw bytes go to the target device as they are. Matrices in a format with kernels (quant.QUANTIZED)
+stay in their blocks; other tensors are decoded there (any other type gguf knows, on the host, with a
+notice). Q/K rows are un-permuted from llama.cpp's interleaved RoPE pairing back to HF's rotate-half
+order, so that the model runs the same code for GGUF and safetensors checkpoints.
 """
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ import contextlib
 import math
 import mmap
 import struct
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from . import quant
 from .config import ModelConfig
 from .errors import MinferError, file_error
-
-QK = 32  # elements per quantization block for Q8_0, Q4_0 and Q4_1
 
 # GGUF tensor name -> HF name ("{i}" is the layer index).
 TENSOR_NAMES = {
@@ -172,22 +173,22 @@ def read_config(reader) -> ModelConfig:
 
 
 def _dequantize(kind: str, raw: torch.Tensor, n: int) -> torch.Tensor:
-    """raw: the tensor's bytes, uint8 [bytes] on any device; n: element count. Returns fp32 [n] there."""
-    if kind == "Q8_0":  # fp16 scale d, 32 x int8:  x = d * q
-        b = raw.view(-1, 2 + QK)
-        d = b[:, :2].contiguous().view(torch.float16).float()
-        return (d * b[:, 2:].contiguous().view(torch.int8)).reshape(-1)[:n]
-    if kind in ("Q4_0", "Q4_1"):  # low nibbles hold elements 0..15, high nibbles 16..31
-        head = 2 if kind == "Q4_0" else 4
-        b = raw.view(-1, head + QK // 2)
-        d = b[:, :2].contiguous().view(torch.float16).float()
-        packed = b[:, head:]
-        q = torch.cat([packed & 0xF, packed >> 4], dim=1)  # uint8 [blocks, 32]
-        if kind == "Q4_0":  # x = d * (q - 8)
-            return (d * (q.float() - 8)).reshape(-1)[:n]
-        m = b[:, 2:4].contiguous().view(torch.float16).float()  # x = d * q + m
-        return torch.addcmul(m, d, q.float()).reshape(-1)[:n]
-    raise MinferError(f"unsupported GGUF tensor type {kind}; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1")
+    """raw: the tensor's bytes, uint8 [bytes] on any device; n: element count. Returns fp32 [n] there.
+    The formats with kernels decode in torch on the device; any other type gguf knows decodes on the host."""
+    if kind in quant.QUANTIZED:
+        return quant.dequantize(kind, raw, n)
+    import gguf
+    if kind not in _NOTICED:
+        _NOTICED.add(kind)
+        print(f"minfer: GGUF type {kind} has no kernel; dequantized at load", file=sys.stderr)
+    try:
+        values = gguf.quants.dequantize(raw.cpu().numpy(), gguf.GGMLQuantizationType[kind])
+    except NotImplementedError:
+        raise MinferError(f"GGUF tensor type {kind} cannot be read (no dequantizer)") from None
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1)[:n].to(raw.device)
+
+
+_NOTICED: set[str] = set()  # types whose at-load dequantization was reported
 
 
 def _no_timing(phase: str):
@@ -221,30 +222,47 @@ def hf_name(gguf_name: str) -> str | None:
     return TENSOR_NAMES.get(gguf_name)
 
 
+# Matrices that linear and embedding take in their GGUF blocks (all but the norms and biases).
+_MATRICES = ("_proj.weight", "lm_head.weight", "embed_tokens.weight")
+
+
 def read_weights(reader: Reader, cfg: ModelConfig, dtype: torch.dtype, device, progress,
-                 timing=_no_timing) -> dict[str, torch.Tensor]:
+                 timing=_no_timing, keep_quantized: bool = True) -> dict[str, torch.Tensor | quant.QuantizedWeight]:
+    """HF name -> weight on `device`. With keep_quantized, matrices in a format with kernels stay in their
+    blocks (quant.QuantizedWeight); everything else is dequantized to `dtype`."""
     weights = {}
     for t in progress(reader.tensors):
         name = hf_name(t.name)
         if name is None:
             continue  # e.g. rope_freqs.weight, already folded into the config
+        heads = cfg.num_heads if name.endswith("q_proj.weight") else \
+            cfg.num_kv_heads if name.endswith("k_proj.weight") else None
+        if keep_quantized and t.kind in quant.QUANTIZED and name.endswith(_MATRICES) and len(t.shape) == 2:
+            with timing("read"):
+                raw = t.data.clone()  # owned memory, so that no weight aliases the file's mapping
+            with timing("upload"):
+                blocks = raw.to(device).view(t.shape[0], -1)  # [rows, row bytes]
+            w = quant.QuantizedWeight(t.kind, blocks, t.shape, dtype)
+            weights[name] = w if heads is None else w.select_rows(unpermute_qk(torch.arange(t.shape[0]), heads))
+            continue
         w = tensor_to_torch(t, device, timing)
         with timing("dequantize"):
-            if name.endswith("q_proj.weight"):
-                w = unpermute_qk(w, cfg.num_heads)
-            elif name.endswith("k_proj.weight"):
-                w = unpermute_qk(w, cfg.num_kv_heads)
-            weights[name] = w.to(dtype)
+            weights[name] = (w if heads is None else unpermute_qk(w, heads)).to(dtype)
     return weights
 
 
 def read_tokenizer(reader):
-    """A tokenizers.Tokenizer for a GPT-2-style byte-level BPE vocabulary, plus its metadata."""
+    """A tokenizers.Tokenizer for the file's vocabulary (GPT-2-style byte-level BPE, or SentencePiece),
+    plus its metadata."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     kind = _field(reader, "tokenizer.ggml.model")
+    if kind == "llama":  # SentencePiece: Llama 2, Mistral, TinyLlama, Gemma, Phi-3
+        from .sentencepiece import from_gguf_fields
+        return from_gguf_fields(lambda key, default=None: _field(reader, key, default))
     if kind != "gpt2":
-        raise MinferError(f"unsupported GGUF tokenizer {kind!r}; supported: gpt2 (byte-level BPE)")
+        raise MinferError(f"unsupported GGUF tokenizer {kind!r}; supported: gpt2 (byte-level BPE), "
+                          f"llama (SentencePiece)")
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = _field(reader, "tokenizer.ggml.merges") or []
     types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)

@@ -82,9 +82,10 @@ def resolve(checkpoint: str | None) -> str:
     raise MinferError(f"{checkpoint}: no such file or folder")
 
 
-def load(checkpoint: str | None, dtype: torch.dtype, device,
-         times: LoadTimes | None = None) -> tuple[ModelConfig, dict, tokenizer.Tokenizer]:
-    """times, when given, accumulates where the load time went."""
+def load(checkpoint: str | None, dtype: torch.dtype, device, times: LoadTimes | None = None,
+         dequantize: bool = False) -> tuple[ModelConfig, dict, tokenizer.Tokenizer]:
+    """times, when given, accumulates where the load time went. GGUF matrices in a format with kernels
+    stay quantized (quant.QuantizedWeight) unless `dequantize`."""
     device = torch.device(device)
     times = times or LoadTimes()
     times.device = device
@@ -94,15 +95,16 @@ def load(checkpoint: str | None, dtype: torch.dtype, device,
     with open_input(path, "rb") as f:
         magic = f.read(4)
     if magic == b"GGUF":
-        return _load_gguf(path, dtype, device, times)
+        return _load_gguf(path, dtype, device, times, dequantize)
     raise MinferError(f"{path}: not a GGUF file or an HF checkpoint folder")
 
 
-def _load_gguf(path, dtype, device, times):
+def _load_gguf(path, dtype, device, times, dequantize):
     reader = gguf.open_reader(path)
     cfg = gguf.read_config(reader)
     tok = tokenizer.from_gguf(reader)
-    weights = gguf.read_weights(reader, cfg, dtype, device, lambda xs: _progress(xs, "loading"), times)
+    weights = gguf.read_weights(reader, cfg, dtype, device, lambda xs: _progress(xs, "loading"), times,
+                                keep_quantized=not dequantize)
     _check_complete(cfg, weights, path)
     return cfg, weights, tok
 

@@ -10,6 +10,7 @@ from .config import ModelConfig
 from .errors import MinferError
 from .kv_cache import KVCache
 from .ops import Backend
+from .quant import QuantizedWeight
 
 
 def rope_cos_sin(cfg: ModelConfig, max_positions: int, device) -> torch.Tensor:
@@ -36,8 +37,35 @@ def rope_cos_sin(cfg: ModelConfig, max_positions: int, device) -> torch.Tensor:
     return torch.cat([angles.cos(), angles.sin()], dim=-1).float().to(device)
 
 
+Weight = torch.Tensor | QuantizedWeight
+
+
+def fuse(parts: list[Weight]) -> Weight | list[Weight]:
+    """Weights of linears on one input, stacked by rows into one weight (one GEMM). Quantized parts stack
+    only with neighbours of their own format (a Q4_K_M file may keep v in Q6_K, q and k in Q4_K): then a
+    list of stacks comes back, run one by one."""
+    groups: list[list[Weight]] = []
+    for w in parts:
+        kind = w.kind if isinstance(w, QuantizedWeight) else None
+        last = groups[-1][-1] if groups else None
+        if last is not None and kind == (last.kind if isinstance(last, QuantizedWeight) else None):
+            groups[-1].append(w)
+        else:
+            groups.append([w])
+    stacked = [QuantizedWeight.cat(g) if isinstance(g[0], QuantizedWeight) else torch.cat(g) for g in groups]
+    return stacked[0] if len(stacked) == 1 else stacked
+
+
+def fused_linear(ops: Backend, x: torch.Tensor, w: Weight | list[Weight], bias: torch.Tensor | None = None):
+    """x [tokens, in] @ w^T (+ bias) -> [tokens, out] for a weight from fuse()."""
+    if not isinstance(w, list):
+        return ops.linear(x, w, bias, static_weight=True)
+    out = torch.cat([ops.linear(x, part, static_weight=True) for part in w], dim=-1)  # [tokens, out]
+    return out if bias is None else out + bias
+
+
 class Transformer:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ops: Backend, max_positions: int):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, Weight], ops: Backend, max_positions: int):
         self.cfg, self.ops = cfg, ops
         w = weights
         self.embed = w["model.embed_tokens.weight"]  # [vocab, hidden]
@@ -51,11 +79,11 @@ class Transformer:
                 "attn_norm": w[p + "input_layernorm.weight"],
                 "mlp_norm": w[p + "post_attention_layernorm.weight"],
                 # Fused projections: one GEMM for q|k|v and one for gate|up.
-                "qkv": torch.cat([w[attn + "q_proj.weight"], w[attn + "k_proj.weight"], w[attn + "v_proj.weight"]]),
+                "qkv": fuse([w[attn + "q_proj.weight"], w[attn + "k_proj.weight"], w[attn + "v_proj.weight"]]),
                 "qkv_bias": torch.cat([w[attn + "q_proj.bias"], w[attn + "k_proj.bias"], w[attn + "v_proj.bias"]])
                 if cfg.attention_bias else None,
                 "o": w[attn + "o_proj.weight"],
-                "gate_up": torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+                "gate_up": fuse([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
                 "down": w[p + "mlp.down_proj.weight"],
             }
             if cfg.qk_norm:
@@ -85,7 +113,7 @@ class Transformer:
         x = ops.rms_norm(residual, self.layers[0]["attn_norm"], cfg.rms_norm_eps)
         for i, layer in enumerate(self.layers):
             # static_weight: no kernel writes the weights, so the gemv kernels start reading them early
-            qkv = ops.linear(x, layer["qkv"], layer["qkv_bias"], static_weight=True)  # [tokens, (heads + 2 kvh) hd]
+            qkv = fused_linear(ops, x, layer["qkv"], layer["qkv_bias"])  # [tokens, (heads + 2 kvh) hd]
             q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
             q = q.reshape(-1, heads, hd)  # [tokens, heads, hd]; views, no copies
             k = k.reshape(-1, kv_heads, hd)
@@ -102,7 +130,7 @@ class Transformer:
                                  stable_prefix=True)
             x = ops.linear(attn.reshape(batch * seq, heads * hd), layer["o"], static_weight=True)  # [tokens, hidden]
             ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps)
-            gate_up = ops.linear(x, layer["gate_up"], static_weight=True)  # [tokens, 2 intermediate]
+            gate_up = fused_linear(ops, x, layer["gate_up"])  # [tokens, 2 intermediate]
             x = ops.linear(ops.silu_and_mul(gate_up), layer["down"], static_weight=True)
             next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
             ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps)

@@ -110,10 +110,11 @@ def dequantize(kind: str, raw: torch.Tensor, n: int) -> torch.Tensor:
 @dataclass
 class QuantizedWeight:
     """A weight kept in its GGUF block format: the op seam's `linear` and `embedding` take it where
-    they take a dense [out_features, in_features] tensor."""
+    they take a dense [out_features, in_features] tensor of `dtype`."""
     kind: str  # GGUF type name, one of QUANTIZED
     blocks: torch.Tensor  # uint8 [out_features, in_features / BLOCK_ELEMS * BLOCK_BYTES]: row n's blocks
     shape: tuple[int, int]  # logical (out_features, in_features)
+    dtype: torch.dtype = torch.float32  # the compute dtype its values are dequantized to
 
     def __post_init__(self):
         rows, cols = self.shape
@@ -133,15 +134,27 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         return self.blocks.numel()
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """-> [out_features, in_features] in dtype, on the blocks' device."""
-        return dequantize(self.kind, self.blocks.reshape(-1), self.shape[0] * self.shape[1]).view(self.shape).to(dtype)
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """-> [out_features, in_features] in dtype (default: self.dtype), on the blocks' device."""
+        n = self.shape[0] * self.shape[1]
+        return dequantize(self.kind, self.blocks.reshape(-1), n).view(self.shape).to(dtype or self.dtype)
 
-    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rows `ids` [n] dequantized -> [n, in_features]: an embedding lookup that reads only those rows."""
         picked = self.blocks[ids.long()]  # [n, row_bytes]
         n = picked.shape[0] * self.shape[1]
-        return dequantize(self.kind, picked.reshape(-1), n).view(-1, self.shape[1]).to(dtype)
+        return dequantize(self.kind, picked.reshape(-1), n).view(-1, self.shape[1]).to(dtype or self.dtype)
+
+    def select_rows(self, index: torch.Tensor) -> "QuantizedWeight":
+        """The weight whose row i is row index[i] of this one (rows are independent runs of blocks)."""
+        return QuantizedWeight(self.kind, self.blocks[index], (len(index), self.shape[1]), self.dtype)
+
+    @staticmethod
+    def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
+        """Parts of one kind stacked by rows: [sum of out_features, in_features]."""
+        first = parts[0]
+        rows = sum(p.shape[0] for p in parts)
+        return QuantizedWeight(first.kind, torch.cat([p.blocks for p in parts]), (rows, first.shape[1]), first.dtype)
 
 
 # Quantizers: fp32 values -> GGUF blocks, in torch (CPU or GPU). The legacy formats follow

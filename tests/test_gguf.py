@@ -237,3 +237,31 @@ def test_load_times_are_recorded():
     cfg, weights, _ = loader.load(MODEL_PATH, torch.float32, "cpu", times)
     assert times.read > 0 and times.upload > 0 and times.dequantize > 0
     assert weights["model.embed_tokens.weight"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"])
+def test_every_format_reads_as_gguf_dequantizes_it(kind, tmp_path, capsys):
+    """Random blocks (finite fp16 scales) of the formats with kernels, and of two without (Q2_K, Q3_K: decoded
+    by gguf on the host, with a notice)."""
+    qtype = gguf.GGMLQuantizationType[kind]
+    elems, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, blocks = 3, 2
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, size=(rows * blocks, size), dtype=np.uint8)
+    scale_at = {"Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q2_K": [80, 82],
+                "Q3_K": [108]}[kind]
+    for at in scale_at:
+        raw[:, at:at + 2] = rng.standard_normal((rows * blocks, 1)).astype(np.float16).view(np.uint8)
+    path = str(tmp_path / "t.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("t", raw.reshape(rows, blocks * size), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    (t,) = mgguf.open_reader(path).tensors
+    assert t.kind == kind and t.shape == (rows, blocks * elems)
+    ours = mgguf.tensor_to_torch(t)
+    expected = gguf.quants.dequantize(raw.reshape(-1), qtype).astype(np.float32).reshape(rows, blocks * elems)
+    np.testing.assert_array_equal(ours.numpy(), expected)
+    assert (f"GGUF type {kind} has no kernel" in capsys.readouterr().err) == (kind in ("Q2_K", "Q3_K"))

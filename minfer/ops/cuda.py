@@ -10,7 +10,8 @@ import torch
 
 import minfer._C  # noqa: F401  registers torch.ops.minfer
 
-from . import reference
+from . import quantized, reference
+from ..quant import QuantizedWeight
 
 _ops = torch.ops.minfer
 
@@ -50,8 +51,12 @@ def _kv_cache_write_fake(k_cache, v_cache, k, v, positions):
 
 # ---- the ops the model calls ----
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     # Rows of out-of-range ids come back as NaN (the kernel never reads outside the table).
+    if isinstance(weight, QuantizedWeight):  # the kernels write fp16/bf16
+        if weight.dtype == torch.float32:
+            return reference.embedding(ids, weight)
+        return quantized.embedding(ids, weight, weight.dtype)
     return _ops.embedding(ids.contiguous(), weight)
 
 
@@ -106,13 +111,40 @@ def _linear_fake(x, w, bias=None, path="auto", static_weight=False):
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+# A quantized weight's prefill (more than 16 rows of x) dequantizes it into a scratch buffer, up to this
+# many values at a time (256 MB in bf16; an 8B model's widest layer matrix, gate|up, is 117M): wider
+# weights (a 128k-vocabulary lm_head) run in slices of rows.
+SCRATCH_VALUES = 1 << 27
+_scratch: dict[tuple, torch.Tensor] = {}
+
+
+def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, static_weight: bool):
+    n, k = w.shape
+    if x.dtype == torch.float32:  # the kernels take fp16/bf16
+        return reference.linear(x, w, bias)
+    if x.shape[0] <= quantized.QLINEAR_MAX_ROWS:
+        return quantized.linear(x, w, bias, static_weight)
+    key = (x.device, x.dtype)
+    if key not in _scratch:
+        _scratch[key] = torch.empty(SCRATCH_VALUES, device=x.device, dtype=x.dtype)
+    rows = max(16, SCRATCH_VALUES // k // 16 * 16)  # slices start on 16-byte boundaries (the kernels' loads)
+    outs = []
+    for n0 in range(0, n, rows):
+        part = QuantizedWeight(w.kind, w.blocks[n0:n0 + rows], (min(rows, n - n0), k), w.dtype)
+        scratch = _scratch[key][:part.shape[0] * k].view(part.shape)
+        outs.append(quantized.linear(x, part, None if bias is None else bias[n0:n0 + rows], False, scratch))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
            static_weight: bool = False) -> torch.Tensor:
-    # x [tokens, in] (last dim contiguous), weight [out, in], bias [out] -> [tokens, out]
+    # x [tokens, in] (last dim contiguous), weight [out, in] dense or quantized, bias [out] -> [tokens, out]
     # static_weight=True promises that no kernel just ahead of this one in the stream writes weight (a
     # model's weights): the gemv kernels then start reading it while the previous kernel still runs.
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if isinstance(weight, QuantizedWeight):
+        return _quantized_linear(x, weight, bias, static_weight)
     return _ops.linear(x, weight, bias, "auto", static_weight)
 
 

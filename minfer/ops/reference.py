@@ -9,11 +9,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..quant import QuantizedWeight
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    # ids [...] int32/int64, weight [vocab, hidden] -> [..., hidden]
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    # ids [...] int32/int64, weight [vocab, hidden] -> [..., hidden]; a quantized weight's rows are
+    # dequantized to its dtype.
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
         raise IndexError(f"embedding: token id out of range [0, {weight.shape[0]})")
+    if isinstance(weight, QuantizedWeight):
+        return weight.rows(ids.reshape(-1)).view(*ids.shape, weight.shape[1])
     return weight[ids.long()]
 
 
@@ -85,9 +90,12 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     return out.transpose(1, 2)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
            static_weight: bool = False) -> torch.Tensor:
     # x [tokens, in], weight [out, in] (HF layout), bias [out] -> [tokens, out]
     # In the input dtype: on a GPU this is cuBLAS with fp32 accumulation, the baseline to beat.
     # static_weight is a scheduling promise for the CUDA kernels (see ops/cuda.py); no effect here.
+    # A quantized weight is dequantized to x's dtype first.
+    if isinstance(weight, QuantizedWeight):
+        weight = weight.dequantize(x.dtype)
     return F.linear(x, weight, bias)
