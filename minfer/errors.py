@@ -46,3 +46,30 @@ def read_json(path: str, missing_ok: bool = False) -> dict | None:
     if not isinstance(obj, dict):
         raise MinferError(f"{path}: holds a JSON {type(obj).__name__}, not an object")
     return obj
+
+
+def run_cli(fn) -> int:
+    """Runs a command-line entry point: a MinferError is one line and exit 1; stdout closed early (`| head`)
+    ends quietly with 141, as a tool killed by SIGPIPE; anything else is one line naming the exception
+    (MINFER_DEBUG=1 raises it, with its traceback)."""
+    import os
+    import sys
+
+    try:
+        fn()
+    except MinferError as e:
+        print(f"minfer: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Point stdout at /dev/null, so that the interpreter's own flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as e:
+        if os.environ.get("MINFER_DEBUG"):
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"minfer: error: {type(e).__name__}: {msg} (MINFER_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+    return 0

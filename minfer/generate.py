@@ -6,7 +6,6 @@ before the end (e.g. `| head`): generation stops quietly, as for a tool killed b
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -132,26 +131,8 @@ def run(args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from .errors import MinferError
-    try:
-        run(args)
-    except MinferError as e:
-        print(f"minfer: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        # The reader of stdout is gone: stop without a message. Point stdout at /dev/null, so that
-        # the interpreter's own flush at exit does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    except Exception as e:  # a one-line report; MINFER_DEBUG=1 shows the traceback
-        if os.environ.get("MINFER_DEBUG"):
-            raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"minfer: error: {type(e).__name__}: {msg} (MINFER_DEBUG=1 for a traceback)", file=sys.stderr)
-        return 1
-    return 0
+    from .errors import run_cli
+    return run_cli(lambda: run(args))
 
 
 if __name__ == "__main__":

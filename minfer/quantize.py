@@ -25,7 +25,7 @@ import torch
 
 from . import quant
 from .config import ModelConfig
-from .errors import MinferError, check_readable, read_json
+from .errors import MinferError, check_readable, read_json, run_cli
 
 # --type -> (the type of most weights, llama.cpp's general.file_type: LlamaFileType)
 FTYPES = {"Q8_0": ("Q8_0", 7), "Q4_0": ("Q4_0", 2), "Q4_K_M": ("Q4_K", 15), "Q5_K_M": ("Q5_K", 17), "Q6_K": ("Q6_K", 18)}
@@ -430,20 +430,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    try:
-        run(parse_args(argv))
-    except MinferError as e:
-        print(f"minfer: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # a one-line report; MINFER_DEBUG=1 shows the traceback
-        if os.environ.get("MINFER_DEBUG"):
-            raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"minfer: error: {type(e).__name__}: {msg} (MINFER_DEBUG=1 for a traceback)", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli(lambda: run(parse_args(argv)))
 
 
 if __name__ == "__main__":
