@@ -86,6 +86,8 @@ class Reader:
                 raise MinferError(f"tensor {name}: unknown GGUF tensor type {kind}") from None
             block, size = gguf.GGML_QUANT_SIZES[qtype]
             n = math.prod(dims)
+            if dims and dims[0] % block:  # a row is whole blocks
+                raise MinferError(f"tensor {name}: rows of {dims[0]} values do not fill {qtype.name} blocks of {block}")
             begin, end = start + offset, start + offset + n // block * size
             if end > len(self.buf):
                 raise ValueError(f"tensor {name} ends at byte {end}, past the end of the file ({len(self.buf)} bytes)")

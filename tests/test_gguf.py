@@ -8,6 +8,7 @@ import torch
 
 from minfer import gguf as mgguf
 from minfer import loader
+from minfer.errors import MinferError
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -265,3 +266,45 @@ def test_every_format_reads_as_gguf_dequantizes_it(kind, tmp_path, capsys):
     expected = gguf.quants.dequantize(raw.reshape(-1), qtype).astype(np.float32).reshape(rows, blocks * elems)
     np.testing.assert_array_equal(ours.numpy(), expected)
     assert (f"GGUF type {kind} has no kernel" in capsys.readouterr().err) == (kind in ("Q2_K", "Q3_K"))
+
+
+def _one_tensor_file(tmp_path, raw: np.ndarray, qtype) -> str:
+    path = str(tmp_path / "t.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("t", raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_truncated_file_is_a_one_line_error(tmp_path):
+    path = _one_tensor_file(tmp_path, np.zeros((4, 34), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_0)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)  # into the tensor data (the file ends in padding)
+    with pytest.raises(MinferError, match="past the end of the file"):
+        mgguf.open_reader(path)
+
+
+def test_unknown_tensor_type_is_named(tmp_path):
+    path = _one_tensor_file(tmp_path, np.zeros((4, 34), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_0)
+    data = bytearray(open(path, "rb").read())
+    at = data.index(b"\x01\x00\x00\x00\x00\x00\x00\x00t") + 9  # the tensor's name, then its dims and type
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    type_at = at + 4 + 8 * n_dims
+    assert int.from_bytes(data[type_at:type_at + 4], "little") == gguf.GGMLQuantizationType.Q8_0
+    data[type_at:type_at + 4] = (250).to_bytes(4, "little")
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(MinferError, match="tensor t: unknown GGUF tensor type 250"):
+        mgguf.open_reader(path)
+
+
+def test_rows_that_do_not_fill_blocks_are_named(tmp_path):
+    path = _one_tensor_file(tmp_path, np.zeros((4, 34), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_0)
+    data = bytearray(open(path, "rb").read())
+    at = data.index(b"\x01\x00\x00\x00\x00\x00\x00\x00t") + 9
+    data[at + 4:at + 12] = (33).to_bytes(8, "little")  # ne0: 33 values a row, not whole blocks of 32
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(MinferError, match="rows of 33 values do not fill Q8_0 blocks of 32"):
+        mgguf.open_reader(path)
