@@ -1,0 +1,61 @@
+"""The default model (SmolLM2-135M, Q4_1) on the quantized-weight kernels: the same greedy text as the fp32
+reference, and the perplexity of the --dequantize path."""
+import math
+import os
+
+import pytest
+import torch
+
+from minfer.engine import Engine
+from minfer.quant import QuantizedWeight
+from minfer.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = "The capital of France is"
+TEXT = os.environ.get("MINFER_TINYSHAKESPEARE",
+                      os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "tinyshakespeare.txt"))
+
+
+def greedy(engine: Engine, n: int) -> list[int]:
+    out, _ = engine.generate([engine.encode(PROMPT, chat=False)], SamplingParams(temperature=0), n)
+    return out[0].token_ids
+
+
+def test_weights_stay_quantized_on_the_cuda_backend():
+    eng = Engine(dtype=torch.float16, device="cuda", backend="cuda")
+    assert isinstance(eng.model.layers[0]["down"], QuantizedWeight) and isinstance(eng.model.embed, QuantizedWeight)
+    assert not isinstance(Engine(dtype=torch.float16, device="cuda", backend="cuda", dequantize=True).model.embed,
+                          QuantizedWeight)
+
+
+def test_greedy_on_quantized_kernels_matches_fp32_reference():
+    ref = greedy(Engine(dtype=torch.float32, device="cuda", backend="ref"), 8)
+    ours = greedy(Engine(dtype=torch.float16, device="cuda", backend="cuda"), 8)
+    assert len(ref) == 8 and ours == ref
+
+
+@torch.inference_mode()
+def perplexity(engine: Engine, ids: list[int], windows: int = 16, length: int = 512) -> float:
+    """exp(mean next-token loss) over `windows` windows of `length` tokens, each its own prefill."""
+    cache = engine._cache_rows(1, length)
+    total, count = 0.0, 0
+    for w in range(windows):
+        chunk = torch.tensor(ids[w * length:(w + 1) * length], device=engine.device)[None]  # [1, length]
+        logits = engine.model.forward(chunk, torch.zeros(1, dtype=torch.int32, device=engine.device), cache)
+        loss = torch.nn.functional.cross_entropy(logits[0, :-1].float(), chunk[0, 1:], reduction="sum")
+        total, count = total + loss.item(), count + length - 1
+    return math.exp(total / count)
+
+
+def test_perplexity_within_0_2_percent_of_dequantized():
+    if not os.path.exists(TEXT):
+        pytest.skip(f"no {TEXT} (set MINFER_TINYSHAKESPEARE)")
+    quantized = Engine(dtype=torch.bfloat16, device="cuda", backend="cuda")
+    dense = Engine(dtype=torch.bfloat16, device="cuda", backend="cuda", dequantize=True)
+    with open(TEXT, encoding="utf-8") as f:
+        ids = quantized.tokenizer.encode(f.read()[:200_000])
+    assert len(ids) >= 16 * 512
+    ppl_q, ppl_d = perplexity(quantized, ids), perplexity(dense, ids)
+    assert 1 < ppl_d < 100  # a working model on English text
+    assert abs(ppl_q / ppl_d - 1) <= 0.002, (ppl_q, ppl_d)
