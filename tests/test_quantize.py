@@ -93,9 +93,11 @@ def test_quantizers_on_cuda(kind):
     cpu, gpu = quant.quantize(kind, x), quant.quantize(kind, x.cuda()).cpu()
     if kind in LEGACY:
         torch.testing.assert_close(gpu, cpu, rtol=0, atol=0)
+    # K-quants: the scale search sums in another order on the GPU, so near-ties may pick another scale;
+    # the reconstruction must be as good.
     n = x.numel()
-    y_cpu, y_gpu = quant.dequantize(kind, cpu.reshape(-1), n), quant.dequantize(kind, gpu.reshape(-1), n)
-    assert ((y_gpu - y_cpu).abs() > 0).float().mean() < 0.01  # K-quants: sums in another order, rare ties
+    err = lambda q: (quant.dequantize(kind, q.reshape(-1), n).reshape(x.shape) - x).pow(2).mean().sqrt()  # noqa: E731
+    assert err(gpu) <= 1.01 * err(cpu)
 
 
 def test_permute_is_the_inverse_of_unpermute():
