@@ -12,12 +12,14 @@ class Stats:
     """One generate() call. Timed on a warm engine: warm-up (graph capture, first-call costs) is warmup_s."""
     prompt_tokens: int = 0
     tokens: int = 0  # tokens generated over all sequences (a stop token counts: it was computed)
-    steps: int = 0  # decode steps: forward passes after the prefill
+    steps: int = 0  # decode steps: forward passes after the prefill (after every request has its first token)
     decode_tokens: int = 0  # the tokens those steps produced (the prefill gives each sequence its first)
     warmup_s: float = 0.0  # 0 when the engine was already warm for this batch and prompt length
-    prefill_s: float = 0.0  # prompts in -> first tokens on the host
-    ttft_s: float = 0.0  # time to first token: the prefill, as the engine is warm
+    prefill_s: float = 0.0  # prompts in -> every request's first token on the host
+    ttft_s: float = 0.0  # time to first token (the continuous engine: the mean over requests)
     decode_s: float = 0.0  # first tokens on the host -> last tokens on the host
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
+    preemptions: int = 0  # sequences sent back to the queue (pages freed) for lack of pages
 
     @property
     def prefill_tok_s(self) -> float:
@@ -34,7 +36,9 @@ def format_stats(engine, stats: Stats) -> str:
     warmup = f" | warmup {stats.warmup_s:.2f} s" if stats.warmup_s else ""
     return (f"[minfer] load {engine.load_s:.2f} s{warmup} | backend {engine.ops.name} "
             f"{str(engine.dtype).replace('torch.', '')} on {engine.device} | prompt {stats.prompt_tokens} tok | "
-            f"ttft {stats.ttft_s * 1000:.1f} ms | prefill {stats.prefill_tok_s:.1f} tok/s | decode {decode}")
+            f"ttft {stats.ttft_s * 1000:.1f} ms | prefill {stats.prefill_tok_s:.1f} tok/s | decode {decode}"
+            + (f" | prefix cache {stats.cached_tokens} tok" if stats.cached_tokens else "")
+            + (f" | preempted {stats.preemptions}x" if stats.preemptions else ""))
 
 
 def format_details(engine) -> list[str]:
