@@ -53,9 +53,8 @@ class EngineCore(LoadedModel):
         """load_kwargs: those of LoadedModel (dtype, device, backend, max_context, random_weights, dequantize)."""
         if not max_num_seqs >= 1:
             raise MinferError(f"--max-num-seqs must be at least 1, not {max_num_seqs}")
-        if not max_num_batched_tokens >= max_num_seqs:
-            raise MinferError(f"--max-num-batched-tokens ({max_num_batched_tokens}) must be at least --max-num-seqs "
-                              f"({max_num_seqs}): every running sequence decodes every step")
+        if not max_num_batched_tokens >= 1:
+            raise MinferError(f"--max-num-batched-tokens must be at least 1, not {max_num_batched_tokens}")
         if not page_size >= 1:
             raise MinferError(f"--block-size must be at least 1, not {page_size}")
         if not 0 < gpu_memory_utilization <= 1:
@@ -75,7 +74,8 @@ class EngineCore(LoadedModel):
         self.cache = PagedKVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype,
                                   self.device)
         self.block_manager = BlockManager(num_pages, page_size, prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        # every running sequence decodes every step: no more of them than the step has tokens
+        self.scheduler = Scheduler(self.block_manager, min(max_num_seqs, max_num_batched_tokens), max_num_batched_tokens)
         self.seqs: dict[str, Sequence] = {}
         self.stop_ids = set(self.tokenizer.stop_ids) if self.tokenizer else set()
         self._ids = itertools.count()
@@ -205,13 +205,13 @@ class EngineCore(LoadedModel):
         params = seq.params
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
-        if logprob is not None:
-            seq.logprobs.append(logprob)
         reason = None
         if (tok in self.stop_ids and not params.ignore_eos) or tok in params.stop_token_ids:
             reason = "stop"
         else:
             seq.token_ids.append(tok)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
             seq.text += seq.decoder.push(tok) if seq.decoder else ""
             cut = min((i for i in (seq.text.find(s) for s in params.stop) if i >= 0), default=-1)
             if cut >= 0:
