@@ -187,3 +187,20 @@ def test_llm_api():
     assert llm.last_stats.tokens == 8
     (one,) = llm.generate({"prompt_token_ids": outs[0].prompt_token_ids}, SamplingParams(temperature=0.0, max_tokens=4))
     assert one.token_ids == outs[0].token_ids
+
+
+def test_bench_throughput_runs_on_cpu(tmp_path):
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps", "bench_throughput.py")
+    spec = importlib.util.spec_from_file_location("bench_throughput", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "t.jsonl"
+    assert bench.main(["--backend", "ref", "--device", "cpu", "--num-requests", "4", "--input-len", "9:12",
+                       "--output-len", "3", "--shared-prefix", "8", "--block-size", "4", "--max-num-seqs", "2",
+                       "--static", "--json", str(out)]) == 0
+    import json
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["engine"] for r in rows] == ["continuous", "static"]
+    assert all(r["output_tokens"] == 12 and r["output_tok_s"] > 0 for r in rows)
+    assert rows[0]["prefix_hit_rate"] > 0 and 1 <= rows[0]["mean_batch"] <= 2

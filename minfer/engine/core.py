@@ -80,6 +80,7 @@ class EngineCore(LoadedModel):
         self.stop_ids = set(self.tokenizer.stop_ids) if self.tokenizer else set()
         self._ids = itertools.count()
         self.warm = False
+        self.last_step = (0, 0)
         self.load_s += time.perf_counter() - t0
 
     def _default_pages(self, page_bytes, page_size, max_num_seqs, max_num_batched_tokens, utilization) -> int:
@@ -145,6 +146,7 @@ class EngineCore(LoadedModel):
     def step(self) -> list[RequestOutput]:
         """Runs one forward pass; returns the requests that got a token (finished ones for the last time)."""
         batch = self.scheduler.schedule()
+        self.last_step = (len(batch), sum(batch.num_tokens))  # sequences and tokens, for the benchmarks
         if not batch:
             return []
         work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n], s.num_computed_tokens, s.block_table)
