@@ -174,3 +174,22 @@ def test_request_larger_than_the_pool_is_refused():
     sched = Scheduler(BlockManager(4, PAGE), max_num_seqs=4, max_num_batched_tokens=64)
     with pytest.raises(MinferError, match="more than the 4 pages"):
         sched.add(seq(range(10), max_tokens=7))
+
+
+def test_pages_filled_by_chunks_and_decodes_are_registered():
+    bm = BlockManager(16, PAGE)
+    s = seq(range(6), "s")
+    assert bm.allocate(s, 3)  # a first chunk: page 1 part-filled
+    s.num_computed_tokens = 3
+    bm.register_full_pages(s)
+    assert bm.allocate(s, 3)  # the rest of the prompt fills page 1
+    s.num_computed_tokens = 6
+    bm.register_full_pages(s)
+    assert len(bm.cached) == 1
+    for t in (6, 7):  # two decodes fill page 2
+        s.token_ids.append(100 + t)
+        assert bm.allocate(s, 1)
+        s.num_computed_tokens += 1
+        bm.register_full_pages(s)
+    assert len(bm.cached) == 2
+    assert bm.lookup(seq(s.token_ids + [5])) == s.block_table[:2]

@@ -71,17 +71,17 @@ class BlockManager:
         need = self.pages_for(computed + num_new_tokens) - have
         if need > self.num_free_pages - taken_free:
             return False
-        if cached_pages or not seq.block_table:  # admission: count the lookup
+        if not seq.block_table:  # admission: count the lookup; the cached pages are registered already
             self.query_tokens += seq.num_tokens
             self.hit_tokens += len(cached_pages) * self.page_size
             seq.num_cached_tokens = len(cached_pages) * self.page_size
+            seq.num_registered_pages = len(cached_pages)
         for p in cached_pages:
             if self.ref_count[p] == 0:
                 del self.free[p]
             self.ref_count[p] += 1
         seq.block_table.extend(cached_pages)
         seq.num_computed_tokens = computed
-        seq.num_registered_pages = len(seq.block_table)
         for _ in range(need):
             page, _ = self.free.popitem(last=False)
             if self.hash_of[page] is not None:  # evict: its contents are about to be overwritten
