@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import sys
 import time
 from dataclasses import dataclass
 
@@ -296,7 +295,3 @@ class EngineCore(LoadedModel):
         stats.preemptions = sched.num_preemptions - preempt0
         return results, stats
 
-
-def print_fallbacks(engine: LoadedModel, file=sys.stderr) -> None:
-    if engine.ops.fallbacks:
-        print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(engine.ops.fallbacks)}", file=file)
