@@ -13,9 +13,9 @@
 // The legacy (32-element) formats keep elements 0-15 in the low nibbles of their 16 quant bytes, 16-31
 // in the high ones: a run of 8 elements is 8 consecutive bytes, one nibble each.
 //
-// Every value is computed in fp32 in the reference's order (quant.dequantize_blocks) with no fused
-// multiply-add, so that rounding it to fp16/bf16 gives exactly quant.dequantize(...).to(dtype)
-// (qlinear allows one FFMA for d q + m: see decode8).
+// decode8 computes every value in fp32 in the reference's order (quant.dequantize_blocks) with no fused
+// multiply-add, so that rounding it to fp16/bf16 gives exactly quant.dequantize(...).to(dtype).
+// step_quants gives qlinear the quants themselves, as small integers, with each run's scale and min.
 // Block pointers need only 2-byte alignment (every block size is even): bytes are read as u16 pairs.
 #pragma once
 #include <cuda_fp16.h>
@@ -26,15 +26,20 @@ namespace minfer::qgemm {
 // ggml's type ids.
 enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
+// kElems, kBytes: one block. kAlign: the alignment of every block in a row of blocks that starts
+// 16-byte aligned (the largest power of two dividing kBytes, at most 16).
 template <int QT> struct Format;
-template <> struct Format<kQ4_0> { static constexpr int kElems = 32, kBytes = 18; };
-template <> struct Format<kQ4_1> { static constexpr int kElems = 32, kBytes = 20; };
-template <> struct Format<kQ5_0> { static constexpr int kElems = 32, kBytes = 22; };
-template <> struct Format<kQ5_1> { static constexpr int kElems = 32, kBytes = 24; };
-template <> struct Format<kQ8_0> { static constexpr int kElems = 32, kBytes = 34; };
-template <> struct Format<kQ4_K> { static constexpr int kElems = 256, kBytes = 144; };
-template <> struct Format<kQ5_K> { static constexpr int kElems = 256, kBytes = 176; };
-template <> struct Format<kQ6_K> { static constexpr int kElems = 256, kBytes = 210; };
+template <int E, int B> struct Block {
+  static constexpr int kElems = E, kBytes = B, kAlign = B % 16 == 0 ? 16 : B % 8 == 0 ? 8 : B % 4 == 0 ? 4 : 2;
+};
+template <> struct Format<kQ4_0> : Block<32, 18> {};
+template <> struct Format<kQ4_1> : Block<32, 20> {};
+template <> struct Format<kQ5_0> : Block<32, 22> {};
+template <> struct Format<kQ5_1> : Block<32, 24> {};
+template <> struct Format<kQ8_0> : Block<32, 34> {};
+template <> struct Format<kQ4_K> : Block<256, 144> {};
+template <> struct Format<kQ5_K> : Block<256, 176> {};
+template <> struct Format<kQ6_K> : Block<256, 210> {};
 
 #ifdef __CUDACC__
 // The fp16 at p (2-byte aligned) as fp32.
@@ -72,17 +77,12 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* sc, int s, float& sca
   }
 }
 
-// d q + m, rounded as the reference (two roundings) or, where the caller allows (a product's weight),
-// in one FFMA.
-template <bool EXACT>
-__device__ __forceinline__ float scale_add(float d, float q, float m) {
-  return EXACT ? __fadd_rn(__fmul_rn(d, q), m) : __fmaf_rn(d, q, m);
-}
+// d q + m, rounded as the reference: two roundings, no FFMA.
+__device__ __forceinline__ float scale_add(float d, float q, float m) { return __fadd_rn(__fmul_rn(d, q), m); }
 
 // v[i] = element 8j + i of the block at b (j < kElems / 8). The 8 quants are gathered as bytes of q
-// (two words, four at a time), then each becomes fp32 (byte_f) and is scaled. EXACT: every value as
-// quant.dequantize computes it; else d q + m in one FFMA (Q4_1, Q5_1, Q4_K, Q5_K; at most an fp32 ulp).
-template <int QT, bool EXACT = true>
+// (two words, four at a time), then each becomes fp32 (byte_f) and is scaled as quant.dequantize does.
+template <int QT>
 __device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) {
   uint32_t w[2], q[2];
   if constexpr (QT == kQ8_0) {
@@ -98,7 +98,7 @@ __device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) 
     q[0] = (w[0] >> shift) & 0x0F0F0F0Fu, q[1] = (w[1] >> shift) & 0x0F0F0F0Fu;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      v[i] = QT == kQ4_0 ? __fmul_rn(d, byte_f(q, i, 8.f)) : scale_add<EXACT>(d, byte_f(q, i, 0.f), f16_at(b + 2));
+      v[i] = QT == kQ4_0 ? __fmul_rn(d, byte_f(q, i, 8.f)) : scale_add(d, byte_f(q, i, 0.f), f16_at(b + 2));
   } else if constexpr (QT == kQ5_0 || QT == kQ5_1) {
     const int qh_at = QT == kQ5_0 ? 2 : 4, shift = 4 * (j >> 1);
     const float d = f16_at(b);
@@ -108,7 +108,7 @@ __device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) 
     q[1] = ((w[1] >> shift) & 0x0F0F0F0Fu) | bit4_of_bytes(qh >> 4);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      v[i] = QT == kQ5_0 ? __fmul_rn(d, byte_f(q, i, 16.f)) : scale_add<EXACT>(d, byte_f(q, i, 0.f), f16_at(b + 2));
+      v[i] = QT == kQ5_0 ? __fmul_rn(d, byte_f(q, i, 16.f)) : scale_add(d, byte_f(q, i, 0.f), f16_at(b + 2));
   } else if constexpr (QT == kQ4_K || QT == kQ5_K) {
     const int s = j >> 2, l0 = 8 * (j & 3);  // sub-block s, its elements l0 .. l0 + 7
     float sc, mn;
@@ -123,7 +123,7 @@ __device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) 
       q[0] |= ((h[0] >> s) & 0x01010101u) << 4, q[1] |= ((h[1] >> s) & 0x01010101u) << 4;
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = scale_add<EXACT>(ds, byte_f(q, i, 0.f), -dm);
+    for (int i = 0; i < 8; ++i) v[i] = scale_add(ds, byte_f(q, i, 0.f), -dm);
   } else {
     static_assert(QT == kQ6_K, "decode8: unknown format");
     // Element 8j: half h (128 elements), group g (32) of it, l0 within the group.
@@ -136,6 +136,82 @@ __device__ __forceinline__ void decode8(const uint8_t* b, int j, float (&v)[8]) 
     for (int k = 0; k < 2; ++k) q[k] = ((w[k] >> (4 * (g >> 1))) & 0x0F0F0F0Fu) | (((hw[k] >> (2 * g)) & 0x03030303u) << 4);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(ds, byte_f(q, i, 32.f));
+  }
+}
+
+// ---- step_quants: the quants of 32 elements as small integers, for qlinear's tensor cores ----
+
+// The integer each quant is stored above (element = a (quant - offset) + b), whether a block has a min
+// (b != 0), and whether the scale changes every 16 elements (else every 32 or more).
+template <int QT>
+constexpr int kQuantOffset = QT == kQ4_0 ? 8 : QT == kQ5_0 ? 16 : QT == kQ8_0 ? 128 : QT == kQ6_K ? 32 : 0;
+template <int QT>
+constexpr bool kHasMin = QT == kQ4_1 || QT == kQ5_1 || QT == kQ4_K || QT == kQ5_K;
+template <int QT>
+constexpr bool kScalePer16 = QT == kQ6_K;
+
+// The 4 little-endian bytes at p, p aligned to A (a power of two >= 2).
+template <int A>
+__device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
+  if constexpr (A >= 4) return *reinterpret_cast<const uint32_t*>(p);
+  return u32_at(p);
+}
+
+// Q4_K / Q5_K: the 6-bit scales (sc) and mins (mn) of sub-blocks 0-3 (word 0) and 4-7 (word 1), one a
+// byte, from the 12 bytes at p (4-byte aligned); the bit layout is k_scale_min's.
+__device__ __forceinline__ void k_scales_mins(const uint8_t* p, uint32_t (&sc)[2], uint32_t (&mn)[2]) {
+  const uint32_t w0 = word_at<4>(p), w1 = word_at<4>(p + 4), w2 = word_at<4>(p + 8);
+  sc[0] = w0 & 0x3F3F3F3Fu, mn[0] = w1 & 0x3F3F3F3Fu;
+  sc[1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+  mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+}
+
+// Step s (elements 32 s .. 32 s + 31) of the row chunk at c (2 legacy blocks or one super-block, from a
+// block boundary), as lane t (0..3) takes it: byte i of q[j] is the quant of element 32 s + 16 j + 4 t + i,
+// unsigned and below 128 (256 for Q8_0), and the element is a[j] (quant - kQuantOffset) + b[j]. Only
+// kScalePer16 formats set a[1]; only kHasMin ones set b.
+template <int QT>
+__device__ __forceinline__ void step_quants(const uint8_t* c, int s, int t, uint32_t (&q)[2], float (&a)[2],
+                                            float (&b)[2]) {
+  using F = Format<QT>;
+  constexpr int A = F::kAlign;
+  if constexpr (F::kElems == 32) {  // one block a step; elements 0-15 in the low nibbles, 16-31 the high
+    const uint8_t* blk = c + s * F::kBytes;
+    a[0] = f16_at(blk);
+    if constexpr (kHasMin<QT>) b[0] = f16_at(blk + 2);
+    if constexpr (QT == kQ8_0) {
+      q[0] = word_at<A>(blk + 2 + 4 * t) ^ 0x80808080u, q[1] = word_at<A>(blk + 18 + 4 * t) ^ 0x80808080u;
+    } else {
+      constexpr int qs = QT == kQ4_0 ? 2 : QT == kQ4_1 ? 4 : QT == kQ5_0 ? 6 : 8;
+      const uint32_t w = word_at<A>(blk + qs + 4 * t);
+      q[0] = w & 0x0F0F0F0Fu, q[1] = (w >> 4) & 0x0F0F0F0Fu;
+      if constexpr (QT == kQ5_0 || QT == kQ5_1) {  // qh, just before qs: bit i is element i's 5th bit
+        const uint32_t qh = word_at<A>(blk + qs - 4);
+        q[0] |= bit4_of_bytes(qh >> (4 * t)), q[1] |= bit4_of_bytes(qh >> (16 + 4 * t));
+      }
+    }
+  } else if constexpr (QT == kQ4_K || QT == kQ5_K) {  // sub-block s: low nibbles for even s, high for odd
+    const uint8_t* qs = c + (QT == kQ4_K ? 16 : 48) + 32 * (s >> 1) + 4 * t;
+    q[0] = (word_at<A>(qs) >> (4 * (s & 1))) & 0x0F0F0F0Fu;
+    q[1] = (word_at<A>(qs + 16) >> (4 * (s & 1))) & 0x0F0F0F0Fu;
+    if constexpr (QT == kQ5_K) {  // qh byte l, bit s: the 5th bit of element l of sub-block s
+      q[0] |= ((word_at<A>(c + 16 + 4 * t) >> s) & 0x01010101u) << 4;
+      q[1] |= ((word_at<A>(c + 32 + 4 * t) >> s) & 0x01010101u) << 4;
+    }
+    uint32_t sc[2], mn[2];
+    k_scales_mins(c + 4, sc, mn);
+    a[0] = __fmul_rn(f16_at(c), byte_f(sc, s, 0.f));
+    b[0] = -__fmul_rn(f16_at(c + 2), byte_f(mn, s, 0.f));
+  } else {
+    static_assert(QT == kQ6_K, "step_quants: unknown format");
+    const int h = s >> 2, g = s & 3;  // half h (128 elements), group g (32) of it; one scale per 16
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int l = 16 * j + 4 * t;
+      const uint32_t lo = word_at<A>(c + 64 * h + 32 * (g & 1) + l), hi = word_at<A>(c + 128 + 32 * h + l);
+      q[j] = ((lo >> (4 * (g >> 1))) & 0x0F0F0F0Fu) | (((hi >> (2 * g)) & 0x03030303u) << 4);
+      a[j] = __fmul_rn(f16_at(c + 208), float(int8_t(c[192 + 8 * h + 2 * g + j])));
+    }
   }
 }
 #endif  // __CUDACC__

@@ -1,21 +1,25 @@
 // qlinear: out[m, n] = sum_k x[m, k] W[n, k] (+ bias[n]) for M <= 16 (decode), W kept as ggml blocks
-// (uint8 [N, K / elems * bytes]) and dequantized in registers. Decode is bound by W's bytes.
+// (uint8 [N, K / elems * bytes]). Decode is bound by W's bytes, so the kernel must spend few
+// instructions per weight: it multiplies the quants themselves, exact small integers in fp16/bf16, on
+// the tensor cores, and applies each run's scale (and min) to the fp32 partial sums.
 //
-// A CTA owns 16 rows of W; its 8 warps split K in chunks of 256 (one super-block, or 8 legacy blocks),
-// warp w taking chunks w, w + 8, ... Each warp streams its chunks through a ring of shared-memory
-// stages with 16-byte cp.async (a row's chunk starts anywhere: the copy starts at the aligned piece
-// holding its first byte), decodes W into registers and multiplies on the tensor cores, with the
-// operands swapped as in csrc/gemm/gemv_common.cuh: 16 rows of W are the A operand of mma.sync
-// m16n8k16, up to 8 (NT = 1) or 16 (NT = 2) rows of x the B operand. A dot product may take its k terms
-// in any order, so in a 32-wide k step, lane (g = lane / 4, t = lane % 4) decodes the 8 consecutive
-// elements k = 8t .. 8t + 7 of W rows g and g + 8 (decode8: one run of 8 of a block) and loads x row g
-// at the same 8 k with one 16-byte load; mma_step feeds both through the same k permutation. The warps'
-// partial sums meet in shared memory at the end.
+// A CTA owns 16 rows of W; its 8 warps split K in chunks (one super-block, or 2 legacy blocks), warp w
+// taking chunks w, w + 8, ... Each warp streams its chunks through a ring of shared-memory stages with
+// 16-byte cp.async (a row's chunk starts anywhere: the copy starts at the aligned piece holding its first
+// byte). Per 32-wide k step, W rows are the A operand of two mma.sync m16n8k16 (one per 16 k), up to 8
+// (NT = 1) or 16 (NT = 2) rows of x the B operand. A dot product may take its k terms in any order: lane
+// (g = lane / 4, t = lane % 4) takes k = 16 j + 4 t .. + 3 of mma j, whose four quants sit in one word
+// of the block (step_quants); the fragment register "k 2t, 2t + 1" holds physical k 4t, 4t + 2 and
+// "2t + 8, 2t + 9" holds 4t + 1, 4t + 3, for W (int_pairs) and x (x_pairs) alike. A step's sums per
+// scale run are then scaled in fp32: acc += a dot(q - offset, x) + b sum(x), sum(x) from one more mma
+// against ones where the format has a min. The warps' partial sums meet in shared memory at the end.
 //
 // Programmatic dependent launch (Hopper): with static_weight (no kernel that may still run writes W),
 // the first stages of W are in flight before griddep_wait; x, bias and out only after it.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <type_traits>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
@@ -24,7 +28,6 @@
 #include "common/vec.h"
 #include "ops.h"
 #include "qgemm/checks.h"
-#include "qgemm/decode_rows.cuh"
 #include "qgemm/formats.cuh"
 
 namespace minfer::qgemm {
@@ -32,15 +35,19 @@ namespace {
 
 using namespace ::minfer::ptx;
 
-constexpr int kWarps = 8, kThreads = 32 * kWarps, kChunk = 256;  // k per stage
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
 
-// One warp's ring of stages; a stage holds one chunk of 16 rows, row r at r * kRowStride.
+// One warp's ring of stages; a stage holds one chunk of 16 rows, row r at r * kRowStride. Legacy
+// formats take 64 k a chunk, so that the small K of small models still spreads over the 8 warps.
 template <int QT>
 struct Ring {
+  static constexpr int kChunk = Format<QT>::kElems == 256 ? 256 : 64;              // k per stage
   static constexpr int kBytes = kChunk / Format<QT>::kElems * Format<QT>::kBytes;  // a row's chunk
   static constexpr int kPieces = (kBytes + 15 + 15) / 16;  // 16-byte pieces that cover it at any alignment
   static constexpr int kRowStride = 16 * kPieces, kStageBytes = 16 * kRowStride;
-  static constexpr int kStages = 3 * kWarps * kStageBytes <= 80 * 1024 ? 3 : 2;  // 2 for Q8_0 and Q6_K
+  static constexpr int kStages = 4 * kWarps * kStageBytes <= 32 * 1024   ? 4
+                                 : 3 * kWarps * kStageBytes <= 80 * 1024 ? 3
+                                                                         : 2;  // 2 for Q6_K
   static constexpr int kSmem = kStages * kWarps * kStageBytes;  // the CTA's rings
 };
 
@@ -76,46 +83,88 @@ __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0
   }
 }
 
-// One 32-wide k step as two m16n8k16 mmas. wa / wb: W rows g / g + 8, x[nt]: x row 8 nt + g, all at
-// physical k = 8t .. 8t + 7, register r holding k = 8t + 2r, +1. The fragment layouts (common/ptx.cuh)
-// call A's registers (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8) and B's (2t, g), (2t + 8, g):
-// mma j takes registers 2j and 2j + 1 as logical k 2t and 2t + 8 of both, so W and x see one mapping,
-// a permutation of the step's 32 k.
-template <typename T, int NT>
-__device__ __forceinline__ void mma_step(float (&acc)[NT][4], const uint4& wa, const uint4& wb, const uint4 (&x)[NT]) {
-  const uint32_t a[2][4] = {{wa.x, wb.x, wa.y, wb.y}, {wa.z, wb.z, wa.w, wb.w}};
+// T pairs (lo: bytes 0 and 2 of q, hi: bytes 1 and 3) of each byte minus kOffset, exactly. fp16 holds
+// 1024 + b as the bits 0x6400 | b (b < 1024), bf16 128 + b as 0x4300 | b (b < 128): one LOP3 and one
+// subtraction a pair. bf16 with bytes up to 255 (Q8_0) goes through fp32 2^23 + b instead, whose high
+// 16 bits are the bf16 of the small integer b - kOffset.
+template <typename T, int kOffset, bool kWide>
+__device__ __forceinline__ uint2 int_pairs(uint32_t q) {
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  if constexpr (!kHalf && kWide) {
+    auto f = [&](int i) {
+      return __float_as_uint(__int_as_float(__byte_perm(q, 0x4B000000u, 0x7440 + i)) - (8388608.f + kOffset));
+    };
+    return make_uint2(__byte_perm(f(0), f(2), 0x7632), __byte_perm(f(1), f(3), 0x7632));
+  } else {
+    constexpr uint32_t kMagic = (kHalf ? 0x6400u : 0x4300u) * 0x10001u, kBase = kMagic | (kOffset * 0x10001u);
+    uint32_t p[2] = {(q & 0x00FF00FFu) | kMagic, ((q >> 8) & 0x00FF00FFu) | kMagic}, base = kBase;
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_m16n8k16<T>(acc[nt], a[j], j ? x[nt].z : x[nt].x, j ? x[nt].w : x[nt].y);
+    for (int i = 0; i < 2; ++i) {
+      if constexpr (kHalf) {
+        const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&p[i]), *reinterpret_cast<const __half2*>(&base));
+        p[i] = *reinterpret_cast<const uint32_t*>(&v);
+      } else {
+        const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&p[i]),
+                                         *reinterpret_cast<const __nv_bfloat162*>(&base));
+        p[i] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    }
+    return make_uint2(p[0], p[1]);
+  }
+}
+
+// x[0 .. 3] (4 consecutive T, 8-byte aligned; zeros where !ok) as the pairs (x0, x2), (x1, x3).
+template <typename T>
+__device__ __forceinline__ uint2 x_pairs(const T* x, bool ok) {
+  const uint2 v = ok ? __ldg(reinterpret_cast<const uint2*>(x)) : make_uint2(0, 0);
+  return make_uint2(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632));
 }
 
 // acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage.
 template <int QT, typename T, int NT>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const Args& a, int n0, int c,
                                           int g, int t) {
-  using F = Format<QT>;
   using R = Ring<QT>;
+  constexpr int kRuns = kScalePer16<QT> ? 2 : 1;  // scale runs a step
+  constexpr uint32_t kOnes = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;
   const uint8_t* row_a = stage + g * R::kRowStride + (chunk_start(a, n0, g, c, R::kBytes) & 15);
   const uint8_t* row_b = stage + (g + 8) * R::kRowStride + (chunk_start(a, n0, g + 8, c, R::kBytes) & 15);
-  const T* x = static_cast<const T*>(a.x) + int64_t(c) * kChunk + 8 * t;
-  const int steps = (a.K - c * kChunk < kChunk ? a.K - c * kChunk : kChunk) / 32;  // K % 32 == 0
+  const T* x = static_cast<const T*>(a.x) + int64_t(c) * R::kChunk + 4 * t;
+  const int steps = (a.K - c * R::kChunk < R::kChunk ? a.K - c * R::kChunk : R::kChunk) / 32;  // K % 32 == 0
+  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
 #pragma unroll
-  for (int s = 0; s < kChunk / 32; ++s) {
-    if (s >= steps) break;
-    const int e = 32 * s + 8 * t, blk = e / F::kElems * F::kBytes, j = (e % F::kElems) / 8;  // chunk element e
-    uint4 xv[NT];
+  for (int s = 0; s < R::kChunk / 32; ++s) {
+    if (Format<QT>::kElems == 32 && s >= steps) break;  // a super-block's chunk is always whole
+    uint2 xp[NT][2];  // [x row tile][mma j]
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int m = 8 * nt + g;
-      xv[nt] = ld_nc_v4(reinterpret_cast<const uint4*>(x + int64_t(m) * a.K + 32 * s), m < a.M);
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) xp[nt][j] = x_pairs(x + int64_t(8 * nt + g) * a.K + 32 * s + 16 * j, 8 * nt + g < a.M);
+    uint32_t qa[2], qb[2];
+    float sa[2], sb[2], ma[2], mb[2];  // rows g and g + 8: scale and min of each run
+    step_quants<QT>(row_a, s, t, qa, sa, ma);
+    step_quants<QT>(row_b, s, t, qb, sb, mb);
+    float dot[NT][kRuns][4] = {}, xsum[NT][4] = {};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint2 pa = int_pairs<T, kQuantOffset<QT>, QT == kQ8_0>(qa[j]);
+      const uint2 pb = int_pairs<T, kQuantOffset<QT>, QT == kQ8_0>(qb[j]);
+      const uint32_t w[4] = {pa.x, pb.x, pa.y, pb.y};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        mma_m16n8k16<T>(dot[nt][kRuns == 2 ? j : 0], w, xp[nt][j].x, xp[nt][j].y);
+        if constexpr (kHasMin<QT>) mma_m16n8k16<T>(xsum[nt], ones, xp[nt][j].x, xp[nt][j].y);
+      }
     }
-    float v[8];
-    decode8<QT, false>(row_a + blk, j, v);
-    const uint4 wa = pack8<T>(v);
-    decode8<QT, false>(row_b + blk, j, v);
-    const uint4 wb = pack8<T>(v);
-    mma_step<T, NT>(acc, wa, wb, xv);
+    // dot[nt][r][i]: row g (i < 2) or g + 8, column 8 nt + 2t + (i & 1) (the C fragment layout)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int r = 0; r < kRuns; ++r) acc[nt][i] = __fmaf_rn(i < 2 ? sa[r] : sb[r], dot[nt][r][i], acc[nt][i]);
+        if constexpr (kHasMin<QT>) acc[nt][i] = __fmaf_rn(i < 2 ? ma[0] : mb[0], xsum[nt][i], acc[nt][i]);
+      }
   }
 }
 
@@ -124,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) qlinear_kernel(const Args a) {
   using R = Ring<QT>;
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][kStages][kStageBytes]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * 16, chunks = (a.K + kChunk - 1) / kChunk;
+  const int n0 = blockIdx.x * 16, chunks = (a.K + R::kChunk - 1) / R::kChunk;
   const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
   uint8_t* ring = smem + warp * R::kStages * R::kStageBytes;
   griddep_launch_dependents();  // they wait (griddep_wait) for this grid to complete before reading out
