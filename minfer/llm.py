@@ -17,6 +17,10 @@ Prompt = str | list[int] | dict  # text, token ids, or {"prompt_token_ids": [...
 
 
 class LLM:
+    """The continuous-batching EngineCore, on every backend. On cuda its paged attention (paged_kv_cache_write,
+    paged_attention) runs on torch until paged kernels exist; python -m minfer.generate runs the static engine
+    (CUDA graphs) there instead."""
+
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype | None = None, device: str | None = None,
                  backend: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,

@@ -52,6 +52,7 @@ def format_details(engine) -> list[str]:
     return lines
 
 
-def print_stats(engine, stats: Stats, file=sys.stderr, verbose: bool = False) -> None:
+def print_stats(engine, stats: Stats, file=None, verbose: bool = False) -> None:
+    """file: default sys.stderr as it is at the call (not at import)."""
     for line in [format_stats(engine, stats)] + (format_details(engine) if verbose else []):
-        print(line, file=file)
+        print(line, file=file or sys.stderr)
