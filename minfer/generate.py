@@ -37,7 +37,12 @@ def parse_args(argv=None):
                    help="drop tokens below min-p x the top probability, in [0, 1); 0 = off (default: %(default)s)")
     p.add_argument("--repetition-penalty", "--repeat-penalty", type=float, default=1.0,
                    help="> 0; 1 = off (default: %(default)s)")
-    p.add_argument("-s", "--seed", type=int, help="sampling seed (default: a random one)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logits of generated ids, in [-2, 2] (default: %(default)s)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted once per occurrence of a generated id, in [-2, 2] (default: %(default)s)")
+    p.add_argument("-s", "--seed", type=int,
+                   help="sampling seed, per prompt: a prompt samples the same alone or in a batch (default: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string, not empty (repeatable)")
     p.add_argument("--dtype", choices=DTYPES, help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
@@ -48,12 +53,40 @@ def parse_args(argv=None):
     p.add_argument("--dequantize", action="store_true",
                    help="expand a GGUF's quantized matrices to --dtype at load (default: they stay quantized on the "
                         "cuda backend; the ref backend always expands them)")
+    engine = p.add_argument_group("engine (continuous batching over a paged KV cache)",
+                                  "a backend without paged kernels (cuda, for now) runs the static engine, which "
+                                  "ignores these")
+    engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                        help="tokens in a step, at most: long prompts prefill in chunks (default: %(default)s)")
+    engine.add_argument("--num-pages", type=int,
+                        help="KV cache pages (default: from --gpu-memory-utilization on a GPU; up to 1 GiB on the CPU)")
+    engine.add_argument("--block-size", "--page-size", type=int, default=16, help="tokens a page (default: %(default)s)")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of GPU memory for weights, activations and KV cache (default: %(default)s)")
+    engine.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
+                        help="do not reuse the KV pages of prompt prefixes seen before")
     p.add_argument("-v", "--verbose", action="store_true", help="also print the load time's parts and peak GPU memory")
     args = p.parse_args(argv)
     if args.model and args.checkpoint:
         p.error("give the checkpoint once: as CHECKPOINT or as --model")
     args.checkpoint = args.checkpoint or args.model
     return args
+
+
+# Flags of the continuous engine core (and its per-row sampling) that the static engine does not honour.
+CONTINUOUS_ONLY = [("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
+                   ("--num-pages", "num_pages"), ("--block-size", "block_size"),
+                   ("--gpu-memory-utilization", "gpu_memory_utilization"),
+                   ("--no-enable-prefix-caching", "prefix_caching"), ("--presence-penalty", "presence_penalty"),
+                   ("--frequency-penalty", "frequency_penalty")]
+_DEFAULTS = vars(parse_args([]))
+
+
+def uses_static_engine(ops) -> bool:
+    from .ops import PAGED_OPS
+    # Static engine (dense attention, CUDA graphs) where paged attention has no kernel and would run eager on torch.
+    return any(op in ops.fallbacks for op in PAGED_OPS)
 
 
 def _check(args):
@@ -95,19 +128,39 @@ def run(args) -> None:
     from .sampling import SamplingParams
 
     _check(args)
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty, args.seed)
+    stop = [_text(s, "--stop") for s in args.stop]
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty, args.seed,
+                            max_tokens=args.max_new_tokens, stop=stop, ignore_eos=args.ignore_eos,
+                            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
     prompts = [_prompt(p) for p in args.prompt or ["Hello"]]
     system = None if args.system is None else _text(args.system, "--system")
-    stop = [_text(s, "--stop") for s in args.stop]
     chat_flag = "--chat" if args.chat else "--system" if system is not None else None
 
     import torch
 
     from .engine import Engine, print_stats
-    engine = Engine(args.checkpoint, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
-                    backend=args.backend, max_context=args.max_context, dequantize=args.dequantize)
-    if engine.ops.fallbacks:
-        print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(engine.ops.fallbacks)}", file=sys.stderr)
+    from .engine.loaded import _backend, _device
+    from .llm import LLM
+    from .ops import PAGED_OPS
+    ops = _backend(args.backend, _device(args.device))
+    static = uses_static_engine(ops)
+    if static:
+        ignored = [flag for flag, dest in CONTINUOUS_ONLY if getattr(args, dest) != _DEFAULTS[dest]]
+        if ignored:
+            print(f"[minfer] {ops.name} backend: the static engine runs (no paged kernels yet) and ignores "
+                  f"{', '.join(ignored)}", file=sys.stderr)
+        engine = Engine(args.checkpoint, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
+                        backend=ops.name, max_context=args.max_context, dequantize=args.dequantize)
+    else:
+        llm = LLM(args.checkpoint, dtype=args.dtype, device=args.device, backend=ops.name,
+                  max_model_len=args.max_context, dequantize=args.dequantize, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens, num_pages=args.num_pages,
+                  block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
+                  enable_prefix_caching=args.prefix_caching)
+        engine = llm.engine
+    fallbacks = [op for op in engine.ops.fallbacks if not (static and op in PAGED_OPS)]
+    if fallbacks:
+        print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(fallbacks)}", file=sys.stderr)
     if chat_flag and not engine.tokenizer.chat_template:
         raise MinferError(f"this model has no chat template; drop {chat_flag}")
     # Raw completion by default, so that "-p 'The capital of France is'" continues the text.
@@ -115,11 +168,15 @@ def run(args) -> None:
     single = len(ids) == 1
 
     def on_text(b, delta):
-        if single:
+        if single and delta:
             sys.stdout.write(delta)
             sys.stdout.flush()
 
-    outputs, stats = engine.generate(ids, params, args.max_new_tokens, stop, on_text, ignore_eos=args.ignore_eos)
+    if static:
+        outputs, stats = engine.generate(ids, params, args.max_new_tokens, stop, on_text, ignore_eos=args.ignore_eos)
+    else:
+        outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, lambda b, out: on_text(b, out.new_text))
+        stats = llm.last_stats
     if single:
         sys.stdout.write("\n")
     else:

@@ -1,13 +1,19 @@
-"""Preallocated KV cache, owned by the engine and written by the kv_cache_write op.
+"""Preallocated KV caches: plain storage, written by the kv_cache_write ops and read by attention.
 
-Layout (one layout for prefill and decode attention):
+KVCache (the static engine's dense cache, one layout for prefill and decode attention):
     k[layer], v[layer]: [batch, capacity, kv_heads, head_dim], contiguous.
 Token s of sequence b at absolute position p lives at [b, p]. Each sequence's valid length is
-tracked by the engine (start positions), not here: the cache is plain storage.
+tracked by the engine (start positions), not here.
+
+PagedKVCache (the continuous engine's): a pool of fixed-size pages per layer,
+    k[layer], v[layer]: [num_pages, page_size, kv_heads, head_dim], contiguous;
+position p of a sequence lives in page block_table[p // page_size], row p % page_size. The block manager
+decides which pages a sequence owns; AttentionMetadata carries that to the ops for one step.
 """
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 
@@ -36,3 +42,33 @@ class KVCache:
 
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+class PagedKVCache:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.num_pages, self.page_size = num_pages, page_size
+        shape = (num_layers, num_pages, page_size, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, num_pages, page_size, kv_heads, head_dim]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def page_bytes(num_layers: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """K and V bytes of one page over all layers."""
+        return 2 * num_layers * page_size * kv_heads * head_dim * dtype.itemsize
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+@dataclass
+class AttentionMetadata:
+    """Where one step's tokens sit in the paged cache: what paged_kv_cache_write and paged_attention read.
+    The step's tokens are the sequences' new tokens back to back, sequence by sequence."""
+    positions: torch.Tensor  # [tokens] int32: position of each token in its sequence
+    slot_mapping: torch.Tensor  # [tokens] int64: page * page_size + row where each token's K and V go
+    block_table: torch.Tensor  # [batch, max_pages] int32: each sequence's pages in order, padded with 0
+    seq_lens: torch.Tensor  # [batch] int32: keys of each sequence once this step's are written
+    cu_seqlens_q: torch.Tensor  # [batch + 1] int32: sequence b's tokens are [cu_seqlens_q[b], cu_seqlens_q[b + 1])
+    max_seqlen_q: int  # host copies of the largest query count and seq_len: sizes without a device sync
+    max_seqlen_k: int

@@ -8,7 +8,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import MinferError
-from .kv_cache import KVCache
+from .kv_cache import AttentionMetadata, KVCache, PagedKVCache
 from .ops import Backend
 from .quant import QuantizedWeight
 
@@ -90,26 +90,67 @@ class Transformer:
                 layer["q_norm"], layer["k_norm"] = w[attn + "q_norm.weight"], w[attn + "k_norm.weight"]
             self.layers.append(layer)
         self.cos_sin = rope_cos_sin(cfg, max_positions, self.embed.device)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start_pos: torch.Tensor, cache: KVCache,
                 logit_index: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [batch, seq]; start_pos [batch] int32 (position of ids[:, 0], on the device).
-        logit_index [batch]: the row of each sequence whose logits are wanted (None: every row).
+        """The dense cache's forward. ids [batch, seq]; start_pos [batch] int32 (position of ids[:, 0], on the
+        device). logit_index [batch]: the row of each sequence whose logits are wanted (None: every row).
         Returns fp32 logits [batch, vocab], or [batch, seq, vocab] when logit_index is None."""
         cfg, ops = self.cfg, self.ops
         batch, seq = ids.shape
         heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         positions = start_pos[:, None] + torch.arange(seq, device=ids.device, dtype=start_pos.dtype)  # [batch, seq]
-        flat_pos = positions.reshape(-1)  # [tokens]
-        scale = 1.0 / math.sqrt(hd)
         if start_pos.device.type == "cpu":  # on a GPU this check would cost a host sync per step; the
             end = int(start_pos.max()) + seq  # engine sizes the cache so that it cannot overflow there
             cache.check_fits(end)
-            if end > self.cos_sin.shape[0]:
-                raise MinferError(f"position {end - 1} is past the {self.cos_sin.shape[0]} positions the model was built for")
+            self._check_positions(end)
 
-        residual = ops.embedding(ids.reshape(-1), self.embed)  # [tokens, hidden]
+        def attend(i, q, k, v):
+            ops.kv_cache_write(cache.k[i], cache.v[i], k.view(batch, seq, kv_heads, hd),
+                               v.view(batch, seq, kv_heads, hd), positions)
+            # The cache rows before start_pos were written by earlier forward calls, and nothing here
+            # writes start_pos: decode may start reading them before kv_cache_write is done.
+            attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, self.scale,
+                                 stable_prefix=True)
+            return attn.reshape(batch * seq, heads * hd)
+
+        x = self._layers(ids.reshape(-1), positions.reshape(-1), attend).view(batch, seq, -1)  # [batch, seq, hidden]
+        if logit_index is not None:
+            x = x[torch.arange(batch, device=x.device), logit_index]  # [batch, hidden]
+        logits = ops.linear(x.reshape(-1, x.shape[-1]), self.lm_head, static_weight=True).float()
+        return logits.view(*x.shape[:-1], -1)
+
+    @torch.inference_mode()
+    def forward_paged(self, ids: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache,
+                      logit_index: torch.Tensor) -> torch.Tensor:
+        """The paged cache's forward: the new tokens of several sequences, each at its own position (prefill
+        chunks and decodes mixed). ids [tokens]; logit_index [rows]: the tokens whose logits are wanted.
+        Returns fp32 logits [rows, vocab]."""
+        ops, heads, hd = self.ops, self.cfg.num_heads, self.cfg.head_dim
+        if ids.device.type == "cpu" and ids.numel():
+            self._check_positions(meta.max_seqlen_k)
+
+        def attend(i, q, k, v):
+            ops.paged_kv_cache_write(cache.k[i], cache.v[i], k, v, meta.slot_mapping)
+            attn = ops.paged_attention(q, cache.k[i], cache.v[i], meta.block_table, meta.seq_lens, meta.cu_seqlens_q,
+                                       meta.max_seqlen_q, meta.max_seqlen_k, self.scale)  # [tokens, heads, hd]
+            return attn.reshape(-1, heads * hd)
+
+        x = self._layers(ids, meta.positions, attend)[logit_index]  # [rows, hidden]
+        return ops.linear(x, self.lm_head, static_weight=True).float()
+
+    def _check_positions(self, end: int) -> None:
+        if end > self.cos_sin.shape[0]:
+            raise MinferError(f"position {end - 1} is past the {self.cos_sin.shape[0]} positions the model was built for")
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+        """ids, positions [tokens] -> the final-normed hidden states [tokens, hidden]. attend(layer, q, k, v)
+        writes k, v to the cache and returns the attention output [tokens, heads * hd]."""
+        cfg, ops = self.cfg, self.ops
+        heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        residual = ops.embedding(ids, self.embed)  # [tokens, hidden]
         x = ops.rms_norm(residual, self.layers[0]["attn_norm"], cfg.rms_norm_eps)
         for i, layer in enumerate(self.layers):
             # static_weight: no kernel writes the weights, so the gemv kernels start reading them early
@@ -121,22 +162,11 @@ class Transformer:
             if cfg.qk_norm:  # per-head RMSNorm, the same kernel over [tokens * heads, hd]
                 q = ops.rms_norm(q.reshape(-1, hd), layer["q_norm"], cfg.rms_norm_eps).view(-1, heads, hd)
                 k = ops.rms_norm(k.reshape(-1, hd), layer["k_norm"], cfg.rms_norm_eps).view(-1, kv_heads, hd)
-            ops.rope(q, k, flat_pos, self.cos_sin, True)
-            ops.kv_cache_write(cache.k[i], cache.v[i], k.view(batch, seq, kv_heads, hd),
-                               v.view(batch, seq, kv_heads, hd), positions)
-            # The cache rows before start_pos were written by earlier forward calls, and nothing here
-            # writes start_pos: decode may start reading them before kv_cache_write is done.
-            attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, scale,
-                                 stable_prefix=True)
-            x = ops.linear(attn.reshape(batch * seq, heads * hd), layer["o"], static_weight=True)  # [tokens, hidden]
+            ops.rope(q, k, positions, self.cos_sin, True)
+            x = ops.linear(attend(i, q, k, v), layer["o"], static_weight=True)  # [tokens, hidden]
             ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps)
             gate_up = fused_linear(ops, x, layer["gate_up"])  # [tokens, 2 intermediate]
             x = ops.linear(ops.silu_and_mul(gate_up), layer["down"], static_weight=True)
             next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
             ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps)
-
-        x = x.view(batch, seq, -1)  # [batch, seq, hidden]
-        if logit_index is not None:
-            x = x[torch.arange(batch, device=x.device), logit_index]  # [batch, hidden]
-        logits = ops.linear(x.reshape(-1, x.shape[-1]), self.lm_head, static_weight=True).float()
-        return logits.view(*x.shape[:-1], -1)
+        return x

@@ -1,8 +1,14 @@
-"""Logits -> next token ids, entirely on the device (no host sync)."""
+"""Logits -> next token ids, entirely on the device (no host sync).
+
+sample() serves the static engine: one SamplingParams for the whole batch and a torch.Generator.
+sample_batch() serves the continuous engine: every row has its own parameters (SamplingTensors), and its
+randomness is a hash of (seed, position, token id), so a seeded request draws the same tokens alone or in
+any batch, and again after it is preempted and recomputed.
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,8 +25,15 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # 1 = off
+    repetition_penalty: float = 1.0  # 1 = off; divides the logits of prompt and output ids (HF's rule)
     seed: int | None = None
+    max_tokens: int = 16  # new tokens at most (as the context allows)
+    stop: list[str] = field(default_factory=list)  # the text ends before the first of these
+    stop_token_ids: list[int] = field(default_factory=list)  # besides the model's end-of-sequence ids
+    ignore_eos: bool = False  # the model's end-of-sequence ids do not stop (stop_token_ids still do)
+    presence_penalty: float = 0.0  # subtracted from the logits of ids in the output so far (OpenAI's rule)
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output so far
+    logprobs: int | None = None  # per token: the chosen id's log-probability and the top-n (0: chosen only)
 
     def __post_init__(self):
         # One check per parameter, named by its CLI flag. Each accepts only good values, as NaN fails
@@ -36,6 +49,15 @@ class SamplingParams:
             raise MinferError(f"--min-p must be in [0, 1), not {self.min_p}")
         if not 0 < self.repetition_penalty < math.inf:
             raise MinferError(f"--repetition-penalty must be a finite number > 0, not {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise MinferError(f"--{name.replace('_', '-')} must be in [-2, 2], not {getattr(self, name)}")
+        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            raise MinferError(f"max_tokens (--max-new-tokens) must be at least 1, not {self.max_tokens}")
+        if "" in self.stop:
+            raise MinferError("empty stop string: it would match before the first token")
+        if self.logprobs is not None and not self.logprobs >= 0:
+            raise MinferError(f"logprobs must be >= 0, not {self.logprobs}")
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -85,3 +107,137 @@ def make_generator(seed: int | None, device) -> torch.Generator | None:
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
+
+
+# ---- per-row sampling (the continuous engine) ----
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c mod 2^32 for int64 x in [0, 2^32), in two halves so that no product overflows int64."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit mixer (Wellons' lowbias32): nearby inputs give unrelated outputs."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[batch, vocab] fp32 uniforms in (0, 1): a pure function of (seeds[b], positions[b], token id), the same
+    whatever else is in the batch (a counter-based generator). seeds, positions [batch] int64, >= 0."""
+    key = _mix32(_mix32(_mix32((seeds >> 32) & _M32) ^ (seeds & _M32)) ^ (positions & _M32))  # [batch]
+    ids = _mix32(torch.arange(vocab, device=seeds.device, dtype=torch.int64))  # [vocab]
+    h = _mix32(ids[None, :] ^ key[:, None])  # [batch, vocab]
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass
+class SamplingTensors:
+    """Every row's sampling parameters as tensors on the device, and host flags that skip unused work."""
+    temperature: torch.Tensor  # [batch] fp32, 0 = greedy
+    top_k: torch.Tensor  # [batch] int64, vocab = off
+    top_p: torch.Tensor  # [batch] fp32
+    min_p: torch.Tensor  # [batch] fp32
+    repetition_penalty: torch.Tensor  # [batch] fp32
+    presence_penalty: torch.Tensor  # [batch] fp32
+    frequency_penalty: torch.Tensor  # [batch] fp32
+    seeds: torch.Tensor  # [batch] int64
+    positions: torch.Tensor  # [batch] int64: the position of the token being drawn (the RNG's counter)
+    seen: torch.Tensor | None  # [batch, vocab] bool: prompt and output ids (for the repetition penalty)
+    counts: torch.Tensor | None  # [batch, vocab] fp32: output id counts (presence / frequency penalties)
+    all_greedy: bool
+    filters: tuple[bool, bool, bool]  # some row uses top-k, top-p, min-p
+    num_logprobs: int | None  # the largest top-n asked for; None: no row wants logprobs
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], seeds: list[int], positions: list[int], prompts: list[list[int]],
+              outputs: list[list[int]], vocab: int, device) -> "SamplingTensors":
+        def col(values, dtype=torch.float32):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        batch = len(params)
+        seen = counts = None
+        if any(p.repetition_penalty != 1.0 for p in params):
+            ids = [p + o for p, o in zip(prompts, outputs)]
+            width = max(map(len, ids))  # rows padded with their own first id
+            seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device)
+            seen.scatter_(1, col([i + i[:1] * (width - len(i)) for i in ids], torch.int64), True)
+        if any(p.presence_penalty or p.frequency_penalty for p in params):
+            width = max(1, max(map(len, outputs)))
+            padded = col([o + [0] * (width - len(o)) for o in outputs], torch.int64)  # [batch, width]
+            ones = col([[1.0] * len(o) + [0.0] * (width - len(o)) for o in outputs])
+            counts = torch.zeros(batch, vocab, device=device).scatter_add_(1, padded, ones)
+        logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=col([p.temperature for p in params]),
+            top_k=col([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int64),
+            top_p=col([p.top_p for p in params]), min_p=col([p.min_p for p in params]),
+            repetition_penalty=col([p.repetition_penalty for p in params]),
+            presence_penalty=col([p.presence_penalty for p in params]),
+            frequency_penalty=col([p.frequency_penalty for p in params]),
+            seeds=col([s % (1 << 63) for s in seeds], torch.int64), positions=col(positions, torch.int64),
+            seen=seen, counts=counts, all_greedy=all(p.temperature == 0 for p in params),
+            filters=(any(0 < p.top_k < vocab for p in params), any(p.top_p < 1 for p in params),
+                     any(p.min_p > 0 for p in params)),
+            num_logprobs=max(logprobs) if logprobs else None)
+
+
+def filter_rows(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """filter_logits with each row's own top-k, top-p and min-p (rows with a filter off are unchanged)."""
+    use_k, use_p, use_min = t.filters
+    if use_k:
+        sorted_logits = logits.sort(dim=-1, descending=True).values
+        kth = sorted_logits.gather(1, t.top_k[:, None] - 1)  # [batch, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if use_min:
+        probs = logits.softmax(-1)
+        floor = probs.max(-1, keepdim=True).values * t.min_p[:, None]
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    if use_p:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        # top_p = 1 is off, even where rounding brings the cumulated mass to 1 before the tail
+        drop_sorted = (mass_before >= t.top_p[:, None]) & (t.top_p < 1)[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@dataclass
+class Logprobs:
+    chosen: torch.Tensor  # [batch] fp32: log-probability of the sampled id (of the model's raw distribution)
+    top: torch.Tensor  # [batch, n] fp32, best first
+    top_ids: torch.Tensor  # [batch, n] int64
+
+
+def sample_batch(logits: torch.Tensor, t: SamplingTensors) -> tuple[torch.Tensor, Logprobs | None]:
+    """logits [batch, vocab] fp32 -> ids [batch] int64, and logprobs when some row asked for them.
+    Penalties first (repetition, then presence / frequency), then temperature, the filters, and a Gumbel-max
+    draw: argmax(logits / T + g), g = -log(-log(u)), draws from softmax(logits / T) exactly."""
+    raw = logits
+    if t.seen is not None:
+        penalty = t.repetition_penalty[:, None]
+        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(t.seen, penalized, logits)
+    if t.counts is not None:
+        logits = logits - t.counts * t.frequency_penalty[:, None] - (t.counts > 0) * t.presence_penalty[:, None]
+    ids = logits.argmax(-1)
+    if not t.all_greedy:
+        greedy = t.temperature == 0
+        scaled = logits / torch.where(greedy, 1.0, t.temperature)[:, None]
+        scaled = filter_rows(scaled, t)
+        gumbel = -torch.log(-torch.log(uniform_noise(t.seeds, t.positions, logits.shape[-1])))
+        ids = torch.where(greedy, ids, (scaled + gumbel).argmax(-1))
+    if t.num_logprobs is None:
+        return ids, None
+    lp = raw.log_softmax(-1)
+    top = lp.topk(t.num_logprobs, dim=-1) if t.num_logprobs else None
+    return ids, Logprobs(lp.gather(1, ids[:, None])[:, 0],
+                         top.values if top else lp[:, :0], top.indices if top else ids[:, None][:, :0])

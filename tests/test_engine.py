@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from minfer import engine as engine_mod
+from minfer.engine import static as engine_mod
 from minfer import loader
 from minfer.engine import Engine, format_stats
 from minfer.errors import MinferError

@@ -137,6 +137,26 @@ def test_greedy_30_tokens_match_hf_generate(engine, hf_model):
     assert outs[0].text.startswith(" Paris")
 
 
+@needs_model
+def test_continuous_engine_greedy_matches_hf_generate(hf_model):
+    """The continuous engine, the prompt batched with others, prefilled in chunks over pages of 4 tokens."""
+    from minfer.engine.core import EngineCore
+    from minfer.sampling import SamplingParams
+
+    model, _ = hf_model
+    core = EngineCore(None, dtype=torch.float32, device="cpu", backend="ref", max_context=128, page_size=4,
+                      num_pages=128, max_num_batched_tokens=6)
+    ids = core.tokenizer.encode("The capital of France is")
+    others = [core.tokenizer.encode(t) for t in ("Hello world", "def f(x):\n    return")]
+    outs, _ = core.generate([ids] + others, [SamplingParams(temperature=0.0, max_tokens=30)] * 3)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=30, do_sample=False, eos_token_id=None)[0, len(ids):].tolist()
+    stops = set(core.tokenizer.stop_ids)
+    cut = next((i for i, t in enumerate(ref) if t in stops), len(ref))
+    assert outs[0].token_ids == ref[:cut]
+
+
 # ---- dequantizers and the Q/K un-permute ----
 
 def _write_and_read(tmp_path, arrays):

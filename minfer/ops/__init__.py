@@ -12,9 +12,12 @@ import torch
 
 from . import reference
 
-# Ops the model uses; each backend provides every one of them.
-MODEL_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "kv_cache_write",
+# Ops the model uses; each backend provides every one of them. kv_cache_write and attention work on the
+# static engine's dense cache, the paged_ ones on the continuous engine's pages (ops/reference.py).
+DENSE_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "kv_cache_write",
              "attention", "linear")
+PAGED_OPS = ("paged_kv_cache_write", "paged_attention")
+MODEL_OPS = DENSE_OPS + PAGED_OPS
 
 
 class Backend:

@@ -90,6 +90,52 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     return out.transpose(1, 2)
 
 
+def paged_kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         slot_mapping: torch.Tensor) -> None:
+    # k_cache, v_cache [num_pages, page_size, kv_heads, head_dim] (one layer's pool, contiguous);
+    # k, v [tokens, kv_heads, head_dim]; slot_mapping [tokens] int: token t goes to page
+    # slot_mapping[t] // page_size, row slot_mapping[t] % page_size.
+    slots = slot_mapping.long()
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                    scale: float) -> torch.Tensor:
+    # Causal attention of each sequence's new queries over its pages: prefill chunks at any start and
+    # decode (one query) in one call.
+    # q [tokens, heads, head_dim]: sequence b's queries are q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]], the last
+    # of its seq_lens[b] positions (their keys are already written); k_cache, v_cache [num_pages, page_size,
+    # kv_heads, head_dim]; block_table [batch, max_pages] int32: page j of sequence b holds its positions
+    # j * page_size ...; entries past a sequence's pages are ignored. max_seqlen_q / max_seqlen_k: host ints,
+    # the largest query count and seq_len in the batch (sizes without a device sync).
+    # -> [tokens, heads, head_dim]
+    tokens, heads, hd = q.shape
+    batch, page = block_table.shape[0], k_cache.shape[1]
+    pages = -(-max_seqlen_k // page)
+    table = block_table[:, :pages].long()
+    key = torch.arange(max_seqlen_k, device=q.device)
+    valid = (key[None, :] < seq_lens.long()[:, None])[:, :, None, None]  # [batch, max_k, 1, 1]
+    # Rows past a sequence's end hold whatever the page held (NaN too): zeroed, as a masked weight of 0
+    # times NaN would still be NaN.
+    k = k_cache[table].flatten(1, 2)[:, :max_seqlen_k].masked_fill(~valid, 0)  # [batch, max_k, kv_heads, head_dim]
+    v = v_cache[table].flatten(1, 2)[:, :max_seqlen_k].masked_fill(~valid, 0)
+    group = heads // k.shape[2]
+    k = k.transpose(1, 2).repeat_interleave(group, dim=1)  # [batch, heads, max_k, head_dim]
+    v = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    # Scatter the ragged queries into [batch, max_q] rows; padding rows are computed and dropped.
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()  # [batch]
+    seq_of = torch.repeat_interleave(torch.arange(batch, device=q.device), q_lens, output_size=tokens)  # [tokens]
+    row = torch.arange(tokens, device=q.device) - cu_seqlens_q[:-1].long()[seq_of]  # [tokens]
+    qp = q.new_zeros(batch, max_seqlen_q, heads, hd)
+    qp[seq_of, row] = q
+    q_pos = (seq_lens.long() - q_lens)[:, None] + torch.arange(max_seqlen_q, device=q.device)  # [batch, max_q]
+    mask = (key[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :, 0, 0]  # [batch, max_q, max_k]
+    out = F.scaled_dot_product_attention(qp.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
+    return out.transpose(1, 2)[seq_of, row]  # [tokens, heads, head_dim]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
            static_weight: bool = False) -> torch.Tensor:
     # x [tokens, in], weight [out, in] (HF layout), bias [out] -> [tokens, out]

@@ -1,4 +1,6 @@
-"""The engine: load once, then prefill + decode loop + stop handling for a batch of prompts.
+"""The static-batch engine: one padded batch of prompts, prefill + decode loop + stop handling, over a dense
+KV cache. It keeps the dense attention kernels and their CUDA graphs in use (apps/bench_e2e.py) until the
+paged ones exist; the continuous-batching engine is core.py.
 
 The engine owns one KV cache, grown on demand to the largest batch and context asked for, and one decode
 step per batch size over it (on the cuda backend a captured CUDA graph). Both are made by warmup(),
@@ -13,36 +15,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import loader
-from .config import ModelConfig
-from .errors import MinferError
-from .kv_cache import KVCache
-from .model import Transformer
-from .ops import cuda_available, get_backend
-from .sampling import SamplingParams, make_generator, sample
-from .tokenizer import StreamDecoder
-
-
-@dataclass
-class Stats:
-    """One generate() call. Timed on a warm engine: warm-up (graph capture, first-call costs) is warmup_s."""
-    prompt_tokens: int = 0
-    tokens: int = 0  # tokens generated over all sequences (a stop token counts: it was computed)
-    steps: int = 0  # decode steps: forward passes after the prefill
-    decode_tokens: int = 0  # the tokens those steps produced (the prefill gives each sequence its first)
-    warmup_s: float = 0.0  # 0 when the engine was already warm for this batch and prompt length
-    prefill_s: float = 0.0  # prompts in -> first tokens on the host
-    ttft_s: float = 0.0  # time to first token: the prefill, as the engine is warm
-    decode_s: float = 0.0  # first tokens on the host -> last tokens on the host
-
-    @property
-    def prefill_tok_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        """None when there was no decode step (generation ended at the first token)."""
-        return self.decode_tokens / self.decode_s if self.steps and self.decode_s else None
+from ..errors import MinferError
+from ..kv_cache import KVCache
+from ..ops import DENSE_OPS
+from ..sampling import SamplingParams, make_generator, sample
+from ..tokenizer import StreamDecoder
+from .loaded import LoadedModel
+from .stats import Stats
 
 
 @dataclass
@@ -52,76 +31,12 @@ class Output:
     finish_reason: str = "length"  # length | stop
 
 
-def _device(name: str | None) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise MinferError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise MinferError(f"--device {name}: minfer runs on cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise MinferError(f"--device {name} asked for, but no CUDA GPU is visible")
-    if device.index is not None and device.type == "cuda" and device.index >= torch.cuda.device_count():
-        raise MinferError(f"--device {name}: there are {torch.cuda.device_count()} GPUs")
-    return device
-
-
-def _backend(name: str, device: torch.device):
-    if name not in ("auto", "cuda", "ref"):
-        raise MinferError(f"--backend {name!r}: use auto, cuda or ref")
-    if name == "cuda" and device.type != "cuda":
-        raise MinferError("--backend cuda needs a CUDA GPU" if not torch.cuda.is_available()
-                          else "--backend cuda needs --device cuda")
-    if name == "cuda" and not cuda_available():
-        raise MinferError("--backend cuda: the CUDA extension (minfer._C) is not built; run setup.sh")
-    return get_backend(name, device)
-
-
-class Engine:
-    def __init__(self, checkpoint: str | None = None, dtype: torch.dtype | None = None, device: str | None = None,
-                 backend: str = "auto", max_context: int | None = None, random_weights: ModelConfig | None = None,
-                 dequantize: bool = False):
-        """random_weights: instead of a checkpoint, random weights of this config's shape and no tokenizer
-        (token ids in, token ids out), for benchmarks. dequantize: a GGUF's quantized matrices are
-        expanded to `dtype` at load instead of staying in their blocks; the ref backend always expands
-        them (it has no kernels that read blocks, and would dequantize every matrix at every step)."""
-        t0 = time.perf_counter()
-        self.device = _device(device)
-        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.ops = _backend(backend, self.device)
-        self.load_times = loader.LoadTimes(device=self.device)
-        if random_weights is None:
-            self.cfg, weights, self.tokenizer = loader.load(checkpoint, self.dtype, self.device, self.load_times,
-                                                            dequantize or self.ops.name != "cuda")
-        else:
-            from .shapes import random_weights as make_weights
-            self.cfg, weights, self.tokenizer = random_weights, make_weights(random_weights, self.dtype, self.device), None
-        limit = self.cfg.max_position_embeddings
-        if self.cfg.sliding_window:
-            limit = min(limit, self.cfg.sliding_window)  # full attention is exact only inside the window
-        self.max_context = min(max_context or limit, limit)
-        self.model = Transformer(self.cfg, weights, self.ops, self.max_context)
+class Engine(LoadedModel):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.cache: KVCache | None = None  # [max batch, capacity], grown by _cache_rows
         self.steps: dict[int, callable] = {}  # batch -> decode step over the cache's first `batch` rows
         self.warm: set[tuple] = set()  # warmup() keys: batch, prompt length, sampling switches
-        self._sync()
-        self.load_s = time.perf_counter() - t0
-
-    @classmethod
-    def from_random_weights(cls, cfg: ModelConfig, **kwargs) -> "Engine":
-        return cls(random_weights=cfg, **kwargs)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def encode(self, text: str, chat: bool, system: str | None = None) -> list[int]:
-        if not chat:
-            return self.tokenizer.encode(text)
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        return self.tokenizer.encode_chat(messages)
 
     def _cache_rows(self, batch: int, capacity: int) -> KVCache:
         """The first `batch` rows of the engine's KV cache, grown first if it is too small. Batch and capacity
@@ -163,7 +78,7 @@ class Engine:
     def _decode_step(self, cache: KVCache, batch: int):
         """A function (ids [batch], pos [batch]) -> logits [batch, vocab] for one decode step, run once here.
 
-        On the cuda backend with no ref fallbacks the step is captured once in a CUDA graph: a decode
+        On the cuda backend with no ref fallbacks among the dense ops the step is captured once in a CUDA graph: a decode
         step at batch 1 is ~30 layers x 10 small launches, and replaying them as one graph removes the
         CPU launch cost that otherwise dominates. MINFER_NO_GRAPH=1 turns this off."""
         def eager(ids, p):
@@ -171,7 +86,8 @@ class Engine:
 
         static_ids = torch.zeros(batch, dtype=torch.int64, device=self.device)
         static_pos = torch.zeros(batch, dtype=torch.int32, device=self.device)  # writes position 0, rewritten later
-        if self.ops.name != "cuda" or self.ops.fallbacks or os.environ.get("MINFER_NO_GRAPH"):
+        dense_fallbacks = set(self.ops.fallbacks) & set(DENSE_OPS)
+        if self.ops.name != "cuda" or dense_fallbacks or os.environ.get("MINFER_NO_GRAPH"):
             eager(static_ids, static_pos)  # the first call's costs, outside any timing
             return eager
         try:
@@ -282,27 +198,3 @@ class Engine:
         stats.decode_s = time.perf_counter() - t_decode
         stats.decode_tokens = stats.tokens - batch
         return outputs, stats
-
-
-def format_stats(engine: Engine, stats: Stats) -> str:
-    decode = "–" if stats.decode_tok_s is None else f"{stats.decode_tok_s:.1f} tok/s"
-    warmup = f" | warmup {stats.warmup_s:.2f} s" if stats.warmup_s else ""
-    return (f"[minfer] load {engine.load_s:.2f} s{warmup} | backend {engine.ops.name} "
-            f"{str(engine.dtype).replace('torch.', '')} on {engine.device} | prompt {stats.prompt_tokens} tok | "
-            f"ttft {stats.ttft_s * 1000:.1f} ms | prefill {stats.prefill_tok_s:.1f} tok/s | decode {decode}")
-
-
-def format_details(engine: Engine) -> list[str]:
-    """--verbose: where the load time went, and the peak GPU memory."""
-    t = engine.load_times
-    other = engine.load_s - t.read - t.upload - t.dequantize
-    lines = [f"[minfer] load {engine.load_s:.2f} s: read {t.read:.2f} s, upload {t.upload:.2f} s, "
-             f"dequantize {t.dequantize:.2f} s, other {other:.2f} s (parsing, tokenizer, model setup)"]
-    if engine.device.type == "cuda":
-        lines.append(f"[minfer] peak GPU memory {torch.cuda.max_memory_allocated(engine.device) / 2**30:.2f} GiB")
-    return lines
-
-
-def print_stats(engine: Engine, stats: Stats, file=sys.stderr, verbose: bool = False) -> None:
-    for line in [format_stats(engine, stats)] + (format_details(engine) if verbose else []):
-        print(line, file=file)

@@ -1,0 +1,161 @@
+"""Offline throughput of the continuous-batching engine, like vLLM's benchmark_throughput: N requests of
+random token ids (EOS ignored) all at once, run to completion.
+
+    python apps/bench_throughput.py --num-requests 256 --input-len 100:1024 --output-len 100:1024
+    python apps/bench_throughput.py --shape llama-3-8b --num-requests 256 --static     # random weights, + static
+    python apps/bench_throughput.py --shared-prefix 2048 --input-len 2100:2200 [--no-enable-prefix-caching]
+    python apps/bench_throughput.py --backend ref --device cpu --num-requests 4 --input-len 16 --output-len 8
+
+Lengths are a number or LO:HI (uniform, inclusive). --shared-prefix N puts the same N tokens at the start of
+every prompt (inside its input length). --static runs the same requests through the static engine too, as
+padded batches of --max-num-seqs, for comparison in the same run. Prints one line per engine; --json
+appends them to a file as JSON lines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+
+from minfer import shapes
+from minfer.engine import Engine
+from minfer.engine.core import DEFAULT_PAGE_SIZE, EngineCore
+from minfer.sampling import SamplingParams
+
+
+def lengths(spec: str, n: int, rng: random.Random) -> list[int]:
+    lo, _, hi = spec.partition(":")
+    lo, hi = int(lo), int(hi or lo)
+    if not 1 <= lo <= hi:
+        raise SystemExit(f"bench_throughput: bad length {spec!r} (N or LO:HI, 1 <= LO <= HI)")
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def make_requests(args, vocab: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(args.seed)
+    ins, outs = lengths(args.input_len, args.num_requests, rng), lengths(args.output_len, args.num_requests, rng)
+    prefix = [rng.randrange(vocab) for _ in range(args.shared_prefix)]
+    reqs = []
+    for n_in, n_out in zip(ins, outs):
+        tail = [rng.randrange(vocab) for _ in range(max(0, n_in - len(prefix)))]
+        reqs.append(((prefix + tail)[:max(n_in, 1)], n_out))
+    return reqs
+
+
+def peak_gb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+
+
+def run_continuous(engine: EngineCore, reqs, args) -> dict:
+    engine.warmup()
+    if engine.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(engine.device)
+    bm = engine.block_manager
+    hits0, queries0, preempt0 = bm.hit_tokens, bm.query_tokens, engine.scheduler.num_preemptions
+    engine._sync()
+    t0 = time.perf_counter()
+    for ids, n_out in reqs:
+        engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True))
+    steps = seqs = out_tokens = 0
+    while engine.has_unfinished():
+        out_tokens += len(engine.step())
+        steps += 1
+        seqs += engine.last_step[0]
+    engine._sync()
+    elapsed = time.perf_counter() - t0
+    queries = bm.query_tokens - queries0
+    return dict(engine="continuous", elapsed_s=elapsed, output_tokens=out_tokens, steps=steps,
+                mean_batch=seqs / steps, prefix_hit_rate=(bm.hit_tokens - hits0) / queries if queries else 0.0,
+                preemptions=engine.scheduler.num_preemptions - preempt0, peak_gb=peak_gb(engine.device))
+
+
+def run_static(args, reqs, make_kwargs) -> dict:
+    """The same requests as padded static batches of --max-num-seqs (each batch runs to its longest output;
+    only the tokens each request asked for count)."""
+    engine = Engine(**make_kwargs)
+    size = args.max_num_seqs
+    batches = [reqs[i:i + size] for i in range(0, len(reqs), size)]
+    greedy = SamplingParams(temperature=0.0)
+    for batch in batches:  # warm-up: graph capture for each batch shape
+        engine.warmup(len(batch), max(len(ids) for ids, _ in batch), max(len(ids) + n for ids, n in batch), greedy)
+    engine._sync()
+    t0 = time.perf_counter()
+    for batch in batches:
+        engine.generate([ids for ids, _ in batch], greedy, max(n for _, n in batch), ignore_eos=True)
+    engine._sync()
+    return dict(engine="static", elapsed_s=time.perf_counter() - t0, output_tokens=sum(n for _, n in reqs),
+                steps=None, mean_batch=None, prefix_hit_rate=None, preemptions=None, peak_gb=peak_gb(engine.device))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", nargs="?", help="HF folder, hub id or .gguf (default: the default model)")
+    p.add_argument("--shape", choices=sorted(shapes.SHAPES), help="random weights of this model's shape")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--input-len", default="100:1024", help="prompt tokens: N or LO:HI (default: %(default)s)")
+    p.add_argument("--output-len", default="100:1024", help="new tokens: N or LO:HI (default: %(default)s)")
+    p.add_argument("--shared-prefix", type=int, default=0, help="the same first N tokens in every prompt")
+    p.add_argument("--seed", type=int, default=0, help="seed of the lengths and token ids")
+    p.add_argument("--static", action="store_true", help="also run the static engine on the same requests")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--device", help="default: cuda when present")
+    p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
+    p.add_argument("--dequantize", action="store_true")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--num-pages", type=int)
+    p.add_argument("--block-size", type=int, default=DEFAULT_PAGE_SIZE)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false")
+    p.add_argument("--json", help="append one JSON line per engine to this file")
+    args = p.parse_args(argv)
+    if args.shape and args.checkpoint:
+        p.error("give a CHECKPOINT or --shape, not both")
+
+    make_kwargs = dict(dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
+                       backend=args.backend)
+    if args.shape:
+        make_kwargs["random_weights"] = shapes.config(args.shape)
+    else:
+        make_kwargs.update(checkpoint=args.checkpoint, dequantize=args.dequantize)
+    core = EngineCore(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                      num_pages=args.num_pages, page_size=args.block_size,
+                      gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching,
+                      **make_kwargs)
+    reqs = make_requests(args, core.cfg.vocab_size)
+    too_long = [len(ids) for ids, n in reqs if len(ids) + n > core.max_context]
+    if too_long:
+        p.error(f"{len(too_long)} requests do not fit the {core.max_context}-token context")
+    dev = core.device
+    device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    rows = [run_continuous(core, reqs, args)]
+    if args.static:
+        del core  # its KV cache
+        rows.append(run_static(args, reqs, make_kwargs))
+    in_tokens = sum(len(ids) for ids, _ in reqs)
+    for row in rows:
+        s = row["elapsed_s"]
+        row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device,
+                   num_requests=len(reqs), input_len=args.input_len, output_len=args.output_len,
+                   shared_prefix=args.shared_prefix, prefix_caching=args.prefix_caching,
+                   requests_s=len(reqs) / s, output_tok_s=row["output_tokens"] / s,
+                   total_tok_s=(in_tokens + row["output_tokens"]) / s)
+        extra = "" if row["mean_batch"] is None else (f" | mean batch {row['mean_batch']:.1f} | prefix hits "
+                                                      f"{100 * row['prefix_hit_rate']:.1f}% | preempted "
+                                                      f"{row['preemptions']}")
+        peak = "" if row["peak_gb"] is None else f" | peak {row['peak_gb']:.2f} GB"
+        print(f"{row['engine']:>10}: {len(reqs)} requests in {s:.2f} s | {row['requests_s']:.2f} req/s | "
+              f"output {row['output_tok_s']:.1f} tok/s | total {row['total_tok_s']:.1f} tok/s{extra}{peak}", flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The continuous-batching engine core: requests in, tokens out, one forward pass per step.
+
+Front ends (LLM.generate, the CLI, a server) only call add_request / abort_request / step and read the
+outputs. Each step the scheduler picks the sequences and token counts, the block manager has given them
+pages, and the runner part of this file lays the step's tokens out flat (sequence after sequence), runs
+the model over the paged cache, samples one token for every sequence whose tokens are all computed, and
+applies the stop rules.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import MinferError
+from ..kv_cache import AttentionMetadata, PagedKVCache
+from ..sampling import SamplingParams, SamplingTensors, sample_batch
+from ..tokenizer import StreamDecoder
+from .block_manager import BlockManager
+from .loaded import LoadedModel
+from .scheduler import ScheduledBatch, Scheduler
+from .sequence import Sequence, Status
+from .stats import Stats
+
+# Page size in tokens, until the paged kernels measure their own (vLLM's default).
+DEFAULT_PAGE_SIZE = 16
+# Without --num-pages on the CPU: pages for max_num_seqs full contexts, but at most this many bytes.
+CPU_CACHE_BYTES = 1 << 30
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step: everything so far, and what this step added."""
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # output ids so far (a stop id is not one of them)
+    text: str  # output text so far, cut before a stop string
+    new_text: str  # text released by this step: text that may still begin a stop string is held back
+    finished: bool
+    finish_reason: str | None  # length | stop | abort
+    logprobs: list[dict] | None  # per output token: {"token_id", "logprob", "top": [(id, logprob), ...]}
+    num_cached_tokens: int  # prompt tokens found in the prefix cache
+
+
+class EngineCore(LoadedModel):
+    def __init__(self, checkpoint: str | None = None, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 num_pages: int | None = None, page_size: int = DEFAULT_PAGE_SIZE,
+                 gpu_memory_utilization: float = 0.9, prefix_caching: bool = True, **load_kwargs):
+        """load_kwargs: those of LoadedModel (dtype, device, backend, max_context, random_weights, dequantize)."""
+        if not max_num_seqs >= 1:
+            raise MinferError(f"--max-num-seqs must be at least 1, not {max_num_seqs}")
+        if not max_num_batched_tokens >= 1:
+            raise MinferError(f"--max-num-batched-tokens must be at least 1, not {max_num_batched_tokens}")
+        if not page_size >= 1:
+            raise MinferError(f"--block-size must be at least 1, not {page_size}")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise MinferError(f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}")
+        if num_pages is not None and not num_pages >= 1:
+            raise MinferError(f"--num-pages must be at least 1, not {num_pages}")
+        super().__init__(checkpoint, **load_kwargs)
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        page_bytes = PagedKVCache.page_bytes(cfg.num_layers, page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        if num_pages is None:
+            num_pages = self._default_pages(page_bytes, page_size, max_num_seqs, max_num_batched_tokens,
+                                            gpu_memory_utilization)
+        elif self.device.type == "cuda" and num_pages * page_bytes > torch.cuda.mem_get_info(self.device)[0]:
+            raise MinferError(f"--num-pages {num_pages}: {num_pages * page_bytes / 2**30:.2f} GiB of KV cache is more "
+                              f"than the GPU's free memory")
+        self.cache = PagedKVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype,
+                                  self.device)
+        self.block_manager = BlockManager(num_pages, page_size, prefix_caching)
+        # every running sequence decodes every step: no more of them than the step has tokens
+        self.scheduler = Scheduler(self.block_manager, min(max_num_seqs, max_num_batched_tokens), max_num_batched_tokens)
+        self.seqs: dict[str, Sequence] = {}
+        self.stop_ids = set(self.tokenizer.stop_ids) if self.tokenizer else set()
+        self._ids = itertools.count()
+        self.warm = False
+        self.last_step = (0, 0)
+        self.load_s += time.perf_counter() - t0
+
+    def _default_pages(self, page_bytes, page_size, max_num_seqs, max_num_batched_tokens, utilization) -> int:
+        """On a GPU (vLLM's rule): utilization x total memory, less what the weights and a forward of
+        max_num_batched_tokens tokens (measured here) take. On the CPU: max_num_seqs full contexts, at most
+        CPU_CACHE_BYTES; at least one full context either way."""
+        one_context = -(-self.max_context // page_size)
+        if self.device.type != "cuda":
+            return max(one_context, min(max_num_seqs * one_context, CPU_CACHE_BYTES // page_bytes))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        probe = PagedKVCache(self.cfg.num_layers, -(-max_num_batched_tokens // page_size), page_size,
+                             self.cfg.num_kv_heads, self.cfg.head_dim, self.dtype, self.device)
+        tokens = min(max_num_batched_tokens, self.max_context)
+        self._forward([(list(range(tokens)), 0, list(range(probe.num_pages)))], probe)
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before - probe.nbytes()
+        del probe
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = utilization * total - (total - free) - activations
+        pages = int(budget // page_bytes)
+        if pages < one_context:
+            raise MinferError(f"--gpu-memory-utilization {utilization}: room for {max(pages, 0)} KV pages of "
+                              f"{page_size} tokens, fewer than one {self.max_context}-token context needs "
+                              f"(raise it, or lower --max-context)")
+        return pages
+
+    # ---- requests ----
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        n = len(prompt_ids)
+        if n == 0:
+            raise MinferError("empty prompt")
+        if n >= self.max_context:
+            raise MinferError(f"prompt is {n} tokens and the context holds {self.max_context}: "
+                              f"no room to generate (raise --max-context)")
+        vocab = self.cfg.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise MinferError(f"prompt token id out of range [0, {vocab})")
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id in self.seqs:
+            raise MinferError(f"request id {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        seq = Sequence(request_id, list(prompt_ids), params, min(params.max_tokens, self.max_context - n), seed,
+                       arrival_time=time.perf_counter())
+        seq.decoder = StreamDecoder(self.tokenizer) if self.tokenizer else None
+        self.scheduler.add(seq)
+        self.seqs[request_id] = seq
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None and seq.status != Status.FINISHED:
+            self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one step ----
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """Runs one forward pass; returns the requests that got a token (finished ones for the last time)."""
+        batch = self.scheduler.schedule()
+        self.last_step = (len(batch), sum(batch.num_tokens))  # sequences and tokens, for the benchmarks
+        if not batch:
+            return []
+        work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n], s.num_computed_tokens, s.block_table)
+                for s, n in zip(batch.seqs, batch.num_tokens)]
+        sampled = [i for i, (s, n) in enumerate(zip(batch.seqs, batch.num_tokens))
+                   if s.num_computed_tokens + n == s.num_tokens]
+        logits = self._forward(work, self.cache, sampled)  # [len(sampled), vocab]
+        for s, n in zip(batch.seqs, batch.num_tokens):
+            s.num_computed_tokens += n
+            self.block_manager.register_full_pages(s)
+        return self._sample(batch, sampled, logits) if sampled else []
+
+    def _forward(self, work: list[tuple[list[int], int, list[int]]], cache: PagedKVCache,
+                 sampled: list[int] | None = None) -> torch.Tensor:
+        """work: per sequence (new token ids, position of the first, its pages). Returns the logits of the
+        last new token of the sequences in `sampled` (default: all)."""
+        ids, positions, slots, cu, seq_lens = [], [], [], [0], []
+        page = cache.page_size
+        for toks, start, pages in work:
+            ids += toks
+            positions += range(start, start + len(toks))
+            slots += [pages[p // page] * page + p % page for p in range(start, start + len(toks))]
+            cu.append(cu[-1] + len(toks))
+            seq_lens.append(start + len(toks))
+        width = max(len(pages) for _, _, pages in work)
+        table = [pages + [0] * (width - len(pages)) for _, _, pages in work]
+        sampled = range(len(work)) if sampled is None else sampled
+
+        def dev(values, dtype=torch.int32):
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        meta = AttentionMetadata(positions=dev(positions), slot_mapping=dev(slots, torch.int64),
+                                 block_table=dev(table), seq_lens=dev(seq_lens), cu_seqlens_q=dev(cu),
+                                 max_seqlen_q=max(len(w[0]) for w in work), max_seqlen_k=max(seq_lens))
+        return self.model.forward_paged(dev(ids, torch.int64), meta, cache, dev([cu[i + 1] - 1 for i in sampled],
+                                                                                   torch.int64))
+
+    def _sample(self, batch: ScheduledBatch, sampled: list[int], logits: torch.Tensor) -> list[RequestOutput]:
+        seqs = [batch.seqs[i] for i in sampled]
+        t = SamplingTensors.build([s.params for s in seqs], [s.seed for s in seqs], [s.num_tokens for s in seqs],
+                                  [s.prompt_ids for s in seqs], [s.output_ids for s in seqs], logits.shape[-1],
+                                  self.device)
+        ids, logprobs = sample_batch(logits, t)
+        host_ids = ids.tolist()  # the step's one sync
+        if logprobs is not None:
+            chosen, top, top_ids = logprobs.chosen.tolist(), logprobs.top.tolist(), logprobs.top_ids.tolist()
+        outputs = []
+        for i, (seq, tok) in enumerate(zip(seqs, host_ids)):
+            entry = None
+            if logprobs is not None and seq.params.logprobs is not None:
+                n = seq.params.logprobs
+                entry = {"token_id": tok, "logprob": chosen[i], "top": list(zip(top_ids[i][:n], top[i][:n]))}
+            outputs.append(self._append(seq, tok, entry))
+        return outputs
+
+    def _append(self, seq: Sequence, tok: int, logprob: dict | None) -> RequestOutput:
+        """Applies one sampled token to its sequence: stop ids, stop strings, the length cap."""
+        params = seq.params
+        if seq.first_token_time is None:
+            seq.first_token_time = time.perf_counter()
+        reason = None
+        if (tok in self.stop_ids and not params.ignore_eos) or tok in params.stop_token_ids:
+            reason = "stop"
+        else:
+            seq.token_ids.append(tok)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            seq.text += seq.decoder.push(tok) if seq.decoder else ""
+            cut = min((i for i in (seq.text.find(s) for s in params.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                seq.text, reason = seq.text[:cut], "stop"
+            elif seq.num_output_tokens >= seq.max_tokens:
+                reason = "length"
+        if reason:
+            self.scheduler.finish(seq, reason)
+            del self.seqs[seq.request_id]
+        hold = max((len(s) for s in params.stop), default=1) - 1  # text that may still become a stop string
+        end = len(seq.text) if reason else max(seq.emitted, len(seq.text) - hold)
+        new_text, seq.emitted = seq.text[seq.emitted:end], max(seq.emitted, end)
+        return RequestOutput(seq.request_id, seq.prompt_ids, seq.output_ids, seq.text, new_text, reason is not None,
+                             reason, seq.logprobs if params.logprobs is not None else None, seq.num_cached_tokens)
+
+    # ---- offline batches ----
+
+    def warmup(self) -> float:
+        """One short request, so that first-call costs (lazy CUDA init, kernel loading, allocator growth) are
+        paid before timing; the prefix cache forgets it. Returns the seconds it took; 0.0 once warm."""
+        if self.warm:
+            return 0.0
+        t0 = time.perf_counter()
+        bm = self.block_manager
+        self.add_request([0] * min(8, self.max_context - 4), SamplingParams(temperature=0.0, max_tokens=3,
+                                                                           ignore_eos=True), "warmup")
+        while self.has_unfinished():
+            self.step()
+        bm.reset_prefix_cache()
+        bm.query_tokens = bm.hit_tokens = 0
+        self.scheduler.num_preemptions = 0
+        self._sync()
+        self.warm = True
+        return time.perf_counter() - t0
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams],
+                 on_output=None) -> tuple[list[RequestOutput], Stats]:
+        """Runs the prompts to completion. on_output(index, RequestOutput) is called after every step that
+        gave request `index` a token."""
+        if len(params) != len(prompts):
+            raise MinferError(f"{len(prompts)} prompts and {len(params)} sampling params")
+        if not prompts:
+            return [], Stats()
+        warmup_s = self.warmup()
+        bm, sched = self.block_manager, self.scheduler
+        hits0, preempt0 = bm.hit_tokens, sched.num_preemptions
+        self._sync()
+        t0 = time.perf_counter()
+        index = {self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, params))}
+        stats = Stats(prompt_tokens=sum(map(len, prompts)), warmup_s=warmup_s)
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        first: dict[int, float] = {}
+        t_decode = None  # when every request had its first token: the prefill phase's end
+        try:
+            while any(r is None or not r.finished for r in results):
+                outs = self.step()
+                if t_decode is not None:
+                    stats.steps += 1
+                    stats.decode_tokens += len(outs)
+                stats.tokens += len(outs)
+                now = time.perf_counter()
+                for out in outs:
+                    i = index[out.request_id]
+                    first.setdefault(i, now)
+                    results[i] = out
+                    if on_output:
+                        on_output(i, out)
+                if t_decode is None and len(first) == len(prompts):
+                    t_decode = now
+        finally:  # an exception (stdout closed, ^C) leaves no request behind
+            for rid in list(self.seqs):
+                if rid in index:
+                    self.abort_request(rid)
+        self._sync()
+        end = time.perf_counter()
+        stats.prefill_s = t_decode - t0
+        stats.ttft_s = sum(first.values()) / len(first) - t0
+        stats.decode_s = end - t_decode
+        stats.cached_tokens = bm.hit_tokens - hits0
+        stats.preemptions = sched.num_preemptions - preempt0
+        return results, stats
+

@@ -1,0 +1,103 @@
+"""Which sequences run in the next step, and how many of their tokens. One step is one forward pass.
+
+Each sequence has tokens (prompt + output) and a count of those already in the KV cache; a step computes
+some of the rest. A decode is the case of one token left; a prompt is prefilled in chunks. The order of
+a step:
+1. running sequences with one token left (decodes): every one, every step;
+2. running sequences part-way through their prompt: the next chunk, as the token budget
+   (max_num_batched_tokens) allows, so that a long prompt never stalls the decodes;
+3. waiting sequences, oldest first, while pages, the budget and max_num_seqs last; their cached prefix
+   (block manager) is skipped.
+When a running sequence needs a page and none is left, the newest running sequence is preempted: its pages
+are freed, it goes back to the head of the queue, and its tokens (prompt and output so far) are computed
+again when it is readmitted. Nothing it generated is lost.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..errors import MinferError
+from .block_manager import BlockManager
+from .sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)  # new tokens of each sequence this step
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.bm = block_manager
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the newest is last
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        if self.bm.pages_for(len(seq.prompt_ids) + seq.max_tokens) > self.bm.num_pages:
+            raise MinferError(f"a request of {len(seq.prompt_ids)} prompt tokens and {seq.max_tokens} new ones needs "
+                              f"more than the {self.bm.num_pages} pages of {self.bm.page_size} tokens in the KV cache "
+                              f"(raise --num-pages or --gpu-memory-utilization, or lower max tokens)")
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Ends a sequence (done or aborted), wherever it is, and frees its pages."""
+        if seq.status == Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == Status.WAITING:
+            self.waiting.remove(seq)
+        self.bm.free_pages(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.bm.free_pages(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> ScheduledBatch:
+        budget = self.max_num_batched_tokens
+        chosen: dict[Sequence, int] = {}  # insertion-ordered: the batch's order
+        preempted = False
+        decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        prefills = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        for seq in decodes + prefills:
+            if seq.status != Status.RUNNING or budget == 0:  # preempted earlier in this loop, or out of budget
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.bm.allocate(seq, n):
+                victim = self.running[-1]
+                budget += chosen.pop(victim, 0)  # a victim scheduled earlier in this step is taken back
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                chosen[seq] = n
+                budget -= n
+        # No admissions in a step that preempted: the pool is full, a new sequence would only be preempted.
+        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.bm.lookup(seq)
+            n = min(seq.num_tokens - len(cached) * self.bm.page_size, budget)
+            if not self.bm.allocate(seq, n, cached):
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            chosen[seq] = n
+            budget -= n
+        if not chosen and self.has_unfinished():
+            # Unreachable while add() keeps each request within the pool; a loud error beats a silent hang.
+            raise MinferError("the scheduler could not run any sequence (KV cache too small)")
+        return ScheduledBatch(list(chosen), list(chosen.values()))

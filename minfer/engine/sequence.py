@@ -1,0 +1,52 @@
+"""One request's state as the scheduler, the block manager and the runner see it."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ..sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # not admitted yet, or preempted: holds no pages
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)  # identity comparison: two requests with equal fields are still two requests
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens, capped by what fits in the context after the prompt
+    seed: int  # the sampler's key: params.seed, or one drawn when the request came in
+    token_ids: list[int] = field(default_factory=list)  # prompt + output; filled by __post_init__
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0  # tokens whose K and V are in the cache
+    num_cached_tokens: int = 0  # of those, taken from the prefix cache at the last admission
+    block_table: list[int] = field(default_factory=list)  # page ids, in position order
+    page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full pages so far
+    num_registered_pages: int = 0  # pages offered to the prefix cache
+    finish_reason: str | None = None  # length | stop | abort
+    # front-end state: text decoded so far and how much of it was handed out
+    text: str = ""
+    emitted: int = 0
+    decoder: object = None
+    logprobs: list = field(default_factory=list)
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+
+    def __post_init__(self):
+        self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)

@@ -1,0 +1,58 @@
+"""Offline batches in a few lines, with vLLM's names:
+
+    from minfer import LLM, SamplingParams
+    llm = LLM()  # the default model; or LLM("path/or/hub-id", dtype="bfloat16", max_num_seqs=64)
+    for out in llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8)):
+        print(out.text)
+"""
+from __future__ import annotations
+
+import torch
+
+from .engine.core import DEFAULT_PAGE_SIZE, EngineCore, RequestOutput
+from .errors import MinferError
+from .sampling import SamplingParams
+
+Prompt = str | list[int] | dict  # text, token ids, or {"prompt_token_ids": [...]}
+
+
+class LLM:
+    """The continuous-batching EngineCore, on every backend. On cuda its paged attention (paged_kv_cache_write,
+    paged_attention) runs on torch until paged kernels exist; python -m minfer.generate runs the static engine
+    (CUDA graphs) there instead."""
+
+    def __init__(self, model: str | None = None, *, dtype: str | torch.dtype | None = None, device: str | None = None,
+                 backend: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048, num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
+                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, dequantize: bool = False):
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.engine = EngineCore(model, dtype=dtype, device=device, backend=backend, max_context=max_model_len,
+                                 dequantize=dequantize, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_num_batched_tokens, num_pages=num_pages,
+                                 page_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
+                                 prefix_caching=enable_prefix_caching)
+        self.last_stats = None  # the Stats of the last generate()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def _ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, dict):
+            return list(prompt["prompt_token_ids"])
+        if isinstance(prompt, str):
+            if self.engine.tokenizer is None:
+                raise MinferError("this model has no tokenizer: give prompts as token ids")
+            return self.engine.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 on_output=None) -> list[RequestOutput]:
+        """One output per prompt, in order. sampling_params: one for all prompts or one each (default:
+        SamplingParams()). on_output(index, RequestOutput): called after each step that gave a prompt tokens."""
+        single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        prompts = [prompts] if single else list(prompts)
+        ids = [self._ids(p) for p in prompts]
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(ids)
+        outputs, self.last_stats = self.engine.generate(ids, params, on_output)
+        return outputs

@@ -1,0 +1,104 @@
+"""sample_batch: every row with its own parameters, a counter-based RNG keyed by (seed, position), so that a
+seeded row draws the same token alone or in any batch; statistical checks of the draws; penalties and
+logprobs by hand."""
+import torch
+
+from minfer.sampling import SamplingParams, SamplingTensors, filter_logits, sample_batch, uniform_noise
+from test_sampling import LOGITS, assert_matches, softmax_by_hand
+
+VOCAB = 5
+
+
+def tensors(params, seeds=None, positions=None, prompts=None, outputs=None, vocab=VOCAB):
+    n = len(params)
+    return SamplingTensors.build(params, seeds or list(range(n)), positions or [0] * n, prompts or [[0]] * n,
+                                 outputs or [[]] * n, vocab, "cpu")
+
+
+def draws(logits_row, params, n=40_000):
+    """n draws of one distribution: the same logits in n rows, each row at its own position (counter)."""
+    t = tensors([params] * n, seeds=[1234] * n, positions=list(range(n)))
+    ids, _ = sample_batch(logits_row.expand(n, -1).contiguous(), t)
+    return torch.bincount(ids, minlength=logits_row.numel()).double()
+
+
+def test_uniforms_are_uniform_and_keyed():
+    u = uniform_noise(torch.tensor([5, 5, 6]), torch.tensor([0, 1, 0]), 100_000)
+    assert 0 < u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    again = uniform_noise(torch.tensor([6, 5]), torch.tensor([0, 0]), 100_000)
+    assert torch.equal(again[0], u[2]) and torch.equal(again[1], u[0])
+    # neighbouring ids are not correlated
+    assert abs(torch.corrcoef(torch.stack([u[0, :-1], u[0, 1:]]))[0, 1].item()) < 0.02
+
+
+def test_frequencies_match_the_target():
+    logits = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5])
+    assert_matches(draws(logits, SamplingParams(temperature=1.0)), softmax_by_hand(logits.tolist()))
+    assert_matches(draws(logits, SamplingParams(temperature=0.5)), softmax_by_hand(logits.tolist(), 0.5))
+    assert_matches(draws(LOGITS, SamplingParams(temperature=1.0, top_k=3)), torch.tensor([0.0, 0.5, 0.0, 0.2, 0.15]))
+    assert_matches(draws(LOGITS, SamplingParams(temperature=1.0, top_p=0.55)), torch.tensor([0.0, 0.5, 0.0, 0.2, 0.0]))
+    assert_matches(draws(LOGITS, SamplingParams(temperature=1.0, min_p=0.15)),
+                   torch.tensor([0.0, 0.5, 0.1, 0.2, 0.15]))
+
+
+def test_each_row_uses_its_own_filters():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=g) * 3
+    settings = [(0, 1.0, 0.0), (7, 1.0, 0.0), (0, 0.5, 0.0), (0, 1.0, 0.2), (50, 0.9, 0.02), (1, 1.0, 0.0)]
+    params = [SamplingParams(temperature=1.0, top_k=k, top_p=p, min_p=m) for k, p, m in settings]
+    from minfer.sampling import filter_rows
+    out = filter_rows(logits, tensors(params, vocab=300))
+    for row, (k, p, m) in enumerate(settings):
+        assert torch.equal(out[row], filter_logits(logits[row:row + 1], k, p, m)[0])
+
+
+def test_seeded_row_is_the_same_alone_or_in_a_batch():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(8, 1000, generator=g)
+    params = [SamplingParams(temperature=0.9, top_p=0.95, seed=s) for s in range(8)]
+    params[3] = SamplingParams(temperature=0.0)  # a greedy row in the batch changes nothing
+    params[5] = SamplingParams(temperature=1.3, top_k=20, repetition_penalty=1.2, presence_penalty=0.5, seed=77)
+    seeds, positions = [p.seed or 0 for p in params], [10 + 3 * i for i in range(8)]
+    prompts, outputs = [[i, i + 1] for i in range(8)], [[i * 7 % 1000] * (i % 3) for i in range(8)]
+    batched, _ = sample_batch(logits, tensors(params, seeds, positions, prompts, outputs, vocab=1000))
+    for i in range(8):
+        alone, _ = sample_batch(logits[i:i + 1], tensors(params[i:i + 1], seeds[i:i + 1], positions[i:i + 1],
+                                                         prompts[i:i + 1], outputs[i:i + 1], vocab=1000))
+        assert alone.item() == batched[i].item()
+    # the draw depends on the position: the same seed at other positions gives other tokens
+    many = tensors([params[0]] * 64, [0] * 64, list(range(64)), vocab=1000)
+    assert len(set(sample_batch(logits[:1].expand(64, -1), many)[0].tolist())) > 10
+
+
+def test_greedy_rows_take_the_argmax():
+    logits = torch.randn(4, 50)
+    t = tensors([SamplingParams(temperature=0.0)] * 2 + [SamplingParams(temperature=1.0)] * 2, vocab=50)
+    ids, lp = sample_batch(logits, t)
+    assert torch.equal(ids[:2], logits[:2].argmax(-1)) and lp is None
+
+
+def test_penalties_by_hand():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0]] * 3)
+    params = [SamplingParams(temperature=0.0, repetition_penalty=2.0),  # 3.0 -> 1.5 (seen in the output)
+              SamplingParams(temperature=0.0, presence_penalty=2.0),  # 3.0 -> 1.0 (once or more)
+              SamplingParams(temperature=0.0, frequency_penalty=0.6)]  # 3.0 -> 1.2 (three times)
+    t = tensors(params, prompts=[[0]] * 3, outputs=[[3], [3], [3, 3, 3]])
+    ids, _ = sample_batch(logits, t)
+    # row 0: 0 and 3 are seen: 2.0 -> 1.0, 3.0 -> 1.5: id 3 still wins; row 1: 3 -> 1.0, id 0 wins
+    assert ids.tolist() == [3, 0, 0]
+    # ids 0 and 3 both at 2.0, both seen: both 1.0 after the penalty, and argmax takes the first
+    t = tensors(params[:1], prompts=[[0, 3]], outputs=[[3, 3]])
+    assert sample_batch(logits[:1] + torch.tensor([0, 0, 0, -1.0, 0]), t)[0].item() == 0
+
+
+def test_logprobs_chosen_and_top_n():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0, -1.0], [0.0, 0.0, 5.0, 0.0, 0.0]])
+    t = tensors([SamplingParams(temperature=0.0, logprobs=2), SamplingParams(temperature=0.0, logprobs=0)])
+    ids, lp = sample_batch(logits, t)
+    want = logits.log_softmax(-1)
+    assert ids.tolist() == [1, 2]
+    torch.testing.assert_close(lp.chosen, want[[0, 1], [1, 2]])
+    assert lp.top_ids[0].tolist() == [1, 2]
+    torch.testing.assert_close(lp.top[0], want[0, [1, 2]])
