@@ -102,10 +102,11 @@ template <typename T, int kOffset, bool kWide>
 __device__ __forceinline__ uint2 int_pairs(uint32_t q) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
   if constexpr (!kHalf && kWide) {
-    auto f = [&](int i) {
-      return __float_as_uint(__int_as_float(__byte_perm(q, 0x4B000000u, 0x7440 + i)) - (8388608.f + kOffset));
-    };
-    return make_uint2(__byte_perm(f(0), f(2), 0x7632), __byte_perm(f(1), f(3), 0x7632));
+    uint32_t f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      f[i] = __float_as_uint(__int_as_float(__byte_perm(q, 0x4B000000u, 0x7440 + i)) - (8388608.f + kOffset));
+    return make_uint2(__byte_perm(f[0], f[2], 0x7632), __byte_perm(f[1], f[3], 0x7632));
   } else {
     constexpr uint32_t kMagic = (kHalf ? 0x6400u : 0x4300u) * 0x10001u, kBase = kMagic | (kOffset * 0x10001u);
     uint32_t p[2] = {(q & 0x00FF00FFu) | kMagic, ((q >> 8) & 0x00FF00FFu) | kMagic}, base = kBase;
