@@ -45,6 +45,27 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
     return JSONResponse(body.model_dump(), status_code=status)
 
 
+class Guard:
+    """ASGI middleware: the API key on /v1, and a declared body size over the limit (413) before it is read.
+    Plain ASGI, not BaseHTTPMiddleware, which hides a client's disconnect from the route."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length", b"")
+            if self.api_key is not None and scope["path"].startswith("/v1") and not secrets.compare_digest(
+                    headers.get(b"authorization", b""), f"Bearer {self.api_key}".encode()):
+                return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)")(
+                    scope, receive, send)
+            if length.isdigit() and int(length) > self.max_body_bytes:
+                return await error_response(413, f"the body is {int(length)} bytes, over the limit of "
+                                                 f"{self.max_body_bytes}")(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="minfer", docs_url=None, redoc_url=None)
@@ -64,16 +85,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         logging.getLogger("minfer.serve").exception("request failed")
         return error_response(500, f"{type(e).__name__}: {e}")
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error_response(401, "missing or wrong API key (Authorization: Bearer KEY)")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            return error_response(413, f"the body is {length} bytes, over the limit of {max_body_bytes}")
-        return await call_next(request)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
 
     # ---- parsing ----
 
