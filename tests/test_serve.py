@@ -278,3 +278,19 @@ def test_metrics(server, client):
                  "minfer_inter_token_latency_seconds_bucket", "minfer_e2e_request_latency_seconds_bucket"]:
         assert f"\n{name}" in text, name
     assert "minfer_kv_pages_used 0.0" in text
+
+
+def test_bench_serve(server, tmp_path, capsys):
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps", "bench_serve.py")
+    spec = importlib.util.spec_from_file_location("bench_serve", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "serve.jsonl"
+    assert bench.main(["--base-url", server.url, "--api-key", KEY, "--num-requests", "4", "--input-len", "8:16",
+                       "--output-len", "4", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["completed"] == 4 and row["failed"] == 0 and row["output_tok_s"] > 0
+    assert all(row[f"{m}_p{q}_ms"] is not None for m in ("ttft", "tpot", "itl") for q in (50, 90, 99))
+    assert "4/4 requests (0 failed)" in capsys.readouterr().out
+    assert_idle(server.core)

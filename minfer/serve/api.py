@@ -238,7 +238,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "minfer", "max_model_len": core.max_context}]}
+                                            "owned_by": "minfer", "max_model_len": core.max_context,
+                                            "vocab_size": core.cfg.vocab_size}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
