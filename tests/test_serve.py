@@ -248,6 +248,7 @@ def test_disconnect_mid_stream_frees_pages(server, caplog):
         assert server.core.block_manager.num_free_pages < server.core.block_manager.num_pages
     assert_idle(server.core)
     assert any("finish abort" in m for m in caplog.messages)
+    assert 'minfer_requests_finished_total{finish_reason="abort"}' in httpx.get(server.url + "/metrics").text
 
 
 def test_disconnect_before_the_response_aborts(server, caplog):

@@ -133,14 +133,12 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         n = req.n * len(prompts)
         if max_waiting is not None and engine.num_waiting + n > max_waiting:
             raise APIError(429, f"the server is busy ({engine.num_waiting} requests waiting); try again later")
+        params = [params_for(req, max_tokens, logprobs, c) for c in range(req.n)]
         out: asyncio.Queue = asyncio.Queue()
-        rids = []
-        try:
-            for p, ids in enumerate(prompts):
-                for c in range(req.n):
-                    i = p * req.n + c
-                    rids.append(f"{rid}-{i}")
-                    await engine.add(rids[-1], ids, params_for(req, max_tokens, logprobs, c), out, i)
+        rids = [f"{rid}-{i}" for i in range(n)]
+        try:  # all at once, so that the choices start in the same step
+            await asyncio.gather(*(engine.add(rids[p * req.n + c], ids, params[c], out, p * req.n + c)
+                                   for p, ids in enumerate(prompts) for c in range(req.n)))
         except BaseException as e:
             for r in rids:
                 engine.abort(r)

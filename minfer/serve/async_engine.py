@@ -56,7 +56,8 @@ class AsyncEngine:
         self.core = core
         self.metrics = Metrics(self)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending = 0  # adds not applied yet: they count as waiting
+        # adds not applied yet count as waiting: submitted - applied, each written by one thread only
+        self._submitted = self._applied = 0
         self._streams: dict[str, _Stream] = {}  # owned by the thread
         self._wake = threading.Event()
         self._stopped = False
@@ -67,7 +68,7 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.core.scheduler.waiting) + self._pending
+        return len(self.core.scheduler.waiting) + self._submitted - self._applied
 
     @property
     def num_running(self) -> int:
@@ -81,7 +82,7 @@ class AsyncEngine:
         """Queues the request; returns once the core took it, or raises its MinferError (a bad prompt)."""
         done = concurrent.futures.Future()
         stream = _Stream(asyncio.get_running_loop(), out, index, len(prompt_ids))
-        self._pending += 1
+        self._submitted += 1
         self._commands.put(("add", request_id, prompt_ids, params, stream, done))
         self._wake.set()
         await asyncio.wrap_future(done)
@@ -126,7 +127,7 @@ class AsyncEngine:
                 self._abort(cmd[1])
                 continue
             _, rid, ids, params, stream, done = cmd
-            self._pending -= 1
+            self._applied += 1
             if not done.set_running_or_notify_cancel():  # the client left before it was added
                 continue
             try:
@@ -143,7 +144,9 @@ class AsyncEngine:
         stream = self._streams.pop(rid, None)
         if stream is None:
             return
-        self._log(rid, stream, "abort" if error is None else "error")
+        reason = "abort" if error is None else "error"
+        self.metrics.finished.labels(reason).inc()
+        self._log(rid, stream, reason)
         if error is not None:
             stream.put(error)
 
