@@ -254,7 +254,7 @@ def test_disconnect_mid_stream_frees_pages(server, caplog):
 def test_disconnect_before_the_response_aborts(server, caplog):
     caplog.set_level(logging.INFO, logger="minfer.serve")
     with pytest.raises(httpx.ReadTimeout):
-        server.http.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 80, "ignore_eos": True},
+        server.http.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 200, "ignore_eos": True},
                          timeout=0.5)
     assert_idle(server.core)
     assert any("finish abort" in m for m in caplog.messages)

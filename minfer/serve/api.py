@@ -173,7 +173,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             return per_choice
 
         task = asyncio.ensure_future(run())
-        while not (await asyncio.wait({task}, timeout=1.0))[0]:
+        while not (await asyncio.wait({task}, timeout=0.25))[0]:
             if await request.is_disconnected():
                 task.cancel()
                 break

@@ -108,14 +108,13 @@ class AsyncEngine:
                 continue
             try:
                 outs = self.core.step()
+                now = time.perf_counter()
+                for o in outs:
+                    self._deliver(o, now)
             except Exception as e:  # a bug, not a bad request: fail what was running, keep serving
                 log.exception("engine step failed; aborting its requests")
                 for rid in list(self._streams):
                     self._abort(rid, e)
-                continue
-            now = time.perf_counter()
-            for o in outs:
-                self._deliver(o, now)
 
     def _apply_commands(self) -> None:
         while True:
