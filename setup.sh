@@ -30,7 +30,9 @@ fi
 # Python dependencies: install only what is missing, so a second run needs no network.
 declare -A PKG=([numpy]=numpy [safetensors]=safetensors [tokenizers]=tokenizers [huggingface_hub]=huggingface_hub
                 [gguf]=gguf [jinja2]=jinja2 [tqdm]=tqdm [ninja]=ninja [setuptools]=setuptools [wheel]=wheel
-                [pytest]=pytest [transformers]=transformers [accelerate]=accelerate)
+                [pytest]=pytest [transformers]=transformers [accelerate]=accelerate
+                [fastapi]=fastapi [uvicorn]=uvicorn [prometheus_client]=prometheus_client [httpx]=httpx
+                [openai]=openai)
 missing=()
 for mod in "${!PKG[@]}"; do "$PY" -c "import $mod" 2>/dev/null || missing+=("${PKG[$mod]}"); done
 if ((${#missing[@]})); then

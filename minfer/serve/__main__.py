@@ -1,0 +1,85 @@
+"""python -m minfer.serve [CHECKPOINT] -- an OpenAI-compatible HTTP server (vLLM's flag names).
+
+    python -m minfer.serve --port 8000
+    curl localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "Hello", "max_tokens": 8}'
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+from ..errors import MinferError, run_cli
+from ..generate import DTYPES
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m minfer.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", nargs="?",
+                   help="HF folder, HF hub id or .gguf file (default: SmolLM2-135M-Instruct Q4_1, from setup.sh)")
+    p.add_argument("--model", help="the CHECKPOINT, given as an option")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="default: %(default)s")
+    p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
+                   help="clients must send 'Authorization: Bearer KEY' on /v1 (default: $MINFER_API_KEY, else none)")
+    p.add_argument("--served-model-name", help="the model's name in the API (default: the checkpoint's file name)")
+    p.add_argument("--max-waiting", type=int,
+                   help="requests waiting for admission, at most; more get 429 (default: no limit)")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="request body limit; more gets 413")
+    p.add_argument("--dtype", choices=DTYPES, help="default: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
+    p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto", help="default: %(default)s")
+    p.add_argument("--max-context", "--max-model-len", type=int, help="positions per sequence (default: the model's)")
+    p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="tokens in a step, at most (default: %(default)s)")
+    p.add_argument("--num-pages", type=int, help="KV cache pages (default: from --gpu-memory-utilization)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens a page (default: %(default)s)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="default: %(default)s")
+    p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    if args.model and args.checkpoint:
+        p.error("give the checkpoint once: as CHECKPOINT or as --model")
+    args.checkpoint = args.checkpoint or args.model
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.max_waiting is not None and args.max_waiting < 0:
+        raise MinferError("--max-waiting must be >= 0")
+    import uvicorn
+
+    from .. import loader
+    from ..engine.core import EngineCore
+    from .api import build_app
+    from .async_engine import AsyncEngine
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    core = EngineCore(args.checkpoint, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
+                      backend=args.backend, max_context=args.max_context, dequantize=args.dequantize,
+                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                      num_pages=args.num_pages, page_size=args.block_size,
+                      gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching)
+    core.warmup()
+    name = args.served_model_name or os.path.basename(os.path.normpath(args.checkpoint or loader.DEFAULT_MODEL_FILE))
+    engine = AsyncEngine(core)
+    logging.getLogger("minfer.serve").info(
+        "serving %s on http://%s:%d (%s, %s, %d KV pages of %d tokens, context %d)", name, args.host, args.port,
+        core.device, core.ops.name, core.block_manager.num_pages, args.block_size, core.max_context)
+    app = build_app(engine, name, api_key=args.api_key, max_waiting=args.max_waiting,
+                    max_body_bytes=args.max_body_bytes)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

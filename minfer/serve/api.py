@@ -1,0 +1,318 @@
+"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+
+A request is parsed and checked here (body size, JSON, fields), tokenized off the event loop, and handed to
+the engine thread as one engine request per choice (n choices of each prompt). Every error leaves in OpenAI's
+shape {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+import time
+
+import jinja2
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import MinferError
+from ..sampling import SamplingParams
+from .async_engine import AsyncEngine, Delta
+from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                       ChatCompletionResponse, ChatDelta, ChatMessage, CompletionChoice, CompletionRequest,
+                       CompletionResponse, ErrorInfo, ErrorResponse, Usage, new_id)
+
+MAX_BODY_BYTES = 4 << 20  # a body over this is a 413 before it is parsed
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               500: "internal_server_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=ERROR_TYPES.get(status, "invalid_request_error"),
+                                         param=param, code=status))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+class Guard:
+    """ASGI middleware: the API key on /v1, and a declared body size over the limit (413) before it is read.
+    Plain ASGI, not BaseHTTPMiddleware, which hides a client's disconnect from the route."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length", b"")
+            if self.api_key is not None and scope["path"].startswith("/v1") and not secrets.compare_digest(
+                    headers.get(b"authorization", b""), f"Bearer {self.api_key}".encode()):
+                return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)")(
+                    scope, receive, send)
+            if length.isdigit() and int(length) > self.max_body_bytes:
+                return await error_response(413, f"the body is {int(length)} bytes, over the limit of "
+                                                 f"{self.max_body_bytes}")(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
+              max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    app = FastAPI(title="minfer", docs_url=None, redoc_url=None)
+    core, tokenizer = engine.core, engine.core.tokenizer
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, e: APIError):
+        return error_response(e.status, e.message, e.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, e: StarletteHTTPException):  # unknown route (404), wrong method (405)
+        return error_response(e.status_code, f"{request.method} {request.url.path}: {e.detail}")
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request, e: Exception):  # a bug: the request fails, the server goes on
+        logging.getLogger("minfer.serve").exception("request failed")
+        return error_response(500, f"{type(e).__name__}: {e}")
+
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+
+    # ---- parsing ----
+
+    async def parse(request: Request, cls):
+        body = bytearray()
+        async for chunk in request.stream():  # a chunked body has no content-length: count as it comes
+            body += chunk
+            if len(body) > max_body_bytes:
+                raise APIError(413, f"the body is over the limit of {max_body_bytes} bytes")
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"invalid JSON: {e}") from None
+        try:
+            req = cls.model_validate(obj)
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = ".".join(str(p) for p in err["loc"]) or None
+            raise APIError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
+        if req.model is not None and req.model != model_name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}", "model")
+        return req
+
+    def need_tokenizer():
+        if tokenizer is None:
+            raise APIError(400, "this model has no tokenizer: give the prompt as token ids", "prompt")
+
+    def params_for(req, max_tokens: int | None, logprobs: int | None, choice: int) -> SamplingParams:
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        seed = None if req.seed is None else (req.seed + choice) % 2**63  # n choices of one seed differ
+        try:
+            return SamplingParams(temperature=req.temperature, top_k=max(req.top_k, 0), top_p=req.top_p,
+                                  min_p=req.min_p, repetition_penalty=req.repetition_penalty, seed=seed,
+                                  max_tokens=max_tokens or core.max_context, stop=stop, ignore_eos=req.ignore_eos,
+                                  presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                                  logprobs=logprobs)
+        except MinferError as e:
+            # the core names the CLI flag (--top-p); the API names the field (top_p)
+            raise APIError(400, re.sub(r"^--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(e))) from None
+
+    # ---- running ----
+
+    async def submit(rid: str, prompts: list[list[int]], req, max_tokens, logprobs):
+        """One engine request per (prompt, choice); returns their queue and ids."""
+        n = req.n * len(prompts)
+        if max_waiting is not None and engine.num_waiting + n > max_waiting:
+            raise APIError(429, f"the server is busy ({engine.num_waiting} requests waiting); try again later")
+        params = [params_for(req, max_tokens, logprobs, c) for c in range(req.n)]
+        out: asyncio.Queue = asyncio.Queue()
+        rids = [f"{rid}-{i}" for i in range(n)]
+        try:  # all at once, so that the choices start in the same step
+            await asyncio.gather(*(engine.add(rids[p * req.n + c], ids, params[c], out, p * req.n + c)
+                                   for p, ids in enumerate(prompts) for c in range(req.n)))
+        except BaseException as e:
+            for r in rids:
+                engine.abort(r)
+            if isinstance(e, MinferError):
+                raise APIError(400, str(e), "prompt" if "prompt" in str(e) else None) from None
+            raise
+        return out, rids
+
+    async def deltas(out: asyncio.Queue, rids: list[str]):
+        """The Deltas of all choices as they come, until every choice has finished; an exit before that
+        (a client gone, an error) aborts the unfinished ones."""
+        left = len(rids)
+        try:
+            while left:
+                item = await out.get()
+                if isinstance(item, Exception):
+                    raise item
+                left -= item.finished
+                yield item
+        finally:
+            if left:
+                for r in rids:
+                    engine.abort(r)
+
+    async def collect(request: Request, out, rids) -> dict[int, list[Delta]]:
+        """All deltas of a non-streamed request; a client that hangs up aborts it."""
+        per_choice: dict[int, list[Delta]] = {}
+
+        async def run():
+            async for d in deltas(out, rids):
+                per_choice.setdefault(d.index, []).append(d)
+            return per_choice
+
+        task = asyncio.ensure_future(run())
+        while not (await asyncio.wait({task}, timeout=0.25))[0]:
+            if await request.is_disconnected():
+                task.cancel()
+                break
+        return await task
+
+    def sse(events):
+        async def gen():
+            try:
+                async for e in events:
+                    yield f"data: {e.model_dump_json(exclude_none=True)}\n\n"
+            except Exception as e:  # the status is sent already: the error goes in the stream
+                logging.getLogger("minfer.serve").exception("streamed request failed")
+                body = ErrorResponse(error=ErrorInfo(message=f"{type(e).__name__}: {e}", type=ERROR_TYPES[500],
+                                                     code=500))
+                yield f"data: {body.model_dump_json()}\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    def usage(prompts, finals: list[Delta]) -> Usage:
+        p, c = sum(map(len, prompts)), sum(d.completion_tokens for d in finals)
+        return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+    # ---- logprobs in the two shapes ----
+
+    def piece(token_id: int) -> str:
+        return tokenizer.decode([token_id]) if tokenizer else str(token_id)
+
+    def chat_logprobs(entries: list[dict] | None) -> dict | None:
+        if entries is None:
+            return None
+        def one(tid, lp):
+            s = piece(tid)
+            return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+        return {"content": [{**one(e["token_id"], e["logprob"]), "top_logprobs": [one(t, lp) for t, lp in e["top"]]}
+                            for e in entries]}
+
+    def completion_logprobs(entries: list[dict] | None, offset: int = 0) -> dict | None:
+        if entries is None:
+            return None
+        tokens = [piece(e["token_id"]) for e in entries]
+        offsets = []
+        for s in tokens:
+            offsets.append(offset)
+            offset += len(s)
+        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{piece(t): lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
+
+    # ---- routes ----
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_alive():
+            return error_response(503, "the engine loop has stopped")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "minfer", "max_model_len": core.max_context,
+                                            "vocab_size": core.cfg.vocab_size}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        req = await parse(request, ChatCompletionRequest)
+        need_tokenizer()
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
+        except (MinferError, jinja2.TemplateError) as e:
+            raise APIError(400, f"messages: {e}", "messages") from None
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        rid = new_id("chatcmpl")
+        out, rids = await submit(rid, [ids], req, req.max_completion_tokens or req.max_tokens, logprobs)
+        if req.stream:
+            return sse(chat_chunks(rid, req, ids, out, rids))
+        per_choice = await collect(request, out, rids)
+        choices = [ChatChoice(index=i, message=ChatMessage(content="".join(d.text for d in ds)),
+                              logprobs=chat_logprobs([e for d in ds for e in d.logprobs] if req.logprobs else None),
+                              finish_reason=ds[-1].finish_reason) for i, ds in sorted(per_choice.items())]
+        return ChatCompletionResponse(id=rid, model=model_name, choices=choices,
+                                      usage=usage([ids], [ds[-1] for ds in per_choice.values()]))
+
+    async def chat_chunks(rid, req, ids, out, rids):
+        created_at = int(time.time())
+        def chunk(choices, usage_=None):
+            return ChatCompletionChunk(id=rid, created=created_at, model=model_name, choices=choices, usage=usage_)
+        yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")) for i in range(req.n)])
+        finals = []
+        async for d in deltas(out, rids):
+            if d.text or d.finished or (req.logprobs and d.logprobs):
+                yield chunk([ChatChunkChoice(index=d.index, delta=ChatDelta(content=d.text),
+                                             logprobs=chat_logprobs(d.logprobs) if req.logprobs else None,
+                                             finish_reason=d.finish_reason)])
+            if d.finished:
+                finals.append(d)
+        if req.stream_options and req.stream_options.include_usage:
+            yield chunk([], usage([ids], finals))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = await parse(request, CompletionRequest)
+        prompt = req.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
+            need_tokenizer()
+            texts = [prompt] if isinstance(prompt, str) else prompt
+            prompts = await asyncio.to_thread(lambda: [tokenizer.encode(t) for t in texts])
+        else:
+            prompts = [prompt] if prompt and isinstance(prompt[0], int) else prompt
+        if not prompts:
+            raise APIError(400, "prompt: no prompt given", "prompt")
+        rid = new_id("cmpl")
+        out, rids = await submit(rid, prompts, req, req.max_tokens or 16, req.logprobs)
+        if req.stream:
+            return sse(completion_chunks(rid, req, prompts, out, rids))
+        per_choice = await collect(request, out, rids)
+        choices = [CompletionChoice(index=i, text="".join(d.text for d in ds),
+                                    logprobs=completion_logprobs([e for d in ds for e in d.logprobs]
+                                                                 if req.logprobs is not None else None),
+                                    finish_reason=ds[-1].finish_reason) for i, ds in sorted(per_choice.items())]
+        return CompletionResponse(id=rid, model=model_name, choices=choices,
+                                  usage=usage(prompts, [ds[-1] for ds in per_choice.values()]))
+
+    async def completion_chunks(rid, req, prompts, out, rids):
+        created_at = int(time.time())
+        finals, offsets = [], {}
+        async for d in deltas(out, rids):
+            if d.text or d.finished or (req.logprobs is not None and d.logprobs):
+                lp = completion_logprobs(d.logprobs, offsets.get(d.index, 0)) if req.logprobs is not None else None
+                offsets[d.index] = offsets.get(d.index, 0) + len(d.text)
+                yield CompletionResponse(id=rid, created=created_at, model=model_name, choices=[
+                    CompletionChoice(index=d.index, text=d.text, logprobs=lp, finish_reason=d.finish_reason)])
+            if d.finished:
+                finals.append(d)
+        if req.stream_options and req.stream_options.include_usage:
+            yield CompletionResponse(id=rid, created=created_at, model=model_name, choices=[],
+                                     usage=usage(prompts, finals))
+
+    return app

@@ -1,0 +1,297 @@
+"""The OpenAI-compatible server (python -m minfer.serve's app) over real HTTP, on the default model (fp32,
+CPU, ref backend), driven by the official openai client where it can be: chat and completions, streamed and
+not, n > 1, seeds, stop strings, logprobs; greedy outputs equal LLM.generate's, alone or concurrent; every
+error case has its status and OpenAI's error body; the API key; a client that hangs up mid-stream frees its
+pages; the loop survives a failing step; /metrics has its series."""
+import concurrent.futures
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minfer import loader
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+
+from minfer.engine.core import EngineCore  # noqa: E402
+from minfer.llm import LLM  # noqa: E402
+from minfer.sampling import SamplingParams  # noqa: E402
+from minfer.serve.api import build_app  # noqa: E402
+from minfer.serve.async_engine import AsyncEngine  # noqa: E402
+
+MODEL_PATH = os.path.join(loader.cache_dir(), loader.DEFAULT_MODEL_FILE)
+pytestmark = pytest.mark.skipif(not os.path.exists(MODEL_PATH), reason=f"default model not at {MODEL_PATH}")
+
+CONTEXT, PAGE, KEY, NAME = 96, 4, "sk-test", "minfer-test"
+ENGINE = dict(max_num_batched_tokens=64, num_pages=256)
+PROMPTS = ["The capital of France is", "Water boils at", "def fibonacci(n):", "List of prime numbers: 2, 3, 5, 7,"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(app):
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.01)
+    return srv, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def server():
+    core = EngineCore(None, dtype=torch.float32, device="cpu", backend="ref", max_context=CONTEXT, page_size=PAGE,
+                      **ENGINE)
+    engine = AsyncEngine(core)
+    srv, thread, url = start(build_app(engine, NAME, api_key=KEY))
+    yield SimpleNamespace(url=url, engine=engine, core=core,
+                          http=httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60))
+    srv.should_exit = True
+    thread.join()
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def solo():
+    """Each prompt alone through LLM.generate (greedy, 8 tokens): the oracle."""
+    llm = LLM(None, dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, block_size=PAGE,
+              enable_prefix_caching=False, **ENGINE)
+    return [llm.generate(p, SamplingParams(temperature=0.0, max_tokens=8))[0].text for p in PROMPTS]
+
+
+def assert_idle(core, timeout=10.0):
+    """Soon nothing runs and every page is free (cached pages count as free)."""
+    bm = core.block_manager
+    deadline = time.time() + timeout
+    while (core.seqs or bm.num_free_pages != bm.num_pages) and time.time() < deadline:
+        time.sleep(0.02)
+    assert not core.seqs and bm.num_free_pages == bm.num_pages and not any(bm.ref_count)
+
+
+def test_health_models(server, client):
+    assert server.http.get("/health").json() == {"status": "ok"}
+    assert [m.id for m in client.models.list().data] == [NAME]
+
+
+def test_completion_greedy_equals_llm(server, client, solo):
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0)
+    assert out.choices[0].text == solo[0] and out.choices[0].finish_reason == "length"
+    n_prompt = len(server.core.tokenizer.encode(PROMPTS[0]))
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (n_prompt, 8, n_prompt + 8)
+    # a list of prompts, and the same prompt as token ids
+    out = client.completions.create(model=NAME, prompt=PROMPTS, max_tokens=8, temperature=0)
+    assert [c.text for c in out.choices] == solo
+    ids = [server.core.tokenizer.encode(p) for p in PROMPTS[:2]]
+    assert client.completions.create(model=NAME, prompt=ids[0], max_tokens=8, temperature=0).choices[0].text == solo[0]
+    assert [c.text for c in client.completions.create(model=NAME, prompt=ids, max_tokens=8,
+                                                       temperature=0).choices] == solo[:2]
+    assert_idle(server.core)
+
+
+def test_concurrent_streams_equal_solo(server, client, solo):
+    def stream(p):
+        chunks = client.completions.create(model=NAME, prompt=p, max_tokens=8, temperature=0, stream=True)
+        return "".join(c.choices[0].text for c in chunks if c.choices)
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) * 2) as pool:
+        assert list(pool.map(stream, PROMPTS * 2)) == solo * 2
+    assert_idle(server.core)
+
+
+def test_chat_streamed_equals_not_streamed(server, client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+    full = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
+    text = full.choices[0].message.content
+    assert full.choices[0].message.role == "assistant" and text
+    n_prompt = len(server.core.tokenizer.encode_chat(messages))
+    assert full.usage.prompt_tokens == n_prompt and full.usage.total_tokens == n_prompt + full.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == full.usage.model_dump() | {
+        "completion_tokens_details": None, "prompt_tokens_details": None}
+
+
+def test_raw_sse_ends_with_done(server):
+    with server.http.stream("POST", "/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    assert all("choices" in json.loads(line[6:]) for line in lines[:-1])
+
+
+def test_n_and_seed(server, client):
+    kw = dict(model=NAME, prompt="Once upon a time", max_tokens=8, temperature=1.0, n=3, seed=7)
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    texts = [c.text for c in a.choices]
+    assert [c.index for c in a.choices] == [0, 1, 2] and texts == [c.text for c in b.choices]
+    assert len(set(texts)) > 1  # the choices of one seed differ
+    assert a.usage.completion_tokens == 24
+    chat = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          n=2, seed=1, temperature=1.0, extra_body={"top_k": 50, "min_p": 0.01,
+                                                                                    "repetition_penalty": 1.1})
+    assert len(chat.choices) == 2
+    assert_idle(server.core)
+
+
+def test_stop_strings(server, client, solo):
+    cut = solo[0].index(".")
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0, stop=["."])
+    assert out.choices[0].text == solo[0][:cut] and out.choices[0].finish_reason == "stop"
+    chunks = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0, stop=".",
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in chunks) == solo[0][:cut]
+
+
+def test_logprobs(server, client):
+    out = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                         temperature=0, logprobs=True, top_logprobs=2)
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    for e in content:
+        assert len(e.top_logprobs) == 2 and e.logprob <= 0
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-4)  # greedy: the chosen is the top
+    assert "".join(e.token for e in content) == out.choices[0].message.content
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=3)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
+    assert all(len(t) == 3 for t in lp.top_logprobs) and "".join(lp.tokens) == out.choices[0].text
+
+
+def assert_error(r, status, param=None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["code"] == status
+    if param is not None:
+        assert err["param"] == param
+
+
+@pytest.mark.parametrize("body,param", [
+    ('{"prompt": "x", ', None),  # invalid JSON
+    ('[1, 2]', None),  # not an object
+    ('{"prompt": "x", "max_tokens": -1}', "max_tokens"),
+    ('{"prompt": "x", "max_tokens": "many"}', "max_tokens"),
+    ('{"prompt": "x", "temperature": NaN}', "temperature"),
+    ('{"prompt": "x", "temperature": Infinity}', "temperature"),
+    ('{"prompt": "x", "top_p": 0}', "top_p"),
+    ('{"prompt": "x", "n": 0}', "n"),
+    ('{"prompt": "x", "bogus": 1}', "bogus"),
+    ('{"prompt": "x", "stop": [""]}', None),
+    ('{"max_tokens": 3}', "prompt"),
+    ('{"prompt": []}', "prompt"),
+    ('{"prompt": [1, 99999999]}', "prompt"),  # outside the vocabulary
+    ('{"prompt": [-1]}', "prompt"),
+    ('{"prompt": "' + "word " * 200 + '"}', "prompt"),  # over the context
+])
+def test_bad_completion_requests(server, body, param):
+    assert_error(server.http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"}),
+                 400, param)
+
+
+def test_bad_chat_requests(server):
+    for body, param in [({"messages": []}, "messages"), ({"messages": [{"role": "robot", "content": "x"}]}, None),
+                        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 99}, "top_logprobs")]:
+        assert_error(server.http.post("/v1/chat/completions", json=body), 400, param)
+
+
+def test_not_found_and_too_large(server):
+    assert_error(server.http.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}), 404, "model")
+    assert_error(server.http.get("/v1/nothing"), 404)
+    assert_error(server.http.post("/v1/completions", content=b"x" * (5 << 20)), 413)
+    assert server.http.get("/health").status_code == 200
+
+
+def test_api_key(server):
+    assert_error(httpx.post(server.url + "/v1/completions", json={"prompt": "x"}), 401)
+    assert_error(httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(server.url + "/health").status_code == 200  # health and metrics need no key
+
+
+def test_full_queue_is_429(server):
+    srv, thread, url = start(build_app(server.engine, NAME, max_waiting=0))
+    try:
+        assert_error(httpx.post(url + "/v1/completions", json={"prompt": "x"}), 429)
+    finally:
+        srv.should_exit = True
+        thread.join()
+
+
+def test_disconnect_mid_stream_frees_pages(server, caplog):
+    caplog.set_level(logging.INFO, logger="minfer.serve")
+    body = {"prompt": PROMPTS[1], "max_tokens": 80, "ignore_eos": True, "stream": True}
+    with server.http.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: {"):
+            pass
+        assert server.core.block_manager.num_free_pages < server.core.block_manager.num_pages
+    assert_idle(server.core)
+    assert any("finish abort" in m for m in caplog.messages)
+    assert 'minfer_requests_finished_total{finish_reason="abort"}' in httpx.get(server.url + "/metrics").text
+
+
+def test_disconnect_before_the_response_aborts(server, caplog):
+    caplog.set_level(logging.INFO, logger="minfer.serve")
+    with pytest.raises(httpx.ReadTimeout):
+        server.http.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 200, "ignore_eos": True},
+                         timeout=0.5)
+    assert_idle(server.core)
+    assert any("finish abort" in m for m in caplog.messages)
+
+
+def test_failing_step_fails_its_requests_only(server, client, solo, monkeypatch):
+    def boom():
+        monkeypatch.undo()  # fail once
+        raise RuntimeError("boom")
+    monkeypatch.setattr(server.core, "step", boom)
+    assert_error(server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}), 500)
+    assert_idle(server.core)
+    assert client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0).choices[0].text == solo[0]
+
+
+def test_metrics(server, client):
+    client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=2)
+    text = httpx.get(server.url + "/metrics").text
+    for name in ["minfer_num_requests_running", "minfer_num_requests_waiting", "minfer_kv_pages_used",
+                 "minfer_kv_pages_free", "minfer_prefix_cache_hit_rate", "minfer_prompt_tokens_total",
+                 "minfer_generation_tokens_total", "minfer_time_to_first_token_seconds_bucket",
+                 "minfer_inter_token_latency_seconds_bucket", "minfer_e2e_request_latency_seconds_bucket"]:
+        assert f"\n{name}" in text, name
+    assert "minfer_kv_pages_used 0.0" in text
+
+
+def test_bench_serve(server, tmp_path, capsys):
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps", "bench_serve.py")
+    spec = importlib.util.spec_from_file_location("bench_serve", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "serve.jsonl"
+    assert bench.main(["--base-url", server.url, "--api-key", KEY, "--num-requests", "4", "--input-len", "8:16",
+                       "--output-len", "4", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["completed"] == 4 and row["failed"] == 0 and row["output_tok_s"] > 0
+    assert all(row[f"{m}_p{q}_ms"] is not None for m in ("ttft", "tpot", "itl") for q in (50, 90, 99))
+    assert "4/4 requests (0 failed)" in capsys.readouterr().out
+    assert_idle(server.core)
