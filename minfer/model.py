@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .config import ModelConfig
+from .config import FULL, ModelConfig
 from .errors import MinferError
 from .kv_cache import AttentionMetadata, KVCache, PagedKVCache
 from .ops import Backend
@@ -98,9 +98,11 @@ class Transformer:
                 layer["mlp_out_norm"] = w[p + "post_feedforward_layernorm.weight"]
             self.layers.append(layer)
         self.cos_sin = rope_cos_sin(cfg, max_positions, self.embed.device)
-        self.cos_sin_local = self.cos_sin if cfg.rope_local_theta is None else \
+        local = self.cos_sin if cfg.rope_local_theta is None else \
             rope_cos_sin(cfg, max_positions, self.embed.device, local=True)
         self.windows = [cfg.window(i) for i in range(cfg.num_layers)]  # None: the layer sees the whole context
+        types = cfg.layer_types or [FULL] * cfg.num_layers
+        self.rope_tables = [self.cos_sin if t == FULL else local for t in types]  # one per layer
         self.scale = cfg.attention_scale
         self.act = ops.gelu_tanh_and_mul if cfg.hidden_act == "gelu_tanh" else ops.silu_and_mul
         if cfg.hidden_act == "gelu_tanh":
@@ -189,7 +191,7 @@ class Transformer:
             if cfg.qk_norm:  # per-head RMSNorm, the same kernel over [tokens * heads, hd]
                 q = ops.rms_norm(q.reshape(-1, hd), layer["q_norm"], cfg.rms_norm_eps).view(-1, heads, hd)
                 k = ops.rms_norm(k.reshape(-1, hd), layer["k_norm"], cfg.rms_norm_eps).view(-1, kv_heads, hd)
-            ops.rope(q, k, positions, self.cos_sin if self.windows[i] is None else self.cos_sin_local, True)
+            ops.rope(q, k, positions, self.rope_tables[i], True)
             x = ops.linear(attend(i, q, k, v), layer["o"], static_weight=True)  # [tokens, hidden]
             if cfg.sandwich_norm:
                 x = ops.rms_norm(x, layer["attn_out_norm"], cfg.rms_norm_eps)
