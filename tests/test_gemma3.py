@@ -140,23 +140,44 @@ def test_gguf_layer_pattern():
     assert cfg.layer_types == [SLIDING, FULL] * 4 and cfg.rope_local_theta == 5e3
 
 
-GGUF_PATH = os.path.join(loader.cache_dir(), "gemma-3-270m-q4_k_m.gguf")
+GGUF_PATH = os.environ.get("MINFER_GEMMA3_GGUF", os.path.join(loader.cache_dir(), "gemma-3-270m-q4_k_m.gguf"))
 
 
 @pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH}")
 def test_real_gguf_greedy_matches_transformers():
-    """The first 16 greedy tokens of a prompt equal transformers' on the same file, fp32 (both dequantize it)."""
+    """The first 16 greedy tokens of a prompt equal transformers' on the same file, fp32 (both dequantize
+    it); about a minute, most of it transformers reading the file. The tokenizer is held to transformers'
+    in test_sentencepiece.py; here the prompt's ids are the ones transformers' GGUF tokenizer gives."""
     pytest.importorskip("accelerate")
     from minfer.engine import Engine
     from minfer.sampling import SamplingParams
 
     engine = Engine(GGUF_PATH, dtype=torch.float32, device="cpu", backend="ref", max_context=64)
     ids = engine.encode("The capital of France is", chat=False)
-    folder, name = os.path.split(GGUF_PATH)
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    assert ids == tok("The capital of France is").input_ids
+    assert ids == [2, 818, 5279, 529, 7001, 563]
+    assert engine.tokenizer.tok.token_to_id("<end_of_turn>") in engine.tokenizer.stop_ids
+    # the file has no chat template: Gemma's own is used
+    assert engine.tokenizer.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "Hi"}]) == \
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
     outs, _ = engine.generate([ids], SamplingParams(temperature=0.0), max_new_tokens=16, ignore_eos=True)
+    assert "France" in outs[0].text
+    folder, name = os.path.split(GGUF_PATH)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, len(ids):]
     assert outs[0].token_ids == ref.tolist()
+
+
+def test_cuda_backend_lists_what_gemma_runs_on_ref(capsys):
+    """On a backend whose kernels lack an op the model needs, the op runs on ref and is named (checked on a
+    stand-in backend, as the cuda one needs a GPU)."""
+    from minfer.ops import Backend, reference
+    ops = Backend("cuda", {"attention": None, "gelu_tanh_and_mul": reference.gelu_tanh_and_mul}, [],
+                  ("gelu_tanh_and_mul",))
+    assert ops.fallbacks == []  # a Llama never lists GeGLU
+    ops.need("gelu_tanh_and_mul")
+    ops.route_to_reference("attention", "no kernel for head_dim 256 yet")
+    ops.route_to_reference("attention", "said once")
+    assert ops.fallbacks == ["gelu_tanh_and_mul", "attention"] and ops.attention is reference.attention
+    assert capsys.readouterr().err == "minfer: attention runs on the reference backend: no kernel for head_dim 256 yet\n"
