@@ -1,4 +1,4 @@
-"""Model configuration: one dataclass for every supported Llama-family architecture."""
+"""Model configuration: one dataclass for every supported architecture (Llama family, Gemma 3)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,16 +11,18 @@ ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 # config.json's `model_type`, for configs without `architectures`.
-MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types entries
 # Sizes that must be positive integers (checked before any is divided by).
 _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 @dataclass
 class ModelConfig:
-    arch: str  # llama | mistral | qwen2 | qwen3
+    arch: str  # llama | mistral | qwen2 | qwen3 | gemma3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -33,16 +35,34 @@ class ModelConfig:
     rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear", ...}
     partial_rotary_factor: float = 1.0
     max_position_embeddings: int = 4096
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # keys a windowed layer sees: the query's own and the window - 1 before it
+    layer_types: list[str] | None = None  # per layer SLIDING (windowed) or FULL; None: all FULL
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
-    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3, Gemma 3)
+    # Gemma 3. Its RMSNorm weights are stored as the multiplier itself (1 + w of HF's checkpoints, as GGUF has it).
+    embed_scale: float | None = None  # the embedding rows are multiplied by this (sqrt(hidden))
+    hidden_act: str = "silu"  # the gated MLP's activation: silu | gelu_tanh
+    sandwich_norm: bool = False  # RMSNorm on the attention and MLP outputs too, before each joins the residual
+    query_pre_attn_scalar: float | None = None  # attention scale = its -1/2 power (None: head_dim's)
+    rope_local_theta: float | None = None  # RoPE base of the SLIDING layers, unscaled (None: as the FULL ones)
+    final_logit_softcapping: float | None = None  # logits <- cap * tanh(logits / cap)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def window(self, layer: int) -> int | None:
+        """The attention window of a layer (None: it sees the whole context)."""
+        if self.sliding_window is None or self.layer_types is None or self.layer_types[layer] != SLIDING:
+            return None
+        return self.sliding_window
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
@@ -66,8 +86,13 @@ class ModelConfig:
             num_heads = hf["num_attention_heads"]
             hidden = hf["hidden_size"]
             eos = hf.get("eos_token_id")
+            window = hf.get("sliding_window") if hf.get("use_sliding_window", arch in ("mistral", "gemma3")) else None
+            gemma = arch == "gemma3"
             rope_scaling = hf.get("rope_scaling") or hf.get("rope_parameters")
             rope_theta = hf.get("rope_theta") or (rope_scaling or {}).get("rope_theta") or 10000.0
+            rope_local_theta = None
+            if arch == "gemma3":
+                rope_scaling, rope_theta, rope_local_theta = _gemma3_rope(hf)
             if rope_scaling is not None:
                 rope_scaling = dict(rope_scaling)
                 rope_scaling.setdefault("rope_type", rope_scaling.get("type", "default"))
@@ -87,10 +112,17 @@ class ModelConfig:
                 rope_scaling=rope_scaling,
                 partial_rotary_factor=hf.get("partial_rotary_factor", 1.0),
                 max_position_embeddings=hf.get("max_position_embeddings", 4096),
-                sliding_window=hf.get("sliding_window") if hf.get("use_sliding_window", arch == "mistral") else None,
+                sliding_window=window,
+                layer_types=_layer_types(hf, arch, window),
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 attention_bias=bool(hf.get("attention_bias", arch == "qwen2")),
-                qk_norm=arch == "qwen3",
+                qk_norm=arch in ("qwen3", "gemma3"),
+                embed_scale=hidden ** 0.5 if gemma else None,
+                hidden_act="gelu_tanh" if gemma else "silu",
+                sandwich_norm=gemma,
+                query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256) if gemma else None,
+                rope_local_theta=rope_local_theta,
+                final_logit_softcapping=hf.get("final_logit_softcapping"),
                 bos_token_id=hf.get("bos_token_id"),
                 eos_token_ids=[] if eos is None else (list(eos) if isinstance(eos, list) else [eos]),
             )
@@ -107,6 +139,43 @@ class ModelConfig:
                 raise MinferError(f"model config: {key} is {v!r}; it must be a positive integer")
         if self.num_heads % self.num_kv_heads:
             raise MinferError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.layer_types is not None and (len(self.layer_types) != self.num_layers
+                                             or not set(self.layer_types) <= {SLIDING, FULL}):
+            raise MinferError(f"layer_types must name {SLIDING!r} or {FULL!r} for each of the {self.num_layers} layers")
+        if self.sliding_window is not None and not (type(self.sliding_window) is int and self.sliding_window > 0):
+            raise MinferError(f"model config: sliding_window is {self.sliding_window!r}; it must be a positive integer")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise MinferError(f"unsupported activation {self.hidden_act!r}; supported: silu, gelu_tanh")
         kind = (self.rope_scaling or {}).get("rope_type")
         if kind not in (None, "linear", "llama3", "freq_factors"):  # freq_factors: GGUF's rope_freqs tensor
             raise MinferError(f"unsupported rope_scaling type {kind!r}; supported: linear, llama3")
+
+
+def _layer_types(hf: dict, arch: str, window: int | None) -> list[str] | None:
+    """SLIDING / FULL per layer: the config's own list, else Gemma 3's pattern (every n-th layer FULL, n =
+    sliding_window_pattern, 6 by default), else Qwen2's (layers from max_window_layers on are SLIDING), else
+    every layer SLIDING when there is a window (Mistral)."""
+    if window is None:
+        return None
+    n = hf["num_hidden_layers"]
+    if hf.get("layer_types"):
+        return list(hf["layer_types"])
+    if arch == "gemma3":
+        every = hf.get("sliding_window_pattern", 6)
+        return [FULL if (i + 1) % every == 0 else SLIDING for i in range(n)]
+    if arch == "qwen2":
+        first = hf.get("max_window_layers", n)
+        return [SLIDING if i >= first else FULL for i in range(n)]
+    return [SLIDING] * n
+
+
+def _gemma3_rope(hf: dict) -> tuple[dict | None, float, float]:
+    """(scaling of the FULL layers, their base, the SLIDING layers' base) from either config spelling:
+    rope_parameters keyed by layer type (transformers 5), or rope_theta / rope_local_base_freq / rope_scaling."""
+    params = hf.get("rope_parameters") or {}
+    if FULL in params or SLIDING in params:
+        full, local = params.get(FULL) or {}, params.get(SLIDING) or {}
+        return (full if full.get("rope_type", "default") != "default" else None,
+                float(full.get("rope_theta", 1_000_000.0)), float(local.get("rope_theta", 10_000.0)))
+    return (hf.get("rope_scaling"), float(hf.get("rope_theta") or 1_000_000.0),
+            float(hf.get("rope_local_base_freq") or 10_000.0))

@@ -1,4 +1,4 @@
-"""GGUF files (llama architecture): a small reader of the format, and the config, weights and tokenizer.
+"""GGUF files (llama and gemma3 architectures): a small reader of the format, and the config, weights and tokenizer.
 
 The header (metadata and tensor table) is parsed here with struct; tensor data stays memory-mapped. A
 tensor's raw bytes go to the target device as they are. Matrices in a format with kernels (quant.QUANTIZED)
@@ -36,7 +36,17 @@ TENSOR_NAMES = {
     "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
     "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
 }
+# Gemma's sandwich norms: ffn_norm is the norm before the MLP, which HF calls pre_feedforward_layernorm there.
+GEMMA_TENSOR_NAMES = {
+    **TENSOR_NAMES,
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.pre_feedforward_layernorm.weight",
+    "blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.post_feedforward_layernorm.weight",
+}
+ARCHS = ("llama", "gemma3")
 
 # Metadata value types: struct formats of the scalars (numpy dtypes for arrays of them), string, array.
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -136,12 +146,12 @@ def _field(reader: Reader, key: str, default=None):
 
 def read_config(reader) -> ModelConfig:
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise MinferError(f"unsupported GGUF architecture {arch!r}; supported: llama")
-    a = lambda k, d=None: _field(reader, f"llama.{k}", d)  # noqa: E731
+    if arch not in ARCHS:
+        raise MinferError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHS)}")
+    a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
     hidden, heads = a("embedding_length"), a("attention.head_count")
     if hidden is None or heads is None:
-        raise MinferError("GGUF file lacks llama.embedding_length / llama.attention.head_count")
+        raise MinferError(f"GGUF file lacks {arch}.embedding_length / {arch}.attention.head_count")
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     names = {t.name for t in reader.tensors}
     rope_scaling = None
@@ -152,8 +162,11 @@ def read_config(reader) -> ModelConfig:
         rope_scaling = {"rope_type": "freq_factors", "factors": tensor_to_torch(freqs).float().tolist()}
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     head_dim = a("attention.key_length") or hidden // heads
+    gemma = {}
+    if arch == "gemma3":
+        gemma = _gemma3_config(a, hidden, heads, head_dim)
     cfg = ModelConfig(
-        arch="llama",
+        arch=arch,
         vocab_size=a("vocab_size") or len(tokens),
         hidden_size=hidden,
         intermediate_size=a("feed_forward_length"),
@@ -169,9 +182,28 @@ def read_config(reader) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=[] if eos is None else [eos],
+        **gemma,
     )
     cfg.validate()
     return cfg
+
+
+def _gemma3_config(a, hidden: int, heads: int, head_dim: int) -> dict:
+    """The Gemma 3 fields llama.cpp derives rather than stores: every 6th layer global unless the file has
+    attention.sliding_window_pattern (a period, or a bool per layer: True = windowed); local RoPE base
+    10000 unless rope.freq_base_swa; query_pre_attn_scalar hidden / heads on the 62-layer 27B, else head_dim."""
+    from .config import FULL, SLIDING
+    layers = a("block_count")
+    pattern = a("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        types = [SLIDING if p else FULL for p in pattern]
+    else:
+        types = [SLIDING if i % pattern < pattern - 1 else FULL for i in range(layers)]
+    return dict(embed_scale=hidden ** 0.5, hidden_act="gelu_tanh", sandwich_norm=True, qk_norm=True,
+                sliding_window=a("attention.sliding_window"), layer_types=types,
+                rope_local_theta=float(a("rope.freq_base_swa", 10000.0)),
+                query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim,
+                final_logit_softcapping=a("final_logit_softcapping"))
 
 
 def _dequantize(kind: str, raw: torch.Tensor, n: int) -> torch.Tensor:
@@ -216,12 +248,13 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    names = GEMMA_TENSOR_NAMES if arch == "gemma3" else TENSOR_NAMES
     parts = gguf_name.split(".")
     if parts[0] == "blk":
         key = ".".join(["blk", "{i}", *parts[2:]])
-        return TENSOR_NAMES[key].format(i=parts[1]) if key in TENSOR_NAMES else None
-    return TENSOR_NAMES.get(gguf_name)
+        return names[key].format(i=parts[1]) if key in names else None
+    return names.get(gguf_name)
 
 
 # Matrices that linear and embedding take in their GGUF blocks (all but the norms and biases).
@@ -234,10 +267,11 @@ def read_weights(reader: Reader, cfg: ModelConfig, dtype: torch.dtype, device, p
     blocks (quant.QuantizedWeight); everything else is dequantized to `dtype`."""
     weights = {}
     for t in progress(reader.tensors):
-        name = hf_name(t.name)
+        name = hf_name(t.name, cfg.arch)
         if name is None:
             continue  # e.g. rope_freqs.weight, already folded into the config
-        heads = cfg.num_heads if name.endswith("q_proj.weight") else \
+        # llama.cpp stores Q/K rows in its interleaved RoPE order for llama only (Gemma runs NEOX RoPE there).
+        heads = None if cfg.arch != "llama" else cfg.num_heads if name.endswith("q_proj.weight") else \
             cfg.num_kv_heads if name.endswith("k_proj.weight") else None
         if keep_quantized and t.kind in quant.QUANTIZED and name.endswith(_MATRICES) and len(t.shape) == 2:
             with timing("read"):

@@ -132,6 +132,8 @@ def _load_hf_folder(folder, dtype, device, times):
     else:
         raise MinferError(f"{folder}: no model.safetensors or model.safetensors.index.json")
 
+    # HF's Gemma checkpoints store w of RMSNorm's x * (1 + w); the ops (and GGUF files) take 1 + w itself.
+    norm_offset = 1.0 if cfg.arch == "gemma3" else 0.0
     weights = {}
     for shard in shards:
         shard_path = os.path.join(folder, shard)
@@ -144,6 +146,8 @@ def _load_hf_folder(folder, dtype, device, times):
                     with times("upload"):
                         w = w.to(device)
                     with times("dequantize"):
+                        if norm_offset and name.endswith("norm.weight"):
+                            w = w.float() + norm_offset
                         weights[name] = w.to(dtype)
         except MinferError:
             raise
@@ -166,6 +170,8 @@ def _check_complete(cfg: ModelConfig, weights: dict, where: str) -> None:
             need += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if cfg.qk_norm:
             need += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if cfg.sandwich_norm:
+            need += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
     missing = [n for n in need if n not in weights]
     if missing:
         raise MinferError(f"{where}: checkpoint is missing {len(missing)} tensors, e.g. {missing[0]}")

@@ -1,24 +1,26 @@
-"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM). All layer math goes through
-the op seam (minfer.ops); this file only wires the ops together."""
+"""A decoder of the Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM) or Gemma 3. All layer math goes
+through the op seam (minfer.ops); this file only wires the ops together."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from .config import ModelConfig
+from .config import FULL, ModelConfig
 from .errors import MinferError
 from .kv_cache import AttentionMetadata, KVCache, PagedKVCache
 from .ops import Backend
 from .quant import QuantizedWeight
 
 
-def rope_cos_sin(cfg: ModelConfig, max_positions: int, device) -> torch.Tensor:
+def rope_cos_sin(cfg: ModelConfig, max_positions: int, device, local: bool = False) -> torch.Tensor:
     """[max_positions, rotary_dim] fp32: cos | sin halves. Scaling is folded in here, so the rope
-    kernel does the same work for every scaling type."""
+    kernel does the same work for every scaling type. local: the table of the windowed layers of a model
+    with its own base for them (Gemma 3), unscaled."""
     rot = cfg.rotary_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
-    scaling = cfg.rope_scaling or {}
+    theta = cfg.rope_local_theta if local else cfg.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    scaling = {} if local else (cfg.rope_scaling or {})
     kind = scaling.get("rope_type")
     positions = torch.arange(max_positions, dtype=torch.float64)
     if kind == "linear":
@@ -77,7 +79,10 @@ class Transformer:
             attn = p + "self_attn."
             layer = {
                 "attn_norm": w[p + "input_layernorm.weight"],
-                "mlp_norm": w[p + "post_attention_layernorm.weight"],
+                # The norm before the MLP: Llama calls it post_attention_layernorm, Gemma (which also
+                # norms the attention output under that name) pre_feedforward_layernorm.
+                "mlp_norm": w[p + ("pre_feedforward_layernorm.weight" if cfg.sandwich_norm
+                                   else "post_attention_layernorm.weight")],
                 # Fused projections: one GEMM for q|k|v and one for gate|up.
                 "qkv": fuse([w[attn + "q_proj.weight"], w[attn + "k_proj.weight"], w[attn + "v_proj.weight"]]),
                 "qkv_bias": torch.cat([w[attn + "q_proj.bias"], w[attn + "k_proj.bias"], w[attn + "v_proj.bias"]])
@@ -88,9 +93,26 @@ class Transformer:
             }
             if cfg.qk_norm:
                 layer["q_norm"], layer["k_norm"] = w[attn + "q_norm.weight"], w[attn + "k_norm.weight"]
+            if cfg.sandwich_norm:
+                layer["attn_out_norm"] = w[p + "post_attention_layernorm.weight"]
+                layer["mlp_out_norm"] = w[p + "post_feedforward_layernorm.weight"]
             self.layers.append(layer)
         self.cos_sin = rope_cos_sin(cfg, max_positions, self.embed.device)
-        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        local = self.cos_sin if cfg.rope_local_theta is None else \
+            rope_cos_sin(cfg, max_positions, self.embed.device, local=True)
+        self.windows = [cfg.window(i) for i in range(cfg.num_layers)]  # None: the layer sees the whole context
+        types = cfg.layer_types or [FULL] * cfg.num_layers
+        self.rope_tables = [self.cos_sin if t == FULL else local for t in types]  # one per layer
+        self.scale = cfg.attention_scale
+        self.act = ops.gelu_tanh_and_mul if cfg.hidden_act == "gelu_tanh" else ops.silu_and_mul
+        if cfg.hidden_act == "gelu_tanh":
+            ops.need("gelu_tanh_and_mul")
+        if ops.name == "cuda":
+            from .ops import cuda
+            if cfg.head_dim not in cuda.ATTENTION_HEAD_DIMS:
+                ops.route_to_reference("attention", f"no kernel for head_dim {cfg.head_dim} yet")
+            elif any(self.windows):
+                ops.route_to_reference("attention", "no kernel for windowed (sliding) attention yet")
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start_pos: torch.Tensor, cache: KVCache,
@@ -113,13 +135,13 @@ class Transformer:
             # The cache rows before start_pos were written by earlier forward calls, and nothing here
             # writes start_pos: decode may start reading them before kv_cache_write is done.
             attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, self.scale,
-                                 stable_prefix=True)
+                                 stable_prefix=True, window=self.windows[i])
             return attn.reshape(batch * seq, heads * hd)
 
         x = self._layers(ids.reshape(-1), positions.reshape(-1), attend).view(batch, seq, -1)  # [batch, seq, hidden]
         if logit_index is not None:
             x = x[torch.arange(batch, device=x.device), logit_index]  # [batch, hidden]
-        logits = ops.linear(x.reshape(-1, x.shape[-1]), self.lm_head, static_weight=True).float()
+        logits = self._logits(x.reshape(-1, x.shape[-1]))
         return logits.view(*x.shape[:-1], -1)
 
     @torch.inference_mode()
@@ -135,11 +157,18 @@ class Transformer:
         def attend(i, q, k, v):
             ops.paged_kv_cache_write(cache.k[i], cache.v[i], k, v, meta.slot_mapping)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], meta.block_table, meta.seq_lens, meta.cu_seqlens_q,
-                                       meta.max_seqlen_q, meta.max_seqlen_k, self.scale)  # [tokens, heads, hd]
+                                       meta.max_seqlen_q, meta.max_seqlen_k, self.scale,
+                                       window=self.windows[i])  # [tokens, heads, hd]
             return attn.reshape(-1, heads * hd)
 
         x = self._layers(ids, meta.positions, attend)[logit_index]  # [rows, hidden]
-        return ops.linear(x, self.lm_head, static_weight=True).float()
+        return self._logits(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, hidden] -> fp32 logits [rows, vocab]."""
+        logits = self.ops.linear(x, self.lm_head, static_weight=True).float()
+        cap = self.cfg.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _check_positions(self, end: int) -> None:
         if end > self.cos_sin.shape[0]:
@@ -150,7 +179,7 @@ class Transformer:
         writes k, v to the cache and returns the attention output [tokens, heads * hd]."""
         cfg, ops = self.cfg, self.ops
         heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        residual = ops.embedding(ids, self.embed)  # [tokens, hidden]
+        residual = ops.embedding(ids, self.embed, cfg.embed_scale)  # [tokens, hidden]
         x = ops.rms_norm(residual, self.layers[0]["attn_norm"], cfg.rms_norm_eps)
         for i, layer in enumerate(self.layers):
             # static_weight: no kernel writes the weights, so the gemv kernels start reading them early
@@ -162,11 +191,15 @@ class Transformer:
             if cfg.qk_norm:  # per-head RMSNorm, the same kernel over [tokens * heads, hd]
                 q = ops.rms_norm(q.reshape(-1, hd), layer["q_norm"], cfg.rms_norm_eps).view(-1, heads, hd)
                 k = ops.rms_norm(k.reshape(-1, hd), layer["k_norm"], cfg.rms_norm_eps).view(-1, kv_heads, hd)
-            ops.rope(q, k, positions, self.cos_sin, True)
+            ops.rope(q, k, positions, self.rope_tables[i], True)
             x = ops.linear(attend(i, q, k, v), layer["o"], static_weight=True)  # [tokens, hidden]
+            if cfg.sandwich_norm:
+                x = ops.rms_norm(x, layer["attn_out_norm"], cfg.rms_norm_eps)
             ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps)
             gate_up = fused_linear(ops, x, layer["gate_up"])  # [tokens, 2 intermediate]
-            x = ops.linear(ops.silu_and_mul(gate_up), layer["down"], static_weight=True)
+            x = ops.linear(self.act(gate_up), layer["down"], static_weight=True)
+            if cfg.sandwich_norm:
+                x = ops.rms_norm(x, layer["mlp_out_norm"], cfg.rms_norm_eps)
             next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
             ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps)
         return x

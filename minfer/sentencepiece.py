@@ -73,15 +73,31 @@ def _merges(vocab: dict[str, int], rank: dict[str, float]) -> list[tuple[str, st
     return [(a, b) for _, a, b in found]
 
 
+# Gemma's chat format, for files that carry no tokenizer.chat_template (llama.cpp falls back to the same
+# built-in one): a system message joins the first user turn; the model's turns are 'model'.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set prefix = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for m in turns -%}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n'"
+    " + (prefix if loop.first else '') + m['content'] | trim + '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
 def from_gguf_fields(field) -> tuple[Tokenizer, dict]:
     """The tokenizer and its metadata from a GGUF's fields; field(key, default) reads one."""
     ids = [field(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown", "padding")]
     tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+    arch = field("general.architecture", "llama")
     tok = build_sentencepiece(tokens, field("tokenizer.ggml.scores"), types,
                               add_space_prefix=bool(field("tokenizer.ggml.add_space_prefix", True)),
-                              arch=field("general.architecture", "llama"), unk_id=ids[2], special_ids=ids)
+                              arch=arch, unk_id=ids[2], special_ids=ids)
     meta = {
-        "chat_template": field("tokenizer.chat_template"),
+        "chat_template": field("tokenizer.chat_template") or (GEMMA_CHAT_TEMPLATE if arch in GEMMA_ARCHS else None),
         "bos_token_id": ids[0],
         "eos_token_id": ids[1],
         # llama.cpp and transformers add BOS to a SentencePiece vocabulary unless the file says not to.

@@ -9,7 +9,7 @@ import jinja2.sandbox
 from .errors import MinferError, check_readable, file_error, read_json
 
 # Control tokens that end a turn in common chat formats; they stop generation when present.
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|end|>")
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|end|>", "<end_of_turn>")
 
 
 class Tokenizer:

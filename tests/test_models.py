@@ -33,6 +33,10 @@ CASES = {
     "llama_linear": ("LlamaConfig", "LlamaForCausalLM",
                      dict(rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0})),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=128)),
+    # windows shorter than the 16 positions a test runs, so that keys really slide out
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=6)),
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=5,
+                                                             max_window_layers=1)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=1)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=24)),
     "smollm_tied": ("LlamaConfig", "LlamaForCausalLM",
@@ -105,7 +109,7 @@ def test_single_sequence_prefill_and_decode(case, tmp_path):
     torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("case", ["llama3_scaling", "qwen2", "qwen3"])
+@pytest.mark.parametrize("case", ["llama3_scaling", "qwen2", "qwen3", "mistral_window"])
 def test_ragged_batch_matches_each_sequence_alone(case, tmp_path):
     gen = torch.Generator().manual_seed(1234 + len(case))
     hf = build_hf(case, tmp_path, seed=7)
@@ -169,6 +173,9 @@ def test_hf_config_fields(tmp_path):
     build_hf("qwen3", tmp_path / "q3", seed=2)
     cfg, *_ = load_minfer(tmp_path / "q3", batch=1)
     assert (cfg.arch, cfg.qk_norm, cfg.attention_bias, cfg.head_dim) == ("qwen3", True, False, 24)
+    build_hf("qwen2_window", tmp_path / "q2", seed=2)
+    cfg, *_ = load_minfer(tmp_path / "q2", batch=1)
+    assert (cfg.sliding_window, cfg.layer_types) == (5, ["full_attention", "sliding_attention"])
     build_hf("llama3_scaling", tmp_path / "l3", seed=2)
     cfg, *_ = load_minfer(tmp_path / "l3", batch=1)
     assert cfg.rope_scaling["rope_type"] == "llama3" and cfg.rope_scaling["factor"] == 8.0

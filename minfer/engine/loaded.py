@@ -60,8 +60,6 @@ class LoadedModel:
             from ..shapes import random_weights as make_weights
             self.cfg, weights, self.tokenizer = random_weights, make_weights(random_weights, self.dtype, self.device), None
         limit = self.cfg.max_position_embeddings
-        if self.cfg.sliding_window:
-            limit = min(limit, self.cfg.sliding_window)  # full attention is exact only inside the window
         self.max_context = min(max_context or limit, limit)
         self.model = Transformer(self.cfg, weights, self.ops, self.max_context)
         self._sync()

@@ -17,15 +17,32 @@ from . import reference
 DENSE_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "kv_cache_write",
              "attention", "linear")
 PAGED_OPS = ("paged_kv_cache_write", "paged_attention")
+# Ops only some models use (Gemma's GeGLU): a missing kernel joins `fallbacks` once a model needs it.
+OPTIONAL_OPS = ("gelu_tanh_and_mul",)
 MODEL_OPS = DENSE_OPS + PAGED_OPS
 
 
 class Backend:
-    def __init__(self, name: str, impls: dict, fallbacks: list[str]):
+    def __init__(self, name: str, impls: dict, fallbacks: list[str], optional_fallbacks: tuple[str, ...] = ()):
         self.name = name
         self.fallbacks = fallbacks  # ops that run on ref although the cuda backend was asked for
+        self._optional_fallbacks = optional_fallbacks  # OPTIONAL_OPS on ref, listed once needed
         for op, fn in impls.items():
             setattr(self, op, fn)
+
+    def need(self, op: str) -> None:
+        """A model uses this optional op: list it among the fallbacks if it runs on ref."""
+        if op in self._optional_fallbacks and op not in self.fallbacks:
+            self.fallbacks.append(op)
+
+    def route_to_reference(self, op: str, why: str) -> None:
+        """Run `op` on ref from now on, for a model whose shape its kernel does not cover; said once, and
+        listed among the fallbacks (so that the static engine does not capture the ref op in a graph)."""
+        if self.name == "ref" or op in self.fallbacks:
+            return
+        print(f"minfer: {op} runs on the reference backend: {why}", file=sys.stderr)
+        setattr(self, op, getattr(reference, op))
+        self.fallbacks.append(op)
 
     def __repr__(self) -> str:
         return f"Backend({self.name}, fallbacks={self.fallbacks})"
@@ -50,17 +67,17 @@ def get_backend(name: str = "auto", device: torch.device | str | None = None) ->
         if name == "ref" and on_gpu and torch.cuda.is_available():
             print("minfer: the CUDA extension is not built; using the reference backend", file=sys.stderr)
     if name == "ref":
-        return Backend("ref", {op: getattr(reference, op) for op in MODEL_OPS}, [])
+        return Backend("ref", {op: getattr(reference, op) for op in MODEL_OPS + OPTIONAL_OPS}, [])
     if name != "cuda":
         raise ValueError(f"unknown backend {name!r} (auto, cuda, ref)")
     if not torch.cuda.is_available():
         raise RuntimeError("the cuda backend needs a CUDA GPU")
     from . import cuda
-    impls, fallbacks = {}, []
-    for op in MODEL_OPS:
+    impls, fallbacks, optional = {}, [], []
+    for op in MODEL_OPS + OPTIONAL_OPS:
         fn = getattr(cuda, op, None)
         if fn is None:
             fn = getattr(reference, op)
-            fallbacks.append(op)
+            (optional if op in OPTIONAL_OPS else fallbacks).append(op)
         impls[op] = fn
-    return Backend("cuda", impls, fallbacks)
+    return Backend("cuda", impls, fallbacks, tuple(optional))

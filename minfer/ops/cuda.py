@@ -51,13 +51,18 @@ def _kv_cache_write_fake(k_cache, v_cache, k, v, positions):
 
 # ---- the ops the model calls ----
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight, scale: float | None = None) -> torch.Tensor:
     # Rows of out-of-range ids come back as NaN (the kernel never reads outside the table).
+    # scale (Gemma's sqrt(hidden)) is applied in torch after the gather until the kernel takes it.
     if isinstance(weight, QuantizedWeight):  # the kernels write fp16/bf16
         if weight.dtype == torch.float32:
-            return reference.embedding(ids, weight)
-        return quantized.embedding(ids, weight, weight.dtype)
-    return _ops.embedding(ids.contiguous(), weight)
+            return reference.embedding(ids, weight, scale)
+        out = quantized.embedding(ids, weight, weight.dtype)
+    else:
+        out = _ops.embedding(ids.contiguous(), weight)
+    if scale is not None:
+        out.mul_(torch.tensor(scale, dtype=out.dtype).item())  # the scale rounded to the dtype, as reference
+    return out
 
 
 def check_ids(ids: torch.Tensor, vocab: int) -> None:
@@ -155,8 +160,11 @@ def _attention_fake(q, k_cache, v_cache, start_pos, scale, stable_prefix=False):
     return q.new_empty(q.shape)  # [batch, seq, heads, head_dim], contiguous
 
 
+ATTENTION_HEAD_DIMS = (64, 128)  # what the prefill and decode kernels are built for
+
+
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
-              scale: float, stable_prefix: bool = False) -> torch.Tensor:
+              scale: float, stable_prefix: bool = False, window: int | None = None) -> torch.Tensor:
     # q [batch, seq, heads, head_dim] (a strided view into the fused qkv is fine); caches
     # [batch, capacity, kv_heads, head_dim]; start_pos [batch] int32 on the device.
     # seq > 1: flash prefill; seq == 1: split-KV decode. fp32 has no kernel (the engine runs fp16/bf16
@@ -165,6 +173,10 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     # before the kernels just ahead of this one in the stream: decode then starts reading them while
     # the previous kernel still runs (a wrong promise gives wrong results). q is no part of the promise:
     # a long decode reads it early too, and again after the wait, and redoes its work if it changed.
+    # The kernels have no window: a model with windowed layers routes attention to the reference
+    # (Transformer calls Backend.route_to_reference), and a window that still reaches here is an error.
+    if window is not None:
+        raise NotImplementedError("cuda attention has no window argument yet; use reference.attention")
     if q.dtype == torch.float32:
         return reference.attention(q, k_cache, v_cache, start_pos, scale)
     return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix)

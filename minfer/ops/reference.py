@@ -12,14 +12,19 @@ import torch.nn.functional as F
 from ..quant import QuantizedWeight
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight, scale: float | None = None) -> torch.Tensor:
     # ids [...] int32/int64, weight [vocab, hidden] -> [..., hidden]; a quantized weight's rows are
-    # dequantized to its dtype.
+    # dequantized to its dtype. scale: the rows are multiplied by it (Gemma's sqrt(hidden)), the scale
+    # first rounded to the weight's dtype as transformers does (Gemma was trained so).
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
         raise IndexError(f"embedding: token id out of range [0, {weight.shape[0]})")
     if isinstance(weight, QuantizedWeight):
-        return weight.rows(ids.reshape(-1)).view(*ids.shape, weight.shape[1])
-    return weight[ids.long()]
+        rows = weight.rows(ids.reshape(-1)).view(*ids.shape, weight.shape[1])
+    else:
+        rows = weight[ids.long()]
+    if scale is None:
+        return rows
+    return (rows.float() * torch.tensor(scale, dtype=rows.dtype).float()).to(rows.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -60,6 +65,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate) * up).to(x.dtype)
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # x [tokens, 2 * inter] = gate | up -> [tokens, inter]: GeLU (tanh approximation) of gate, times up
+    gate, up = x.float().chunk(2, dim=-1)
+    return (F.gelu(gate, approximate="tanh") * up).to(x.dtype)
+
+
 def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    positions: torch.Tensor) -> None:
     # k_cache, v_cache [batch, capacity, kv_heads, head_dim]; k, v [batch, seq, kv_heads, head_dim];
@@ -72,20 +83,26 @@ def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
-              scale: float, stable_prefix: bool = False) -> torch.Tensor:
+              scale: float, stable_prefix: bool = False, window: int | None = None) -> torch.Tensor:
     # Causal attention of new queries over the cache.
     # q [batch, seq, heads, head_dim]; k_cache, v_cache [batch, capacity, kv_heads, head_dim];
-    # start_pos [batch]: position of q[:, 0]. Query s of sequence b sees keys 0 .. start_pos[b] + s.
+    # start_pos [batch]: position of q[:, 0]. Query s of sequence b at position p = start_pos[b] + s sees
+    # keys 0 .. p, or with a window only the last `window` of them (p - window < key <= p, HF's rule).
     # stable_prefix is a scheduling promise for the CUDA kernel (see ops/cuda.py); no effect here.
     # -> [batch, seq, heads, head_dim]
     batch, seq, heads, _ = q.shape
     kv_len = int(start_pos.max()) + seq
-    k = k_cache[:, :kv_len].transpose(1, 2)  # [batch, kv_heads, kv_len, head_dim]
-    v = v_cache[:, :kv_len].transpose(1, 2)
+    # With a window, keys before every query's window are never read: decode reads `window` keys.
+    kv_start = 0 if window is None else max(0, int(start_pos.min()) - window + 1)
+    k = k_cache[:, kv_start:kv_len].transpose(1, 2)  # [batch, kv_heads, keys, head_dim]
+    v = v_cache[:, kv_start:kv_len].transpose(1, 2)
     group = heads // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     q_pos = start_pos.long()[:, None] + torch.arange(seq, device=q.device)  # [batch, seq]
-    mask = torch.arange(kv_len, device=q.device)[None, None, :] <= q_pos[:, :, None]  # [batch, seq, kv_len]
+    key = torch.arange(kv_start, kv_len, device=q.device)[None, None, :]
+    mask = key <= q_pos[:, :, None]  # [batch, seq, keys]
+    if window is not None:
+        mask &= key > q_pos[:, :, None] - window
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
     return out.transpose(1, 2)
 
@@ -102,9 +119,9 @@ def paged_kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                    scale: float) -> torch.Tensor:
+                    scale: float, window: int | None = None) -> torch.Tensor:
     # Causal attention of each sequence's new queries over its pages: prefill chunks at any start and
-    # decode (one query) in one call.
+    # decode (one query) in one call. window: a query at position p sees only keys p - window < key <= p.
     # q [tokens, heads, head_dim]: sequence b's queries are q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]], the last
     # of its seq_lens[b] positions (their keys are already written); k_cache, v_cache [num_pages, page_size,
     # kv_heads, head_dim]; block_table [batch, max_pages] int32: page j of sequence b holds its positions
@@ -132,6 +149,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     qp[seq_of, row] = q
     q_pos = (seq_lens.long() - q_lens)[:, None] + torch.arange(max_seqlen_q, device=q.device)  # [batch, max_q]
     mask = (key[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :, 0, 0]  # [batch, max_q, max_k]
+    if window is not None:
+        mask &= key[None, None, :] > q_pos[:, :, None] - window
     out = F.scaled_dot_product_attention(qp.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
     return out.transpose(1, 2)[seq_of, row]  # [tokens, heads, head_dim]
 

@@ -1,0 +1,183 @@
+"""Gemma 3 against HF transformers (fp32, CPU, ref backend): a random tiny model with local (windowed) and
+global layers, prompts longer than the window so that the local layers really drop keys; the layer pattern
+and RoPE bases from both HF config spellings and from GGUF metadata; the real gemma-3-270m GGUF when present."""
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minfer import gguf, loader
+from minfer.config import FULL, SLIDING, ModelConfig
+
+from test_models import hf_logits, load_minfer, write_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, WINDOW = 96, 8
+ATOL = 1e-4
+LAYER_TYPES = [SLIDING, SLIDING, FULL, SLIDING]
+CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=256, sliding_window=WINDOW,
+              layer_types=LAYER_TYPES, query_pre_attn_scalar=24, initializer_range=0.08,
+              rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 100.0},
+                               FULL: {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}})
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gemma3")
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**CONFIG)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # zeros at init (the multiplier 1 + w is 1): a bug in the offset would pass
+                p.copy_(0.3 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    write_tokenizer(folder)
+    return folder, model
+
+
+def test_config(hf_folder):
+    cfg, *_ = load_minfer(hf_folder[0], batch=1)
+    assert (cfg.arch, cfg.layer_types, cfg.sliding_window, cfg.rope_theta, cfg.rope_local_theta) == \
+        ("gemma3", LAYER_TYPES, WINDOW, 5000.0, 100.0)
+    assert cfg.rope_scaling["rope_type"] == "linear" and cfg.rope_scaling["factor"] == 2.0
+    assert cfg.attention_scale == 24 ** -0.5 and cfg.embed_scale == 8.0 and cfg.tie_word_embeddings
+    assert [cfg.window(i) for i in range(4)] == [WINDOW, WINDOW, None, WINDOW]
+
+
+def test_prefill_and_decode_past_the_window(hf_folder):
+    folder, hf = hf_folder
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (13,), generator=gen).tolist()  # past the window already in prefill
+    steps = torch.randint(0, VOCAB, (10,), generator=gen).tolist()
+    _, model, cache, _ = load_minfer(folder, batch=1)
+    ours = [model.forward(torch.tensor([prompt]), torch.zeros(1, dtype=torch.int32), cache)[0]]
+    for i, t in enumerate(steps):
+        ours.append(model.forward(torch.tensor([[t]]), torch.tensor([len(prompt) + i], dtype=torch.int32), cache)[:, 0])
+    ours = torch.cat(ours)
+    ref = hf_logits(hf, prompt, steps)
+    assert ref.abs().max() > 0.5
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
+    # The window matters here: the same model without it is far off past position WINDOW.
+    model.windows = [None] * 4
+    full = model.forward(torch.tensor([prompt]), torch.zeros(1, dtype=torch.int32), cache)[0]
+    assert (full[WINDOW:] - ref[WINDOW:len(prompt)]).abs().max() > 100 * ATOL
+    torch.testing.assert_close(full[:WINDOW], ref[:WINDOW], atol=ATOL, rtol=0)
+
+
+def test_ragged_batch(hf_folder):
+    folder, hf = hf_folder
+    gen = torch.Generator().manual_seed(2)
+    lens = [14, 5]
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lens]
+    steps = [torch.randint(0, VOCAB, (6,), generator=gen).tolist() for _ in lens]
+    _, model, cache, _ = load_minfer(folder, batch=2)
+    ids = torch.full((2, max(lens)), VOCAB - 1)
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)] = torch.tensor(p)
+    prefill = model.forward(ids, torch.zeros(2, dtype=torch.int32), cache)
+    decode = [model.forward(torch.tensor([[steps[0][i]], [steps[1][i]]]), torch.tensor(lens, dtype=torch.int32) + i,
+                            cache)[:, 0] for i in range(6)]
+    for b, n in enumerate(lens):
+        ref = hf_logits(hf, prompts[b], steps[b])
+        torch.testing.assert_close(prefill[b, :n], ref[:n], atol=ATOL, rtol=0)
+        torch.testing.assert_close(torch.stack([d[b] for d in decode]), ref[n:], atol=ATOL, rtol=0)
+
+
+def test_continuous_engine_greedy_matches_hf_generate(hf_folder):
+    """Paged attention with the window: pages of 4, prefill in chunks of 8, two sequences at a time."""
+    from minfer import LLM, SamplingParams
+
+    folder, hf = hf_folder
+    llm = LLM(str(folder), dtype="float32", device="cpu", backend="ref", max_model_len=64, block_size=4,
+              num_pages=64, max_num_batched_tokens=8)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (19, 4, 11)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True))
+    for p, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=14, min_new_tokens=14, do_sample=False)[0, len(p):].tolist()
+        assert out.token_ids == ref
+
+
+def test_hf_config_spellings():
+    """transformers 4's config.json: rope_theta, rope_local_base_freq, rope_scaling, sliding_window_pattern."""
+    hf = dict(model_type="gemma3_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=8,
+              num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512, rope_theta=1e6,
+              rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window_pattern=3,
+              query_pre_attn_scalar=256)
+    cfg = ModelConfig.from_hf(hf)
+    assert cfg.arch == "gemma3" and cfg.layer_types == [SLIDING, SLIDING, FULL] * 2 + [SLIDING, SLIDING]
+    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling["factor"]) == (1e6, 1e4, 8.0)
+    del hf["sliding_window_pattern"]  # the default: every 6th layer global
+    assert ModelConfig.from_hf(hf).layer_types == [SLIDING] * 5 + [FULL] + [SLIDING] * 2
+    assert ModelConfig.from_hf({**hf, "architectures": ["Gemma3ForCausalLM"]}).arch == "gemma3"
+
+
+def fake_reader(**meta):
+    fields = {"general.architecture": "gemma3", "gemma3.embedding_length": 640, "gemma3.attention.head_count": 4,
+              "gemma3.attention.head_count_kv": 1, "gemma3.attention.key_length": 256, "gemma3.block_count": 8,
+              "gemma3.feed_forward_length": 2048, "gemma3.attention.sliding_window": 512,
+              "gemma3.rope.freq_base": 1e6, "gemma3.vocab_size": VOCAB, **{f"gemma3.{k}": v for k, v in meta.items()}}
+    return SimpleNamespace(fields=fields, tensors=[])
+
+
+def test_gguf_layer_pattern():
+    """llama.cpp's rule: layer i is local unless i % 6 == 5; a sliding_window_pattern key overrides it."""
+    cfg = gguf.read_config(fake_reader())
+    assert cfg.layer_types == [SLIDING] * 5 + [FULL] + [SLIDING] * 2
+    assert (cfg.sliding_window, cfg.rope_local_theta, cfg.attention_scale, cfg.embed_scale) == \
+        (512, 10000.0, 256 ** -0.5, 640 ** 0.5)
+    assert cfg.tie_word_embeddings and cfg.sandwich_norm and cfg.qk_norm and cfg.hidden_act == "gelu_tanh"
+    assert gguf.read_config(fake_reader(**{"attention.sliding_window_pattern": 4})).layer_types == \
+        [SLIDING] * 3 + [FULL] + [SLIDING] * 3 + [FULL]
+    pattern = [True, False] * 4
+    cfg = gguf.read_config(fake_reader(**{"attention.sliding_window_pattern": pattern, "rope.freq_base_swa": 5e3}))
+    assert cfg.layer_types == [SLIDING, FULL] * 4 and cfg.rope_local_theta == 5e3
+
+
+GGUF_PATH = os.environ.get("MINFER_GEMMA3_GGUF", os.path.join(loader.cache_dir(), "gemma-3-270m-q4_k_m.gguf"))
+
+
+@pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH}")
+def test_real_gguf_greedy_matches_transformers():
+    """The first 16 greedy tokens of a prompt equal transformers' on the same file, fp32 (both dequantize
+    it); about a minute, most of it transformers reading the file. The tokenizer is held to transformers'
+    in test_sentencepiece.py; here the prompt's ids are the ones transformers' GGUF tokenizer gives."""
+    pytest.importorskip("accelerate")
+    from minfer.engine import Engine
+    from minfer.sampling import SamplingParams
+
+    engine = Engine(GGUF_PATH, dtype=torch.float32, device="cpu", backend="ref", max_context=64)
+    ids = engine.encode("The capital of France is", chat=False)
+    assert ids == [2, 818, 5279, 529, 7001, 563]
+    assert engine.tokenizer.tok.token_to_id("<end_of_turn>") in engine.tokenizer.stop_ids
+    # the file has no chat template: Gemma's own is used
+    assert engine.tokenizer.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "Hi"}]) == \
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    outs, _ = engine.generate([ids], SamplingParams(temperature=0.0), max_new_tokens=16, ignore_eos=True)
+    assert "France" in outs[0].text
+    folder, name = os.path.split(GGUF_PATH)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, len(ids):]
+    assert outs[0].token_ids == ref.tolist()
+
+
+def test_cuda_backend_lists_what_gemma_runs_on_ref(capsys):
+    """On a backend whose kernels lack an op the model needs, the op runs on ref and is named (checked on a
+    stand-in backend, as the cuda one needs a GPU)."""
+    from minfer.ops import Backend, reference
+    ops = Backend("cuda", {"attention": None, "gelu_tanh_and_mul": reference.gelu_tanh_and_mul}, [],
+                  ("gelu_tanh_and_mul",))
+    assert ops.fallbacks == []  # a Llama never lists GeGLU
+    ops.need("gelu_tanh_and_mul")
+    ops.route_to_reference("attention", "no kernel for head_dim 256 yet")
+    ops.route_to_reference("attention", "said once")
+    assert ops.fallbacks == ["gelu_tanh_and_mul", "attention"] and ops.attention is reference.attention
+    assert capsys.readouterr().err == "minfer: attention runs on the reference backend: no kernel for head_dim 256 yet\n"
