@@ -100,7 +100,8 @@ class Transformer:
         self.cos_sin = rope_cos_sin(cfg, max_positions, self.embed.device)
         local = self.cos_sin if cfg.rope_local_theta is None else \
             rope_cos_sin(cfg, max_positions, self.embed.device, local=True)
-        self.windows = [cfg.window(i) for i in range(cfg.num_layers)]  # None: the layer sees the whole context
+        # None: the layer sees the whole context (also when its window spans every position the model has)
+        self.windows = [w if w is not None and w < max_positions else None for w in map(cfg.window, range(cfg.num_layers))]
         types = cfg.layer_types or [FULL] * cfg.num_layers
         self.rope_tables = [self.cos_sin if t == FULL else local for t in types]  # one per layer
         self.scale = cfg.attention_scale
