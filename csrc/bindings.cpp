@@ -21,6 +21,8 @@ TORCH_LIBRARY(minfer, m) {
   m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\") -> str");  // what linear would launch (tests)
   // attention family (csrc/attention/)
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+        "Tensor cu_seqlens_q, int max_seqlen_q, int max_seqlen_k, float scale, bool stable_prefix=False) -> Tensor");
   m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length) -> str");  // what decode would launch (tests)
   // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
   // type id (minfer/ops/quantized.py)
@@ -52,6 +54,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("linear_plan", &minfer::linear_plan);
   // attention family
   m.impl("attention", &minfer::attention);
+  m.impl("paged_attention", &minfer::paged_attention);
   m.impl("attention_decode_plan", &minfer::attention_decode_plan);
   // quantized weights (csrc/qgemm/)
   m.impl("dequantize", &minfer::dequantize);

@@ -155,11 +155,15 @@ class Transformer:
         if ids.device.type == "cpu" and ids.numel():
             self._check_positions(meta.max_seqlen_k)
 
+        # A decode step's keys before each newest were written by earlier steps, and the metadata before
+        # the first layer: the decode kernel may start reading them early.
+        decode = meta.max_seqlen_q == 1
+
         def attend(i, q, k, v):
             ops.paged_kv_cache_write(cache.k[i], cache.v[i], k, v, meta.slot_mapping)
             attn = ops.paged_attention(q, cache.k[i], cache.v[i], meta.block_table, meta.seq_lens, meta.cu_seqlens_q,
-                                       meta.max_seqlen_q, meta.max_seqlen_k, self.scale,
-                                       window=self.windows[i])  # [tokens, heads, hd]
+                                       meta.max_seqlen_q, meta.max_seqlen_k, self.scale, window=self.windows[i],
+                                       stable_prefix=decode)  # [tokens, heads, hd]
             return attn.reshape(-1, heads * hd)
 
         x = self._layers(ids, meta.positions, attend)[logit_index]  # [rows, hidden]

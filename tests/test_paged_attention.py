@@ -1,6 +1,9 @@
-"""The reference backend's paged ops against its dense ones: the same keys scattered over shuffled pages
-give the same attention, for prefill chunks at any start and decodes mixed in one call, with and without
-a window; the window itself against attention written out query by query."""
+"""The paged ops. Reference backend: against its dense ones (the same keys scattered over shuffled pages give
+the same attention, for prefill chunks at any start and decodes mixed in one call, with and without a window),
+and the window against attention written out query by query. CUDA kernels (marked gpu): against the reference
+in fp32 with the attention tests' error rule, on shuffled page tables over NaN-filled pools."""
+import math
+
 import pytest
 import torch
 
@@ -9,26 +12,27 @@ from minfer.ops import reference
 PAGE = 4
 
 
-def case(q_lens, starts, heads=4, kv_heads=2, hd=16, num_pages=64, seed=0):
-    """Dense caches for len(q_lens) sequences, and the same keys in a paged pool through shuffled tables."""
+def case(q_lens, starts, heads=4, kv_heads=2, hd=16, num_pages=64, seed=0, page=PAGE, write=None):
+    """Dense caches for len(q_lens) sequences, and the same keys in a paged pool through shuffled tables.
+    Pool rows no sequence owns are NaN. write: the paged_kv_cache_write that fills the pool (reference's)."""
     g = torch.Generator().manual_seed(seed)
     batch, lens = len(q_lens), [s + n for s, n in zip(starts, q_lens)]
     cap = max(lens)
     k_dense = torch.randn(batch, cap, kv_heads, hd, generator=g)
     v_dense = torch.randn(batch, cap, kv_heads, hd, generator=g)
-    k_pool = torch.full((num_pages, PAGE, kv_heads, hd), float("nan"))
+    k_pool = torch.full((num_pages, page, kv_heads, hd), float("nan"))
     v_pool = k_pool.clone()
     order = torch.randperm(num_pages, generator=g).tolist()  # pages neither contiguous nor sorted
-    max_pages = -(-cap // PAGE)
+    max_pages = -(-cap // page) + 1  # a spare column: entries past a sequence's pages are never read
     table = torch.zeros(batch, max_pages, dtype=torch.int32)
     for b, n in enumerate(lens):
-        for j in range(-(-n // PAGE)):
+        for j in range(-(-n // page)):
             table[b, j] = order.pop()
     # write every position through paged_kv_cache_write (the new tokens and the earlier ones alike)
-    slots = torch.cat([table[b, torch.arange(n) // PAGE].long() * PAGE + torch.arange(n) % PAGE
+    slots = torch.cat([table[b, torch.arange(n) // page].long() * page + torch.arange(n) % page
                        for b, n in enumerate(lens)])
-    reference.paged_kv_cache_write(k_pool, v_pool, torch.cat([k_dense[b, :n] for b, n in enumerate(lens)]),
-                                   torch.cat([v_dense[b, :n] for b, n in enumerate(lens)]), slots)
+    (write or reference.paged_kv_cache_write)(k_pool, v_pool, torch.cat([k_dense[b, :n] for b, n in enumerate(lens)]),
+                                              torch.cat([v_dense[b, :n] for b, n in enumerate(lens)]), slots)
     q = torch.randn(sum(q_lens), heads, hd, generator=g)
     cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     return q, k_dense, v_dense, k_pool, v_pool, table, torch.tensor(lens, dtype=torch.int32), cu
@@ -77,3 +81,153 @@ def test_kv_write_lands_in_its_slot():
     reference.paged_kv_cache_write(pool, pool.clone(), k, k, torch.tensor([11, 0, 5]))
     assert pool[2, 3].tolist() == [[0.0, 1.0]] and pool[0, 0].tolist() == [[2.0, 3.0]]
     assert pool[1, 1].tolist() == [[4.0, 5.0]] and pool.abs().sum() == 15
+
+
+# ---- CUDA kernels ----
+
+EPS = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _cuda():
+    from minfer.ops import cuda
+    return cuda
+
+
+def cuda_case(q_lens, starts, heads, kv_heads, hd, dtype, page=16, seed=0):
+    """case() on the GPU in dtype, with pages enough for every sequence and a quarter more."""
+    need = sum(-(-(s + n) // page) for s, n in zip(starts, q_lens))
+    q, _, _, k_pool, v_pool, table, lens, cu = case(q_lens, starts, heads, kv_heads, hd, need + need // 4 + 1, seed,
+                                                    page)
+    dev = lambda t: t.to("cuda", dtype if t.is_floating_point() else t.dtype)  # noqa: E731
+    return [dev(t) for t in (q, k_pool, v_pool, table, lens, cu)]
+
+
+def check_paged(q_lens, starts, heads=8, kv_heads=2, hd=128, dtype=torch.bfloat16, page=16, stable_prefix=False,
+                strided=False):
+    """The kernel against the fp32 reference: max error <= 2x torch's own in dtype + eps."""
+    q, k, v, table, lens, cu = cuda_case(q_lens, starts, heads, kv_heads, hd, dtype, page)
+    if strided:  # q as the model passes it: a view into the fused qkv projection
+        qkv = torch.randn(q.shape[0], (heads + 2 * kv_heads) * hd, device="cuda", dtype=dtype)
+        qkv[:, :heads * hd] = q.reshape(q.shape[0], -1)
+        q = qkv[:, :heads * hd].view(-1, heads, hd)
+    args = (table, lens, cu, max(q_lens), int(lens.max()), 1 / math.sqrt(hd))
+    torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
+    ours = _cuda().paged_attention(q, k, v, *args, stable_prefix=stable_prefix)
+    ref32 = reference.paged_attention(q.float(), k.float(), v.float(), *args)
+    lowp = reference.paged_attention(q, k, v, *args)
+    assert ours.shape == q.shape and ours.dtype == dtype
+    assert torch.isfinite(ours).all(), "non-finite output"
+    err, base = (ours.float() - ref32).abs().max().item(), (lowp.float() - ref32).abs().max().item()
+    assert err <= 2 * base + EPS[dtype], f"max err {err:.3e} vs torch {base:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stable_prefix", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("ctx", [1, 17, 48, 300, 4097, 20000])
+def test_cuda_paged_decode(ctx, hd, dtype, stable_prefix):
+    starts = [ctx - 1, max(0, ctx // 3 - 1), 0]  # the newest key at ctx - 1, and shorter sequences beside it
+    check_paged([1, 1, 1], starts, hd=hd, dtype=dtype, stable_prefix=stable_prefix)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("ratio", [1, 4, 16])
+def test_cuda_paged_decode_pages_and_groups(ratio, page):
+    starts = [int(x) for x in torch.randint(0, 3000, (9,))]
+    check_paged([1] * 9, starts, heads=2 * ratio, kv_heads=2, page=page, stable_prefix=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [64, 130])
+def test_cuda_paged_decode_large_batch(batch):
+    starts = [int(x) for x in torch.randint(0, 1500, (batch,))]
+    check_paged([1] * batch, starts, heads=32, kv_heads=8, stable_prefix=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("page", [16, 48])
+@pytest.mark.parametrize("q_lens,starts", [([17], [0]),  # a prefill from 0
+                                           ([113, 1000], [0, 0]),
+                                           ([3, 1, 200, 1, 65], [4, 10, 37, 0, 129]),  # chunks mixed with decodes
+                                           ([1, 2], [500, 4095])])
+def test_cuda_paged_prefill(q_lens, starts, page, hd, dtype):
+    check_paged(q_lens, starts, hd=hd, dtype=dtype, page=page)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_lens", [[1, 1, 1], [5, 1, 70]])
+def test_cuda_paged_strided_q(q_lens):
+    check_paged(q_lens, [40, 0, 7], strided=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_paged_kv_write_equals_reference(dtype):
+    """The same keys written through the kernel and through the reference land in the same slots, bit for bit
+    (the slots no one writes keep their NaN)."""
+    def on_gpu(kc, vc, k, v, slots):
+        pools.extend([kc.to("cuda", dtype), vc.to("cuda", dtype)])
+        _cuda().paged_kv_cache_write(pools[0], pools[1], k.to("cuda", dtype), v.to("cuda", dtype), slots.cuda())
+    pools = []
+    args = ([5, 1, 30], [0, 16, 3], 4, 2, 64, 12, 0, 16)
+    case(*args, write=on_gpu)
+    _, _, _, k_want, v_want, _, _, _ = case(*args)
+    assert torch.equal(pools[0].cpu().float().nan_to_num(7.0), k_want.to(dtype).float().nan_to_num(7.0))
+    assert torch.equal(pools[1].cpu().float().nan_to_num(7.0), v_want.to(dtype).float().nan_to_num(7.0))
+
+
+@pytest.mark.gpu
+def test_cuda_paged_decode_in_graph():
+    """No host syncs: captured once, replayed after the lengths and the tables change."""
+    cuda = _cuda()
+    q, k, v, table, lens, cu = cuda_case([1, 1], [100, 20], 8, 2, 64, torch.float16)
+    args = lambda: (table, lens, cu, 1, 4096, 0.125)  # noqa: E731  (max_seqlen_k: a bound, as a graph needs)
+    cuda.paged_attention(q, k, v, *args())
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cuda.paged_attention(q, k, v, *args(), stable_prefix=True)
+    lens.copy_(torch.tensor([7, 101], dtype=torch.int32))
+    table.copy_(table.flip(0))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = reference.paged_attention(q.float(), k.float(), v.float(), *args())
+    torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_paged_opcheck():
+    q, k, v, table, lens, cu = cuda_case([1, 3], [10, 0], 8, 2, 64, torch.bfloat16)
+    torch.library.opcheck(torch.ops.minfer.paged_attention, (q, k, v, table, lens, cu, 3, 11, 0.125, False))
+
+
+@pytest.mark.gpu
+def test_cuda_paged_bad_inputs():
+    cuda = _cuda()
+    q, k, v, table, lens, cu = cuda_case([1, 1], [10, 3], 8, 2, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="page_size must be a multiple of 16"):
+        cuda.paged_attention(q, k[:, :8], v[:, :8], table, lens, cu, 1, 11, 0.1)
+    with pytest.raises(RuntimeError, match="block_table must be int32"):
+        cuda.paged_attention(q, k, v, table.long(), lens, cu, 1, 11, 0.1)
+    with pytest.raises(RuntimeError, match="cu_seqlens_q must be"):
+        cuda.paged_attention(q, k, v, table, lens, cu[:-1], 1, 11, 0.1)
+    with pytest.raises(RuntimeError, match="max_seqlen_q must be"):
+        cuda.paged_attention(q, k, v, table, lens, cu, 5, 11, 0.1)
+    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+        cuda.paged_attention(q[..., :32], k[..., :32], v[..., :32], table, lens, cu, 1, 11, 0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_lens", [[1, 1], [1, 4]])  # decode, prefill
+def test_cuda_paged_bad_page_ids_stay_in_bounds(q_lens):
+    """Page ids past the pool are clamped into it: wrong rows, never an illegal access."""
+    cuda = _cuda()
+    q, k, v, table, lens, cu = cuda_case(q_lens, [40, 3], 8, 2, 64, torch.bfloat16)
+    table.fill_(1 << 30)
+    out = cuda.paged_attention(q, k.nan_to_num(0), v.nan_to_num(0), table, lens, cu, max(q_lens), 44, 0.1)
+    torch.cuda.synchronize()
+    assert out.shape == q.shape

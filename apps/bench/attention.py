@@ -7,6 +7,9 @@ attention_prefill (batch, seq, heads, kv_heads, head_dim, causal): causal rows t
     beforehand (untimed), is_causal as the row says.
 attention_decode (batch, context, heads, kv_heads, head_dim): one query per sequence at position
     context-1; bytes = K + V read. ref: SDPA (enable_gqa) over the cache slice [:, :context].
+attention_decode_paged (batch, context, heads, kv_heads, head_dim): the same decode through a block table
+    over shuffled 16-key pages (the continuous engine's cache); ref: our dense-cache decode on the same keys,
+    so the ratio is paged / dense.
 naive/tiled/flash_attention (batch, heads, seq, head_dim, causal): the seed API (minfer/ops/baselines.py);
     ref: SDPA.
 """
@@ -93,6 +96,39 @@ def _decode_bytes(shape, dtype):
     return 2 * b * ctx * kvh * d * dtype.itemsize
 
 
+PAGE = 16
+
+
+def _to_pages(c, table):
+    """c [batch, ctx, kv_heads, d] -> a pool [batch * pages, PAGE, kv_heads, d] where page table[i, j] holds
+    keys j * PAGE .. of sequence i."""
+    b, ctx, kvh, d = c.shape
+    padded = F.pad(c, (0, 0, 0, 0, 0, table.shape[1] * PAGE - ctx)).view(-1, PAGE, kvh, d)
+    pool = torch.empty_like(padded)
+    pool[table.flatten().long()] = padded
+    return pool
+
+
+def _paged_inputs(shape, dtype):
+    b, ctx, h, kvh, d = shape
+    dense = _decode_inputs(shape, dtype)
+    per_seq = -(-ctx // PAGE)
+    table = torch.randperm(b * per_seq, device="cuda").to(torch.int32).view(b, per_seq)  # shuffled pages
+    return dict(dense, k_pages=_to_pages(dense["k"], table), v_pages=_to_pages(dense["v"], table), table=table,
+                lens=torch.full((b,), ctx, device="cuda", dtype=torch.int32),
+                cu=torch.arange(b + 1, device="cuda", dtype=torch.int32))
+
+
+def _paged_dense(q, k, v, start, k_pages, v_pages, table, lens, cu):
+    return _decode_minfer(q, k, v, start)
+
+
+def _paged_minfer(q, k, v, start, k_pages, v_pages, table, lens, cu):
+    # As the engine's decode step calls it (stable_prefix); max_seqlen_k the longest sequence.
+    return _ops().paged_attention(q[:, 0], k_pages, v_pages, table, lens, cu, 1, k.shape[1],
+                                  1.0 / math.sqrt(q.shape[-1]), stable_prefix=True)
+
+
 # ---- seed kernels ----
 
 def _seed_inputs(shape, dtype):
@@ -141,6 +177,11 @@ CASES = {
                 # 16 q heads per kv head: big partials, the spread merge
                 (1, 4096, 32, 2, 128), (1, 32768, 32, 2, 128)],
         make_inputs=_decode_inputs, ref=_decode_ref, minfer=_decode_minfer, bytes=_decode_bytes,
+        shape_names="batch x context x heads x kv_heads x head_dim"),
+    "attention_decode_paged": Case(
+        shapes=[(b, ctx, 32, 8, 128) for b in (1, 16, 64) for ctx in (1024, 4096, 16384)] +
+               [(1, 2048, 9, 3, 64), (64, 1024, 9, 3, 64)],
+        make_inputs=_paged_inputs, ref=_paged_dense, minfer=_paged_minfer, bytes=_decode_bytes,
         shape_names="batch x context x heads x kv_heads x head_dim"),
     "naive_attention": _seed_case([(1, 8, 1024, 64, 0), (1, 8, 2048, 64, 0), (1, 8, 2048, 64, 1)], "naive_attention"),
     "tiled_attention": _seed_case([(1, 8, 1024, 64, 0), (1, 8, 2048, 64, 0), (1, 8, 2048, 64, 1)], "tiled_attention"),

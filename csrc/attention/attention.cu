@@ -1,6 +1,8 @@
 // Launchers of the attention family: validation at the boundary, then dispatch.
-//   attention (engine op): seq > 1 -> flash prefill (flash_prefill.cu), seq == 1 -> split-KV decode
-//   (flash_decode.cu). The seed API on [batch, heads, seq, head_dim] is in csrc/baselines/attention.cpp.
+//   attention (engine op, dense cache): seq > 1 -> flash prefill (flash_prefill.cu), seq == 1 -> split-KV
+//   decode (flash_decode.cu).
+//   paged_attention (engine op, paged cache): one query per sequence -> the same split-KV decode through the
+//   block table; else ragged prefill chunks (and decodes mixed in) -> the sm80 flash prefill kernel. The seed API on [batch, heads, seq, head_dim] is in csrc/baselines/attention.cpp.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -80,6 +82,81 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
   p.scale_log2 = static_cast<float>(scale) * attn::kLog2e;
   attn::flash_prefill(p, q.scalar_type(), head_dim, /*causal=*/true, batch, heads,
                       c10::cuda::getCurrentCUDAStream());
+  return out;
+}
+
+torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                              const torch::Tensor& block_table, const torch::Tensor& seq_lens,
+                              const torch::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                              double scale, bool stable_prefix) {
+  MINFER_CHECK_CUDA(q_in);
+  for (const torch::Tensor* t : {&k_cache, &v_cache, &block_table, &seq_lens, &cu_seqlens_q}) {
+    MINFER_CHECK_CUDA(*t);
+    MINFER_CHECK_SAME_DEVICE(q_in, *t);
+  }
+  MINFER_CHECK(q_in.scalar_type() == at::kHalf || q_in.scalar_type() == at::kBFloat16,
+              "paged_attention: q must be float16 or bfloat16, got ", q_in.scalar_type());
+  MINFER_CHECK_SAME_DTYPE(q_in, k_cache);
+  MINFER_CHECK_SAME_DTYPE(q_in, v_cache);
+  MINFER_CHECK(q_in.dim() == 3, "paged_attention: q must be [tokens, heads, head_dim], got ", q_in.sizes());
+  MINFER_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "paged_attention: k_cache and v_cache must both be [num_pages, page_size, kv_heads, head_dim], got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  const int64_t tokens = q_in.size(0), heads = q_in.size(1), head_dim = q_in.size(2);
+  const int64_t num_pages = k_cache.size(0), page_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  MINFER_CHECK(head_dim == 64 || head_dim == 128, "paged_attention: head_dim must be 64 or 128, got ", head_dim);
+  MINFER_CHECK(k_cache.size(3) == head_dim, "paged_attention: the caches' head_dim must be q's (", head_dim, "), got ",
+              k_cache.sizes());
+  MINFER_CHECK(kv_heads > 0 && heads % kv_heads == 0, "paged_attention: q heads (", heads,
+              ") must be a multiple of kv_heads (", kv_heads, ")");
+  MINFER_CHECK(page_size % 16 == 0, "paged_attention: page_size must be a multiple of 16 (the kernels' key tile), got ",
+              page_size);
+  MINFER_CHECK(rows_aligned16(k_cache) && rows_aligned16(v_cache) && k_cache.stride(1) == v_cache.stride(1),
+              "paged_attention: k_cache and v_cache must be contiguous pools with 16-byte aligned data");
+  MINFER_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1,
+              "paged_attention: block_table must be int32 [batch, max_pages] with contiguous rows, got ",
+              block_table.scalar_type(), " ", block_table.sizes());
+  const int64_t batch = block_table.size(0);
+  MINFER_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 && seq_lens.size(0) == batch &&
+                   seq_lens.is_contiguous(),
+              "paged_attention: seq_lens must be a contiguous int32 [batch] = [", batch, "] tensor, got ",
+              seq_lens.scalar_type(), " ", seq_lens.sizes());
+  MINFER_CHECK(cu_seqlens_q.scalar_type() == at::kInt && cu_seqlens_q.dim() == 1 &&
+                   cu_seqlens_q.size(0) == batch + 1 && cu_seqlens_q.is_contiguous(),
+              "paged_attention: cu_seqlens_q must be a contiguous int32 [batch + 1] = [", batch + 1, "] tensor, got ",
+              cu_seqlens_q.scalar_type(), " ", cu_seqlens_q.sizes());
+  MINFER_CHECK(max_seqlen_q >= 0 && max_seqlen_q <= tokens, "paged_attention: max_seqlen_q must be in [0, tokens = ",
+              tokens, "], got ", max_seqlen_q);
+  MINFER_CHECK(max_seqlen_k >= max_seqlen_q && max_seqlen_k <= kIntMax,
+              "paged_attention: max_seqlen_k must be in [max_seqlen_q, 2^31), got ", max_seqlen_k);
+  MINFER_CHECK(tokens <= kIntMax && batch <= 65535 && heads <= 65535 && num_pages * page_size <= kIntMax,
+              "paged_attention: sizes too large, got q ", q_in.sizes(), ", caches ", k_cache.sizes(),
+              " and block_table ", block_table.sizes());
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const torch::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
+  auto out = torch::empty({tokens, heads, head_dim}, q.options());  // [tokens, heads, head_dim]
+  if (out.numel() == 0 || batch == 0) return out;
+  if (max_seqlen_q == 1 && tokens == batch) {  // a decode step: one query per sequence
+    attn::flash_decode_paged(q, k_cache, v_cache, block_table, seq_lens, static_cast<int>(max_seqlen_k), scale,
+                             stable_prefix, out);
+    return out;
+  }
+  attn::FlashParams p{};
+  p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
+  p.q_ss = q.stride(0), p.q_hs = q.stride(1);
+  p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
+  p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);
+  p.o_ss = out.stride(0), p.o_hs = out.stride(1);
+  p.seq_q = static_cast<int>(max_seqlen_q);
+  p.seq_k = static_cast<int>(std::min<int64_t>(max_seqlen_k, block_table.size(1) * page_size));
+  p.group = heads / kv_heads;
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int>(), p.seq_lens = seq_lens.data_ptr<int>();
+  p.total_q = static_cast<int>(tokens);
+  p.paged.block_table = block_table.data_ptr<int>(), p.paged.bt_stride = block_table.stride(0);
+  p.paged.k_ps = k_cache.stride(0), p.paged.v_ps = v_cache.stride(0);
+  p.paged.page_size = static_cast<int>(page_size), p.paged.num_pages = static_cast<int>(num_pages);
+  p.scale_log2 = static_cast<float>(scale) * attn::kLog2e;
+  attn::flash_prefill(p, q.scalar_type(), head_dim, /*causal=*/true, batch, heads, c10::cuda::getCurrentCUDAStream());
   return out;
 }
 

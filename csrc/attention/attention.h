@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <torch/all.h>
 
+#include "attention/kv_rows.cuh"
+
 namespace minfer::attn {
 
 // Where the flash prefill kernel finds its operands. Strides are in elements; head_dim is contiguous.
@@ -21,6 +23,13 @@ struct FlashParams {
   const int* start_pos;    // [batch] or nullptr. Set: query s sits at start_pos[b] + s, causal, kv length
                            // start_pos[b] + seq_q. Null: bottom-right causal (if asked) over seq_k keys.
   float scale_log2;        // softmax scale * log2(e)
+  // Ragged queries (the paged engine's steps; sm80 kernel only): sequence b's queries are rows
+  // cu_seqlens_q[b] .. cu_seqlens_q[b + 1] (b stride 0), the last of its seq_lens[b] positions; seq_q is
+  // then the largest count (the grid's), seq_k a bound on every seq_lens[b], total_q the rows of q and o.
+  const int* cu_seqlens_q = nullptr;
+  const int* seq_lens = nullptr;
+  int total_q = 0;
+  PagedKv paged;           // K/V in pages (k_bs, v_bs unused), or the dense layout
 };
 
 #ifdef __CUDACC__
@@ -35,6 +44,25 @@ __device__ __forceinline__ void query_window(const FlashParams& p, int b, int& q
     kv_len = p.seq_k;
   }
 }
+// Sequence b's queries: n_q rows from row0 (of the s stride, after b * the b stride), at positions q_off + s,
+// over kv_len keys.
+struct SeqRows {
+  int row0, n_q, q_off, kv_len;
+};
+__device__ __forceinline__ SeqRows seq_rows(const FlashParams& p, int b) {
+  SeqRows r{0, p.seq_q, 0, 0};
+  if (p.cu_seqlens_q == nullptr) {
+    query_window(p, b, r.q_off, r.kv_len);
+    return r;
+  }
+  // Clamped into q's rows and the grid: a bad cu_seqlens_q drops rows, never reads or writes out of bounds.
+  r.row0 = min(max(p.cu_seqlens_q[b], 0), p.total_q);
+  r.n_q = min(max(min(p.cu_seqlens_q[b + 1], p.total_q) - r.row0, 0), p.seq_q);
+  r.kv_len = min(p.seq_lens[b], p.seq_k);
+  r.q_off = r.kv_len - r.n_q;
+  return r;
+}
+
 #endif
 
 // flash_prefill.cu: fp16/bf16, head_dim 64 or 128. On Hopper it runs flash_prefill_sm90 when that takes
@@ -54,6 +82,13 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
 // so the kernel may start reading them before the previous kernel in the stream is done.
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                   const torch::Tensor& start_pos, double scale, bool stable_prefix, torch::Tensor& out);
+// flash_decode.cu, the paged layout: q [batch, heads, head_dim] (strided batch), caches [num_pages, page_size,
+// kv_heads, head_dim] with page_size a multiple of 16, block_table [batch, max_pages] int32, seq_lens [batch]
+// int32 (keys of each sequence, its newest last), max_seqlen_k >= every seq_lens[b]; out [batch, heads,
+// head_dim] contiguous. stable_prefix as above, of seq_lens, the block table and the rows before the newest.
+void flash_decode_paged(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& block_table, const torch::Tensor& seq_lens, int max_seqlen_k,
+                        double scale, bool stable_prefix, torch::Tensor& out);
 // decode_plan.cu: what flash_decode would launch for sequences of `length` keys (the split count, the
 // splits that get keys, how they merge, the ring depth, speculation), launching nothing.
 std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length);

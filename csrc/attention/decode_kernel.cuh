@@ -76,14 +76,13 @@ __device__ __forceinline__ void load_all_but_newest_row(const WarpRing<T, D>& w,
   const int len = w.r.len, key0 = w.key0(n_pre), r_new = len - 1 - key0;
 #pragma unroll
   for (int j = 0; j < kTK * (D / 8) / 32; ++j) {
-    w.copy_chunk(w.ring, w.kg + key0 * p.k_ss, p.k_ss, r_new, j);
-    w.copy_chunk(w.ring + WarpRing<T, D>::TILE, w.vg + key0 * p.v_ss, p.v_ss, r_new, j);
+    w.copy_chunk(w.ring, w.k.row(key0), p.k_ss, r_new, j);
+    w.copy_chunk(w.ring + WarpRing<T, D>::TILE, w.v.row(key0), p.v_ss, r_new, j);
   }
   ptx::cp_async_commit();
   constexpr int kLines = D * int(sizeof(T)) / 128;  // 128-byte lines of a row
   if (w.lane < 2 * kLines)
-    ptx::prefetch_l2(reinterpret_cast<const char*>(w.lane < kLines ? w.kg + (len - 1) * p.k_ss
-                                                                   : w.vg + (len - 1) * p.v_ss) +
+    ptx::prefetch_l2(reinterpret_cast<const char*>(w.lane < kLines ? w.k.row(len - 1) : w.v.row(len - 1)) +
                      128 * (w.lane % kLines));
 }
 
@@ -99,7 +98,7 @@ __device__ __forceinline__ void load_newest_row(const WarpRing<T, D>& w, int n_p
   if (w.lane < 2 * CH) {
     const bool v_row = w.lane >= CH;
     ptx::cp_async16((v_row ? w.ring + WarpRing<T, D>::TILE : w.ring) + tile_off(r_new, c),
-                    (v_row ? w.vg + (len - 1) * p.v_ss : w.kg + (len - 1) * p.k_ss) + c * 8, true);
+                    (v_row ? w.v.row(len - 1) : w.k.row(len - 1)) + c * 8, true);
   }
   ptx::cp_async_commit();
 }
@@ -132,8 +131,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   Split seq_split{};
   const Range r{len, n_active, s0, s1, n_my, seq_split};
   const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * kRingBytes),
-                         reinterpret_cast<const T*>(p.k) + c.b * p.k_bs + c.kvh * p.k_hs,
-                         reinterpret_cast<const T*>(p.v) + c.b * p.v_bs + c.kvh * p.v_hs, c.warp, c.lane};
+                         p.paged.rows<T>(p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
+                         p.paged.rows<T>(p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh), c.warp, c.lane};
   uint32_t qf[D / 16][4];                    // Q's A fragments
   float l_row[2], m_row[2], acc[D / 8][4];  // the softmax state of rows g, g + 8, O's C fragments
   const Heads<T, D> h{qf, acc, m_row, l_row};

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "attention/kv_rows.cuh"
+
 namespace minfer::attn::decode {
 
 constexpr int kWarps = 4, kThreads = kWarps * 32;
@@ -30,13 +32,16 @@ constexpr int kStages = kRingBytes / kTileBytes<T, D>;  // K+V tiles a warp's ri
 
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
-  const void* k;  // k[b, j, kvh, :] at b*k_bs + j*k_ss + kvh*k_hs
+  const void* k;  // dense: k[b, j, kvh, :] at b*k_bs + j*k_ss + kvh*k_hs; paged: see `paged`
   const void* v;
   void* o;          // [batch, heads, D] contiguous
   float* ws_o;      // [batch * kv_blocks, num_splits, rows, D] unnormalised partial outputs
   float4* ws_ml;    // [batch * kv_blocks, num_splits, rows] (max in log2 units, sum, -, -)
   int* counters;    // [batch * kv_blocks], zero between launches
-  const int* start_pos;  // [batch]
+  const int* start_pos;  // [batch]: sequence b has start_pos[b] + len_offset keys (dense: its newest
+                         // position, offset 1; paged: its length, offset 0)
+  int len_offset;
+  PagedKv paged;         // the paged layout's block table (pages of a multiple of kTK keys), or none
   int64_t q_bs, q_hs, k_bs, k_ss, k_hs, v_bs, v_ss, v_hs;
   int heads, group;
   int hblocks;      // kv blocks per kv head: ceil(group / 16)

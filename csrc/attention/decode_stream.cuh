@@ -13,6 +13,7 @@
 
 #include "attention/decode_params.h"
 #include "attention/decode_plan.h"
+#include "attention/kv_rows.cuh"
 #include "attention/mma.cuh"
 #include "attention/softmax.cuh"
 #include "common/ptx.cuh"
@@ -48,7 +49,7 @@ struct Range {
 };
 template <typename T, int D>
 __device__ __forceinline__ void take_range(const Range& r, const DecodeParams& p, const Cta& c) {
-  r.len = max(0, min(p.start_pos[c.b] + 1, p.capacity));
+  r.len = max(0, min(p.start_pos[c.b] + p.len_offset, p.capacity));
   const Split sp = split_of<T, D>(r.len, p.num_splits, grid_pairs());
   r.n_active = sp.n_active, r.seq = sp;
   const int n_tiles = sp.base + (c.split < sp.extra), tile0 = c.split * sp.base + min(c.split, sp.extra);
@@ -138,8 +139,8 @@ struct WarpRing {
   const DecodeParams& p;
   const Range& r;
   T* ring;      // [kStages][K tile, V tile], tile_off layout
-  const T* kg;  // K rows of (b, kvh): key j at kg + j * p.k_ss
-  const T* vg;
+  KvRows<T> k;  // K rows of (b, kvh); a tile's 16 rows are contiguous (stride p.k_ss) in either layout
+  KvRows<T> v;
   int warp, lane;
 
   __device__ __forceinline__ int key0(int i) const { return r.s0 + (warp + i * kWarps) * kTK; }
@@ -158,8 +159,8 @@ struct WarpRing {
     T* dk = k_slot(st);
     T* dv = dk + TILE;
     const int valid = r.s1 - k0;
-    const T* gk = kg + k0 * p.k_ss;
-    const T* gv = vg + k0 * p.v_ss;
+    const T* gk = k.row(k0);
+    const T* gv = v.row(k0);
 #pragma unroll
     for (int j = 0; j < kTK * CH / 32; ++j) {
       copy_chunk(dk, gk, p.k_ss, valid, j);
@@ -172,7 +173,7 @@ struct WarpRing {
     const int k0 = key0(i);
     T* dst = k_slot(st) + (v_half ? TILE : 0);
     const int64_t ss = v_half ? p.v_ss : p.k_ss;
-    const T* src = (v_half ? vg : kg) + k0 * ss;
+    const T* src = (v_half ? v : k).row(k0);
     const int valid = r.s1 - k0;
 #pragma unroll
     for (int j = 0; j < kTK * CH / 32; ++j) copy_chunk(dst, src, ss, valid, j);

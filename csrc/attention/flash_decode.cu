@@ -53,6 +53,16 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
              stream, p);
 }
 
+// Dispatches p (its layout fields set) for q's dtype and head_dim.
+void run(DecodeParams& p, int batch, int kv_heads, const torch::Tensor& q, double scale, bool stable_prefix) {
+  p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  p.stable_prefix = stable_prefix;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  MINFER_DISPATCH_HALF(q.scalar_type(), "attention", [&] {
+    MINFER_DISPATCH_HEAD_DIM(q.size(-1), D, [&] { launch<scalar_t, D>(p, batch, kv_heads, q, stream); });
+  });
+}
+
 }  // namespace
 
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
@@ -61,17 +71,31 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   if (batch == 0 || q.size(2) == 0) return;
   DecodeParams p = shape_params(q.size(2), k_cache.size(2), k_cache.size(1));
   p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
-  p.start_pos = start_pos.data_ptr<int>();
+  p.start_pos = start_pos.data_ptr<int>(), p.len_offset = 1;
   p.q_bs = q.stride(0), p.q_hs = q.stride(2);
   p.k_bs = k_cache.stride(0), p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
   p.v_bs = v_cache.stride(0), p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);
-  p.scale_log2 = static_cast<float>(scale) * kLog2e;
-  p.stable_prefix = stable_prefix;
-  const int kv_heads = k_cache.size(2);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  MINFER_DISPATCH_HALF(q.scalar_type(), "attention", [&] {
-    MINFER_DISPATCH_HEAD_DIM(q.size(3), D, [&] { launch<scalar_t, D>(p, batch, kv_heads, q, stream); });
-  });
+  run(p, batch, k_cache.size(2), q, scale, stable_prefix);
+}
+
+void flash_decode_paged(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& block_table, const torch::Tensor& seq_lens, int max_seqlen_k,
+                        double scale, bool stable_prefix, torch::Tensor& out) {
+  const int batch = q.size(0);
+  if (batch == 0 || q.size(1) == 0) return;
+  const int page_size = k_cache.size(1);
+  // The longest sequence bounds the plan (splits, ring depth) and every length the kernel reads.
+  const int capacity = std::min<int64_t>(max_seqlen_k, block_table.size(1) * page_size);
+  DecodeParams p = shape_params(q.size(1), k_cache.size(2), capacity);
+  p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
+  p.start_pos = seq_lens.data_ptr<int>(), p.len_offset = 0;
+  p.q_bs = q.stride(0), p.q_hs = q.stride(1);
+  p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
+  p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);
+  p.paged.block_table = block_table.data_ptr<int>(), p.paged.bt_stride = block_table.stride(0);
+  p.paged.k_ps = k_cache.stride(0), p.paged.v_ps = v_cache.stride(0);
+  p.paged.page_size = page_size, p.paged.num_pages = k_cache.size(0);
+  run(p, batch, k_cache.size(2), q, scale, stable_prefix);
 }
 
 }  // namespace minfer::attn

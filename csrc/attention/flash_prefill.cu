@@ -42,6 +42,18 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
   }
 }
 
+// Keys [n_start, n_start + rows_valid) of a [kBN, D] K or V tile from either cache layout (a paged tile
+// may span pages: each row is located by itself); rows past rows_valid are zero-filled and never read.
+template <typename T, int D>
+__device__ __forceinline__ void load_kv_tile(T* s, const KvRows<T>& kv, int n_start, int rows_valid) {
+  constexpr int CH = D / 8;
+  for (int i = threadIdx.x; i < kBN * CH; i += kThreads) {
+    const int r = i / CH, c = i % CH;
+    const bool ok = r < rows_valid;
+    ptx::cp_async16(s + swz<D>(r, c), ok ? kv.row(n_start + r) + c * 8 : kv.base, ok);
+  }
+}
+
 // MT: 16-row m-tiles per warp (BM = 64 * MT). Each K/V fragment read from shared memory feeds MT
 // MMAs, so MT = 2 halves the shared-memory traffic per FLOP (ldmatrix bandwidth is what bounds
 // MT = 1); it costs registers, so it is used where they fit (head_dim 64).
@@ -63,20 +75,21 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int m_start = m_block * BM;
 
-  int q_off, kv_len;
-  query_window(p, b, q_off, kv_len);
+  const SeqRows sr = seq_rows(p, b);
+  if (m_start >= sr.n_q) return;  // a ragged batch's shorter sequence
+  const int q_off = sr.q_off, kv_len = sr.kv_len;
   // Keys past kv_end are invisible to every row of this block.
   int kv_end = kv_len;
-  if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + BM, p.seq_q));
+  if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + BM, sr.n_q));
   const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
 
-  const T* qg = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head * p.q_hs + m_start * p.q_ss;
-  const T* kg = reinterpret_cast<const T*>(p.k) + b * p.k_bs + kvh * p.k_hs;
-  const T* vg = reinterpret_cast<const T*>(p.v) + b * p.v_bs + kvh * p.v_hs;
+  const T* qg = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head * p.q_hs + (sr.row0 + m_start) * p.q_ss;
+  const KvRows<T> kr = p.paged.rows<T>(p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
+  const KvRows<T> vr = p.paged.rows<T>(p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, b, kvh);
 
-  load_tile<T, D, BM>(sQ, qg, p.q_ss, p.seq_q - m_start);
+  load_tile<T, D, BM>(sQ, qg, p.q_ss, sr.n_q - m_start);
   ptx::cp_async_commit();
-  if (n_tiles > 0) load_tile<T, D, kBN>(sK, kg, p.k_ss, kv_end);
+  if (n_tiles > 0) load_kv_tile<T, D>(sK, kr, 0, kv_end);
   ptx::cp_async_commit();
   ptx::cp_async_wait<1>();  // Q has landed (K[0] may still be in flight)
   __syncthreads();
@@ -106,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
 
   for (int t = 0; t < n_tiles; ++t) {
     const int n_start = t * kBN;
-    load_tile<T, D, kBN>(sV, vg + n_start * p.v_ss, p.v_ss, kv_end - n_start);
+    load_kv_tile<T, D>(sV, vr, n_start, kv_end - n_start);
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // K[t] has landed
     __syncthreads();
@@ -130,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
       }
     }
     __syncthreads();  // every warp is done with sK: it can be refilled
-    if (t + 1 < n_tiles) load_tile<T, D, kBN>(sK, kg + (n_start + kBN) * p.k_ss, p.k_ss, kv_end - n_start - kBN);
+    if (t + 1 < n_tiles) load_kv_tile<T, D>(sK, kr, n_start + kBN, kv_end - n_start - kBN);
     ptx::cp_async_commit();  // (possibly empty group: keeps the wait counts uniform)
 
     // Mask only the tiles that cross the kv length or the diagonal.
@@ -220,8 +233,8 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
     l += __shfl_xor_sync(0xffffffff, l, 2);
     const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key gets zeros
     const int row = m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
-    if (row >= p.seq_q) continue;
-    T* orow = o_base + row * p.o_ss;
+    if (row >= sr.n_q) continue;
+    T* orow = o_base + (sr.row0 + row) * p.o_ss;
     const int mt = h / 2, e0 = (h % 2) * 2;
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
@@ -254,7 +267,9 @@ void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, boo
   const std::string path = env != nullptr && env[0] != '\0' ? env : "auto";
   MINFER_CHECK(path == "auto" || path == "sm80" || path == "sm90", "flash prefill: MINFER_PREFILL_PATH must be auto, "
                "sm80 or sm90, got '", path, "'");
-  if (path != "sm80") {
+  // Ragged queries and paged K/V (the continuous engine's steps) have only this kernel.
+  const bool ragged_or_paged = p.cu_seqlens_q != nullptr || p.paged.block_table != nullptr;
+  if (path != "sm80" && !ragged_or_paged) {
     if (flash_prefill_sm90(p, dtype, head_dim, causal, batch, heads, stream)) return;  // Hopper: wgmma + TMA
     MINFER_CHECK(path != "sm90", "flash prefill: MINFER_PREFILL_PATH=sm90 but the sm90 kernel cannot take this case "
                  "(it needs compute capability 9.x, float16/bfloat16, head_dim 64/128 and TMA-describable operands: "

@@ -394,6 +394,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
                         cudaStream_t stream) {
   if (head_dim != 64 && head_dim != 128) return false;
+  if (p.cu_seqlens_q != nullptr || p.paged.block_table != nullptr) return false;  // ragged / paged: sm80 kernel
   if (dtype != at::kHalf && dtype != at::kBFloat16) return false;
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v)) return false;
   if ((p.seq_q + kBM - 1) / kBM > 65535 || batch > 65535) return false;

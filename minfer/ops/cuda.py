@@ -160,6 +160,12 @@ def _attention_fake(q, k_cache, v_cache, start_pos, scale, stable_prefix=False):
     return q.new_empty(q.shape)  # [batch, seq, heads, head_dim], contiguous
 
 
+@torch.library.register_fake("minfer::paged_attention")
+def _paged_attention_fake(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k, scale,
+                          stable_prefix=False):
+    return q.new_empty(q.shape)  # [tokens, heads, head_dim], contiguous
+
+
 ATTENTION_HEAD_DIMS = (64, 128)  # what the prefill and decode kernels are built for
 
 
@@ -181,3 +187,27 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         return reference.attention(q, k_cache, v_cache, start_pos, scale)
     return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix)
 
+
+def paged_kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         slot_mapping: torch.Tensor) -> None:
+    # The dense kernel on the pool seen as one sequence of num_pages * page_size rows: slot s is its row s.
+    # k_cache, v_cache [num_pages, page_size, kv_heads, head_dim]; k, v [tokens, kv_heads, head_dim].
+    def pool(c):
+        return c.view(1, -1, *c.shape[2:])  # [1, slots, kv_heads, head_dim]
+    _ops.kv_cache_write(pool(k_cache), pool(v_cache), k.unsqueeze(0), v.unsqueeze(0), slot_mapping.view(1, -1))
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                    scale: float, window: int | None = None, stable_prefix: bool = False) -> torch.Tensor:
+    # As reference.paged_attention. One query per sequence runs the split-KV decode through the block table,
+    # anything else the ragged flash prefill. Pages hold a multiple of 16 keys. stable_prefix (decode only):
+    # seq_lens, the block table and every cache row but each sequence's newest were written before the
+    # kernels just ahead of this one (the engine's decode step), as attention()'s promise.
+    if window is not None:
+        raise NotImplementedError("cuda paged_attention has no window argument yet; use reference.paged_attention")
+    if q.dtype == torch.float32:
+        return reference.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q,
+                                         max_seqlen_k, scale)
+    return _ops.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+                                float(scale), stable_prefix)

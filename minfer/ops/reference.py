@@ -119,14 +119,15 @@ def paged_kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                    scale: float, window: int | None = None) -> torch.Tensor:
+                    scale: float, window: int | None = None, stable_prefix: bool = False) -> torch.Tensor:
     # Causal attention of each sequence's new queries over its pages: prefill chunks at any start and
     # decode (one query) in one call. window: a query at position p sees only keys p - window < key <= p.
     # q [tokens, heads, head_dim]: sequence b's queries are q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]], the last
     # of its seq_lens[b] positions (their keys are already written); k_cache, v_cache [num_pages, page_size,
     # kv_heads, head_dim]; block_table [batch, max_pages] int32: page j of sequence b holds its positions
     # j * page_size ...; entries past a sequence's pages are ignored. max_seqlen_q / max_seqlen_k: host ints,
-    # the largest query count and seq_len in the batch (sizes without a device sync).
+    # the largest query count and seq_len in the batch (sizes without a device sync). stable_prefix: the
+    # cuda kernel's scheduling promise (ops/cuda.py), nothing here.
     # -> [tokens, heads, head_dim]
     tokens, heads, hd = q.shape
     batch, page = block_table.shape[0], k_cache.shape[1]

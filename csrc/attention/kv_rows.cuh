@@ -1,0 +1,42 @@
+// Where key j's K (or V) row of one (sequence, kv head) lies, for both cache layouts:
+//   dense  [batch, capacity, kv_heads, D]:  base + j * ss
+//   paged  [num_pages, page_size, kv_heads, D]: row j % page_size of page table[j / page_size]
+// A page id outside the pool is clamped into it: a bad block table reads wrong rows, never out of bounds.
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace minfer::attn {
+
+template <typename T>
+struct KvRows {
+  const T* base;     // dense: key 0 of (b, kvh); paged: row 0 of page 0 at kvh
+  int64_t ss;        // row stride (elements)
+  const int* table;  // this sequence's pages, or nullptr (dense)
+  int64_t ps;        // page stride (elements)
+  int page_size;
+  int last_page;     // num_pages - 1
+
+  __device__ __forceinline__ const T* row(int j) const {
+    if (table == nullptr) return base + j * ss;
+    const unsigned page = min(static_cast<unsigned>(__ldg(table + j / page_size)), static_cast<unsigned>(last_page));
+    return base + page * ps + (j % page_size) * ss;
+  }
+};
+
+// The paged fields of a kernel's parameters: block_table == nullptr means the dense layout.
+struct PagedKv {
+  const int* block_table = nullptr;  // [batch, max_pages] int32, row stride bt_stride
+  int64_t bt_stride = 0, k_ps = 0, v_ps = 0;  // page strides of the K and V pools (elements)
+  int page_size = 0, num_pages = 0;
+
+  template <typename T>
+  __device__ __forceinline__ KvRows<T> rows(const void* cache, int64_t bs, int64_t ss, int64_t hs, int64_t ps, int b,
+                                           int kvh) const {
+    const T* base = reinterpret_cast<const T*>(cache) + kvh * hs;
+    if (block_table == nullptr) return {base + b * bs, ss, nullptr, 0, 1, 0};
+    return {base, ss, block_table + b * bt_stride, ps, page_size, num_pages - 1};
+  }
+};
+
+}  // namespace minfer::attn
