@@ -28,7 +28,7 @@ def pytest_terminal_summary(terminalreporter):
     ready, why = _gpu_ready()
     if ready:
         return
-    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "gpu" in r.keywords]
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "gpu" in getattr(r, "keywords", {})]
     if skipped:
         terminalreporter.write_line(f"GPU tests: {len(skipped)} skipped ({why}); they run on a GPU machine "
                                     f"(python -m pytest tests -m gpu, or .ci/gpu)")

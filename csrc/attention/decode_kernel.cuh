@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   Split seq_split{};
   const Range r{len, n_active, s0, s1, n_my, seq_split};
   const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * kRingBytes),
-                         p.paged.rows<T>(p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
-                         p.paged.rows<T>(p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh), c.warp, c.lane};
+                         kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
+                         kv_rows<T>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh), c.warp, c.lane};
   uint32_t qf[D / 16][4];                    // Q's A fragments
   float l_row[2], m_row[2], acc[D / 8][4];  // the softmax state of rows g, g + 8, O's C fragments
   const Heads<T, D> h{qf, acc, m_row, l_row};

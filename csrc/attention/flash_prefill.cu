@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
 
   const T* qg = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head * p.q_hs + (sr.row0 + m_start) * p.q_ss;
-  const KvRows<T> kr = p.paged.rows<T>(p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
-  const KvRows<T> vr = p.paged.rows<T>(p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, b, kvh);
+  const KvRows<T> kr = kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
+  const KvRows<T> vr = kv_rows<T>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, b, kvh);
 
   load_tile<T, D, BM>(sQ, qg, p.q_ss, sr.n_q - m_start);
   ptx::cp_async_commit();

@@ -8,6 +8,14 @@
 
 namespace minfer::attn {
 
+// The paged fields of a kernel's parameters: block_table == nullptr means the dense layout.
+struct PagedKv {
+  const int* block_table = nullptr;  // [batch, max_pages] int32, row stride bt_stride
+  int64_t bt_stride = 0, k_ps = 0, v_ps = 0;  // page strides of the K and V pools (elements)
+  int page_size = 0, num_pages = 0;
+};
+
+#ifdef __CUDACC__
 template <typename T>
 struct KvRows {
   const T* base;     // dense: key 0 of (b, kvh); paged: row 0 of page 0 at kvh
@@ -24,19 +32,15 @@ struct KvRows {
   }
 };
 
-// The paged fields of a kernel's parameters: block_table == nullptr means the dense layout.
-struct PagedKv {
-  const int* block_table = nullptr;  // [batch, max_pages] int32, row stride bt_stride
-  int64_t bt_stride = 0, k_ps = 0, v_ps = 0;  // page strides of the K and V pools (elements)
-  int page_size = 0, num_pages = 0;
-
-  template <typename T>
-  __device__ __forceinline__ KvRows<T> rows(const void* cache, int64_t bs, int64_t ss, int64_t hs, int64_t ps, int b,
-                                           int kvh) const {
-    const T* base = reinterpret_cast<const T*>(cache) + kvh * hs;
-    if (block_table == nullptr) return {base + b * bs, ss, nullptr, 0, 1, 0};
-    return {base, ss, block_table + b * bt_stride, ps, page_size, num_pages - 1};
-  }
-};
+// The rows of (sequence b, kv head kvh) of one cache (bs: the dense layout's batch stride, ps: the pool's
+// page stride).
+template <typename T>
+__device__ __forceinline__ KvRows<T> kv_rows(const PagedKv& pk, const void* cache, int64_t bs, int64_t ss, int64_t hs,
+                                             int64_t ps, int b, int kvh) {
+  const T* base = reinterpret_cast<const T*>(cache) + kvh * hs;
+  if (pk.block_table == nullptr) return {base + b * bs, ss, nullptr, 0, 1, 0};
+  return {base, ss, pk.block_table + b * pk.bt_stride, ps, pk.page_size, pk.num_pages - 1};
+}
+#endif
 
 }  // namespace minfer::attn
