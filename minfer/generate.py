@@ -85,7 +85,7 @@ _DEFAULTS = vars(parse_args([]))
 
 def uses_static_engine(ops) -> bool:
     from .ops import PAGED_OPS
-    # Static engine (dense attention, CUDA graphs) where paged attention has no kernel and would run eager on torch.
+    # The static engine (dense attention, CUDA graphs) on a backend whose paged ops would run on torch.
     return any(op in ops.fallbacks for op in PAGED_OPS)
 
 

@@ -17,9 +17,8 @@ Prompt = str | list[int] | dict  # text, token ids, or {"prompt_token_ids": [...
 
 
 class LLM:
-    """The continuous-batching EngineCore, on every backend. On cuda its paged attention (paged_kv_cache_write,
-    paged_attention) runs on torch until paged kernels exist; python -m minfer.generate runs the static engine
-    (CUDA graphs) there instead."""
+    """The continuous-batching EngineCore, on every backend (on cuda: paged kernels, decode steps from CUDA
+    graphs)."""
 
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype | None = None, device: str | None = None,
                  backend: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 256,

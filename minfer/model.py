@@ -110,10 +110,11 @@ class Transformer:
             ops.need("gelu_tanh_and_mul")
         if ops.name == "cuda":
             from .ops import cuda
-            if cfg.head_dim not in cuda.ATTENTION_HEAD_DIMS:
-                ops.route_to_reference("attention", f"no kernel for head_dim {cfg.head_dim} yet")
-            elif any(self.windows):
-                ops.route_to_reference("attention", "no kernel for windowed (sliding) attention yet")
+            why = (f"no kernel for head_dim {cfg.head_dim} yet" if cfg.head_dim not in cuda.ATTENTION_HEAD_DIMS else
+                   "no kernel for windowed (sliding) attention yet" if any(self.windows) else None)
+            if why:
+                for op in ("attention", "paged_attention"):
+                    ops.route_to_reference(op, why)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start_pos: torch.Tensor, cache: KVCache,

@@ -20,6 +20,7 @@ from ..kv_cache import AttentionMetadata, PagedKVCache
 from ..sampling import SamplingParams, SamplingTensors, sample_batch
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
+from .graphs import try_decode_graphs
 from .loaded import LoadedModel
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, Status
@@ -61,6 +62,9 @@ class EngineCore(LoadedModel):
         if num_pages is not None and not num_pages >= 1:
             raise MinferError(f"--num-pages must be at least 1, not {num_pages}")
         super().__init__(checkpoint, **load_kwargs)
+        if self.ops.name == "cuda" and page_size % 16:
+            raise MinferError(f"--block-size {page_size}: the cuda backend needs a multiple of 16 (the attention "
+                              f"kernels' key tile)")
         t0 = time.perf_counter()
         cfg = self.cfg
         page_bytes = PagedKVCache.page_bytes(cfg.num_layers, page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
@@ -70,11 +74,14 @@ class EngineCore(LoadedModel):
         elif self.device.type == "cuda" and num_pages * page_bytes > torch.cuda.mem_get_info(self.device)[0]:
             raise MinferError(f"--num-pages {num_pages}: {num_pages * page_bytes / 2**30:.2f} GiB of KV cache is more "
                               f"than the GPU's free memory")
-        self.cache = PagedKVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype,
-                                  self.device)
+        # One page more than the block manager hands out: the decode graphs' padding rows write and read it.
+        self.cache = PagedKVCache(cfg.num_layers, num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim,
+                                  self.dtype, self.device)
         self.block_manager = BlockManager(num_pages, page_size, prefix_caching)
         # every running sequence decodes every step: no more of them than the step has tokens
-        self.scheduler = Scheduler(self.block_manager, min(max_num_seqs, max_num_batched_tokens), max_num_batched_tokens)
+        max_running = min(max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens)
+        self.graphs = try_decode_graphs(self, scratch_page=num_pages, max_num_seqs=max_running)
         self.seqs: dict[str, Sequence] = {}
         self.stop_ids = set(self.tokenizer.stop_ids) if self.tokenizer else set()
         self._ids = itertools.count()
@@ -101,7 +108,7 @@ class EngineCore(LoadedModel):
         del probe
         free, total = torch.cuda.mem_get_info(self.device)
         budget = utilization * total - (total - free) - activations
-        pages = int(budget // page_bytes)
+        pages = int(budget // page_bytes) - 1  # less the decode graphs' scratch page
         if pages < one_context:
             raise MinferError(f"--gpu-memory-utilization {utilization}: room for {max(pages, 0)} KV pages of "
                               f"{page_size} tokens, fewer than one {self.max_context}-token context needs "
@@ -152,7 +159,10 @@ class EngineCore(LoadedModel):
                 for s, n in zip(batch.seqs, batch.num_tokens)]
         sampled = [i for i, (s, n) in enumerate(zip(batch.seqs, batch.num_tokens))
                    if s.num_computed_tokens + n == s.num_tokens]
-        logits = self._forward(work, self.cache, sampled)  # [len(sampled), vocab]
+        if self.graphs is not None and all(n == 1 for n in batch.num_tokens) and self.graphs.fits(len(work)):
+            logits = self.graphs.run(work)[sampled]  # [len(sampled), vocab]
+        else:
+            logits = self._forward(work, self.cache, sampled)
         for s, n in zip(batch.seqs, batch.num_tokens):
             s.num_computed_tokens += n
             self.block_manager.register_full_pages(s)

@@ -1,6 +1,6 @@
 """The static-batch engine: one padded batch of prompts, prefill + decode loop + stop handling, over a dense
-KV cache. It keeps the dense attention kernels and their CUDA graphs in use (apps/bench_e2e.py) until the
-paged ones exist; the continuous-batching engine is core.py.
+KV cache. It is the baseline of apps/bench_throughput.py --static and runs apps/bench_e2e.py's fixed-batch
+steps on the dense kernels; the continuous-batching engine is core.py.
 
 The engine owns one KV cache, grown on demand to the largest batch and context asked for, and one decode
 step per batch size over it (on the cuda backend a captured CUDA graph). Both are made by warmup(),

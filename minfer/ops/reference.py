@@ -131,6 +131,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # -> [tokens, heads, head_dim]
     tokens, heads, hd = q.shape
     batch, page = block_table.shape[0], k_cache.shape[1]
+    max_seqlen_k = min(max_seqlen_k, block_table.shape[1] * page)  # a bound (a graph's): the table caps it
     pages = -(-max_seqlen_k // page)
     table = block_table[:, :pages].long()
     key = torch.arange(max_seqlen_k, device=q.device)
