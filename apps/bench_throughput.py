@@ -58,6 +58,7 @@ def run_continuous(engine: EngineCore, reqs, args) -> dict:
     bm = engine.block_manager
     hits0, queries0, preempt0 = bm.hit_tokens, bm.query_tokens, engine.scheduler.num_preemptions
     engine._sync()
+    engine.timeline = [] if engine.device.type == "cuda" else None
     t0 = time.perf_counter()
     for ids, n_out in reqs:
         engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True))
@@ -68,10 +69,26 @@ def run_continuous(engine: EngineCore, reqs, args) -> dict:
         seqs += engine.last_step[0]
     engine._sync()
     elapsed = time.perf_counter() - t0
+    timeline, engine.timeline = engine.timeline, None
     queries = bm.query_tokens - queries0
     return dict(engine="continuous", elapsed_s=elapsed, output_tokens=out_tokens, steps=steps,
                 mean_batch=seqs / steps, prefix_hit_rate=(bm.hit_tokens - hits0) / queries if queries else 0.0,
-                preemptions=engine.scheduler.num_preemptions - preempt0, peak_gb=peak_gb(engine.device))
+                preemptions=engine.scheduler.num_preemptions - preempt0, peak_gb=peak_gb(engine.device),
+                **host_idle(timeline))
+
+
+def host_idle(timeline) -> dict:
+    """The GPU's idle time between steps (host work: scheduling, metadata, sampling's read-back, stop rules), as
+    a share of the time from the first step's begin to the last one's end: over all steps, and over the steps
+    with at least 16 sequences running (the gap before each such step)."""
+    if not timeline:
+        return dict(host_idle=None, host_idle_b16=None)
+    span = timeline[0][1].elapsed_time(timeline[-1][2])
+    gaps = [(n, end.elapsed_time(begin)) for (_, _, end), (n, begin, _) in zip(timeline, timeline[1:])]
+    busy16 = [(n, begin.elapsed_time(end)) for n, begin, end in timeline[1:] if n >= 16]
+    idle16 = sum(g for n, g in gaps if n >= 16)
+    return dict(host_idle=sum(g for _, g in gaps) / span if span > 0 else None,
+                host_idle_b16=idle16 / (idle16 + sum(b for _, b in busy16)) if busy16 else None)
 
 
 def run_static(args, reqs, make_kwargs) -> dict:
@@ -89,7 +106,8 @@ def run_static(args, reqs, make_kwargs) -> dict:
         engine.generate([ids for ids, _ in batch], greedy, max(n for _, n in batch), ignore_eos=True)
     engine._sync()
     return dict(engine="static", elapsed_s=time.perf_counter() - t0, output_tokens=sum(n for _, n in reqs),
-                steps=None, mean_batch=None, prefix_hit_rate=None, preemptions=None, peak_gb=peak_gb(engine.device))
+                steps=None, mean_batch=None, prefix_hit_rate=None, preemptions=None, peak_gb=peak_gb(engine.device),
+                host_idle=None, host_idle_b16=None)
 
 
 def main(argv=None) -> int:
@@ -149,6 +167,9 @@ def main(argv=None) -> int:
                                                       f"{100 * row['prefix_hit_rate']:.1f}% | preempted "
                                                       f"{row['preemptions']}")
         peak = "" if row["peak_gb"] is None else f" | peak {row['peak_gb']:.2f} GB"
+        if row["host_idle"] is not None:
+            b16 = "-" if row["host_idle_b16"] is None else f"{100 * row['host_idle_b16']:.1f}%"
+            peak += f" | GPU idle between steps {100 * row['host_idle']:.1f}% (batch >= 16: {b16})"
         print(f"{row['engine']:>10}: {len(reqs)} requests in {s:.2f} s | {row['requests_s']:.2f} req/s | "
               f"output {row['output_tok_s']:.1f} tok/s | total {row['total_tok_s']:.1f} tok/s{extra}{peak}", flush=True)
         if args.json:

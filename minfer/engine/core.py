@@ -86,6 +86,9 @@ class EngineCore(LoadedModel):
         self.stop_ids = set(self.tokenizer.stop_ids) if self.tokenizer else set()
         self._ids = itertools.count()
         self.warm = False
+        # (running sequences, CUDA event before the step's first GPU work, event after its last) per step, when
+        # a list: the GPU's idle time between steps is the gap from one step's end to the next one's begin
+        self.timeline: list | None = None
         self.last_step = (0, 0)
         self.load_s += time.perf_counter() - t0
 
@@ -159,6 +162,7 @@ class EngineCore(LoadedModel):
                 for s, n in zip(batch.seqs, batch.num_tokens)]
         sampled = [i for i, (s, n) in enumerate(zip(batch.seqs, batch.num_tokens))
                    if s.num_computed_tokens + n == s.num_tokens]
+        begin = self._event()
         if self.graphs is not None and all(n == 1 for n in batch.num_tokens) and self.graphs.fits(len(work)):
             logits = self.graphs.run(work)[sampled]  # [len(sampled), vocab]
         else:
@@ -166,7 +170,21 @@ class EngineCore(LoadedModel):
         for s, n in zip(batch.seqs, batch.num_tokens):
             s.num_computed_tokens += n
             self.block_manager.register_full_pages(s)
-        return self._sample(batch, sampled, logits) if sampled else []
+        return self._sample(batch, sampled, logits, begin) if sampled else self._end_step(begin, None)
+
+    def _event(self):
+        """A CUDA event recorded now, when the step timeline is kept (apps/bench_throughput.py), else None."""
+        if self.timeline is None or self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _end_step(self, begin, result):
+        """Closes the step's (sequences, first GPU work, last GPU work) entry of the timeline."""
+        if begin is not None:
+            self.timeline.append((self.last_step[0], begin, self._event()))
+        return result if result is not None else []
 
     def _forward(self, work: list[tuple[list[int], int, list[int]]], cache: PagedKVCache,
                  sampled: list[int] | None = None) -> torch.Tensor:
@@ -193,12 +211,13 @@ class EngineCore(LoadedModel):
         return self.model.forward_paged(dev(ids, torch.int64), meta, cache, dev([cu[i + 1] - 1 for i in sampled],
                                                                                    torch.int64))
 
-    def _sample(self, batch: ScheduledBatch, sampled: list[int], logits: torch.Tensor) -> list[RequestOutput]:
+    def _sample(self, batch: ScheduledBatch, sampled: list[int], logits: torch.Tensor, begin) -> list[RequestOutput]:
         seqs = [batch.seqs[i] for i in sampled]
         t = SamplingTensors.build([s.params for s in seqs], [s.seed for s in seqs], [s.num_tokens for s in seqs],
                                   [s.prompt_ids for s in seqs], [s.output_ids for s in seqs], logits.shape[-1],
                                   self.device)
         ids, logprobs = sample_batch(logits, t)
+        self._end_step(begin, None)
         host_ids = ids.tolist()  # the step's one sync
         if logprobs is not None:
             chosen, top, top_ids = logprobs.chosen.tolist(), logprobs.top.tolist(), logprobs.top_ids.tolist()
