@@ -1,6 +1,8 @@
-// SwiGLU gate: out[t, i] = silu(x[t, i]) * x[t, inter + i], computed in fp32.
-// Grid x walks packs of one row, grid y walks tokens (looping when there are more than 65535).
-// Each thread moves one pack of the gate, one of the up half, and writes one pack.
+// Gated activations: out[t, i] = act(x[t, i]) * x[t, inter + i], computed in fp32.
+//   silu_and_mul (SwiGLU):      act(a) = a / (1 + exp(-a))
+//   gelu_tanh_and_mul (GeGLU):  act(a) = 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))
+// One kernel over an activation functor. Grid x walks packs of one row, grid y walks tokens (looping when
+// there are more than 65535). Each thread moves one pack of the gate, one of the up half, and writes one pack.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -12,11 +14,24 @@ namespace minfer {
 
 namespace {
 
-template <typename T, int W>
-__global__ void silu_and_mul_kernel(T* __restrict__ out,        // [tokens, inter], contiguous
-                                    const T* __restrict__ x,    // [tokens, 2 * inter], row stride x_stride
-                                    int64_t x_stride, int inter, int64_t tokens) {
+// expf and tanhf (not the fast intrinsics) to match torch closely.
+struct Silu {
+  __device__ __forceinline__ float operator()(float a) const { return a / (1.f + expf(-a)); }
+};
+
+struct GeluTanh {
+  __device__ __forceinline__ float operator()(float a) const {
+    constexpr float kSqrt2OverPi = 0.7978845608f, kCubic = 0.044715f;
+    return 0.5f * a * (1.f + tanhf(kSqrt2OverPi * (a + kCubic * (a * a * a))));
+  }
+};
+
+template <typename Act, typename T, int W>
+__global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter], contiguous
+                                   const T* __restrict__ x,    // [tokens, 2 * inter], row stride x_stride
+                                   int64_t x_stride, int inter, int64_t tokens) {
   using P = Pack<T, W>;
+  const Act act;
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= inter / W) return;
   for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
@@ -25,49 +40,52 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out,        // [tokens, inte
     g.load(gate);
     u.load(gate + inter);
 #pragma unroll
-    for (int e = 0; e < W; ++e) {
-      const float a = to_float(g.v[e]);
-      o.v[e] = from_float<T>(a / (1.f + expf(-a)) * to_float(u.v[e]));
-    }
+    for (int e = 0; e < W; ++e) o.v[e] = from_float<T>(act(to_float(g.v[e])) * to_float(u.v[e]));
     o.store(out + t * inter + p * W);
   }
 }
 
-template <typename T, int W>
-void launch_silu_and_mul(T* out, const T* x, int64_t x_stride, int inter, int64_t tokens, cudaStream_t stream) {
+template <typename Act, typename T, int W>
+void launch_act_and_mul(T* out, const T* x, int64_t x_stride, int inter, int64_t tokens, cudaStream_t stream) {
   const int packs = inter / W;
   const int threads = std::min(256, round_up(packs, 32));
   const dim3 grid((packs + threads - 1) / threads, static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
-  silu_and_mul_kernel<T, W><<<grid, threads, 0, stream>>>(out, x, x_stride, inter, tokens);
+  act_and_mul_kernel<Act, T, W><<<grid, threads, 0, stream>>>(out, x, x_stride, inter, tokens);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-torch::Tensor silu_and_mul(const torch::Tensor& x) {
+// The launcher of both ops; `name` prefixes its error messages.
+template <typename Act>
+torch::Tensor act_and_mul(const torch::Tensor& x, const char* name) {
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_FLOAT(x);
-  MINFER_CHECK(x.dim() == 2, "silu_and_mul: x must be [tokens, 2 * inter], got shape ", x.sizes());
+  MINFER_CHECK(x.dim() == 2, name, ": x must be [tokens, 2 * inter], got shape ", x.sizes());
   MINFER_CHECK_LAST_DIM_CONTIGUOUS(x);
-  MINFER_CHECK(x.size(1) % 2 == 0, "silu_and_mul: x's last dim must be even (gate | up), got ", x.size(1));
-  MINFER_CHECK(x.size(1) < (int64_t(1) << 31), "silu_and_mul: rows too long (", x.size(1), ")");
+  MINFER_CHECK(x.size(1) % 2 == 0, name, ": x's last dim must be even (gate | up), got ", x.size(1));
+  MINFER_CHECK(x.size(1) < (int64_t(1) << 31), name, ": rows too long (", x.size(1), ")");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t tokens = x.size(0), inter = x.size(1) / 2;
   auto out = torch::empty({tokens, inter}, x.options());
   if (tokens == 0 || inter == 0) return out;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  MINFER_DISPATCH_FLOAT(x.scalar_type(), "silu_and_mul", [&] {
+  MINFER_DISPATCH_FLOAT(x.scalar_type(), name, [&] {
     constexpr int N = 16 / sizeof(scalar_t);
     auto* o = reinterpret_cast<scalar_t*>(out.data_ptr());
     const auto* in = reinterpret_cast<const scalar_t*>(x.data_ptr());
     // inter % N == 0 also puts the up half (offset inter) on a 16-byte boundary.
     const bool wide = rows_aligned16(in, inter, x.stride(0), sizeof(scalar_t)) && is_aligned16(o);
     if (wide)
-      launch_silu_and_mul<scalar_t, N>(o, in, x.stride(0), static_cast<int>(inter), tokens, stream);
+      launch_act_and_mul<Act, scalar_t, N>(o, in, x.stride(0), static_cast<int>(inter), tokens, stream);
     else
-      launch_silu_and_mul<scalar_t, 1>(o, in, x.stride(0), static_cast<int>(inter), tokens, stream);
+      launch_act_and_mul<Act, scalar_t, 1>(o, in, x.stride(0), static_cast<int>(inter), tokens, stream);
   });
   return out;
 }
+
+}  // namespace
+
+torch::Tensor silu_and_mul(const torch::Tensor& x) { return act_and_mul<Silu>(x, "silu_and_mul"); }
+
+torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x) { return act_and_mul<GeluTanh>(x, "gelu_tanh_and_mul"); }
 
 }  // namespace minfer

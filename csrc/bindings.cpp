@@ -15,6 +15,7 @@ TORCH_LIBRARY(minfer, m) {
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("rope(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin, bool is_neox) -> ()");
   m.def("silu_and_mul(Tensor x) -> Tensor");
+  m.def("gelu_tanh_and_mul(Tensor x) -> Tensor");
   m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");
   // gemm family (csrc/gemm/): path = auto | wmma | sm80 | sm90 | gemv | simt
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\", bool static_weight=False) -> Tensor");
@@ -48,6 +49,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("fused_add_rms_norm", &minfer::fused_add_rms_norm);
   m.impl("rope", &minfer::rope);
   m.impl("silu_and_mul", &minfer::silu_and_mul);
+  m.impl("gelu_tanh_and_mul", &minfer::gelu_tanh_and_mul);
   m.impl("kv_cache_write", &minfer::kv_cache_write);
   // gemm family
   m.impl("linear", &minfer::linear);
@@ -78,6 +80,7 @@ TORCH_LIBRARY_IMPL(minfer, CPU, m) {
   m.impl("fused_add_rms_norm", &minfer::fused_add_rms_norm);
   m.impl("rope", &minfer::rope);
   m.impl("silu_and_mul", &minfer::silu_and_mul);
+  m.impl("gelu_tanh_and_mul", &minfer::gelu_tanh_and_mul);
   m.impl("kv_cache_write", &minfer::kv_cache_write);
 }
 

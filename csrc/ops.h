@@ -15,6 +15,7 @@ void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, c
 void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& positions,
           const torch::Tensor& cos_sin, bool is_neox);
 torch::Tensor silu_and_mul(const torch::Tensor& x);
+torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x);
 void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& k,
                     const torch::Tensor& v, const torch::Tensor& positions);
 // gemm family (gemm/dispatch.cpp)

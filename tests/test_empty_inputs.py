@@ -15,7 +15,8 @@ def check(ops, device, dtype):
     bias = torch.randn(OUT, device=device, dtype=dtype)
     assert ops.linear(x, torch.randn(OUT, HIDDEN, device=device, dtype=dtype), bias).shape == (0, OUT)
     ops.fused_add_rms_norm(x, x.clone(), w, 1e-5)  # in place on nothing
-    assert ops.silu_and_mul(torch.empty(0, 2 * HIDDEN, device=device, dtype=dtype)).shape == (0, HIDDEN)
+    for act in (ops.silu_and_mul, ops.gelu_tanh_and_mul):
+        assert act(torch.empty(0, 2 * HIDDEN, device=device, dtype=dtype)).shape == (0, HIDDEN)
 
 
 def test_reference_ops_take_zero_tokens():

@@ -94,20 +94,25 @@ def test_fused_add_rms_norm_strided(cuda, dtype):
     torch.testing.assert_close(xb, xb_ref, **TOL[dtype])
 
 
-# ---- silu_and_mul ----
+# ---- gated activations: silu_and_mul, gelu_tanh_and_mul ----
 
+ACT_AND_MUL = ["silu_and_mul", "gelu_tanh_and_mul"]
+
+
+@pytest.mark.parametrize("op", ACT_AND_MUL)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inter", HIDDEN)
 @pytest.mark.parametrize("tokens", TOKENS)
-def test_silu_and_mul(cuda, dtype, inter, tokens):
+def test_act_and_mul(cuda, op, dtype, inter, tokens):
     x = randn(tokens, 2 * inter, dtype=dtype, scale=3.0)
-    assert_close(cuda.silu_and_mul(x), ref.silu_and_mul(x))
+    assert_close(getattr(cuda, op)(x), getattr(ref, op)(x))
 
 
+@pytest.mark.parametrize("op", ACT_AND_MUL)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul_strided(cuda, dtype):
+def test_act_and_mul_strided(cuda, op, dtype):
     x = randn(17, 2 * 1024 + 40, dtype=dtype)[:, 8:8 + 2048]
-    assert_close(cuda.silu_and_mul(x), ref.silu_and_mul(x))
+    assert_close(getattr(cuda, op)(x), getattr(ref, op)(x))
 
 
 # ---- rope ----
@@ -228,7 +233,8 @@ def test_opcheck_all(cuda):
     x, w = randn(7, 576, dtype=dt), norm_weight(576, dt)
     torch.library.opcheck(ops.rms_norm, (x, w, EPS))
     torch.library.opcheck(ops.fused_add_rms_norm, (x.clone(), randn(7, 576, dtype=dt), w, EPS))
-    torch.library.opcheck(ops.silu_and_mul, (randn(7, 2 * 576, dtype=dt),))
+    for op in ACT_AND_MUL:
+        torch.library.opcheck(getattr(ops, op), (randn(7, 2 * 576, dtype=dt),))
     _, q, k, positions, cos_sin = rope_inputs(7, 4, 2, 64, 64, dt, False, torch.int64)
     torch.library.opcheck(ops.rope, (q, k, positions, cos_sin, True))
     k_cache, v_cache = randn(2, 16, 2, 64, dtype=dt), randn(2, 16, 2, 64, dtype=dt)
@@ -255,8 +261,11 @@ def test_bad_inputs(cuda):
         ops.rms_norm(randn(64, 4, dtype=dt).t(), w, EPS)
     with pytest.raises(RuntimeError, match="residual must have x's shape"):
         ops.fused_add_rms_norm(x, randn(5, 64, dtype=dt), w, EPS)
-    with pytest.raises(RuntimeError, match="must be even"):
-        ops.silu_and_mul(randn(4, 63, dtype=dt))
+    for op in ACT_AND_MUL:
+        with pytest.raises(RuntimeError, match=f"{op}: x's last dim must be even"):
+            getattr(ops, op)(randn(4, 63, dtype=dt))
+        with pytest.raises(RuntimeError, match="x must be a CUDA tensor"):
+            getattr(ops, op)(randn(4, 64, dtype=dt).cpu())
 
     _, q, k, positions, cos_sin = rope_inputs(4, 4, 2, 64, 64, dt, False, torch.int64)
     with pytest.raises(RuntimeError, match="cos_sin must be float32"):

@@ -1,9 +1,10 @@
-"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, silu_mul, kv_write.
+"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, silu_mul, gelu_mul, kv_write.
 
 Every shape is (tokens, hidden). What the other dims are, per kernel:
 - embed: table [32000, hidden], int64 ids [tokens] (one table per (hidden, dtype), shared by the input sets).
 - rmsnorm, fused_add_rmsnorm: x (and residual) [tokens, hidden].
-- silu_mul: x [tokens, 2 * hidden] -> [tokens, hidden] (hidden plays the intermediate size).
+- silu_mul, gelu_mul (gelu_tanh_and_mul): x [tokens, 2 * hidden] -> [tokens, hidden] (hidden plays the
+  intermediate size).
 - rope: head_dim 128, heads = hidden / 128, kv_heads = heads / 4 (hidden 576: head_dim 64, 9 / 3 heads),
   full rotary, NeoX pairs; q and k are views into a fused qkv [tokens, (heads + 2 kv_heads) * head_dim];
   int64 positions (decode: random in [0, 32768); prefill: 0 .. tokens-1); cos_sin [32768, head_dim] fp32.
@@ -99,14 +100,14 @@ def _fused_bytes(shape, dtype):
     return (4 * tokens + 1) * hidden * _size(dtype)  # x, residual read; x, residual written; weight
 
 
-# ---- silu_mul ----
+# ---- silu_mul, gelu_mul ----
 
-def _silu_inputs(shape, dtype):
+def _act_mul_inputs(shape, dtype):
     tokens, inter = shape
     return dict(x=_randn(tokens, 2 * inter, dtype=dtype))
 
 
-def _silu_bytes(shape, dtype):
+def _act_mul_bytes(shape, dtype):
     tokens, inter = shape
     return 3 * tokens * inter * _size(dtype)  # gate, up read; out written
 
@@ -174,8 +175,10 @@ CASES = {
                               shape_names="tokens x hidden"),
     "rope": Case(SHAPES, _rope_inputs, ref.rope, lambda **kw: _cuda().rope(**kw), _rope_bytes,
                  shape_names="tokens x hidden (heads = hidden/128, kv = heads/4, hd 128; 576: 9/3 x 64)"),
-    "silu_mul": Case(SHAPES, _silu_inputs, ref.silu_and_mul, lambda **kw: _cuda().silu_and_mul(**kw), _silu_bytes,
-                     shape_names="tokens x inter (x = [tokens, 2 inter])"),
+    "silu_mul": Case(SHAPES, _act_mul_inputs, ref.silu_and_mul, lambda **kw: _cuda().silu_and_mul(**kw),
+                     _act_mul_bytes, shape_names="tokens x inter (x = [tokens, 2 inter])"),
+    "gelu_mul": Case(SHAPES, _act_mul_inputs, ref.gelu_tanh_and_mul, lambda **kw: _cuda().gelu_tanh_and_mul(**kw),
+                     _act_mul_bytes, shape_names="tokens x inter (x = [tokens, 2 inter])"),
     "kv_write": Case(SHAPES, _kv_inputs, _kv_ref, lambda **kw: _cuda().kv_cache_write(**kw), _kv_bytes,
                      shape_names="seq x hidden (batch 1, kv_heads = hidden/512, hd 128; 576: 3 x 64)"),
 }

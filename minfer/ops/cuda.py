@@ -44,6 +44,11 @@ def _silu_and_mul_fake(x):
     return x.new_empty((x.shape[0], x.shape[1] // 2))
 
 
+@torch.library.register_fake("minfer::gelu_tanh_and_mul")
+def _gelu_tanh_and_mul_fake(x):
+    return x.new_empty((x.shape[0], x.shape[1] // 2))
+
+
 @torch.library.register_fake("minfer::kv_cache_write")
 def _kv_cache_write_fake(k_cache, v_cache, k, v, positions):
     return None
@@ -99,6 +104,11 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: tor
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     # x [tokens, 2 * inter] = gate | up -> [tokens, inter]
     return _ops.silu_and_mul(x)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # x [tokens, 2 * inter] = gate | up -> [tokens, inter]: GeLU (tanh approximation) of gate, times up
+    return _ops.gelu_tanh_and_mul(x)
 
 
 def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
