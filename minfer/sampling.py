@@ -137,18 +137,27 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> t
     return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
+def upload(values, dtype, device) -> torch.Tensor:
+    """A host list as a device tensor. On a GPU through pinned memory without a sync: a copy from pageable
+    memory waits for the stream, and the GPU would idle while the host prepares the next step."""
+    if torch.device(device).type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 @dataclass
 class SamplingTensors:
     """Every row's sampling parameters as tensors on the device, and host flags that skip unused work."""
-    temperature: torch.Tensor  # [batch] fp32, 0 = greedy
-    top_k: torch.Tensor  # [batch] int64, vocab = off
-    top_p: torch.Tensor  # [batch] fp32
-    min_p: torch.Tensor  # [batch] fp32
-    repetition_penalty: torch.Tensor  # [batch] fp32
-    presence_penalty: torch.Tensor  # [batch] fp32
-    frequency_penalty: torch.Tensor  # [batch] fp32
-    seeds: torch.Tensor  # [batch] int64
-    positions: torch.Tensor  # [batch] int64: the position of the token being drawn (the RNG's counter)
+    # None where no row uses them: the draw's when every row is greedy, the penalties' when none has one
+    temperature: torch.Tensor | None  # [batch] fp32, 0 = greedy
+    top_k: torch.Tensor | None  # [batch] int64, vocab = off
+    top_p: torch.Tensor | None  # [batch] fp32
+    min_p: torch.Tensor | None  # [batch] fp32
+    repetition_penalty: torch.Tensor | None  # [batch] fp32
+    presence_penalty: torch.Tensor | None  # [batch] fp32
+    frequency_penalty: torch.Tensor | None  # [batch] fp32
+    seeds: torch.Tensor | None  # [batch] int64
+    positions: torch.Tensor | None  # [batch] int64: the position of the token being drawn (the RNG's counter)
     seen: torch.Tensor | None  # [batch, vocab] bool: prompt and output ids (for the repetition penalty)
     counts: torch.Tensor | None  # [batch, vocab] fp32: output id counts (presence / frequency penalties)
     all_greedy: bool
@@ -158,8 +167,9 @@ class SamplingTensors:
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], positions: list[int], prompts: list[list[int]],
               outputs: list[list[int]], vocab: int, device) -> "SamplingTensors":
+        """The tensors a batch needs, and only those: an all-greedy batch without penalties needs none."""
         def col(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype, device=device)
+            return upload(values, dtype, device)
 
         batch = len(params)
         seen = counts = None
@@ -174,15 +184,18 @@ class SamplingTensors:
             ones = col([[1.0] * len(o) + [0.0] * (width - len(o)) for o in outputs])
             counts = torch.zeros(batch, vocab, device=device).scatter_add_(1, padded, ones)
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
-        return cls(
+        greedy = all(p.temperature == 0 for p in params)
+        drawn = None if greedy else dict(  # what the random draw reads
             temperature=col([p.temperature for p in params]),
             top_k=col([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int64),
             top_p=col([p.top_p for p in params]), min_p=col([p.min_p for p in params]),
-            repetition_penalty=col([p.repetition_penalty for p in params]),
-            presence_penalty=col([p.presence_penalty for p in params]),
-            frequency_penalty=col([p.frequency_penalty for p in params]),
-            seeds=col([s % (1 << 63) for s in seeds], torch.int64), positions=col(positions, torch.int64),
-            seen=seen, counts=counts, all_greedy=all(p.temperature == 0 for p in params),
+            seeds=col([s % (1 << 63) for s in seeds], torch.int64), positions=col(positions, torch.int64))
+        return cls(
+            **(drawn or dict.fromkeys(("temperature", "top_k", "top_p", "min_p", "seeds", "positions"))),
+            repetition_penalty=col([p.repetition_penalty for p in params]) if seen is not None else None,
+            presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
+            frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
+            seen=seen, counts=counts, all_greedy=greedy,
             filters=(any(0 < p.top_k < vocab for p in params), any(p.top_p < 1 for p in params),
                      any(p.min_p > 0 for p in params)),
             num_logprobs=max(logprobs) if logprobs else None)

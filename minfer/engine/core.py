@@ -17,7 +17,7 @@ import torch
 
 from ..errors import MinferError
 from ..kv_cache import AttentionMetadata, PagedKVCache
-from ..sampling import SamplingParams, SamplingTensors, sample_batch
+from ..sampling import SamplingParams, SamplingTensors, sample_batch, upload
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
 from .graphs import try_decode_graphs
@@ -164,7 +164,9 @@ class EngineCore(LoadedModel):
                    if s.num_computed_tokens + n == s.num_tokens]
         begin = self._event()
         if self.graphs is not None and all(n == 1 for n in batch.num_tokens) and self.graphs.fits(len(work)):
-            logits = self.graphs.run(work)[sampled]  # [len(sampled), vocab]
+            logits = self.graphs.run(work)  # [len(work), vocab]
+            if len(sampled) < len(work):
+                logits = logits[sampled]
         else:
             logits = self._forward(work, self.cache, sampled)
         for s, n in zip(batch.seqs, batch.num_tokens):
@@ -203,7 +205,7 @@ class EngineCore(LoadedModel):
         sampled = range(len(work)) if sampled is None else sampled
 
         def dev(values, dtype=torch.int32):
-            return torch.tensor(values, dtype=dtype, device=self.device)
+            return upload(values, dtype, self.device)
 
         meta = AttentionMetadata(positions=dev(positions), slot_mapping=dev(slots, torch.int64),
                                  block_table=dev(table), seq_lens=dev(seq_lens), cu_seqlens_q=dev(cu),
