@@ -76,8 +76,8 @@ __device__ __forceinline__ void load_all_but_newest_row(const WarpRing<T, D>& w,
   const int len = w.r.len, key0 = w.key0(n_pre), r_new = len - 1 - key0;
 #pragma unroll
   for (int j = 0; j < kTK * (D / 8) / 32; ++j) {
-    w.copy_chunk(w.ring, w.k.row(key0), p.k_ss, r_new, j);
-    w.copy_chunk(w.ring + WarpRing<T, D>::TILE, w.v.row(key0), p.v_ss, r_new, j);
+    w.copy_chunk(w.ring, w.tile_rows(w.k, n_pre), p.k_ss, r_new, j);
+    w.copy_chunk(w.ring + WarpRing<T, D>::TILE, w.tile_rows(w.v, n_pre), p.v_ss, r_new, j);
   }
   ptx::cp_async_commit();
   constexpr int kLines = D * int(sizeof(T)) / 128;  // 128-byte lines of a row
@@ -127,12 +127,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
 
   const Cta c = cta_of(p);
   prefetch_q<T, D>(p, c);
-  int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0;
+  int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0, lane_page = 0;
   Split seq_split{};
   const Range r{len, n_active, s0, s1, n_my, seq_split};
   const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * kRingBytes),
                          kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
-                         kv_rows<T>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh), c.warp, c.lane};
+                         kv_rows<T>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh), c.warp, c.lane,
+                         lane_page};
   uint32_t qf[D / 16][4];                    // Q's A fragments
   float l_row[2], m_row[2], acc[D / 8][4];  // the softmax state of rows g, g + 8, O's C fragments
   const Heads<T, D> h{qf, acc, m_row, l_row};
@@ -145,6 +146,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   if (p.stable_prefix) {
     take_range<T, D>(r, p, c);
     if (c.split >= n_active) return;
+    w.load_pages();
     if constexpr (SPECULATE)
       spec = speculates<T, D>(seq_split, merge_of<D>(n_active, c.rows, p.rows, p.all_resident), grid_pairs(),
                               (len + kTK - 1) / kTK);
@@ -177,6 +179,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
     if (!p.stable_prefix) {
       take_range<T, D>(r, p, c);
       if (c.split >= n_active) return;
+      w.load_pages();
     }
   } else if constexpr (SPECULATE) {
     if (row_split) load_newest_row(w, n_pre);

@@ -25,11 +25,14 @@ struct KvRows {
   int page_size;
   int last_page;     // num_pages - 1
 
-  __device__ __forceinline__ const T* row(int j) const {
-    if (table == nullptr) return base + j * ss;
-    const unsigned page = min(static_cast<unsigned>(__ldg(table + j / page_size)), static_cast<unsigned>(last_page));
+  // paged: the page holding key j, and key j's row given its page
+  __device__ __forceinline__ unsigned page_of(int j) const {
+    return min(static_cast<unsigned>(__ldg(table + j / page_size)), static_cast<unsigned>(last_page));
+  }
+  __device__ __forceinline__ const T* in_page(unsigned page, int j) const {
     return base + page * ps + (j % page_size) * ss;
   }
+  __device__ __forceinline__ const T* row(int j) const { return table == nullptr ? base + j * ss : in_page(page_of(j), j); }
 };
 
 // The rows of (sequence b, kv head kvh) of one cache (bs: the dense layout's batch stride, ps: the pool's

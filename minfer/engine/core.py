@@ -215,9 +215,12 @@ class EngineCore(LoadedModel):
 
     def _sample(self, batch: ScheduledBatch, sampled: list[int], logits: torch.Tensor, begin) -> list[RequestOutput]:
         seqs = [batch.seqs[i] for i in sampled]
-        t = SamplingTensors.build([s.params for s in seqs], [s.seed for s in seqs], [s.num_tokens for s in seqs],
-                                  [s.prompt_ids for s in seqs], [s.output_ids for s in seqs], logits.shape[-1],
-                                  self.device)
+        params = [s.params for s in seqs]
+        # the ids only the penalties read (copying every output each step would cost as much as the rest)
+        penalized = any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params)
+        t = SamplingTensors.build(params, [s.seed for s in seqs], [s.num_tokens for s in seqs],
+                                  [s.prompt_ids for s in seqs] if penalized else [],
+                                  [s.output_ids for s in seqs] if penalized else [], logits.shape[-1], self.device)
         ids, logprobs = sample_batch(logits, t)
         self._end_step(begin, None)
         host_ids = ids.tolist()  # the step's one sync

@@ -87,10 +87,14 @@ class DecodeGraphs:
         b = next(x for x in self.buckets if x >= n)
         ids, pos, slots, lens, table = (t.numpy() for t in (self.h_ids, self.h_pos, self.h_slots, self.h_lens,
                                                             self.h_table))
+        page = self.page
+        starts = [start for _, start, _ in work]
+        ids[:n] = [toks[0] for toks, _, _ in work]
+        pos[:n] = starts
+        lens[:n] = [start + 1 for start in starts]
+        slots[:n] = [pages[start // page] * page + start % page for _, start, pages in work]
         width = 1
-        for i, (toks, start, pages) in enumerate(work):
-            ids[i], pos[i], lens[i] = toks[0], start, start + 1
-            slots[i] = pages[start // self.page] * self.page + start % self.page
+        for i, (_, _, pages) in enumerate(work):
             table[i, :len(pages)] = pages
             width = max(width, len(pages))
         ids[n:b], pos[n:b], slots[n:b], lens[n:b] = 0, 0, self.scratch_slot, 1
