@@ -78,12 +78,29 @@ def graph_core():
                       max_num_seqs=128)
 
 
+def test_decode_graph_context_classes():
+    """Each bucket has a graph per context class; a step replays the smallest class that holds its longest
+    sequence, with the same logits as the step run eagerly."""
+    core = EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=2000, num_pages=300,
+                      max_num_seqs=4)
+    assert core.graphs.classes == [256, 1024, 2000] and len(core.graphs.graphs) == 3 * 3
+    gen = torch.Generator().manual_seed(0)
+    for length in (100, 700, 1500):  # one sequence in each class
+        toks = torch.randint(0, 1000, (length + 1,), generator=gen).tolist()
+        pages = list(range(-(-(length + 1) // 16)))
+        core._forward([(toks[:-1], 0, pages)], core.cache)
+        step = [([toks[-1]], length, pages)]
+        eager = core._forward(step, core.cache).clone()
+        torch.testing.assert_close(core.graphs.run(step).clone(), eager, atol=5e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 31, 64, 100, 128])
 def test_decode_graph_every_bucket(graph_core, n):
     """A decode step replayed from its bucket's graph (padding rows on the scratch page) gives the logits of
     the same step run eagerly, for sequences of different lengths on pages of their own."""
     core = graph_core
     assert core.graphs is not None and core.graphs.buckets == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert core.graphs.classes == [256]  # max_context 256: one class
     gen = torch.Generator().manual_seed(n)
     lens = [5 + (7 * i) % 50 for i in range(n)]  # at most 4 pages of 16
     seqs = [(torch.randint(0, 1000, (m + 1,), generator=gen).tolist(), list(range(4 * i, 4 * i + 4)))
