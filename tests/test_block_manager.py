@@ -122,7 +122,7 @@ def step(sched, sampled_token=7):
         s.num_computed_tokens += n
         sched.bm.register_full_pages(s)
         if s.num_computed_tokens == s.num_tokens:
-            s.token_ids.append(sampled_token)
+            s.append(sampled_token)
             if s.num_output_tokens >= s.max_tokens:
                 sched.finish(s, "length")
     return {s.request_id: n for s, n in zip(batch.seqs, batch.num_tokens)}
@@ -187,7 +187,7 @@ def test_pages_filled_by_chunks_and_decodes_are_registered():
     bm.register_full_pages(s)
     assert len(bm.cached) == 1
     for t in (6, 7):  # two decodes fill page 2
-        s.token_ids.append(100 + t)
+        s.append(100 + t)
         assert bm.allocate(s, 1)
         s.num_computed_tokens += 1
         bm.register_full_pages(s)

@@ -65,6 +65,8 @@ class BlockManager:
         """Gives the sequence pages for num_new_tokens more tokens after its computed ones; on admission,
         cached_pages (from lookup) become its first pages and their tokens count as computed. Returns False,
         changing nothing, when the pool is short."""
+        if not cached_pages and seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.page_size:
+            return True  # a running sequence within its last page: the common decode step
         taken_free = sum(1 for p in cached_pages if self.ref_count[p] == 0)  # they leave the free queue
         have = len(seq.block_table) + len(cached_pages)
         computed = seq.num_computed_tokens + len(cached_pages) * self.page_size
@@ -94,9 +96,9 @@ class BlockManager:
     def register_full_pages(self, seq: Sequence) -> None:
         """Offers the sequence's pages that became full (all their tokens computed) to the prefix cache.
         A page whose hash is already cached (another sequence computed the same prefix) stays private."""
-        if not self.prefix_caching:
-            return
         full = seq.num_computed_tokens // self.page_size
+        if not self.prefix_caching or full <= seq.num_registered_pages:
+            return
         for i, h in enumerate(self._hashes(seq, full)[seq.num_registered_pages:], seq.num_registered_pages):
             page = seq.block_table[i]
             if h not in self.cached and self.hash_of[page] is None:

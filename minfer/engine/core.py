@@ -37,7 +37,8 @@ class RequestOutput:
     """A request's state after a step: everything so far, and what this step added."""
     request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int]  # output ids so far (a stop id is not one of them)
+    token_ids: list[int]  # output ids so far (a stop id is not one of them): the sequence's own list, which
+    #                       grows until the request finishes (no copy a step)
     text: str  # output text so far, cut before a stop string
     new_text: str  # text released by this step: text that may still begin a stop string is held back
     finished: bool
@@ -244,7 +245,7 @@ class EngineCore(LoadedModel):
         if (tok in self.stop_ids and not params.ignore_eos) or tok in params.stop_token_ids:
             reason = "stop"
         else:
-            seq.token_ids.append(tok)
+            seq.append(tok)
             if logprob is not None:
                 seq.logprobs.append(logprob)
             seq.text += seq.decoder.push(tok) if seq.decoder else ""

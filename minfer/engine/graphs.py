@@ -65,6 +65,7 @@ class DecodeGraphs:
         self.h_slots, self.slots = pair((B,), torch.int64, self.scratch_slot)
         self.h_lens, self.lens = pair((B,), torch.int32, 1)
         self.h_table, self.table = pair((B, W), torch.int32, scratch_page)
+        self.row_pages: list[tuple[list | None, int]] = [(None, 0)] * B  # per host table row: (page list, pages written)
         self.cu = torch.arange(B + 1, dtype=torch.int32, device=device)  # one query per row
         self.rows = torch.arange(B, dtype=torch.int64, device=device)  # every row's logits
         self.classes = context_classes(max_context)
@@ -111,8 +112,16 @@ class DecodeGraphs:
         slots[:n] = [pages[start // page] * page + start % page for _, start, pages in work]
         width = 1
         for i, (_, _, pages) in enumerate(work):
-            table[i, :len(pages)] = pages
+            # A row whose sequence is the same as last step (the same page list: a sequence gets a new list when
+            # its pages are freed) has its old pages there already; a page list only ever grows.
+            owner, have = self.row_pages[i]
+            have = have if owner is pages else 0
+            if have < len(pages):
+                table[i, have:len(pages)] = pages[have:]
+            self.row_pages[i] = (pages, len(pages))
             width = max(width, len(pages))
+        for i in range(n, b):
+            self.row_pages[i] = (None, 0)
         ids[n:b], pos[n:b], slots[n:b], lens[n:b] = 0, 0, self.scratch_slot, 1
         table[n:b, 0] = self.scratch_slot // self.page
         # Rows past a sequence's pages are never read: only the columns in use travel.

@@ -24,6 +24,7 @@ class Sequence:
     status: Status = Status.WAITING
     num_computed_tokens: int = 0  # tokens whose K and V are in the cache
     num_cached_tokens: int = 0  # of those, taken from the prefix cache at the last admission
+    output_token_ids: list[int] = field(default_factory=list)  # token_ids past the prompt, kept as they come
     block_table: list[int] = field(default_factory=list)  # page ids, in position order
     page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full pages so far
     num_registered_pages: int = 0  # pages offered to the prefix cache
@@ -45,8 +46,12 @@ class Sequence:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_ids):]
+        return self.output_token_ids
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_ids)
+        return len(self.output_token_ids)
+
+    def append(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
