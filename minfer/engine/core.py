@@ -173,7 +173,10 @@ class EngineCore(LoadedModel):
         for s, n in zip(batch.seqs, batch.num_tokens):
             s.num_computed_tokens += n
             self.block_manager.register_full_pages(s)
-        return self._sample(batch, sampled, logits, begin) if sampled else self._end_step(begin, None)
+        if not sampled:
+            self._end_step(begin)
+            return []
+        return self._sample(batch, sampled, logits, begin)
 
     def _event(self):
         """A CUDA event recorded now, when the step timeline is kept (apps/bench_throughput.py), else None."""
@@ -183,11 +186,10 @@ class EngineCore(LoadedModel):
         event.record()
         return event
 
-    def _end_step(self, begin, result):
+    def _end_step(self, begin) -> None:
         """Closes the step's (sequences, first GPU work, last GPU work) entry of the timeline."""
         if begin is not None:
             self.timeline.append((self.last_step[0], begin, self._event()))
-        return result if result is not None else []
 
     def _forward(self, work: list[tuple[list[int], int, list[int]]], cache: PagedKVCache,
                  sampled: list[int] | None = None) -> torch.Tensor:
@@ -216,14 +218,11 @@ class EngineCore(LoadedModel):
 
     def _sample(self, batch: ScheduledBatch, sampled: list[int], logits: torch.Tensor, begin) -> list[RequestOutput]:
         seqs = [batch.seqs[i] for i in sampled]
-        params = [s.params for s in seqs]
-        # the ids only the penalties read (copying every output each step would cost as much as the rest)
-        penalized = any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params)
-        t = SamplingTensors.build(params, [s.seed for s in seqs], [s.num_tokens for s in seqs],
-                                  [s.prompt_ids for s in seqs] if penalized else [],
-                                  [s.output_ids for s in seqs] if penalized else [], logits.shape[-1], self.device)
+        t = SamplingTensors.build([s.params for s in seqs], [s.seed for s in seqs], [s.num_tokens for s in seqs],
+                                  [s.prompt_ids for s in seqs], [s.output_ids for s in seqs], logits.shape[-1],
+                                  self.device)
         ids, logprobs = sample_batch(logits, t)
-        self._end_step(begin, None)
+        self._end_step(begin)
         host_ids = ids.tolist()  # the step's one sync
         if logprobs is not None:
             chosen, top, top_ids = logprobs.chosen.tolist(), logprobs.top.tolist(), logprobs.top_ids.tolist()
