@@ -26,7 +26,7 @@ from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, Status
 from .stats import Stats
 
-# Page size in tokens, until the paged kernels measure their own (vLLM's default).
+# Page size in tokens: the decode kernel's key tile and vLLM's default (32 and 64 not measured against it yet).
 DEFAULT_PAGE_SIZE = 16
 # Without --num-pages on the CPU: pages for max_num_seqs full contexts, but at most this many bytes.
 CPU_CACHE_BYTES = 1 << 30
