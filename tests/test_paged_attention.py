@@ -169,15 +169,15 @@ def test_cuda_paged_strided_q(q_lens):
 def test_cuda_paged_kv_write_equals_reference(dtype):
     """The same keys written through the kernel and through the reference land in the same slots, bit for bit
     (the slots no one writes keep their NaN)."""
-    def on_gpu(kc, vc, k, v, slots):
-        pools.extend([kc.to("cuda", dtype), vc.to("cuda", dtype)])
-        _cuda().paged_kv_cache_write(pools[0], pools[1], k.to("cuda", dtype), v.to("cuda", dtype), slots.cuda())
-    pools = []
-    args = ([5, 1, 30], [0, 16, 3], 4, 2, 64, 12, 0, 16)
-    case(*args, write=on_gpu)
-    _, _, _, k_want, v_want, _, _, _ = case(*args)
-    assert torch.equal(pools[0].cpu().float().nan_to_num(7.0), k_want.to(dtype).float().nan_to_num(7.0))
-    assert torch.equal(pools[1].cpu().float().nan_to_num(7.0), v_want.to(dtype).float().nan_to_num(7.0))
+    calls = []
+    case([5, 1, 30], [0, 16, 3], 4, 2, 64, 12, 0, 16, write=lambda *a: calls.append(a))  # the write case() makes
+    k_pool, v_pool, k, v, slots = calls[0]
+    want_k, want_v = k_pool.to(dtype, copy=True), v_pool.to(dtype, copy=True)  # the NaN pools stay unwritten
+    reference.paged_kv_cache_write(want_k, want_v, k.to(dtype), v.to(dtype), slots)
+    got_k, got_v = k_pool.to("cuda", dtype), v_pool.to("cuda", dtype)
+    _cuda().paged_kv_cache_write(got_k, got_v, k.to("cuda", dtype), v.to("cuda", dtype), slots.cuda())
+    assert torch.equal(got_k.cpu().nan_to_num(7.0), want_k.nan_to_num(7.0))
+    assert torch.equal(got_v.cpu().nan_to_num(7.0), want_v.nan_to_num(7.0))
 
 
 @pytest.mark.gpu
