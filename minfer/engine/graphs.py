@@ -50,10 +50,11 @@ class DecodeGraphs:
         self.page, self.max_context = cache.page_size, max_context
         self.buckets = buckets_for(max_num_seqs)
         B, W = self.buckets[-1], -(-max_context // cache.page_size)  # rows, block-table width
-        self.scratch_page, self.scratch_slot = scratch_page, scratch_page * self.page
+        self.scratch_slot = scratch_page * self.page
+        pin = device.type == "cuda"
 
         def pair(shape, dtype, fill):
-            host = torch.full(shape, fill, dtype=dtype, pin_memory=True)
+            host = torch.full(shape, fill, dtype=dtype, pin_memory=pin)
             return host, host.to(device)
 
         # host (pinned) and device copies; padding rows: token 0 at position 0, written to and read from the
@@ -63,8 +64,6 @@ class DecodeGraphs:
         self.h_slots, self.slots = pair((B,), torch.int64, self.scratch_slot)
         self.h_lens, self.lens = pair((B,), torch.int32, 1)
         self.h_table, self.table = pair((B, W), torch.int32, scratch_page)
-        # numpy views of the host buffers: a step fills them element by element
-        self.np = [t.numpy() for t in (self.h_ids, self.h_pos, self.h_slots, self.h_lens, self.h_table)]
         self.row_pages: list[tuple[list | None, int]] = [(None, 0)] * B  # per host table row: (page list, pages written)
         self.cu = torch.arange(B + 1, dtype=torch.int32, device=device)  # one query per row
         self.rows = torch.arange(B, dtype=torch.int64, device=device)  # every row's logits
@@ -102,7 +101,8 @@ class DecodeGraphs:
         view into the graph's output, valid until the next run)."""
         n = len(work)
         b = next(x for x in self.buckets if x >= n)
-        ids, pos, slots, lens, table = self.np
+        ids, pos, slots, lens, table = (t.numpy() for t in (self.h_ids, self.h_pos, self.h_slots, self.h_lens,
+                                                            self.h_table))
         page = self.page
         starts = [start for _, start, _ in work]
         ids[:n] = [toks[0] for toks, _, _ in work]
@@ -122,7 +122,7 @@ class DecodeGraphs:
         for i in range(n, b):
             self.row_pages[i] = (None, 0)
         ids[n:b], pos[n:b], slots[n:b], lens[n:b] = 0, 0, self.scratch_slot, 1
-        table[n:b, 0] = self.scratch_page
+        table[n:b, 0] = self.scratch_slot // self.page
         # Rows past a sequence's pages are never read: only the columns in use travel.
         for host, dev in ((self.h_ids, self.ids), (self.h_pos, self.pos), (self.h_slots, self.slots),
                           (self.h_lens, self.lens)):
