@@ -90,6 +90,18 @@ def test_qlinear(kind, m, dtype):
         _check(ours, torch_out, ref64, dtype)
 
 
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_qlinear_large_grid(kind):
+    """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernel without
+    x loaded ahead; 276 rows past that (4500 on 132 SMs) end in a partial tile."""
+    q = _q()
+    n = 16 * 2 * torch.cuda.get_device_properties(0).multi_processor_count + 276
+    for m in (1, 5):
+        w, x, b, ref64, torch_out = _product_case(kind, m, n, KS[kind][0], torch.bfloat16, seed=m)
+        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, KS[kind][0], b, False)
+        _check(ours, torch_out, ref64, torch.bfloat16)
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])
 def test_qlinear_static_weight_and_no_bias(kind):
     q = _q()

@@ -123,6 +123,17 @@ __device__ __forceinline__ uint4 ld_nc_v4(const uint4* ptr, bool pred) {
       : "l"(ptr), "r"((int)pred));
   return v;
 }
+// 8 read-only bytes (as ld_nc_v4). Volatile, so that a load placed before a wait (cp_async_wait) is issued
+// before it and its latency overlaps the wait's.
+__device__ __forceinline__ uint2 ld_nc_v2(const uint2* ptr, bool pred) {
+  uint2 v;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
+      " @p ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
+      : "=r"(v.x), "=r"(v.y)
+      : "l"(ptr), "r"((int)pred));
+  return v;
+}
 // *ptr through L2 (ld.global.cg) where `pred`, else `fallback`: a predicated load, no branch, so an
 // unrolled run of them issues back to back whatever the count.
 __device__ __forceinline__ float4 ld_cg_v4f32_if(const float4* ptr, bool pred, float4 fallback) {

@@ -166,13 +166,49 @@ __device__ __forceinline__ void k_scales_mins(const uint8_t* p, uint32_t (&sc)[2
   mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
 }
 
+// What the steps of a row chunk share: the K-quants' super-block scales (d, dmin and the packed 6-bit
+// scales and mins; Q6_K's d and 16 int8 scales). kOnce: read once a chunk into registers (a win where
+// registers are free: qlinear's NT = 1), else from shared memory at each step. Unused by the legacy
+// formats, whose every step is a block of its own.
+template <int QT, bool kOnce>
+struct ChunkHead {
+  const uint8_t* c;
+  float d = 0.f, dmin = 0.f;
+  uint32_t sc[2] = {}, mn[2] = {}, q6[4] = {};
+  __device__ __forceinline__ explicit ChunkHead(const uint8_t* chunk) : c(chunk) {
+    if constexpr (kOnce && (QT == kQ4_K || QT == kQ5_K)) {
+      d = f16_at(c), dmin = f16_at(c + 2);
+      k_scales_mins(c + 4, sc, mn);
+    } else if constexpr (kOnce && QT == kQ6_K) {
+      d = f16_at(c + 208);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) q6[i] = word_at<Format<QT>::kAlign>(c + 192 + 4 * i);
+    }
+  }
+  // Q4_K / Q5_K: sub-block s's scale d sc and negated min -dmin mn.
+  __device__ __forceinline__ void scale_min(int s, float& a, float& b) const {
+    if constexpr (kOnce) {
+      a = __fmul_rn(d, byte_f(sc, s, 0.f)), b = -__fmul_rn(dmin, byte_f(mn, s, 0.f));
+    } else {
+      uint32_t w_sc[2], w_mn[2];
+      k_scales_mins(c + 4, w_sc, w_mn);
+      a = __fmul_rn(f16_at(c), byte_f(w_sc, s, 0.f)), b = -__fmul_rn(f16_at(c + 2), byte_f(w_mn, s, 0.f));
+    }
+  }
+  // Q6_K: d times int8 scale i (0..15).
+  __device__ __forceinline__ float q6_scale(int i) const {
+    if constexpr (kOnce) return __fmul_rn(d, float(int8_t(q6[i >> 2] >> (8 * (i & 3)))));
+    return __fmul_rn(f16_at(c + 208), float(int8_t(c[192 + i])));
+  }
+};
+
 // Step s (elements 32 s .. 32 s + 31) of the row chunk at c (2 legacy blocks or one super-block, from a
 // block boundary), as lane t (0..3) takes it: byte i of q[j] is the quant of element 32 s + 16 j + 4 t + i,
 // unsigned and below 128 (256 for Q8_0), and the element is a[j] (quant - kQuantOffset) + b[j]. Only
-// kScalePer16 formats set a[1]; only kHasMin ones set b.
-template <int QT>
-__device__ __forceinline__ void step_quants(const uint8_t* c, int s, int t, uint32_t (&q)[2], float (&a)[2],
-                                            float (&b)[2]) {
+// kScalePer16 formats set a[1]; only kHasMin ones set b. head: the chunk's ChunkHead.
+template <int QT, bool kOnce>
+__device__ __forceinline__ void step_quants(const uint8_t* c, int s, int t, const ChunkHead<QT, kOnce>& head,
+                                            uint32_t (&q)[2], float (&a)[2], float (&b)[2]) {
   using F = Format<QT>;
   constexpr int A = F::kAlign;
   if constexpr (F::kElems == 32) {  // one block a step; elements 0-15 in the low nibbles, 16-31 the high
@@ -198,19 +234,16 @@ __device__ __forceinline__ void step_quants(const uint8_t* c, int s, int t, uint
       q[0] |= ((word_at<A>(c + 16 + 4 * t) >> s) & 0x01010101u) << 4;
       q[1] |= ((word_at<A>(c + 32 + 4 * t) >> s) & 0x01010101u) << 4;
     }
-    uint32_t sc[2], mn[2];
-    k_scales_mins(c + 4, sc, mn);
-    a[0] = __fmul_rn(f16_at(c), byte_f(sc, s, 0.f));
-    b[0] = -__fmul_rn(f16_at(c + 2), byte_f(mn, s, 0.f));
+    head.scale_min(s, a[0], b[0]);
   } else {
     static_assert(QT == kQ6_K, "step_quants: unknown format");
     const int h = s >> 2, g = s & 3;  // half h (128 elements), group g (32) of it; one scale per 16
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int l = 16 * j + 4 * t;
+      const int l = 16 * j + 4 * t, i = 8 * h + 2 * g + j;  // i: the int8 scale's index
       const uint32_t lo = word_at<A>(c + 64 * h + 32 * (g & 1) + l), hi = word_at<A>(c + 128 + 32 * h + l);
       q[j] = ((lo >> (4 * (g >> 1))) & 0x0F0F0F0Fu) | (((hi >> (2 * g)) & 0x03030303u) << 4);
-      a[j] = __fmul_rn(f16_at(c + 208), float(int8_t(c[192 + 8 * h + 2 * g + j])));
+      a[j] = head.q6_scale(i);
     }
   }
 }

@@ -14,6 +14,8 @@
 // scale run are then scaled in fp32: acc += a dot(q - offset, x) + b sum(x), sum(x) from one more mma
 // against ones where the format has a min. The warps' partial sums meet in shared memory at the end.
 //
+// Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
+//
 // Programmatic dependent launch (Hopper): with static_weight (no kernel that may still run writes W),
 // the first stages of W are in flight before griddep_wait; x, bias and out only after it.
 #include <c10/cuda/CUDAGuard.h>
@@ -60,6 +62,8 @@ struct Args {
   int M, N, K;
   int64_t row_bytes;
   bool static_weight;
+  bool aligned;  // row_bytes % 16 == 0 and 16 rows < 2^31 bytes: every row's chunk starts 16-byte aligned
+                 // where the chunk's size is a multiple of 16
 };
 
 // Where row n0 + r's chunk c starts in W (bytes): the stage holds it from offset start & 15.
@@ -69,11 +73,22 @@ __device__ __forceinline__ int64_t chunk_start(const Args& a, int n0, int r, int
 
 // Starts the copy of chunk c of rows n0 .. n0 + 15 into stage, in the 16-byte pieces that hold it (the
 // last one of W only up to W's end); the rest of the stage, and rows from N on, get zeros (decoded: 0).
-template <int QT>
+// kOffsets: the aligned case on 32-bit offsets, with no extra piece (Q8_0 16 x 4096 x 4096: 20.2 -> 15.7 us;
+// the compiler keeps them in ~10 registers across chunks, which lost 10% on Q4_K at M = 16).
+template <int QT, bool kOffsets>
 __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0, int c, int lane) {
   using R = Ring<QT>;
   if (n0 + 16 < a.N && int64_t(c + 1) * R::kBytes <= a.row_bytes) {  // whole, and W goes on past it: no checks
     const int64_t base = int64_t(n0) * a.row_bytes + int64_t(c) * R::kBytes;  // row n0's chunk
+    if (kOffsets && R::kBytes % 16 == 0 && a.aligned) {  // every row's chunk starts aligned: no extra piece
+      constexpr int kPerRow = R::kBytes / 16;
+#pragma unroll
+      for (int i = lane; i < 16 * kPerRow; i += 32) {
+        const int r = i / kPerRow, p = i % kPerRow;
+        cp_async16(smem_addr(stage + r * R::kRowStride + 16 * p), a.w + base + (r * int(a.row_bytes) + 16 * p), 16);
+      }
+      return;
+    }
 #pragma unroll
     for (int i = lane; i < 16 * R::kPieces; i += 32) {
       const int r = i / R::kPieces, p = i % R::kPieces;
@@ -125,22 +140,61 @@ __device__ __forceinline__ uint2 int_pairs(uint32_t q) {
   }
 }
 
-// x[0 .. 3] (4 consecutive T, 8-byte aligned; zeros where !ok) as the pairs (x0, x2), (x1, x3).
-template <typename T>
-__device__ __forceinline__ uint2 x_pairs(const T* x, bool ok) {
-  const uint2 v = ok ? __ldg(reinterpret_cast<const uint2*>(x)) : make_uint2(0, 0);
+// x[0 .. 3] (4 consecutive T, 8-byte aligned; zeros where !ok), as loaded. kPinned: issued where it stands
+// (a volatile load), else where the compiler schedules it (it hoists a chunk's loads to the chunk's start).
+template <bool kPinned, typename T>
+__device__ __forceinline__ uint2 x_raw(const T* x, bool ok) {
+  if constexpr (kPinned) return ld_nc_v2(reinterpret_cast<const uint2*>(x), ok);
+  return ok ? __ldg(reinterpret_cast<const uint2*>(x)) : make_uint2(0, 0);
+}
+// x[0 .. 3] as loaded, as the pairs (x0, x2), (x1, x3).
+__device__ __forceinline__ uint2 x_pairs(uint2 v) {
   return make_uint2(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632));
 }
 
+// With kAhead, this lane's x for a whole chunk ([step][x row tile][mma j]), loaded before the chunk's
+// weights are waited for, so that the two latencies overlap: x comes from L2, and at M = 1 on 256 CTAs
+// waiting for it was 39% of the stalls. Its 32 registers cost a CTA an SM, which loses on large grids
+// (Q6_K 1 x 128256 x 4096: 164 -> 192 us) and on the 4-bit formats, bound by instructions more than by
+// latency: qlinear takes it for Q8_0 and Q6_K on grids of at most 2 CTAs an SM (1 x 4096 x 14336: Q8_0
+// 37.2 -> 27.1 us, Q6_K 31.3 -> 24.3).
+template <int QT>
+constexpr bool kXAheadFormat = QT == kQ8_0 || QT == kQ6_K;
+// The formats that take load_chunk's kOffsets.
+template <int QT>
+constexpr bool kOffsetsFormat = QT == kQ8_0;
+
+template <int QT, int NT, bool kAhead>
+struct XAhead {
+  static_assert(!kAhead || NT == 1, "XAhead: the registers of NT = 2 would spill");
+  static constexpr int kSteps = kAhead ? Ring<QT>::kChunk / 32 : 0;
+  uint2 v[kSteps > 0 ? kSteps : 1][NT][2];
+};
+
+// x[:, chunk c] ahead: row 8 nt + g, k = 32 s + 16 j + 4t .. + 3 (zeros past M and K).
+template <int QT, typename T, int NT, bool kAhead>
+__device__ __forceinline__ void load_x_ahead(XAhead<QT, NT, kAhead>& xa, const Args& a, int c, int g, int t) {
+#pragma unroll
+  for (int s = 0; s < XAhead<QT, NT, kAhead>::kSteps; ++s)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int k = c * Ring<QT>::kChunk + 32 * s + 16 * j + 4 * t, m = 8 * nt + g;
+        xa.v[s][nt][j] = x_raw<true>(static_cast<const T*>(a.x) + int64_t(m) * a.K + k, m < a.M && k < a.K);
+      }
+}
+
 // acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage.
-template <int QT, typename T, int NT>
-__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const Args& a, int n0, int c,
-                                          int g, int t) {
+template <int QT, typename T, int NT, bool kAhead>
+__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const XAhead<QT, NT, kAhead>& xa,
+                                          const Args& a, int n0, int c, int g, int t) {
   using R = Ring<QT>;
   constexpr int kRuns = kScalePer16<QT> ? 2 : 1;  // scale runs a step
   constexpr uint32_t kOnes = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;
   const uint8_t* row_a = stage + g * R::kRowStride + (chunk_start(a, n0, g, c, R::kBytes) & 15);
   const uint8_t* row_b = stage + (g + 8) * R::kRowStride + (chunk_start(a, n0, g + 8, c, R::kBytes) & 15);
+  const ChunkHead<QT, kAhead> head_a(row_a), head_b(row_b);  // scales once a chunk along with x ahead
   const T* x = static_cast<const T*>(a.x) + int64_t(c) * R::kChunk + 4 * t;
   const int steps = (a.K - c * R::kChunk < R::kChunk ? a.K - c * R::kChunk : R::kChunk) / 32;  // K % 32 == 0
   const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
@@ -151,11 +205,13 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) xp[nt][j] = x_pairs(x + int64_t(8 * nt + g) * a.K + 32 * s + 16 * j, 8 * nt + g < a.M);
+      for (int j = 0; j < 2; ++j)
+        xp[nt][j] = x_pairs(kAhead ? xa.v[s][nt][j] : x_raw<false>(x + int64_t(8 * nt + g) * a.K + 32 * s + 16 * j,
+                                                                     8 * nt + g < a.M));
     uint32_t qa[2], qb[2];
     float sa[2], sb[2], ma[2], mb[2];  // rows g and g + 8: scale and min of each run
-    step_quants<QT>(row_a, s, t, qa, sa, ma);
-    step_quants<QT>(row_b, s, t, qb, sb, mb);
+    step_quants<QT>(row_a, s, t, head_a, qa, sa, ma);
+    step_quants<QT>(row_b, s, t, head_b, qb, sb, mb);
     float dot[NT][kRuns][4] = {}, xsum[NT][4] = {};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -180,9 +236,14 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
   }
 }
 
-template <int QT, typename T, int NT>
-__global__ void __launch_bounds__(kThreads) qlinear_kernel(const Args a) {
+// CTAs an SM: with kOffsets at NT = 1 and no x ahead (large grids, bound by bytes in flight) the registers
+// must still allow 3; else 0, the compiler's choice (an explicit 1 lets it take up to 255 registers: Q4_K
+// 80 -> 115, M = 1 qlinear 11-25% slower).
+template <int QT, typename T, int NT, bool kAhead>
+__global__ void __launch_bounds__(kThreads, kOffsetsFormat<QT> && NT == 1 && !kAhead ? 3 : 0)
+    qlinear_kernel(const Args a) {
   using R = Ring<QT>;
+  constexpr bool kOffsets = kOffsetsFormat<QT>;
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][kStages][kStageBytes]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16, chunks = (a.K + R::kChunk - 1) / R::kChunk;
@@ -192,18 +253,21 @@ __global__ void __launch_bounds__(kThreads) qlinear_kernel(const Args a) {
   if (!a.static_weight) griddep_wait();
 #pragma unroll
   for (int i = 0; i < R::kStages - 1; ++i) {
-    if (i < mine) load_chunk<QT>(ring + i * R::kStageBytes, a, n0, warp + kWarps * i, lane);
+    if (i < mine) load_chunk<QT, kOffsets>(ring + i * R::kStageBytes, a, n0, warp + kWarps * i, lane);
     cp_async_commit();  // one group per chunk, empty past the last: the wait below counts groups
   }
   if (a.static_weight) griddep_wait();  // x, bias and out may be the previous kernel's
   float acc[NT][4] = {};
   for (int i = 0; i < mine; ++i) {
     const int ahead = i + R::kStages - 1;  // refills the stage that chunk i - 1 left
-    if (ahead < mine) load_chunk<QT>(ring + (ahead % R::kStages) * R::kStageBytes, a, n0, warp + kWarps * ahead, lane);
+    if (ahead < mine)
+      load_chunk<QT, kOffsets>(ring + (ahead % R::kStages) * R::kStageBytes, a, n0, warp + kWarps * ahead, lane);
     cp_async_commit();
+    XAhead<QT, NT, kAhead> xa;
+    load_x_ahead<QT, T, NT, kAhead>(xa, a, warp + kWarps * i, g, t);
     cp_async_wait<R::kStages - 1>();  // chunk i's group is done (for this lane) ...
     __syncwarp();                     // ... and for every lane
-    mma_chunk<QT, T, NT>(acc, ring + (i % R::kStages) * R::kStageBytes, a, n0, warp + kWarps * i, g, t);
+    mma_chunk<QT, T, NT, kAhead>(acc, ring + (i % R::kStages) * R::kStageBytes, xa, a, n0, warp + kWarps * i, g, t);
     __syncwarp();  // every lane is done with the stage before it is refilled
   }
   // The warps' partial sums, through the (now idle) rings: red[warp][i][lane].
@@ -227,9 +291,9 @@ __global__ void __launch_bounds__(kThreads) qlinear_kernel(const Args a) {
   }
 }
 
-template <int QT, typename T, int NT>
+template <int QT, typename T, int NT, bool kAhead = false>
 void launch(const Args& a, cudaStream_t stream) {
-  auto kernel = qlinear_kernel<QT, T, NT>;
+  auto kernel = qlinear_kernel<QT, T, NT, kAhead>;
   static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Ring<QT>::kSmem));
     return true;
@@ -266,11 +330,14 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64
   if (x.size(0) == 0 || n == 0) return out;
   const qgemm::Args a{blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
                       (int)x.size(0),             (int)n,         (int)k,                             row_bytes,
-                      static_weight};
+                      static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31)};
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
-      if (a.M <= 8)
+      // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
+      if (qgemm::kXAheadFormat<QT> && a.M <= 8 && (a.N + 15) / 16 <= 2 * sm_count(x.get_device()))
+        qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
+      else if (a.M <= 8)
         qgemm::launch<QT, scalar_t, 1>(a, stream);
       else
         qgemm::launch<QT, scalar_t, 2>(a, stream);
