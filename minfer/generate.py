@@ -53,9 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--dequantize", action="store_true",
                    help="expand a GGUF's quantized matrices to --dtype at load (default: they stay quantized on the "
                         "cuda backend; the ref backend always expands them)")
-    engine = p.add_argument_group("engine (continuous batching over a paged KV cache)",
-                                  "a backend without paged kernels (cuda, for now) runs the static engine, which "
-                                  "ignores these")
+    engine = p.add_argument_group("engine (continuous batching over a paged KV cache)")
     engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
     engine.add_argument("--max-num-batched-tokens", type=int, default=2048,
                         help="tokens in a step, at most: long prompts prefill in chunks (default: %(default)s)")
@@ -72,21 +70,6 @@ def parse_args(argv=None):
         p.error("give the checkpoint once: as CHECKPOINT or as --model")
     args.checkpoint = args.checkpoint or args.model
     return args
-
-
-# Flags of the continuous engine core (and its per-row sampling) that the static engine does not honour.
-CONTINUOUS_ONLY = [("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
-                   ("--num-pages", "num_pages"), ("--block-size", "block_size"),
-                   ("--gpu-memory-utilization", "gpu_memory_utilization"),
-                   ("--no-enable-prefix-caching", "prefix_caching"), ("--presence-penalty", "presence_penalty"),
-                   ("--frequency-penalty", "frequency_penalty")]
-_DEFAULTS = vars(parse_args([]))
-
-
-def uses_static_engine(ops) -> bool:
-    from .ops import PAGED_OPS
-    # The static engine (dense attention, CUDA graphs) on a backend whose paged ops would run on torch.
-    return any(op in ops.fallbacks for op in PAGED_OPS)
 
 
 def _check(args):
@@ -136,29 +119,15 @@ def run(args) -> None:
     system = None if args.system is None else _text(args.system, "--system")
     chat_flag = "--chat" if args.chat else "--system" if system is not None else None
 
-    import torch
-
-    from .engine import Engine, print_stats
-    from .engine.loaded import _backend, _device
+    from .engine import print_stats
     from .llm import LLM
-    from .ops import PAGED_OPS
-    ops = _backend(args.backend, _device(args.device))
-    static = uses_static_engine(ops)
-    if static:
-        ignored = [flag for flag, dest in CONTINUOUS_ONLY if getattr(args, dest) != _DEFAULTS[dest]]
-        if ignored:
-            print(f"[minfer] {ops.name} backend: the static engine runs (no paged kernels yet) and ignores "
-                  f"{', '.join(ignored)}", file=sys.stderr)
-        engine = Engine(args.checkpoint, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
-                        backend=ops.name, max_context=args.max_context, dequantize=args.dequantize)
-    else:
-        llm = LLM(args.checkpoint, dtype=args.dtype, device=args.device, backend=ops.name,
-                  max_model_len=args.max_context, dequantize=args.dequantize, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens, num_pages=args.num_pages,
-                  block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                  enable_prefix_caching=args.prefix_caching)
-        engine = llm.engine
-    fallbacks = [op for op in engine.ops.fallbacks if not (static and op in PAGED_OPS)]
+    llm = LLM(args.checkpoint, dtype=args.dtype, device=args.device, backend=args.backend,
+              max_model_len=args.max_context, dequantize=args.dequantize, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, num_pages=args.num_pages,
+              block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
+              enable_prefix_caching=args.prefix_caching)
+    engine = llm.engine
+    fallbacks = engine.ops.fallbacks
     if fallbacks:
         print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(fallbacks)}", file=sys.stderr)
     if chat_flag and not engine.tokenizer.chat_template:
@@ -172,11 +141,8 @@ def run(args) -> None:
             sys.stdout.write(delta)
             sys.stdout.flush()
 
-    if static:
-        outputs, stats = engine.generate(ids, params, args.max_new_tokens, stop, on_text, ignore_eos=args.ignore_eos)
-    else:
-        outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, lambda b, out: on_text(b, out.new_text))
-        stats = llm.last_stats
+    outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, lambda b, out: on_text(b, out.new_text))
+    stats = llm.last_stats
     if single:
         sys.stdout.write("\n")
     else:

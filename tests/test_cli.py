@@ -338,25 +338,3 @@ def test_ignore_eos_and_verbose(tiny):
     assert_clean_stats(stats)
     for part in ("read", "upload", "dequantize"):
         assert f"{part} " in split
-
-
-
-def test_engine_route():
-    """The CLI runs the static engine where paged attention has no kernel (cuda today), the continuous core else."""
-    from minfer.generate import uses_static_engine
-    from minfer.ops import PAGED_OPS, Backend, get_backend
-    assert uses_static_engine(Backend("cuda", {}, list(PAGED_OPS)))
-    assert not uses_static_engine(Backend("cuda", {}, []))
-    assert not uses_static_engine(get_backend("ref", "cpu"))
-
-
-def test_static_route_runs_and_names_ignored_flags(tiny, capsys, monkeypatch):
-    from minfer import generate
-    monkeypatch.setattr(generate, "uses_static_engine", lambda ops: True)
-    rc, out, err = main(capsys, tiny, "-p", "w1 w2", "-n", "4", "--ignore-eos", "--temperature", "0", "--device", "cpu",
-                        "--max-num-seqs", "8", "--presence-penalty", "0.5")
-    assert rc == 0, err
-    notice, stats = err.splitlines()
-    assert "static engine" in notice and "--max-num-seqs, --presence-penalty" in notice
-    assert_clean_stats(stats)
-    assert len(out.split()) == 4
