@@ -17,25 +17,15 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import sys
 import time
 
 import httpx
 
-
-def lengths(spec: str, n: int, rng: random.Random) -> list[int]:
-    lo, _, hi = spec.partition(":")
-    lo, hi = int(lo), int(hi or lo)
-    if not 1 <= lo <= hi:
-        raise SystemExit(f"bench_serve: bad length {spec!r} (N or LO:HI, 1 <= LO <= HI)")
-    return [rng.randint(lo, hi) for _ in range(n)]
-
-
-def make_requests(args, vocab: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(args.seed)  # bench_throughput's draws, in its order
-    ins, outs = lengths(args.input_len, args.num_requests, rng), lengths(args.output_len, args.num_requests, rng)
-    return [([rng.randrange(vocab) for _ in range(n_in)], n_out) for n_in, n_out in zip(ins, outs)]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench.workload import make_requests  # noqa: E402
 
 
 async def one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int) -> dict:
@@ -84,7 +74,8 @@ async def run(args) -> dict:
     async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=None, limits=limits) as client:
         info = (await client.get("/v1/models")).raise_for_status().json()["data"][0]
         model = args.model or info["id"]
-        reqs = make_requests(args, args.vocab_size or info.get("vocab_size") or 256)
+        reqs = make_requests(args.num_requests, args.input_len, args.output_len,
+                             args.vocab_size or info.get("vocab_size") or 256, args.seed)
         gate = asyncio.Semaphore(args.max_concurrency or len(reqs))
         rng = random.Random(args.seed + 1)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 
@@ -27,24 +26,8 @@ from minfer.engine import Engine
 from minfer.engine.core import DEFAULT_PAGE_SIZE, EngineCore
 from minfer.sampling import SamplingParams
 
-
-def lengths(spec: str, n: int, rng: random.Random) -> list[int]:
-    lo, _, hi = spec.partition(":")
-    lo, hi = int(lo), int(hi or lo)
-    if not 1 <= lo <= hi:
-        raise SystemExit(f"bench_throughput: bad length {spec!r} (N or LO:HI, 1 <= LO <= HI)")
-    return [rng.randint(lo, hi) for _ in range(n)]
-
-
-def make_requests(args, vocab: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(args.seed)
-    ins, outs = lengths(args.input_len, args.num_requests, rng), lengths(args.output_len, args.num_requests, rng)
-    prefix = [rng.randrange(vocab) for _ in range(args.shared_prefix)]
-    reqs = []
-    for n_in, n_out in zip(ins, outs):
-        tail = [rng.randrange(vocab) for _ in range(max(0, n_in - len(prefix)))]
-        reqs.append(((prefix + tail)[:max(n_in, 1)], n_out))
-    return reqs
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench.workload import make_requests  # noqa: E402
 
 
 def peak_gb(device: torch.device) -> float | None:
@@ -145,7 +128,8 @@ def main(argv=None) -> int:
                       num_pages=args.num_pages, page_size=args.block_size,
                       gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching,
                       **make_kwargs)
-    reqs = make_requests(args, core.cfg.vocab_size)
+    reqs = make_requests(args.num_requests, args.input_len, args.output_len, core.cfg.vocab_size, args.seed,
+                         args.shared_prefix)
     too_long = [len(ids) for ids, n in reqs if len(ids) + n > core.max_context]
     if too_long:
         p.error(f"{len(too_long)} requests do not fit the {core.max_context}-token context")

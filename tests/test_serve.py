@@ -281,6 +281,60 @@ def test_metrics(server, client):
     assert "minfer_kv_pages_used 0.0" in text
 
 
+def test_piled_up_deltas_go_out_as_one_chunk(server):
+    """Tokens that came while the event loop was busy leave as one chunk, with the text and logprobs (offsets
+    included) that the chunks one a token would have had."""
+    body = {"prompt": PROMPTS[3], "max_tokens": 32, "temperature": 0, "logprobs": 2, "ignore_eos": True}
+    for _ in range(2):  # the second finds the prompt in the prefix cache, as the streamed one will
+        full = server.http.post("/v1/completions", json=body).json()["choices"][0]
+    app = build_app(server.engine, NAME)
+
+    @app.get("/stall")
+    async def stall():  # blocks the loop while the engine makes 4 tokens
+        seq = next(iter(server.core.seqs.values()))
+        end, deadline = len(seq.output_token_ids) + 4, time.time() + 30
+        while len(seq.output_token_ids) < end and seq.finish_reason is None and time.time() < deadline:
+            time.sleep(0.01)
+        return {}
+
+    srv, thread, url = start(app)
+    try:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+                lines = r.iter_lines()
+                chunks = [json.loads(next(line for line in lines if line.startswith("data: {"))[6:])]
+                http.get("/stall")
+                chunks += [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    finally:
+        srv.should_exit = True
+        thread.join()
+    choices = [c["choices"][0] for c in chunks]
+    assert max(len(c["logprobs"]["tokens"]) for c in choices) > 1 and choices[-1]["finish_reason"] == "length"
+    assert "".join(c["text"] for c in choices) == full["text"]
+    lp = {k: [x for c in choices for x in c["logprobs"][k]] for k in full["logprobs"]}
+    assert lp["tokens"] == full["logprobs"]["tokens"] and lp["text_offset"] == full["logprobs"]["text_offset"]
+    assert lp["token_logprobs"] == pytest.approx(full["logprobs"]["token_logprobs"], abs=1e-4)
+    assert [list(t) for t in lp["top_logprobs"]] == [list(t) for t in full["logprobs"]["top_logprobs"]]
+    assert_idle(server.core)
+
+
+def test_bulk_histogram_matches_prometheus_client():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from minfer.serve.metrics import LATENCY_BUCKETS
+    from minfer.serve.metrics import Histogram as BulkHistogram
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    a = Histogram("minfer_x_seconds", "X", registry=theirs, buckets=LATENCY_BUCKETS)
+    b = BulkHistogram("minfer_x_seconds", "X", ours)
+    for value, count in [(0.0005, 1), (0.001, 3), (0.0011, 2), (0.3, 1), (100.0, 2)]:
+        for _ in range(count):
+            a.observe(value)
+        b.observe(value, count)
+    def lines(registry):  # the _created series hold their own creation times
+        return [line for line in generate_latest(registry).decode().splitlines() if "_created " not in line]
+    assert lines(theirs) == lines(ours)
+
+
 def test_bench_serve(server, tmp_path, capsys):
     import importlib.util
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps", "bench_serve.py")

@@ -1,1 +1,2 @@
-"""Benchmark cases, one module per kernel family. Each module defines CASES: {kernel name: Case}."""
+"""Benchmark helpers: common.py times a kernel Case; one module per kernel family defines CASES: {kernel name:
+Case}; workload.py draws the requests of bench_throughput.py and bench_serve.py."""

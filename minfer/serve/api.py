@@ -2,7 +2,9 @@
 
 A request is parsed and checked here (body size, JSON, fields), tokenized off the event loop, and handed to
 the engine thread as one engine request per choice (n choices of each prompt). Every error leaves in OpenAI's
-shape {"error": {"message", "type", "param", "code"}}.
+shape {"error": {"message", "type", "param", "code"}}. A streamed chunk is JSON built from plain values (what
+pydantic's model_dump_json(exclude_none=True) gives for the response models, at a third of the cost), and
+deltas that piled up for a request while the loop was busy go out as one chunk a choice.
 """
 from __future__ import annotations
 
@@ -22,15 +24,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import MinferError
 from ..sampling import SamplingParams
-from .async_engine import AsyncEngine, Delta
-from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-                       ChatCompletionResponse, ChatDelta, ChatMessage, CompletionChoice, CompletionRequest,
-                       CompletionResponse, ErrorInfo, ErrorResponse, Usage, new_id)
+from .async_engine import AsyncEngine, Delta, Outputs
+from .protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, CompletionChoice,
+                       CompletionRequest, CompletionResponse, ErrorInfo, ErrorResponse, Usage, new_id)
 
 MAX_BODY_BYTES = 4 << 20  # a body over this is a 413 before it is parsed
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
                500: "internal_server_error", 503: "service_unavailable"}
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # pydantic's JSON: compact, UTF-8
 
 
 class APIError(Exception):
@@ -129,12 +131,12 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
     # ---- running ----
 
     async def submit(rid: str, prompts: list[list[int]], req, max_tokens, logprobs):
-        """One engine request per (prompt, choice); returns their queue and ids."""
+        """One engine request per (prompt, choice); returns their Outputs and ids."""
         n = req.n * len(prompts)
         if max_waiting is not None and engine.num_waiting + n > max_waiting:
             raise APIError(429, f"the server is busy ({engine.num_waiting} requests waiting); try again later")
         params = [params_for(req, max_tokens, logprobs, c) for c in range(req.n)]
-        out: asyncio.Queue = asyncio.Queue()
+        out = Outputs()
         rids = [f"{rid}-{i}" for i in range(n)]
         try:  # all at once, so that the choices start in the same step
             await asyncio.gather(*(engine.add(rids[p * req.n + c], ids, params[c], out, p * req.n + c)
@@ -147,17 +149,21 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             raise
         return out, rids
 
-    async def deltas(out: asyncio.Queue, rids: list[str]):
-        """The Deltas of all choices as they come, until every choice has finished; an exit before that
-        (a client gone, an error) aborts the unfinished ones."""
+    async def deltas(out: Outputs, rids: list[str]):
+        """The Deltas of all choices as they come, as {choice: [its deltas since the last]}, until every
+        choice has finished; an exit before that (a client gone, an error) aborts the unfinished ones."""
         left = len(rids)
         try:
             while left:
-                item = await out.get()
-                if isinstance(item, Exception):
-                    raise item
-                left -= item.finished
-                yield item
+                per_choice: dict[int, list[Delta]] = {}
+                for item in await out.get():
+                    if isinstance(item, Exception):
+                        if per_choice:  # what came before the error still goes out
+                            yield per_choice
+                        raise item
+                    left -= item.finished
+                    per_choice.setdefault(item.index, []).append(item)
+                yield per_choice
         finally:
             if left:
                 for r in rids:
@@ -168,8 +174,9 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         per_choice: dict[int, list[Delta]] = {}
 
         async def run():
-            async for d in deltas(out, rids):
-                per_choice.setdefault(d.index, []).append(d)
+            async for new in deltas(out, rids):
+                for i, ds in new.items():
+                    per_choice.setdefault(i, []).extend(ds)
             return per_choice
 
         task = asyncio.ensure_future(run())
@@ -180,10 +187,11 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         return await task
 
     def sse(events):
+        """events: the chunks' JSON texts."""
         async def gen():
             try:
                 async for e in events:
-                    yield f"data: {e.model_dump_json(exclude_none=True)}\n\n"
+                    yield f"data: {e}\n\n"
             except Exception as e:  # the status is sent already: the error goes in the stream
                 logging.getLogger("minfer.serve").exception("streamed request failed")
                 body = ErrorResponse(error=ErrorInfo(message=f"{type(e).__name__}: {e}", type=ERROR_TYPES[500],
@@ -195,6 +203,15 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
     def usage(prompts, finals: list[Delta]) -> Usage:
         p, c = sum(map(len, prompts)), sum(d.completion_tokens for d in finals)
         return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+    def chunk_head(rid: str, obj: str) -> str:
+        """A chunk's JSON up to its choices: the same in every chunk of a response."""
+        return dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model_name})[:-1] + ',"choices":'
+
+    def finish(d: dict, finish_reason: str | None) -> dict:
+        if finish_reason is not None:  # exclude_none
+            d["finish_reason"] = finish_reason
+        return d
 
     # ---- logprobs in the two shapes ----
 
@@ -261,20 +278,22 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                       usage=usage([ids], [ds[-1] for ds in per_choice.values()]))
 
     async def chat_chunks(rid, req, ids, out, rids):
-        created_at = int(time.time())
-        def chunk(choices, usage_=None):
-            return ChatCompletionChunk(id=rid, created=created_at, model=model_name, choices=choices, usage=usage_)
-        yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")) for i in range(req.n)])
+        head = chunk_head(rid, "chat.completion.chunk")
+        yield head + dumps([{"index": i, "delta": {"role": "assistant", "content": ""}} for i in range(req.n)]) + "}"
         finals = []
-        async for d in deltas(out, rids):
-            if d.text or d.finished or (req.logprobs and d.logprobs):
-                yield chunk([ChatChunkChoice(index=d.index, delta=ChatDelta(content=d.text),
-                                             logprobs=chat_logprobs(d.logprobs) if req.logprobs else None,
-                                             finish_reason=d.finish_reason)])
-            if d.finished:
-                finals.append(d)
+        async for new in deltas(out, rids):
+            for i, ds in new.items():
+                last, text = ds[-1], "".join(d.text for d in ds)
+                entries = [e for d in ds for e in d.logprobs] if req.logprobs else None
+                if text or last.finished or entries:
+                    c = {"index": i, "delta": {"content": text}}
+                    if entries is not None:
+                        c["logprobs"] = chat_logprobs(entries)
+                    yield head + dumps([finish(c, last.finish_reason)]) + "}"
+                if last.finished:
+                    finals.append(last)
         if req.stream_options and req.stream_options.include_usage:
-            yield chunk([], usage([ids], finals))
+            yield head + '[],"usage":' + usage([ids], finals).model_dump_json() + "}"
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -301,18 +320,23 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                   usage=usage(prompts, [ds[-1] for ds in per_choice.values()]))
 
     async def completion_chunks(rid, req, prompts, out, rids):
-        created_at = int(time.time())
+        head = chunk_head(rid, "text_completion")
         finals, offsets = [], {}
-        async for d in deltas(out, rids):
-            if d.text or d.finished or (req.logprobs is not None and d.logprobs):
-                lp = completion_logprobs(d.logprobs, offsets.get(d.index, 0)) if req.logprobs is not None else None
-                offsets[d.index] = offsets.get(d.index, 0) + len(d.text)
-                yield CompletionResponse(id=rid, created=created_at, model=model_name, choices=[
-                    CompletionChoice(index=d.index, text=d.text, logprobs=lp, finish_reason=d.finish_reason)])
-            if d.finished:
-                finals.append(d)
+        async for new in deltas(out, rids):
+            for i, ds in new.items():
+                last, text = ds[-1], "".join(d.text for d in ds)
+                if text or last.finished or (req.logprobs is not None and any(d.logprobs for d in ds)):
+                    c = {"index": i, "text": text}
+                    if req.logprobs is not None:  # each delta's offsets start after the text of those before
+                        c["logprobs"] = lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                        for d in ds:
+                            for k, v in completion_logprobs(d.logprobs, offsets.get(i, 0)).items():
+                                lp[k] += v
+                            offsets[i] = offsets.get(i, 0) + len(d.text)
+                    yield head + dumps([finish(c, last.finish_reason)]) + "}"
+                if last.finished:
+                    finals.append(last)
         if req.stream_options and req.stream_options.include_usage:
-            yield CompletionResponse(id=rid, created=created_at, model=model_name, choices=[],
-                                     usage=usage(prompts, finals))
+            yield head + '[],"usage":' + usage(prompts, finals).model_dump_json() + "}"
 
     return app

@@ -1,9 +1,10 @@
-"""The engine loop: one thread owns the EngineCore and steps it while requests run.
+"""The engine loop: one thread owns the EngineCore and steps it back to back while requests run.
 
-The asyncio side never touches the core. It puts commands (add, abort) on a thread-safe queue, and gets each
-request's tokens through an asyncio.Queue that the thread fills with call_soon_threadsafe. Commands are
-applied between steps, so an abort frees the request's pages before the next forward pass. An exception in
-a step fails the requests of that step, not the loop.
+The asyncio side never touches the core. It puts commands (add, abort) on a thread-safe queue, and the thread
+applies them between steps, so an abort frees the request's pages before the next forward pass. A step's
+outputs reach each event loop in one hand-off (one call_soon_threadsafe a step, not one a token: each is a
+write to the loop's wake-up socket, which also hands the GIL over), and the thread never waits on a loop.
+Metrics are fed once a step. An exception in a step fails the requests of that step, not the loop.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .metrics import Metrics
 log = logging.getLogger("minfer.serve")
 
 
-@dataclass
+@dataclass(slots=True)
 class Delta:
     """What one step added to one request (one choice of an HTTP request)."""
     index: int  # the choice
@@ -36,19 +37,43 @@ class Delta:
     cached_tokens: int
 
 
+class Outputs:
+    """One HTTP request's deltas (all its choices), filled on its event loop. get() takes everything that came
+    since the last get, so that deltas which piled up while the loop was busy are handled together."""
+
+    def __init__(self):
+        self.loop = asyncio.get_running_loop()
+        self._items: list = []  # Delta, or an Exception that ends the request
+        self._ready: asyncio.Future | None = None
+
+    def put(self, item) -> None:
+        self._items.append(item)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    async def get(self) -> list:
+        while not self._items:
+            self._ready = self.loop.create_future()
+            await self._ready
+        items, self._items = self._items, []
+        return items
+
+
+def _put_all(items: list[tuple[Outputs, object]]) -> None:
+    for out, item in items:
+        out.put(item)
+
+
 @dataclass(eq=False)
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue  # of Delta, or an Exception that ends the request
+class _Request:
+    """The thread's state of one engine request."""
+    out: Outputs
     index: int
     prompt_tokens: int
     arrival: float = field(default_factory=time.perf_counter)
     first: float | None = None
     last: float = 0.0
     sent: int = 0  # output ids handed out so far
-
-    def put(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
 class AsyncEngine:
@@ -58,7 +83,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         # adds not applied yet count as waiting: submitted - applied, each written by one thread only
         self._submitted = self._applied = 0
-        self._streams: dict[str, _Stream] = {}  # owned by the thread
+        self._requests: dict[str, _Request] = {}  # owned by the thread
         self._wake = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="minfer-engine", daemon=True)
@@ -77,13 +102,12 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    async def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, out: asyncio.Queue,
+    async def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, out: Outputs,
                   index: int = 0) -> None:
         """Queues the request; returns once the core took it, or raises its MinferError (a bad prompt)."""
         done = concurrent.futures.Future()
-        stream = _Stream(asyncio.get_running_loop(), out, index, len(prompt_ids))
         self._submitted += 1
-        self._commands.put(("add", request_id, prompt_ids, params, stream, done))
+        self._commands.put(("add", request_id, prompt_ids, params, _Request(out, index, len(prompt_ids)), done))
         self._wake.set()
         await asyncio.wrap_future(done)
 
@@ -107,13 +131,10 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             try:
-                outs = self.core.step()
-                now = time.perf_counter()
-                for o in outs:
-                    self._deliver(o, now)
+                self._deliver(self.core.step())
             except Exception as e:  # a bug, not a bad request: fail what was running, keep serving
                 log.exception("engine step failed; aborting its requests")
-                for rid in list(self._streams):
+                for rid in list(self._requests):
                     self._abort(rid, e)
 
     def _apply_commands(self) -> None:
@@ -125,7 +146,7 @@ class AsyncEngine:
             if cmd[0] == "abort":
                 self._abort(cmd[1])
                 continue
-            _, rid, ids, params, stream, done = cmd
+            _, rid, ids, params, req, done = cmd
             self._applied += 1
             if not done.set_running_or_notify_cancel():  # the client left before it was added
                 continue
@@ -134,51 +155,68 @@ class AsyncEngine:
             except Exception as e:
                 done.set_exception(e)
                 continue
-            self._streams[rid] = stream
+            self._requests[rid] = req
             self.metrics.prompt_tokens.inc(len(ids))
             done.set_result(None)
 
     def _abort(self, rid: str, error: Exception | None = None) -> None:
         self.core.abort_request(rid)
-        stream = self._streams.pop(rid, None)
-        if stream is None:
+        req = self._requests.pop(rid, None)
+        if req is None:
             return
         reason = "abort" if error is None else "error"
         self.metrics.finished.labels(reason).inc()
-        self._log(rid, stream, reason)
+        self._log(rid, req, reason)
         if error is not None:
-            stream.put(error)
+            self._hand_over(req.out.loop, [(req.out, error)])
 
-    def _deliver(self, out: RequestOutput, now: float) -> None:
-        stream = self._streams.get(out.request_id)
-        if stream is None:
-            return
-        n = len(out.token_ids)
-        new_ids = out.token_ids[stream.sent:]
-        logprobs = out.logprobs[stream.sent:n] if out.logprobs is not None else None
-        stream.sent = n
-        m = self.metrics
-        if new_ids:
-            m.generation_tokens.inc(len(new_ids))
-            if stream.first is None:
-                stream.first = now
-                m.ttft.observe(now - stream.arrival)
-            else:
-                m.itl.observe(now - stream.last)
-            stream.last = now
-        if out.finished:
-            del self._streams[out.request_id]
-            m.e2e.observe(now - stream.arrival)
-            m.finished.labels(out.finish_reason).inc()
-            self._log(out.request_id, stream, out.finish_reason)
-        try:
-            stream.put(Delta(stream.index, new_ids, logprobs, out.new_text, out.finished, out.finish_reason,
-                             stream.prompt_tokens, n, out.num_cached_tokens))
-        except RuntimeError:  # its event loop is closed: nobody is listening
-            self._abort(out.request_id)
-
-    def _log(self, rid: str, stream: _Stream, reason: str | None) -> None:
+    def _deliver(self, outs: list[RequestOutput]) -> None:
         now = time.perf_counter()
-        ttft = f"{(stream.first - stream.arrival) * 1e3:.1f} ms" if stream.first else "-"
+        m = self.metrics
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        tokens, gaps = 0, {}  # gap since a request's last token -> requests: most share the step's own gap
+        try:
+            for o in outs:
+                req = self._requests.get(o.request_id)
+                if req is None:
+                    continue
+                n = len(o.token_ids)
+                new_ids = o.token_ids[req.sent:]
+                logprobs = o.logprobs[req.sent:n] if o.logprobs is not None else None
+                req.sent = n
+                if new_ids:
+                    tokens += len(new_ids)
+                    if req.first is None:
+                        req.first = now
+                        m.ttft.observe(now - req.arrival)
+                    else:
+                        gap = now - req.last
+                        gaps[gap] = gaps.get(gap, 0) + 1
+                    req.last = now
+                batches.setdefault(req.out.loop, []).append((req.out, Delta(
+                    req.index, new_ids, logprobs, o.new_text, o.finished, o.finish_reason, req.prompt_tokens, n,
+                    o.num_cached_tokens)))
+                if o.finished:
+                    del self._requests[o.request_id]
+                    m.e2e.observe(now - req.arrival)
+                    m.finished.labels(o.finish_reason).inc()
+                    self._log(o.request_id, req, o.finish_reason)
+        finally:  # a failure midway still hands over the deltas built: the aborts that follow skip finished ones
+            for loop, items in batches.items():
+                self._hand_over(loop, items)
+        m.generation_tokens.inc(tokens)
+        for gap, count in gaps.items():
+            m.itl.observe(gap, count)
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, items: list) -> None:
+        try:
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:  # the loop is closed: nobody is listening
+            for rid in [rid for rid, req in self._requests.items() if req.out.loop is loop]:
+                self._abort(rid)
+
+    def _log(self, rid: str, req: _Request, reason: str | None) -> None:
+        now = time.perf_counter()
+        ttft = f"{(req.first - req.arrival) * 1e3:.1f} ms" if req.first else "-"
         log.info("request %s: prompt %d tokens, completion %d tokens, ttft %s, total %.1f ms, finish %s", rid,
-                 stream.prompt_tokens, stream.sent, ttft, (now - stream.arrival) * 1e3, reason)
+                 req.prompt_tokens, req.sent, ttft, (now - req.arrival) * 1e3, reason)

@@ -1,0 +1,30 @@
+"""The requests of the throughput and serving benchmarks: random token ids of random lengths. The same
+arguments draw the same requests, so that apps/bench_throughput.py (the engine alone) and apps/bench_serve.py
+(behind the server) compare on the same work."""
+from __future__ import annotations
+
+import random
+
+
+def lengths(spec: str, n: int, rng: random.Random, flag: str) -> list[int]:
+    """n lengths from spec: a number N, or LO:HI (uniform, inclusive)."""
+    lo, _, hi = spec.partition(":")
+    lo, hi = int(lo), int(hi or lo)
+    if not 1 <= lo <= hi:
+        raise SystemExit(f"{flag} {spec!r}: give N or LO:HI, 1 <= LO <= HI")
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def make_requests(num_requests: int, input_len: str, output_len: str, vocab: int, seed: int = 0,
+                  shared_prefix: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) per request; each prompt starts with the same shared_prefix ids (within its
+    length)."""
+    rng = random.Random(seed)
+    ins = lengths(input_len, num_requests, rng, "--input-len")
+    outs = lengths(output_len, num_requests, rng, "--output-len")
+    prefix = [rng.randrange(vocab) for _ in range(shared_prefix)]
+    reqs = []
+    for n_in, n_out in zip(ins, outs):
+        tail = [rng.randrange(vocab) for _ in range(max(0, n_in - len(prefix)))]
+        reqs.append(((prefix + tail)[:n_in], n_out))
+    return reqs
