@@ -18,19 +18,21 @@ Prompt = str | list[int] | dict  # text, token ids, or {"prompt_token_ids": [...
 
 class LLM:
     """The continuous-batching EngineCore, on every backend (on cuda: paged kernels, decode steps from CUDA
-    graphs)."""
+    graphs). async_scheduling: decode steps launched before the step before's ids are read (default: on a
+    GPU)."""
 
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype | None = None, device: str | None = None,
                  backend: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
-                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, dequantize: bool = False):
+                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, dequantize: bool = False,
+                 async_scheduling: bool | None = None):
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         self.engine = EngineCore(model, dtype=dtype, device=device, backend=backend, max_context=max_model_len,
                                  dequantize=dequantize, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens, num_pages=num_pages,
                                  page_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
-                                 prefix_caching=enable_prefix_caching)
+                                 prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling)
         self.last_stats = None  # the Stats of the last generate()
 
     def get_tokenizer(self):

@@ -190,14 +190,14 @@ class SamplingTensors:
             top_k=col([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int64),
             top_p=col([p.top_p for p in params]), min_p=col([p.min_p for p in params]),
             seeds=col([s % (1 << 63) for s in seeds], torch.int64), positions=col(positions, torch.int64))
+        filters = (False,) * 3 if greedy else (any(0 < p.top_k < vocab for p in params),  # read by the draw only
+                                               any(p.top_p < 1 for p in params), any(p.min_p > 0 for p in params))
         return cls(
             **(drawn or dict.fromkeys(("temperature", "top_k", "top_p", "min_p", "seeds", "positions"))),
             repetition_penalty=col([p.repetition_penalty for p in params]) if seen is not None else None,
             presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
             frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
-            seen=seen, counts=counts, all_greedy=greedy,
-            filters=(any(0 < p.top_k < vocab for p in params), any(p.top_p < 1 for p in params),
-                     any(p.min_p > 0 for p in params)),
+            seen=seen, counts=counts, all_greedy=greedy, filters=filters,
             num_logprobs=max(logprobs) if logprobs else None)
 
 

@@ -1,5 +1,6 @@
 """The block manager and the scheduler on their own (no model): reference counts, the prefix cache's hash
-chain and LRU eviction, chunked prefill under the token budget, preemption of the newest sequence."""
+chain and LRU eviction, chunked prefill under the token budget, preemption of the newest sequence, tokens in
+flight (async scheduling)."""
 import pytest
 
 from minfer.engine.block_manager import BlockManager, page_hash
@@ -193,3 +194,43 @@ def test_pages_filled_by_chunks_and_decodes_are_registered():
         bm.register_full_pages(s)
     assert len(bm.cached) == 2
     assert bm.lookup(seq(s.token_ids + [5])) == s.block_table[:2]
+
+
+def test_slots_and_tokens_in_flight():
+    """Async scheduling's view: a token sampled but not read yet (in flight) counts as a token; a sequence whose
+    in-flight token is its last is not scheduled; a page filled by a token computed from an in-flight id is
+    registered once the id is known; each running sequence has a slot of its own until it finishes."""
+    bm = BlockManager(16, PAGE)
+    sched = Scheduler(bm, max_num_seqs=3, max_num_batched_tokens=64)
+    a, b = seq(range(3), "a", max_tokens=2), seq(range(10, 13), "b", max_tokens=8)
+    sched.add(a)
+    sched.add(b)
+
+    def launch():  # the step's tokens computed, one id sampled for each (not read yet)
+        batch = sched.schedule()
+        for s, n in zip(batch.seqs, batch.num_tokens):
+            s.num_computed_tokens += n
+            s.in_flight += 1
+        return {s.request_id: n for s, n in zip(batch.seqs, batch.num_tokens)}
+
+    def read(s, token):
+        s.in_flight -= 1
+        s.append(token)
+        bm.register_full_pages(s)
+
+    assert launch() == {"a": 3, "b": 3} and sorted([a.slot, b.slot]) == [0, 1]
+    assert launch() == {"a": 1, "b": 1}  # decodes of the in-flight ids
+    assert b.num_computed_tokens == 4 and b.in_flight == 2
+    bm.register_full_pages(b)
+    assert bm.cached == {}  # b's first page holds the KV of an id not read yet
+    read(a, 7)
+    read(b, 7)
+    assert len(bm.cached) == 2 and a.num_tokens == 5  # a's first page and b's
+    assert launch() == {"b": 1}  # a's in-flight id is its second and last
+    read(a, 8)
+    slot = a.slot
+    sched.finish(a, "length")
+    assert a.slot == -1 and sched.free_slots[-1] == slot
+    c = seq(range(20, 23), "c")
+    sched.add(c)
+    assert launch() == {"b": 1, "c": 3} and c.slot not in (-1, b.slot)

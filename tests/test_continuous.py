@@ -1,7 +1,9 @@
 """The continuous-batching engine on the default model (fp32, CPU, ref backend): every request's output in a
 continuous batch equals its output alone, whatever the batch does (different lengths, arrivals mid-run,
 prefill in chunks, preemption forced by a tiny page pool, prefix-cache hits); seeded sampling is
-batch-invariant; after every test all pages are free (cached or not); bad input is a clear error."""
+batch-invariant; async scheduling gives the synchronous engine's tokens and text; decode steps through
+the graph path's metadata (graphs emulated on the CPU) give the eager ones; after every test all pages are
+free (cached or not); bad input is a clear error."""
 import os
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from minfer import loader
 from minfer.engine.core import EngineCore
+from minfer.engine.graphs import DecodeGraphs
 from minfer.errors import MinferError
 from minfer.llm import LLM
 from minfer.sampling import SamplingParams
@@ -204,3 +207,196 @@ def test_bench_throughput_runs_on_cpu(tmp_path):
     assert [r["engine"] for r in rows] == ["continuous", "static"]
     assert all(r["output_tokens"] == 12 and r["output_tok_s"] > 0 for r in rows)
     assert rows[0]["prefix_hit_rate"] > 0 and 1 <= rows[0]["mean_batch"] <= 2
+
+
+# ---- async scheduling ----
+
+MIXED = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+         SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=12, ignore_eos=True),
+         SamplingParams(temperature=0.0, max_tokens=20, stop=[" return", "\n\n"], logprobs=2),
+         SamplingParams(temperature=0.0, repetition_penalty=1.2, max_tokens=10),  # its steps wait for the ids
+         SamplingParams(temperature=0.8, seed=7, max_tokens=25, stop=["."], logprobs=0)]
+
+
+def run_streaming(engine, ids, params):
+    """Every output of every step, its text read as it comes (a server's view)."""
+    for i, (p, sp) in enumerate(zip(ids, params)):
+        engine.add_request(p, sp, request_id=f"s{i}")
+    seen = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            seen.setdefault(o.request_id, []).append((list(o.token_ids), o.new_text, o.text, o.finished,
+                                                      o.finish_reason, o.logprobs and list(o.logprobs)))
+    return seen
+
+
+def final(outs):
+    return [(o.token_ids, o.text, o.finish_reason, o.logprobs) for o in outs]
+
+
+def assert_same(got, want):
+    """Equal, but logprobs within float rounding: a sequence preempted at another step recomputes its KV in
+    other shapes (its tokens stay the same)."""
+    def split(x, floats):
+        if isinstance(x, float):
+            floats.append(x)
+            return None
+        if isinstance(x, dict):
+            return {k: split(v, floats) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [split(v, floats) for v in x]
+        return x
+
+    got_floats, want_floats = [], []
+    assert split(got, got_floats) == split(want, want_floats)
+    assert got_floats == pytest.approx(want_floats, rel=1e-4, abs=1e-5)
+
+
+def chained_steps(engine, monkeypatch):
+    """Counts the steps launched before the ids of the step before were read."""
+    count, launch = [0], engine._launch
+
+    def spy(batch, prev):
+        count[0] += prev is not None
+        return launch(batch, prev)
+
+    monkeypatch.setattr(engine, "_launch", spy)
+    return count
+
+
+@pytest.mark.parametrize("kw", [{}, {"num_pages": 24}, {"max_num_batched_tokens": 8, "max_num_seqs": 4}],
+                         ids=["plain", "preempting", "chunked"])
+def test_async_equals_sync(ids, kw, monkeypatch):
+    """Greedy, seeded, stop strings and ids, penalties and logprobs in one batch: the same tokens, text,
+    logprobs and per-step outputs with and without async scheduling, also under preemption and chunking."""
+    prompts = ids + ids[:1]
+    params = MIXED + [SamplingParams(temperature=0.7, seed=5, max_tokens=30, stop_token_ids=[33])]
+    sync, fast = make(async_scheduling=False, **kw), make(async_scheduling=True, **kw)
+    chained = chained_steps(fast, monkeypatch)
+    want, stats = sync.generate(prompts, params)
+    got, fast_stats = fast.generate(prompts, params)
+    assert_same(final(got), final(want))
+    assert fast_stats.preemptions == stats.preemptions and chained[0] > 0
+    assert_same(run_streaming(fast, prompts, params), run_streaming(sync, prompts, params))
+    assert_idle(fast)
+    assert_idle(sync)
+
+
+PLAIN = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)  # no penalty: its steps are chained
+
+
+@pytest.fixture(scope="module")
+def plain_alone(ids):
+    solo = make(prefix_caching=False, async_scheduling=False)
+    return [solo.generate([p], [PLAIN])[0][0].token_ids for p in ids[:2]]
+
+
+def test_async_stop_id_drops_the_launched_token(ids, alone, plain_alone):
+    """A request stopped by an id read while its next step runs: that step's token for it is discarded (no
+    output after the finished one); a request that reaches max_tokens is not scheduled past it."""
+    plain = PLAIN
+    first, second = plain_alone
+    k = next(i for i in range(3, 16) if first[i] not in first[:i])
+    engine = make(async_scheduling=True)
+    engine.add_request(ids[0], SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[first[k]]), "stops")
+    engine.add_request(ids[1], plain, "long")
+    outs, launched = {}, 0
+    while engine.has_unfinished():
+        for o in engine.step():
+            assert not outs.get(o.request_id) or not outs[o.request_id][-1].finished
+            outs.setdefault(o.request_id, []).append(o)
+        launched += engine.last_step[0] > 0
+    stops = outs["stops"]
+    assert stops[-1].finished and stops[-1].finish_reason == "stop"
+    assert len(stops) == k + 1 and stops[-1].token_ids == first[:k] and stops[-1].new_text == ""
+    assert outs["long"][-1].token_ids == second and len(outs["long"]) == 16
+    assert launched == 16  # "long" ran 16 steps (its prompt, 15 decodes), not a 17th for its in-flight token
+    assert_idle(engine)
+    # a penalized request's steps wait for the ids: it stops the same way
+    k = next(i for i in range(3, 16) if alone[0][i] not in alone[0][:i])
+    stop = SamplingParams(temperature=0.0, repetition_penalty=1.2, max_tokens=16, stop_token_ids=[alone[0][k]])
+    assert engine.generate([ids[0]], [stop])[0][0].token_ids == alone[0][:k]
+    assert_idle(engine)
+
+
+def test_async_abort_in_flight(ids, plain_alone, monkeypatch):
+    """A request aborted while a step with its row runs: no output of it after the abort, its pages free, and
+    the others' tokens unchanged."""
+    engine = make(async_scheduling=True)
+    chained = chained_steps(engine, monkeypatch)
+    a, b = engine.add_request(ids[0], PLAIN), engine.add_request(ids[1], PLAIN)
+    got = {a: [], b: []}
+    for _ in range(4):
+        for o in engine.step():
+            got[o.request_id].append(o)
+    assert chained[0] > 0 and a in [s.request_id for s in engine.in_flight.seqs]
+    engine.abort_request(a)  # its row of the step in flight is discarded, its pages freed now
+    engine.add_request(ids[2], PLAIN, "late")
+    engine.abort_request("late")  # still waiting
+    while engine.has_unfinished():
+        for o in engine.step():
+            assert o.request_id == b
+            got[b].append(o)
+    assert got[b][-1].token_ids == plain_alone[1] and got[b][-1].finished
+    assert len(got[a]) < 16 and not any(o.finished for o in got[a])
+    assert_idle(engine)
+
+
+def test_text_is_the_same_read_late_or_never(engine, ids):
+    """Text without stop strings is decoded when read: outputs read after the run, last first, hold what
+    outputs read at once hold."""
+    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)] * 3
+    now, late = [], []
+    engine.generate(ids[:3], params, lambda i, o: now.append((i, o.new_text, o.text)))
+    engine.generate(ids[:3], params, lambda i, o: late.append((i, o)))
+    assert [(i, o.new_text, o.text) for i, o in reversed(late)][::-1] == now
+    for i in range(3):
+        assert "".join(t for j, t, _ in now if j == i) == [t for j, _, t in now if j == i][-1]
+    assert_idle(engine)
+
+
+class _Replay:
+    """A captured decode graph, emulated: its replay runs the bucket's forward eagerly over the static
+    metadata buffers, which is what the real graph reads."""
+
+    def __init__(self, graphs, b, max_len, out):
+        self.graphs, self.b, self.max_len, self.out = graphs, b, max_len, out
+
+    def replay(self):
+        self.out.copy_(self.graphs._forward(self.b, self.max_len))
+
+
+def with_emulated_graphs(engine, monkeypatch):
+    def capture(self):
+        for b in self.buckets:
+            for c in self.classes:
+                out = torch.empty(b, self.model.cfg.vocab_size)
+                self.graphs[b, c] = (_Replay(self, b, c, out), out)
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", capture)
+    engine.graphs = DecodeGraphs(engine.model, engine.cache, engine.block_manager.num_pages,
+                                 engine.scheduler.max_num_seqs, engine.max_context, engine.device)
+    return engine
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
+    """Decode steps through DecodeGraphs.run (its page table rows per scheduler slot, written as pages come;
+    padding rows on the scratch page; ids from the device when chained) give the tokens of eager steps,
+    while requests of different lengths finish, arrive, and are preempted (a tiny pool)."""
+    kw = dict(num_pages=14, max_num_seqs=4)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (16, 5, 16, 9, 16)]
+    want, want_stats = make(async_scheduling=False, **kw).generate(ids, params)
+    engine = with_emulated_graphs(make(async_scheduling=async_scheduling, **kw), monkeypatch)
+    runs, graphed = [], engine.graphs.run
+
+    def spy(tokens, *args):
+        runs.append(isinstance(tokens, torch.Tensor))
+        return graphed(tokens, *args)
+
+    monkeypatch.setattr(engine.graphs, "run", spy)
+    outs, stats = engine.generate(ids, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert len(runs) > 10 and stats.preemptions > 0 and want_stats.preemptions > 0
+    assert any(runs) == async_scheduling  # chained steps read their ids from the device
+    assert_idle(engine)

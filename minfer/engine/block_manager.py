@@ -95,8 +95,9 @@ class BlockManager:
 
     def register_full_pages(self, seq: Sequence) -> None:
         """Offers the sequence's pages that became full (all their tokens computed) to the prefix cache.
-        A page whose hash is already cached (another sequence computed the same prefix) stays private."""
-        full = seq.num_computed_tokens // self.page_size
+        A page whose hash is already cached (another sequence computed the same prefix) stays private. A
+        token computed from an id still in flight (async scheduling) waits: its page's hash needs the id."""
+        full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.page_size
         if not self.prefix_caching or full <= seq.num_registered_pages:
             return
         for i, h in enumerate(self._hashes(seq, full)[seq.num_registered_pages:], seq.num_registered_pages):

@@ -5,10 +5,17 @@ outputs. Each step the scheduler picks the sequences and token counts, the block
 pages, and the runner part of this file lays the step's tokens out flat (sequence after sequence), runs
 the model over the paged cache, samples one token for every sequence whose tokens are all computed, and
 applies the stop rules.
+
+Async scheduling (on by default on a GPU): a decode step is launched before the sampled ids of the step
+before are read, its input ids gathered on the device from that step's; the host then reads those ids (the
+one sync a step) and applies them while the GPU runs the new step. A sequence that the read ids end has its
+row of the new step discarded. Steps with prefill chunks, and rows with penalties (they need the output ids
+on the host), wait for the ids first.
 """
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -32,26 +39,77 @@ DEFAULT_PAGE_SIZE = 16
 CPU_CACHE_BYTES = 1 << 30
 
 
-@dataclass
 class RequestOutput:
-    """A request's state after a step: everything so far, and what this step added."""
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]  # output ids so far (a stop id is not one of them): the sequence's own list, which
-    #                       grows until the request finishes (no copy a step)
-    text: str  # output text so far, cut before a stop string
-    new_text: str  # text released by this step: text that may still begin a stop string is held back
-    finished: bool
-    finish_reason: str | None  # length | stop | abort
-    logprobs: list[dict] | None  # per output token: {"token_id", "logprob", "top": [(id, logprob), ...]}
-    num_cached_tokens: int  # prompt tokens found in the prefix cache
+    """A request's state after a step: everything so far, and what this step added. The text of a request
+    without stop strings is decoded when an output's text is first read: a front end that reads none (a
+    benchmark) or only the last output's pays nothing a step."""
+    __slots__ = ("finished", "finish_reason", "num_cached_tokens", "_seq", "_n", "_added", "_text", "_new_text")
+
+    def __init__(self, seq: Sequence, added: bool, text: str | None = None, new_text: str | None = None):
+        self.finished = seq.finish_reason is not None
+        self.finish_reason = seq.finish_reason  # length | stop | abort
+        self.num_cached_tokens = seq.num_cached_tokens  # prompt tokens found in the prefix cache
+        self._seq, self._n, self._added = seq, len(seq.output_token_ids), added  # added: this step gave an id
+        self._text, self._new_text = text, new_text
+
+    @property
+    def request_id(self) -> str:
+        return self._seq.request_id
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self._seq.prompt_ids
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Output ids so far (a stop id is not one of them): the sequence's own list, which grows until the
+        request finishes (no copy a step)."""
+        return self._seq.output_token_ids
+
+    @property
+    def logprobs(self) -> list[dict] | None:
+        """Per output token: {"token_id", "logprob", "top": [(id, logprob), ...]}, when asked for."""
+        return self._seq.logprobs if self._seq.params.logprobs is not None else None
+
+    @property
+    def text(self) -> str:
+        """Output text so far, cut before a stop string."""
+        if self._text is None:
+            end = self._seq.decoded_length(self._n)
+            self._text = self._seq.text[:end]
+        return self._text
+
+    @property
+    def new_text(self) -> str:
+        """Text released by this step: text that may still begin a stop string is held back."""
+        if self._new_text is None:
+            seq, n = self._seq, self._n
+            end = seq.decoded_length(n)
+            self._new_text = seq.text[seq.decoded_length(n - self._added):end]
+        return self._new_text
+
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id!r}, token_ids={self.token_ids}, text={self.text!r}, "
+                f"finished={self.finished}, finish_reason={self.finish_reason!r})")
+
+
+@dataclass
+class _Launched:
+    """A step whose forward and sampling are queued: its sampled ids on their way to the host."""
+    seqs: list[Sequence]  # the sampled sequences, in row order
+    ids: torch.Tensor  # [rows] int64 on the device: the next step's input ids, under async scheduling
+    host: list[torch.Tensor]  # host copies (pinned on a GPU) of the ids, and of chosen, top, top_ids logprobs
+    ready: torch.cuda.Event | None  # recorded after the copies (None on the CPU: they are done)
 
 
 class EngineCore(LoadedModel):
     def __init__(self, checkpoint: str | None = None, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  num_pages: int | None = None, page_size: int = DEFAULT_PAGE_SIZE,
-                 gpu_memory_utilization: float = 0.9, prefix_caching: bool = True, **load_kwargs):
-        """load_kwargs: those of LoadedModel (dtype, device, backend, max_context, random_weights, dequantize)."""
+                 gpu_memory_utilization: float = 0.9, prefix_caching: bool = True,
+                 async_scheduling: bool | None = None, **load_kwargs):
+        """async_scheduling: launch decode steps before reading the sampled ids of the step before (default: on
+        a GPU, unless MINFER_NO_ASYNC=1). load_kwargs: those of LoadedModel (dtype, device, backend,
+        max_context, random_weights, dequantize)."""
         if not max_num_seqs >= 1:
             raise MinferError(f"--max-num-seqs must be at least 1, not {max_num_seqs}")
         if not max_num_batched_tokens >= 1:
@@ -84,7 +142,11 @@ class EngineCore(LoadedModel):
         self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens)
         self.graphs = try_decode_graphs(self, scratch_page=num_pages, max_num_seqs=max_running)
         self.seqs: dict[str, Sequence] = {}
-        self.stop_ids = set(self.tokenizer.stop_ids) if self.tokenizer else set()
+        self.stop_ids = frozenset(self.tokenizer.stop_ids if self.tokenizer else ())
+        if async_scheduling is None:
+            async_scheduling = self.device.type == "cuda" and not os.environ.get("MINFER_NO_ASYNC")
+        self.async_scheduling = async_scheduling
+        self.in_flight: _Launched | None = None  # the launched step whose ids are not read yet
         self._ids = itertools.count()
         self.warm = False
         # (running sequences, CUDA event before the step's first GPU work, event after its last) per step, when
@@ -138,6 +200,9 @@ class EngineCore(LoadedModel):
         seq = Sequence(request_id, list(prompt_ids), params, min(params.max_tokens, self.max_context - n), seed,
                        arrival_time=time.perf_counter())
         seq.decoder = StreamDecoder(self.tokenizer) if self.tokenizer else None
+        seq.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
+        seq.penalized = (params.repetition_penalty != 1.0 or params.presence_penalty != 0
+                         or params.frequency_penalty != 0)
         self.scheduler.add(seq)
         self.seqs[request_id] = seq
         return request_id
@@ -154,29 +219,135 @@ class EngineCore(LoadedModel):
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Runs one forward pass; returns the requests that got a token (finished ones for the last time)."""
+        """Runs one forward pass; returns the requests that got a token (finished ones for the last time).
+        Under async scheduling the tokens returned are the step before's, read while this one runs."""
         batch = self.scheduler.schedule()
+        prev, self.in_flight = self.in_flight, None
+        outputs = []
+        if prev is not None and not self._chains(batch, prev):
+            outputs, prev = self._apply(prev), None
+            if any(s.status == Status.FINISHED for s in batch.seqs):  # ended by the ids just read
+                keep = [i for i, s in enumerate(batch.seqs) if s.status != Status.FINISHED]
+                batch = ScheduledBatch([batch.seqs[i] for i in keep], [batch.num_tokens[i] for i in keep])
         self.last_step = (len(batch), sum(batch.num_tokens))  # sequences and tokens, for the benchmarks
-        if not batch:
-            return []
-        work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n], s.num_computed_tokens, s.block_table)
-                for s, n in zip(batch.seqs, batch.num_tokens)]
-        sampled = [i for i, (s, n) in enumerate(zip(batch.seqs, batch.num_tokens))
-                   if s.num_computed_tokens + n == s.num_tokens]
+        launched = self._launch(batch, prev) if batch else None
+        if prev is not None:
+            outputs = self._apply(prev)
+        if launched is not None and self.async_scheduling:
+            self.in_flight = launched
+        elif launched is not None:
+            outputs = self._apply(launched)
+        return outputs
+
+    def _chains(self, batch: ScheduledBatch, prev: _Launched) -> bool:
+        """Whether the batch can run before prev's ids are read: every row a decode of the token prev sampled
+        for it, none with a penalty (the penalties read the output ids on the host)."""
+        return bool(batch) and max(batch.num_tokens) == 1 and all(s.in_flight and not s.penalized
+                                                                   for s in batch.seqs)
+
+    def _launch(self, batch: ScheduledBatch, prev: _Launched | None) -> _Launched | None:
+        """Queues the batch's forward pass and the sampling of its sequences whose tokens are all computed.
+        prev: the step in flight whose sampled ids are this step's input ids (_chains)."""
+        seqs, counts = batch.seqs, batch.num_tokens
         begin = self._event()
-        if self.graphs is not None and all(n == 1 for n in batch.num_tokens) and self.graphs.fits(len(work)):
-            logits = self.graphs.run(work)  # [len(work), vocab]
-            if len(sampled) < len(work):
-                logits = logits[sampled]
+        ids = None
+        if prev is not None:
+            ids = prev.ids
+            if seqs != prev.seqs:  # not the same rows in the same order: gathered
+                row = {s: i for i, s in enumerate(prev.seqs)}
+                ids = ids[upload([row[s] for s in seqs], torch.int64, self.device)]
+        if max(counts) == 1 and self.graphs is not None and self.graphs.fits(len(seqs)):
+            logits = self.graphs.run([s.token_ids[-1] for s in seqs] if ids is None else ids,
+                                     [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
+                                     [s.slot for s in seqs])  # [len(seqs), vocab]: every row decodes
+            sampled, chunks = seqs, []
         else:
-            logits = self._forward(work, self.cache, sampled)
-        for s, n in zip(batch.seqs, batch.num_tokens):
+            rows = [i for i, (s, n) in enumerate(zip(seqs, counts)) if s.num_computed_tokens + n == s.num_tokens]
+            chunks = [s for s, n in zip(seqs, counts) if s.num_computed_tokens + n < s.num_tokens]
+            # a chained row's id is on the device (ids): a placeholder gives its count
+            work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n] if ids is None else [0],
+                     s.num_computed_tokens, s.block_table) for s, n in zip(seqs, counts)]
+            logits = self._forward(work, self.cache, rows, ids)
+            sampled = [seqs[i] for i in rows]
+        for s, n in zip(seqs, counts):
             s.num_computed_tokens += n
+        for s in chunks:  # the pages prefill chunks filled (a sampled row's: when its id is applied)
             self.block_manager.register_full_pages(s)
         if not sampled:
             self._end_step(begin)
-            return []
-        return self._sample(batch, sampled, logits, begin)
+            return None
+        t = SamplingTensors.build([s.params for s in sampled], [s.seed for s in sampled],
+                                  [s.num_tokens for s in sampled], [s.prompt_ids for s in sampled],
+                                  [s.output_ids for s in sampled], logits.shape[-1], self.device)
+        ids, logprobs = sample_batch(logits, t)
+        for s in sampled:
+            s.in_flight += 1
+        host = [ids] if logprobs is None else [ids, logprobs.chosen, logprobs.top, logprobs.top_ids]
+        host = [x.to("cpu", non_blocking=True) for x in host]  # pinned on a GPU: read after `ready`
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        self._end_step(begin)
+        return _Launched(sampled, ids, host, ready)
+
+    def _apply(self, step: _Launched) -> list[RequestOutput]:
+        """Reads a launched step's sampled ids (the step's one wait for the GPU) and applies each to its
+        sequence: stop ids, stop strings, the length cap. A sequence that ended after the step was launched
+        (stopped by the id before, or aborted) has its row discarded."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        toks = step.host[0].tolist()
+        chosen, top, top_ids = (x.tolist() for x in step.host[1:]) if len(step.host) > 1 else (None,) * 3
+        now = time.perf_counter()
+        outputs, register = [], self.block_manager.register_full_pages
+        for i, (seq, tok) in enumerate(zip(step.seqs, toks)):
+            seq.in_flight -= 1
+            if seq.status == Status.FINISHED:
+                continue
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            reason = None
+            added = tok not in seq.stop_ids
+            if added:
+                seq.append(tok)
+                k = seq.params.logprobs
+                if k is not None:
+                    seq.logprobs.append({"token_id": tok, "logprob": chosen[i],
+                                         "top": list(zip(top_ids[i][:k], top[i][:k]))})
+                if len(seq.output_token_ids) >= seq.max_tokens:
+                    reason = "length"
+            else:
+                reason = "stop"
+            register(seq)  # the pages its computed tokens filled, before a finish frees them
+            text = new_text = None
+            if seq.params.stop:
+                reason, text, new_text = self._stop_strings(seq, tok if added else None, reason)
+            if reason:
+                self.scheduler.finish(seq, reason)
+                del self.seqs[seq.request_id]
+            outputs.append(RequestOutput(seq, added, text, new_text))
+        return outputs
+
+    def _stop_strings(self, seq: Sequence, tok: int | None, reason: str | None) -> tuple[str | None, str, str]:
+        """A request with stop strings decodes every new id (tok; None: none was added) and cuts its text before
+        the first stop string. Returns the finish reason, the text, and the text this step releases: a tail
+        that may still begin a stop string is held back until the request finishes."""
+        stop = seq.params.stop
+        new = seq.decoder.push(tok) if tok is not None and seq.decoder else ""
+        if new:
+            before, seq.text = len(seq.text), seq.text + new
+            cut = -1
+            for s in stop:  # a match not found last step ends in the new text
+                i = seq.text.find(s, max(0, before - len(s) + 1))
+                if i >= 0 and (cut < 0 or i < cut):
+                    cut = i
+            if cut >= 0:
+                seq.text, reason = seq.text[:cut], "stop"
+        hold = max(map(len, stop)) - 1
+        end = len(seq.text) if reason else max(seq.emitted, len(seq.text) - hold)
+        new_text, seq.emitted = seq.text[seq.emitted:end], max(seq.emitted, end)
+        return reason, seq.text, new_text
 
     def _event(self):
         """A CUDA event recorded now, when the step timeline is kept (apps/bench_throughput.py), else None."""
@@ -192,13 +363,14 @@ class EngineCore(LoadedModel):
             self.timeline.append((self.last_step[0], begin, self._event()))
 
     def _forward(self, work: list[tuple[list[int], int, list[int]]], cache: PagedKVCache,
-                 sampled: list[int] | None = None) -> torch.Tensor:
+                 sampled: list[int] | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
         """work: per sequence (new token ids, position of the first, its pages). Returns the logits of the
-        last new token of the sequences in `sampled` (default: all)."""
-        ids, positions, slots, cu, seq_lens = [], [], [], [0], []
+        last new token of the sequences in `sampled` (default: all). ids: the new tokens already on the device
+        (async scheduling); work's lists then give only their counts."""
+        host_ids, positions, slots, cu, seq_lens = [], [], [], [0], []
         page = cache.page_size
         for toks, start, pages in work:
-            ids += toks
+            host_ids += toks
             positions += range(start, start + len(toks))
             slots += [pages[p // page] * page + p % page for p in range(start, start + len(toks))]
             cu.append(cu[-1] + len(toks))
@@ -213,8 +385,8 @@ class EngineCore(LoadedModel):
         meta = AttentionMetadata(positions=dev(positions), slot_mapping=dev(slots, torch.int64),
                                  block_table=dev(table), seq_lens=dev(seq_lens), cu_seqlens_q=dev(cu),
                                  max_seqlen_q=max(len(w[0]) for w in work), max_seqlen_k=max(seq_lens))
-        return self.model.forward_paged(dev(ids, torch.int64), meta, cache, dev([cu[i + 1] - 1 for i in sampled],
-                                                                                   torch.int64))
+        ids = dev(host_ids, torch.int64) if ids is None else ids
+        return self.model.forward_paged(ids, meta, cache, dev([cu[i + 1] - 1 for i in sampled], torch.int64))
 
     def _sample(self, batch: ScheduledBatch, sampled: list[int], logits: torch.Tensor, begin) -> list[RequestOutput]:
         seqs = [batch.seqs[i] for i in sampled]
@@ -304,7 +476,7 @@ class EngineCore(LoadedModel):
             while any(r is None or not r.finished for r in results):
                 outs = self.step()
                 if t_decode is not None:
-                    stats.steps += 1
+                    stats.steps += self.last_step[0] > 0  # a forward pass ran
                     stats.decode_tokens += len(outs)
                 stats.tokens += len(outs)
                 now = time.perf_counter()

@@ -1,17 +1,18 @@
 """Decode steps of the continuous engine replayed from CUDA graphs, one per batch bucket and context class.
 
 A decode step (one new token per sequence) is ~10 launches a layer; at small batch the host's launch
-cost is the step. Each bucket's forward is captured once over static metadata buffers. A step copies its
-metadata into the first rows of those buffers (one pinned host buffer per field, non-blocking copies),
-pads the rest of the bucket with a scratch page that no sequence owns, replays the bucket's graph and
-reads the logits of its own rows. Steps with prefill chunks, and batches past the largest bucket, run
-eagerly.
+cost is the step. Each bucket's forward is captured once over static metadata buffers. A step fills
+pinned host buffers (numpy: each sequence's pages are written once, into a table row of its own, and the
+step's rows gathered from there), copies them to those buffers without blocking, pads the rest of the
+bucket with a scratch page that no sequence owns, replays the bucket's graph and reads the logits of its
+own rows. Steps with prefill chunks, and batches past the largest bucket, run eagerly.
 """
 from __future__ import annotations
 
 import os
 import sys
 
+import numpy as np
 import torch
 
 from ..kv_cache import AttentionMetadata, PagedKVCache
@@ -50,21 +51,32 @@ class DecodeGraphs:
         self.page, self.max_context = cache.page_size, max_context
         self.buckets = buckets_for(max_num_seqs)
         B, W = self.buckets[-1], -(-max_context // cache.page_size)  # rows, block-table width
-        self.scratch_slot = scratch_page * self.page
+        self.scratch_page, self.scratch_slot = scratch_page, scratch_page * self.page
         pin = device.type == "cuda"
 
-        def pair(shape, dtype, fill):
-            host = torch.full(shape, fill, dtype=dtype, pin_memory=pin)
-            return host, host.to(device)
-
-        # host (pinned) and device copies; padding rows: token 0 at position 0, written to and read from the
-        # scratch page alone
-        self.h_ids, self.ids = pair((B,), torch.int64, 0)
-        self.h_pos, self.pos = pair((B,), torch.int32, 0)
-        self.h_slots, self.slots = pair((B,), torch.int64, self.scratch_slot)
-        self.h_lens, self.lens = pair((B,), torch.int32, 1)
-        self.h_table, self.table = pair((B, W), torch.int32, scratch_page)
-        self.row_pages: list[tuple[list | None, int]] = [(None, 0)] * B  # per host table row: (page list, pages written)
+        # Pinned host buffers (numpy views) and their device copies, two fields each so that a step makes two
+        # copies: int32 positions | seq_lens, int64 ids | slots, the second field 256-byte aligned. Padding rows:
+        # token 0 at position 0, written to and read from the scratch page alone.
+        half = -(-B // 64) * 64
+        self.h32 = torch.zeros(2 * half, dtype=torch.int32, pin_memory=pin)
+        self.h64 = torch.zeros(2 * half, dtype=torch.int64, pin_memory=pin)
+        self.np_pos, self.np_lens = self.h32[:B].numpy(), self.h32[half:half + B].numpy()
+        self.np_ids, self.np_slots = self.h64[:B].numpy(), self.h64[half:half + B].numpy()
+        self.np_lens[:], self.np_slots[:] = 1, self.scratch_slot
+        self.d32, self.d64 = self.h32.to(device), self.h64.to(device)
+        self.pos, self.lens = self.d32[:B], self.d32[half:half + B]
+        self.ids, self.slots = self.d64[:B], self.d64[half:half + B]
+        self.table = torch.full((B, W), scratch_page, dtype=torch.int32, device=device)
+        # A step's table travels compact (its rows, the columns in use) through this buffer.
+        self.h_table = torch.empty(B * W, dtype=torch.int32, pin_memory=pin)
+        self.np_table = self.h_table.numpy()
+        # Each running sequence's pages in a row of its own (its scheduler slot), written as pages are added:
+        # a step gathers its rows from here, whatever rows its sequences had the step before.
+        self.by_slot = np.full((B, W), scratch_page, dtype=np.int32)
+        self.owner: list[list | None] = [None] * B  # the page list whose pages each slot row holds ...
+        self.written = [0] * B  # ... and how many of them
+        # The host buffers are refilled once the previous step's copies have run (the host may be a step ahead).
+        self.copied = torch.cuda.Event() if device.type == "cuda" else None
         self.cu = torch.arange(B + 1, dtype=torch.int32, device=device)  # one query per row
         self.rows = torch.arange(B, dtype=torch.int64, device=device)  # every row's logits
         self.classes = context_classes(max_context)
@@ -96,40 +108,49 @@ class DecodeGraphs:
     def fits(self, n: int) -> bool:
         return n <= self.buckets[-1]
 
-    def run(self, work: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
-        """work: per sequence ([its one new token], its position, its pages). Returns the logits [n, vocab] (a
-        view into the graph's output, valid until the next run)."""
-        n = len(work)
+    def run(self, ids: list[int] | torch.Tensor, positions: list[int], tables: list[list[int]],
+            slots: list[int] | None = None) -> torch.Tensor:
+        """One decode step: row i is one new token, ids[i], at positions[i] of a sequence with pages tables[i].
+        ids: host ints, or a device tensor (the step before's sampled ids: async scheduling). slots[i]: the
+        sequence's own row of the page table while it runs (default: i). Returns the logits [n, vocab] (a view
+        into the graph's output, valid until the next run)."""
+        n = len(positions)
         b = next(x for x in self.buckets if x >= n)
-        ids, pos, slots, lens, table = (t.numpy() for t in (self.h_ids, self.h_pos, self.h_slots, self.h_lens,
-                                                            self.h_table))
-        page = self.page
-        starts = [start for _, start, _ in work]
-        ids[:n] = [toks[0] for toks, _, _ in work]
-        pos[:n] = starts
-        lens[:n] = [start + 1 for start in starts]
-        slots[:n] = [pages[start // page] * page + start % page for _, start, pages in work]
-        width = 1
-        for i, (_, _, pages) in enumerate(work):
-            # A row whose sequence is the same as last step (the same page list: a sequence gets a new list when
-            # its pages are freed) has its old pages there already; a page list only ever grows.
-            owner, have = self.row_pages[i]
-            have = have if owner is pages else 0
+        if self.copied is not None:
+            self.copied.synchronize()
+        slots = range(n) if slots is None else slots
+        owner, written = self.owner, self.written
+        for r, pages in zip(slots, tables):
+            # A page list only grows while its sequence runs (freeing its pages gives it a new list): only the
+            # pages added since the last step are written.
+            if owner[r] is not pages:
+                owner[r], written[r] = pages, 0
+            have = written[r]
             if have < len(pages):
-                table[i, have:len(pages)] = pages[have:]
-            self.row_pages[i] = (pages, len(pages))
-            width = max(width, len(pages))
-        for i in range(n, b):
-            self.row_pages[i] = (None, 0)
-        ids[n:b], pos[n:b], slots[n:b], lens[n:b] = 0, 0, self.scratch_slot, 1
-        table[n:b, 0] = self.scratch_slot // self.page
+                self.by_slot[r, have:len(pages)] = pages[have:]
+                written[r] = len(pages)
+        width = max(map(len, tables))
+        rows = np.asarray(slots)
+        pos = self.np_pos[:n]
+        pos[:] = positions
+        self.np_lens[:n] = pos + 1
+        self.np_slots[:n] = self.by_slot[rows, pos // self.page].astype(np.int64) * self.page + pos % self.page
+        self.np_pos[n:b], self.np_lens[n:b], self.np_slots[n:b], self.np_ids[n:b] = 0, 1, self.scratch_slot, 0
+        table = self.np_table[:b * width].reshape(b, width)
+        table[:n] = self.by_slot[rows, :width]
+        table[n:, 0] = self.scratch_page
+        host_ids = not isinstance(ids, torch.Tensor)
+        if host_ids:
+            self.np_ids[:n] = ids
+        self.d32.copy_(self.h32, non_blocking=True)
+        self.d64.copy_(self.h64, non_blocking=True)
         # Rows past a sequence's pages are never read: only the columns in use travel.
-        for host, dev in ((self.h_ids, self.ids), (self.h_pos, self.pos), (self.h_slots, self.slots),
-                          (self.h_lens, self.lens)):
-            dev[:b].copy_(host[:b], non_blocking=True)
-        self.table[:b, :width].copy_(self.h_table[:b, :width], non_blocking=True)
-        longest = max(starts) + 1
-        graph, logits = self.graphs[b, next(c for c in self.classes if c >= longest)]
+        self.table[:b, :width].copy_(self.h_table[:b * width].view(b, width).to(self.device, non_blocking=True))
+        if self.copied is not None:
+            self.copied.record()
+        if not host_ids:
+            self.ids[:n].copy_(ids)
+        graph, logits = self.graphs[b, next(c for c in self.classes if c >= int(pos.max()) + 1)]
         graph.replay()
         return logits[:n]
 

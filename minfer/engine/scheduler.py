@@ -11,6 +11,8 @@ a step:
 When a running sequence needs a page and none is left, the newest running sequence is preempted: its pages
 are freed, it goes back to the head of the queue, and its tokens (prompt and output so far) are computed
 again when it is readmitted. Nothing it generated is lost.
+With async scheduling a sequence's last sampled token may still be on its way to the host (in flight): it
+counts as one of its tokens, and a sequence whose in-flight token is its last (max_tokens) is not scheduled.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class Scheduler:
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the newest is last
+        self.free_slots = list(range(max_num_seqs - 1, -1, -1))  # rows of the decode graphs' page table
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -53,13 +56,19 @@ class Scheduler:
         """Ends a sequence (done or aborted), wherever it is, and frees its pages."""
         if seq.status == Status.RUNNING:
             self.running.remove(seq)
+            self._release_slot(seq)
         elif seq.status == Status.WAITING:
             self.waiting.remove(seq)
         self.bm.free_pages(seq)
         seq.status, seq.finish_reason = Status.FINISHED, reason
 
+    def _release_slot(self, seq: Sequence) -> None:
+        self.free_slots.append(seq.slot)
+        seq.slot = -1
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._release_slot(seq)
         self.bm.free_pages(seq)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -69,12 +78,17 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         chosen: dict[Sequence, int] = {}  # insertion-ordered: the batch's order
         preempted = False
-        decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
-        prefills = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
-        for seq in decodes + prefills:
+        decodes, prefills = [], []  # (sequence, tokens left to compute)
+        for s in self.running:
+            left = s.num_tokens - s.num_computed_tokens
+            if left > 1:
+                prefills.append((s, left))
+            elif s.num_output_tokens + s.in_flight < s.max_tokens:  # else its last token is in flight
+                decodes.append((s, 1))
+        for seq, left in decodes + prefills:
             if seq.status != Status.RUNNING or budget == 0:  # preempted earlier in this loop, or out of budget
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(left, budget)
             while not self.bm.allocate(seq, n):
                 victim = self.running[-1]
                 budget += chosen.pop(victim, 0)  # a victim scheduled earlier in this step is taken back
@@ -88,16 +102,18 @@ class Scheduler:
         # No admissions in a step that preempted: the pool is full, a new sequence would only be preempted.
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.in_flight:  # preempted with a token in flight: admitted once it is read
+                break
             cached = self.bm.lookup(seq)
             n = min(seq.num_tokens - len(cached) * self.bm.page_size, budget)
             if not self.bm.allocate(seq, n, cached):
                 break
             self.waiting.popleft()
-            seq.status = Status.RUNNING
+            seq.status, seq.slot = Status.RUNNING, self.free_slots.pop()
             self.running.append(seq)
             chosen[seq] = n
             budget -= n
-        if not chosen and self.has_unfinished():
+        if not chosen and self.has_unfinished() and not any(s.in_flight for s in self.running + list(self.waiting)):
             # Unreachable while add() keeps each request within the pool; a loud error beats a silent hang.
             raise MinferError("the scheduler could not run any sequence (KV cache too small)")
         return ScheduledBatch(list(chosen), list(chosen.values()))

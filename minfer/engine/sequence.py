@@ -24,15 +24,23 @@ class Sequence:
     status: Status = Status.WAITING
     num_computed_tokens: int = 0  # tokens whose K and V are in the cache
     num_cached_tokens: int = 0  # of those, taken from the prefix cache at the last admission
+    # tokens sampled by launched steps whose ids are not read back yet (async scheduling: 0, 1 or 2); they
+    # count in num_tokens, so that the scheduler plans the next step as if they were there
+    in_flight: int = 0
+    slot: int = -1  # a row of its own in the decode graphs' page table while it runs (the scheduler's)
     output_token_ids: list[int] = field(default_factory=list)  # token_ids past the prompt, kept as they come
     block_table: list[int] = field(default_factory=list)  # page ids, in position order
     page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full pages so far
     num_registered_pages: int = 0  # pages offered to the prefix cache
     finish_reason: str | None = None  # length | stop | abort
-    # front-end state: text decoded so far and how much of it was handed out
+    stop_ids: frozenset = frozenset()  # sampled ids that end it (the model's, unless ignore_eos, and its own)
+    penalized: bool = False  # a repetition, presence or frequency penalty: sampling reads its ids on the host
+    # front-end state: text decoded so far and how much of it was handed out; a request without stop strings
+    # decodes only when an output's text is read (text_ends[i]: the text's length after output id i)
     text: str = ""
     emitted: int = 0
     decoder: object = None
+    text_ends: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     arrival_time: float = 0.0
     first_token_time: float | None = None
@@ -42,7 +50,7 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) + self.in_flight
 
     @property
     def output_ids(self) -> list[int]:
@@ -55,3 +63,11 @@ class Sequence:
     def append(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         self.output_token_ids.append(token_id)
+
+    def decoded_length(self, n: int) -> int:
+        """The length of the text of the first n output ids, decoding those not decoded yet."""
+        ends = self.text_ends
+        while len(ends) < n:
+            self.text += self.decoder.push(self.output_token_ids[len(ends)]) if self.decoder else ""
+            ends.append(len(self.text))
+        return ends[n - 1] if n else 0
