@@ -26,7 +26,8 @@ from minfer.engine import Engine
 from minfer.engine.core import DEFAULT_PAGE_SIZE, EngineCore
 from minfer.sampling import SamplingParams
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from bench.workload import make_requests  # noqa: E402
 
 
