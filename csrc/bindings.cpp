@@ -21,10 +21,12 @@ TORCH_LIBRARY(minfer, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\", bool static_weight=False) -> Tensor");
   m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\") -> str");  // what linear would launch (tests)
   // attention family (csrc/attention/)
-  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False) -> Tensor");
+  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False, "
+        "int window=0) -> Tensor");
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-        "Tensor cu_seqlens_q, int max_seqlen_q, int max_seqlen_k, float scale, bool stable_prefix=False) -> Tensor");
-  m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length) -> str");  // what decode would launch (tests)
+        "Tensor cu_seqlens_q, int max_seqlen_q, int max_seqlen_k, float scale, bool stable_prefix=False, int window=0) "
+        "-> Tensor");
+  m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length, int window=0) -> str");  // what decode would launch (tests)
   // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
   // type id (minfer/ops/quantized.py)
   m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");

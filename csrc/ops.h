@@ -24,12 +24,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path);
 // attention family (attention/attention.cu)
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                        const torch::Tensor& start_pos, double scale, bool stable_prefix);
+                        const torch::Tensor& start_pos, double scale, bool stable_prefix, int64_t window);
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                               const torch::Tensor& block_table, const torch::Tensor& seq_lens,
                               const torch::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                              double scale, bool stable_prefix);
-std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length);
+                              double scale, bool stable_prefix, int64_t window);
+std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length,
+                                  int64_t window);
 // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's type id
 torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype);
 void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype);

@@ -110,9 +110,8 @@ class Transformer:
             ops.need("gelu_tanh_and_mul")
         if ops.name == "cuda":
             from .ops import cuda
-            why = (f"no kernel for head_dim {cfg.head_dim} yet" if cfg.head_dim not in cuda.ATTENTION_HEAD_DIMS else
-                   "no kernel for windowed (sliding) attention yet" if any(self.windows) else None)
-            if why:
+            if cfg.head_dim not in cuda.ATTENTION_HEAD_DIMS:
+                why = f"no attention kernel for head_dim {cfg.head_dim}"
                 for op in ("attention", "paged_attention"):
                     ops.route_to_reference(op, why)
 

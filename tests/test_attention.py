@@ -294,7 +294,7 @@ def test_decode_plan_bad_inputs():
     _cuda()
     with pytest.raises(RuntimeError, match="length must be"):
         _decode_plan(8, 2, 64, -1, 64)
-    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+    with pytest.raises(RuntimeError, match="head_dim must be 64, 128 or 256"):
         _decode_plan(8, 2, 80, 10, 64)
     q = torch.empty(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=r"q must be \[batch, 1, heads, head_dim\]"):
@@ -384,6 +384,87 @@ def test_decode_pairs_near_sm_count(batch, kv_heads):
     starts = [int(x) for x in torch.randint(0, 3000, (batch,))]
     ours, ref32, lowp = _engine_case(batch, 1, 4 * kv_heads, kv_heads, 128, dtype, starts, capacity=3072)
     _check(ours, ref32, lowp, dtype, f"starts={starts}")
+
+
+# ---- decode at head_dim 256 and with a sliding window ----
+
+@pytest.mark.parametrize("stable_prefix", [False, True])
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("ctx", [1, 17, 4097, 16500])
+def test_decode_head_dim_256(ctx, dtype, stable_prefix):
+    # d 256 (Gemma's): two tiles a warp's ring, 16 q heads of one kv head a CTA (the widest partials)
+    for heads, kv_heads in [(16, 4), (16, 1), (4, 1)]:
+        ours, ref32, lowp = _engine_case(2, 1, heads, kv_heads, 256, dtype, [ctx - 1, ctx // 3], capacity=ctx + 300,
+                                         stable_prefix=stable_prefix)
+        _check(ours, ref32, lowp, dtype, f"{heads} / {kv_heads} heads, ctx={ctx}")
+
+
+@pytest.mark.parametrize("stable_prefix", [False, True])
+@pytest.mark.parametrize("batch, heads, kv_heads, ctx", [
+    (8, 16, 1, 224),    # 7 splits of 16-row partials: merged from L2 (a spread would leave items unmerged)
+    (1, 16, 1, 1000),   # 31 splits: spread
+    (1, 4, 1, 1000),    # 4-row partials: in shared memory
+    (1, 32, 2, 32768),  # spread, 66 splits
+    (16, 8, 4, 8192),   # 64 pairs: 2 splits, speculating
+])
+def test_decode_head_dim_256_merges(batch, heads, kv_heads, ctx, stable_prefix):
+    dtype = torch.bfloat16
+    starts = [ctx - 1] + [ctx // (b + 2) for b in range(batch - 1)]
+    ours, ref32, lowp = _engine_case(batch, 1, heads, kv_heads, 256, dtype, starts, capacity=ctx + 7,
+                                     stable_prefix=stable_prefix)
+    _check(ours, ref32, lowp, dtype, f"{batch} x {heads} / {kv_heads} heads, ctx={ctx}")
+
+
+def _window_case(heads, kv_heads, hd, dtype, ctxs, window, capacity, stable_prefix):
+    """Decode of sequences of ctxs[b] keys with a sliding window, over caches that are NaN but in each
+    sequence's window: the keys before it must never be read (nor those past the length)."""
+    batch = len(ctxs)
+    starts = torch.tensor([n - 1 for n in ctxs], device="cuda", dtype=torch.int32)
+    k, v, kp, vp = _make_cache(batch, capacity, kv_heads, hd, dtype, ctxs)
+    for b, n in enumerate(ctxs):
+        kp[b, :max(0, n - window)] = float("nan")
+        vp[b, :max(0, n - window)] = float("nan")
+    q = torch.randn(batch, 1, heads, hd, device="cuda", dtype=dtype)
+    scale = 1.0 / math.sqrt(hd)
+    _nan_freed(q.shape, dtype)
+    ours = _cuda().attention(q, kp, vp, starts, scale, stable_prefix, window=window)
+    ref32 = reference.attention(q.float(), k.float(), v.float(), starts, scale, window=window)
+    lowp = reference.attention(q, k, v, starts, scale, window=window)
+    return ours, ref32, lowp
+
+
+# Contexts below, at and past each window (a range from a tile's middle, one tile, many), and far past it.
+WINDOW_CTXS = sorted({(w, c) for w in (1, 17, 512, 4096) for c in (w - 1, w, w + 1, 3 * w + 5, 20000) if c >= 1})
+
+
+@pytest.mark.parametrize("stable_prefix", [False, True])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("ratio", [1, 8])
+@pytest.mark.parametrize("window, ctx", WINDOW_CTXS)
+def test_decode_window(window, ctx, ratio, hd, stable_prefix):
+    # a sequence at ctx beside a shorter one (its window starts elsewhere in its tile), in a roomy cache
+    dtype = torch.bfloat16 if (window + ctx + hd) % 2 else torch.float16
+    ours, ref32, lowp = _window_case(2 * ratio, 2, hd, dtype, [ctx, max(1, ctx // 3)], window, ctx + 40,
+                                     stable_prefix)
+    _check(ours, ref32, lowp, dtype, f"window={window} ctx={ctx}")
+
+
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("window", [1, 17, 512, 4096])
+def test_decode_plan_window(window, hd):
+    # A window plans for its range, not the context: at a context past it, the keys from the 16-key tile of
+    # the window's first key on (window + (ctx - window) % 16 of them), planned for a capacity of window + 15.
+    _cuda()
+    for heads, kv_heads in [(32, 8), (4, 1), (16, 1)]:
+        for ctx in (window + 16 * 1000, window + 16 * 1000 + 9, 100000):
+            q = torch.empty(1, 1, heads, hd, device="cuda", dtype=torch.bfloat16)
+            k = torch.empty(1, 1, kv_heads, hd, device="cuda", dtype=torch.bfloat16).expand(1, ctx + 7, kv_heads, hd)
+            got = torch.ops.minfer.attention_decode_plan(q, k, ctx, window)
+            want = _decode_plan(heads, kv_heads, hd, window + (ctx - window) % 16, window + 15)
+            assert got == want, f"{heads} / {kv_heads} heads, d {hd}, {ctx} keys, window {window}: {got!r} != {want!r}"
+        # a window the context is within plans as no window
+        assert torch.ops.minfer.attention_decode_plan(q, k[:, :window], window, window) == \
+            _decode_plan(heads, kv_heads, hd, window, window)
 
 
 def test_engine_fp32_falls_back():
@@ -542,6 +623,52 @@ def test_prefill_sm80_path_on_hopper(hd, monkeypatch):
     _check(ours, ref32, lowp, dtype)
 
 
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("ratio", [1, 4])
+@pytest.mark.parametrize("seq", [17, 113, 1000])
+def test_prefill_head_dim_256(seq, ratio, dtype, monkeypatch):
+    # The default dispatch: on Hopper the sm90 kernel declines head_dim 256 and the mma.sync kernel runs it.
+    monkeypatch.setenv("MINFER_PREFILL_PATH", "auto")
+    ours, ref32, lowp = _engine_case(2, seq, 2 * ratio, 2, 256, dtype, [0, 300])
+    _check(ours, ref32, lowp, dtype, f"seq={seq}")
+
+
+def _prefill_path_param(path, hd, monkeypatch):
+    """sm90: the wgmma kernel, on Hopper only (the fixture's setting); sm80: the mma.sync kernel forced."""
+    if path == "sm90":
+        if torch.cuda.get_device_capability()[0] != 9:
+            pytest.skip("no sm90 kernel here: the sm80 case runs the same inputs")
+        if hd == 256:
+            pytest.skip("the sm90 kernel declines head_dim 256: the sm80 case runs it")
+    else:
+        monkeypatch.setenv("MINFER_PREFILL_PATH", "sm80")
+
+
+# (window, seq): seq below, at and past the window
+WINDOW_CASES = [(1, 17), (1, 130), (17, 16), (17, 17), (17, 200), (512, 300), (512, 512), (512, 1000),
+                (4096, 1000), (4096, 4097), (4096, 9000)]
+
+
+@pytest.mark.parametrize("path", ["sm90", "sm80"])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("window, seq", WINDOW_CASES)
+def test_prefill_window(window, seq, hd, path, monkeypatch):
+    # Sequence 0 from position 0; sequence 1 a chunk at 2 w + 91 over a cache of that many keys more, so
+    # its first query block's window starts mid-tile, tiles past 0 (whose keys must not count).
+    _prefill_path_param(path, hd, monkeypatch)
+    dtype = torch.float16 if seq % 2 else torch.bfloat16
+    starts = [0, 2 * window + 91]
+    starts_t = torch.tensor(starts, device="cuda", dtype=torch.int32)
+    k, v, kp, vp = _make_cache(2, starts[1] + seq + 5, 2, hd, dtype, [s + seq for s in starts])
+    q = torch.randn(2, seq, 4, hd, device="cuda", dtype=dtype)  # [batch, seq, heads, head_dim], 2 q heads a kv head
+    scale = 1.0 / math.sqrt(hd)
+    _nan_freed(q.shape, dtype)
+    ours = _cuda().attention(q, kp, vp, starts_t, scale, window=window)
+    ref32 = reference.attention(q.float(), k.float(), v.float(), starts_t, scale, window=window)
+    lowp = reference.attention(q, k, v, starts_t, scale, window=window)
+    _check(ours, ref32, lowp, dtype, f"window={window} seq={seq}")
+
+
 def test_seed_flash_long():
     q, k, v = _seed_inputs(1, 4, 4, 1000, 4097, 128, torch.float16)
     for causal in (False, True):
@@ -575,7 +702,7 @@ def _good():
 
 @pytest.mark.parametrize("bad, match", [
     (lambda q, k, v, s: (q[..., :48].contiguous(), k[..., :48].contiguous(), v[..., :48].contiguous(), s),
-     "head_dim must be 64 or 128"),
+     "head_dim must be 64, 128 or 256"),
     (lambda q, k, v, s: (q[:, :, :3], k, v, s), "multiple of kv_heads"),
     (lambda q, k, v, s: (q, k.bfloat16(), v, s), "same dtype"),
     (lambda q, k, v, s: (q, k, v, s.long()), "start_pos must be int32"),

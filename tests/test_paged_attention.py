@@ -147,8 +147,64 @@ def test_cuda_paged_decode_large_batch(batch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stable_prefix", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("ctx", [1, 17, 300, 4097, 20000])
+def test_cuda_paged_decode_head_dim_256(ctx, dtype, stable_prefix):
+    starts = [ctx - 1, max(0, ctx // 3 - 1), 0]
+    check_paged([1, 1, 1], starts, hd=256, dtype=dtype, stable_prefix=stable_prefix)
+    check_paged([1, 1, 1], starts, heads=16, kv_heads=1, hd=256, dtype=dtype, stable_prefix=stable_prefix)
+
+
+def check_paged_decode_window(starts, window, hd, dtype, page=16, stable_prefix=False, heads=8, kv_heads=2):
+    """Decode of sequences at `starts` with a sliding window against the fp32 reference. Every key before a
+    sequence's window is NaN in the pool, and the block-table entries of the pages wholly before it (those the
+    engine frees) point past the pool, where a read is clamped to its last page, NaN here: none may be read."""
+    q, k, v, table, lens, cu = cuda_case([1] * len(starts), starts, heads, kv_heads, hd, dtype, page)
+    args = (lens, cu, 1, int(lens.max()), 1 / math.sqrt(hd))
+    ref32 = reference.paged_attention(q.float(), k.float(), v.float(), table, *args, window=window)
+    lowp = reference.paged_attention(q, k, v, table, *args, window=window)
+    k, v = (torch.cat([c, torch.full_like(c[:1], float("nan"))]) for c in (k, v))  # [num_pages + 1, page, ...]
+    freed_table = table.clone()
+    for b, n in enumerate(lens.tolist()):
+        first = max(0, n - window)  # the window's first key
+        keys = torch.arange(first, device="cuda")
+        pages = table[b, keys // page].long()
+        k[pages, keys % page] = float("nan")
+        v[pages, keys % page] = float("nan")
+        freed_table[b, :first // page] = k.shape[0] + 1000
+    torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
+    ours = _cuda().paged_attention(q, k, v, freed_table, *args, window=window, stable_prefix=stable_prefix)
+    assert ours.shape == q.shape and ours.dtype == dtype
+    assert torch.isfinite(ours).all(), "non-finite output"
+    err, base = (ours.float() - ref32).abs().max().item(), (lowp.float() - ref32).abs().max().item()
+    assert err <= 2 * base + EPS[dtype], f"max err {err:.3e} vs torch {base:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stable_prefix", [False, True])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("window", [1, 17, 512])
+@pytest.mark.parametrize("ctx", [1, 17, 48, 300, 4097, 20000])
+def test_cuda_paged_decode_window(ctx, window, hd, stable_prefix):
+    dtype = torch.bfloat16 if (ctx + window) % 2 else torch.float16
+    starts = [ctx - 1, max(0, ctx // 3 - 1), window + 6, 0]  # windows from different rows of their tiles
+    check_paged_decode_window(starts, window, hd, dtype, stable_prefix=stable_prefix)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [32, 64])
+@pytest.mark.parametrize("ratio", [1, 8])
+@pytest.mark.parametrize("window, ctx", [(17, 300), (512, 4097), (512, 20000)])
+def test_cuda_paged_decode_window_pages(ctx, window, ratio, page):
+    # a window's first key inside a page that is partly before it; groups of 1 and 8 at d 256
+    starts = [ctx - 1, ctx // 2 + 5, window + page // 2]
+    check_paged_decode_window(starts, window, 256, torch.bfloat16, page, True, heads=2 * ratio, kv_heads=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("page", [16, 48])
 @pytest.mark.parametrize("q_lens,starts", [([17], [0]),  # a prefill from 0
                                            ([113, 1000], [0, 0]),
@@ -156,6 +212,33 @@ def test_cuda_paged_decode_large_batch(batch):
                                            ([1, 2], [500, 4095])])
 def test_cuda_paged_prefill(q_lens, starts, page, hd, dtype):
     check_paged(q_lens, starts, hd=hd, dtype=dtype, page=page)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("window", [17, 512])
+@pytest.mark.parametrize("q_lens,starts", [([1000], [0]),  # a prefill from 0: later query blocks skip tiles
+                                           ([300, 1, 200, 65], [4, 700, 1037, 129]),  # chunks mixed with a decode
+                                           ([2, 513], [4095, 600])])
+def test_cuda_paged_prefill_window(q_lens, starts, window, page, hd, dtype):
+    """Ragged prefill with a sliding window. The pages wholly before the window of a sequence's first query
+    (the ones the engine frees) are NaN in the pool: any row of them read would show."""
+    q, k, v, table, lens, cu = cuda_case(q_lens, starts, 8, 2, hd, dtype, page)
+    args = (table, lens, cu, max(q_lens), int(lens.max()), 1 / math.sqrt(hd))
+    ref32 = reference.paged_attention(q.float(), k.float(), v.float(), *args, window=window)
+    lowp = reference.paged_attention(q, k, v, *args, window=window)
+    for b, s in enumerate(starts):
+        freed = max(0, s - window + 1) // page  # pages wholly before the first query's window
+        k[table[b, :freed].long()] = float("nan")
+        v[table[b, :freed].long()] = float("nan")
+    torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
+    ours = _cuda().paged_attention(q, k, v, *args, window=window)
+    assert ours.shape == q.shape and ours.dtype == dtype
+    assert torch.isfinite(ours).all(), "non-finite output"
+    err, base = (ours.float() - ref32).abs().max().item(), (lowp.float() - ref32).abs().max().item()
+    assert err <= 2 * base + EPS[dtype], f"max err {err:.3e} vs torch {base:.3e}"
 
 
 @pytest.mark.gpu
@@ -217,7 +300,7 @@ def test_cuda_paged_bad_inputs():
         cuda.paged_attention(q, k, v, table, lens, cu[:-1], 1, 11, 0.1)
     with pytest.raises(RuntimeError, match="max_seqlen_q must be"):
         cuda.paged_attention(q, k, v, table, lens, cu, 5, 11, 0.1)
-    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+    with pytest.raises(RuntimeError, match="head_dim must be 64, 128 or 256"):
         cuda.paged_attention(q[..., :32], k[..., :32], v[..., :32], table, lens, cu, 1, 11, 0.1)
 
 

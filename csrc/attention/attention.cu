@@ -32,7 +32,8 @@ void check_q_and_cache(const torch::Tensor& q, const torch::Tensor& k_cache) {
   MINFER_CHECK(k_cache.dim() == 4, "attention: k_cache must be [batch, capacity, kv_heads, head_dim], got ",
               k_cache.sizes());
   const int64_t batch = q.size(0), heads = q.size(2), head_dim = q.size(3), kv_heads = k_cache.size(2);
-  MINFER_CHECK(head_dim == 64 || head_dim == 128, "attention: head_dim must be 64 or 128, got ", head_dim);
+  MINFER_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, "attention: head_dim must be 64, 128 or 256, got ",
+              head_dim);
   MINFER_CHECK(k_cache.size(0) == batch && k_cache.size(3) == head_dim,
               "attention: k_cache must be [batch, capacity, kv_heads, head_dim] = [", batch, ", *, *, ", head_dim,
               "], got ", k_cache.sizes());
@@ -43,7 +44,7 @@ void check_q_and_cache(const torch::Tensor& q, const torch::Tensor& k_cache) {
 }  // namespace
 
 torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                        const torch::Tensor& start_pos, double scale, bool stable_prefix) {
+                        const torch::Tensor& start_pos, double scale, bool stable_prefix, int64_t window) {
   MINFER_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache and v_cache must have the same shape, got ",
               k_cache.sizes(), " and ", v_cache.sizes());
   check_q_and_cache(q_in, k_cache);
@@ -60,6 +61,7 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
   MINFER_CHECK(rows_aligned16(k_cache) && rows_aligned16(v_cache),
               "attention: k_cache and v_cache must have a contiguous head_dim, strides that are multiples of 8 "
               "elements and 16-byte aligned data (the contiguous KV cache layout)");
+  MINFER_CHECK(window >= 0 && window <= kIntMax, "attention: window must be in [0, 2^31) (0: none), got ", window);
   MINFER_CHECK(seq <= kIntMax && capacity <= kIntMax && batch <= 65535 && heads <= 65535,
               "attention: sizes too large, got q ", q_in.sizes(), " and cache ", k_cache.sizes());
   const c10::cuda::CUDAGuard guard(q_in.device());
@@ -68,7 +70,7 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
   auto out = torch::empty({batch, seq, heads, head_dim}, q.options());  // [batch, seq, heads, head_dim]
   if (out.numel() == 0) return out;
   if (seq == 1) {
-    attn::flash_decode(q, k_cache, v_cache, start_pos, scale, stable_prefix, out);
+    attn::flash_decode(q, k_cache, v_cache, start_pos, scale, stable_prefix, static_cast<int>(window), out);
     return out;
   }
   attn::FlashParams p{};
@@ -79,6 +81,7 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
   p.o_bs = out.stride(0), p.o_ss = out.stride(1), p.o_hs = out.stride(2);
   p.seq_q = seq, p.seq_k = capacity, p.group = heads / kv_heads;
   p.start_pos = start_pos.data_ptr<int>();
+  p.window = static_cast<int>(window);
   p.scale_log2 = static_cast<float>(scale) * attn::kLog2e;
   attn::flash_prefill(p, q.scalar_type(), head_dim, /*causal=*/true, batch, heads,
                       c10::cuda::getCurrentCUDAStream());
@@ -88,7 +91,7 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
 torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                               const torch::Tensor& block_table, const torch::Tensor& seq_lens,
                               const torch::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                              double scale, bool stable_prefix) {
+                              double scale, bool stable_prefix, int64_t window) {
   MINFER_CHECK_CUDA(q_in);
   for (const torch::Tensor* t : {&k_cache, &v_cache, &block_table, &seq_lens, &cu_seqlens_q}) {
     MINFER_CHECK_CUDA(*t);
@@ -104,7 +107,8 @@ torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_
               k_cache.sizes(), " and ", v_cache.sizes());
   const int64_t tokens = q_in.size(0), heads = q_in.size(1), head_dim = q_in.size(2);
   const int64_t num_pages = k_cache.size(0), page_size = k_cache.size(1), kv_heads = k_cache.size(2);
-  MINFER_CHECK(head_dim == 64 || head_dim == 128, "paged_attention: head_dim must be 64 or 128, got ", head_dim);
+  MINFER_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256,
+              "paged_attention: head_dim must be 64, 128 or 256, got ", head_dim);
   MINFER_CHECK(k_cache.size(3) == head_dim, "paged_attention: the caches' head_dim must be q's (", head_dim, "), got ",
               k_cache.sizes());
   MINFER_CHECK(kv_heads > 0 && heads % kv_heads == 0, "paged_attention: q heads (", heads,
@@ -129,6 +133,8 @@ torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_
               tokens, "], got ", max_seqlen_q);
   MINFER_CHECK(max_seqlen_k >= max_seqlen_q && max_seqlen_k <= kIntMax,
               "paged_attention: max_seqlen_k must be in [max_seqlen_q, 2^31), got ", max_seqlen_k);
+  MINFER_CHECK(window >= 0 && window <= kIntMax, "paged_attention: window must be in [0, 2^31) (0: none), got ",
+              window);
   MINFER_CHECK(tokens <= kIntMax && batch <= 65535 && heads <= 65535 && num_pages * page_size <= kIntMax,
               "paged_attention: sizes too large, got q ", q_in.sizes(), ", caches ", k_cache.sizes(),
               " and block_table ", block_table.sizes());
@@ -138,7 +144,7 @@ torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_
   if (out.numel() == 0 || batch == 0) return out;
   if (max_seqlen_q == 1 && tokens == batch) {  // a decode step: one query per sequence
     attn::flash_decode_paged(q, k_cache, v_cache, block_table, seq_lens, static_cast<int>(max_seqlen_k), scale,
-                             stable_prefix, out);
+                             stable_prefix, static_cast<int>(window), out);
     return out;
   }
   attn::FlashParams p{};
@@ -155,18 +161,21 @@ torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_
   p.paged.block_table = block_table.data_ptr<int>(), p.paged.bt_stride = block_table.stride(0);
   p.paged.k_ps = k_cache.stride(0), p.paged.v_ps = v_cache.stride(0);
   p.paged.page_size = static_cast<int>(page_size), p.paged.num_pages = static_cast<int>(num_pages);
+  p.window = static_cast<int>(window);
   p.scale_log2 = static_cast<float>(scale) * attn::kLog2e;
   attn::flash_prefill(p, q.scalar_type(), head_dim, /*causal=*/true, batch, heads, c10::cuda::getCurrentCUDAStream());
   return out;
 }
 
-std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length) {
+std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length,
+                                  int64_t window) {
   check_q_and_cache(q, k_cache);
   MINFER_CHECK(q.size(1) == 1, "attention_decode_plan: q must be [batch, 1, heads, head_dim], got ", q.sizes());
   MINFER_CHECK(length >= 0 && length <= kIntMax, "attention_decode_plan: length must be in [0, 2^31), got ", length);
+  MINFER_CHECK(window >= 0 && window <= kIntMax, "attention_decode_plan: window must be in [0, 2^31), got ", window);
   MINFER_CHECK(k_cache.size(1) <= kIntMax, "attention_decode_plan: capacity must be below 2^31, got ", k_cache.size(1));
   const c10::cuda::CUDAGuard guard(q.device());
-  return attn::flash_decode_plan(q, k_cache, static_cast<int>(length));
+  return attn::flash_decode_plan(q, k_cache, static_cast<int>(length), static_cast<int>(window));
 }
 
 }  // namespace minfer

@@ -30,6 +30,7 @@ struct FlashParams {
   const int* seq_lens = nullptr;
   int total_q = 0;
   PagedKv paged;           // K/V in pages (k_bs, v_bs unused), or the dense layout
+  int window = 0;          // > 0: a query at position p sees only keys p - window < key <= p (sliding window)
 };
 
 #ifdef __CUDACC__
@@ -65,7 +66,7 @@ __device__ __forceinline__ SeqRows seq_rows(const FlashParams& p, int b) {
 
 #endif
 
-// flash_prefill.cu: fp16/bf16, head_dim 64 or 128. On Hopper it runs flash_prefill_sm90 when that takes
+// flash_prefill.cu: fp16/bf16, head_dim 64, 128 or 256. On Hopper it runs flash_prefill_sm90 when that takes
 // the case, else the mma.sync kernel (the sm_80 path).
 void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
                    cudaStream_t stream);
@@ -80,18 +81,19 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
 // stable_prefix: start_pos and the cache rows before start_pos[b] are not written by any kernel that may
 // still be running when this one starts (the engine's decode step: they were written by earlier steps),
 // so the kernel may start reading them before the previous kernel in the stream is done.
+// window > 0: the query at position p sees only keys p - window < key <= p, and only they are read.
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                  const torch::Tensor& start_pos, double scale, bool stable_prefix, torch::Tensor& out);
+                  const torch::Tensor& start_pos, double scale, bool stable_prefix, int window, torch::Tensor& out);
 // flash_decode.cu, the paged layout: q [batch, heads, head_dim] (strided batch), caches [num_pages, page_size,
 // kv_heads, head_dim] with page_size a multiple of 16, block_table [batch, max_pages] int32, seq_lens [batch]
 // int32 (keys of each sequence, its newest last), max_seqlen_k >= every seq_lens[b]; out [batch, heads,
 // head_dim] contiguous. stable_prefix as above, of seq_lens, the block table and the rows before the newest.
 void flash_decode_paged(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                         const torch::Tensor& block_table, const torch::Tensor& seq_lens, int max_seqlen_k,
-                        double scale, bool stable_prefix, torch::Tensor& out);
+                        double scale, bool stable_prefix, int window, torch::Tensor& out);
 // decode_plan.cu: what flash_decode would launch for sequences of `length` keys (the split count, the
 // splits that get keys, how they merge, the ring depth, speculation), launching nothing.
-std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length);
+std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length, int window);
 
 constexpr float kLog2e = 1.4426950408889634f;
 

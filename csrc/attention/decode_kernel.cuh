@@ -29,7 +29,8 @@
 namespace minfer::attn::decode {
 
 constexpr int kEarlyTiles = 3;             // tiles a warp may load before the wait (not speculating) ...
-constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time
+constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time (a tile's K or V
+                                           // half where the tile is larger: 8 KB at d 256)
 constexpr int kSpecThrottleTiles = 8;      // a speculating warp of up to this many tiles keeps one tile in
                                            // flight before the wait and splits the newest key's tile
 
@@ -43,12 +44,11 @@ constexpr int kSpecThrottleTiles = 8;      // a speculating warp of up to this m
 // need, never less.
 template <typename T, int D>
 __device__ __forceinline__ void load_early(const WarpRing<T, D>& w, int& filled) {
-  constexpr int STAGES = kStages<T, D>;
-  static_assert(kEarlyTiles <= STAGES, "early tiles must fit the ring");
+  constexpr int STAGES = kStages<T, D>, EARLY = kEarlyTiles < STAGES ? kEarlyTiles : STAGES;  // 2 at d 256
   const Range& r = w.r;
-  // (The call's K/V is counted with every sequence at this one's length.)
-  const bool at_once = r.n_active == 1 && small_call<T, D>(grid_pairs(), (r.len + kTK - 1) / kTK);
-  const int early = at_once ? min(STAGES, r.n_my) : r.n_my <= 8 ? min(kEarlyTiles, r.n_my) : 0;
+  // (The call's K/V is counted with every sequence at this one's range's length.)
+  const bool at_once = r.n_active == 1 && small_call<T, D>(grid_pairs(), r.seq.tiles());
+  const int early = at_once ? min(STAGES, r.n_my) : r.n_my <= 8 ? min(EARLY, r.n_my) : 0;
   while (filled < early && min(w.key0(filled) + kTK, r.s1) <= r.len - 1) {
     if (filled >= 1 && !at_once) ptx::cp_async_wait<0>();
     if constexpr (kTileBytes<T, D> > kEarlyPieceBytes) {
@@ -73,7 +73,7 @@ __device__ __forceinline__ void load_early(const WarpRing<T, D>& w, int& filled)
 template <typename T, int D>
 __device__ __forceinline__ void load_all_but_newest_row(const WarpRing<T, D>& w, int n_pre) {
   const DecodeParams& p = w.p;
-  const int len = w.r.len, key0 = w.key0(n_pre), r_new = len - 1 - key0;
+  const int len = w.r.len, r_new = len - 1 - w.row0(n_pre);
 #pragma unroll
   for (int j = 0; j < kTK * (D / 8) / 32; ++j) {
     w.copy_chunk(w.ring, w.tile_rows(w.k, n_pre), p.k_ss, r_new, j);
@@ -86,30 +86,38 @@ __device__ __forceinline__ void load_all_but_newest_row(const WarpRing<T, D>& w,
                      128 * (w.lane % kLines));
 }
 
-// After the wait: the newest row into slot 0, once every lane's zero-filled copy of it has landed.
+// After the wait: the newest row into slot 0, once every lane's zero-filled copy of it has landed. A lane a
+// 16-byte chunk of its K and V rows (two rounds at d 256).
 template <typename T, int D>
 __device__ __forceinline__ void load_newest_row(const WarpRing<T, D>& w, int n_pre) {
   constexpr int CH = D / 8;
-  const DecodeParams& p = w.p;
   const int len = w.r.len;
   ptx::cp_async_wait<0>();
   __syncwarp();
-  const int r_new = len - 1 - w.key0(n_pre), c = w.lane % CH;
-  if (w.lane < 2 * CH) {
-    const bool v_row = w.lane >= CH;
-    ptx::cp_async16((v_row ? w.ring + WarpRing<T, D>::TILE : w.ring) + tile_off(r_new, c),
-                    (v_row ? w.v.row(len - 1) : w.k.row(len - 1)) + c * 8, true);
+  const int r_new = len - 1 - w.row0(n_pre);
+#pragma unroll
+  for (int j = 0; j < (2 * CH + 31) / 32; ++j) {
+    const int i = w.lane + 32 * j, c = i % CH;  // chunk c of the K row (i < CH) or of the V row
+    if (i < 2 * CH)
+      ptx::cp_async16((i >= CH ? w.ring + WarpRing<T, D>::TILE : w.ring) + tile_off(r_new, c),
+                      (i >= CH ? w.v.row(len - 1) : w.k.row(len - 1)) + c * 8, true);
   }
   ptx::cp_async_commit();
 }
 
-// Whether q's pieces read after the wait differ from those read before it.
-template <int D>
-__device__ __forceinline__ bool q_changed(const uint4 (&q_final)[kQPieces<D>], const uint4 (&q_pre)[kQPieces<D>]) {
+// Whether q's pieces read after the wait differ from those read before it: q_pre, or where kQInSmem, this
+// thread's pieces of them in s_q (so that they hold no registers through the stream).
+template <typename T, int D>
+__device__ __forceinline__ bool q_changed(const uint4 (&q_final)[kQPieces<D>], const uint4 (&q_pre)[kQPieces<D>],
+                                          const T* s_q, int tid) {
+  constexpr int QCH = D / 8;
   bool changed = false;
 #pragma unroll
   for (int j = 0; j < kQPieces<D>; ++j) {
-    const uint4 a = q_final[j], e = q_pre[j];
+    const int i = tid + j * kThreads;
+    const uint4 a = q_final[j],
+                e = kQInSmem<D> ? *reinterpret_cast<const uint4*>(s_q + (i / QCH) * kQStride<D> + (i % QCH) * 8)
+                                : q_pre[j];
     changed = changed || a.x != e.x || a.y != e.y || a.z != e.z || a.w != e.w;
   }
   return changed;
@@ -117,10 +125,10 @@ __device__ __forceinline__ bool q_changed(const uint4 (&q_final)[kQPieces<D>], c
 
 template <typename T, int D, bool FULL_GRID, bool SPECULATE>
 __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeParams p) {
-  static_assert(kStages<T, D> >= 2 && kRows * kWarpOStride<D> * 4 <= kRingBytes, "ring too small");
-  static_assert(kRows * kQStride<D> * int(sizeof(T)) <= kSpecSmemBytes - kSmemBytes,
+  static_assert(kStages<T, D> >= 2 && kRows * kWarpOStride<D> * 4 <= kRingBytes<D>, "ring too small");
+  static_assert(kRows * kQStride<D> * int(sizeof(T)) <= kSpecSmemBytes<D> - kSmemBytes<D>,
                 "q's stage must fit past the rings");
-  extern __shared__ unsigned char smem_raw[];  // kWarps rings of kRingBytes, from a 1024-byte boundary
+  extern __shared__ unsigned char smem_raw[];  // kWarps rings of kRingBytes<D>, from a 1024-byte boundary
   __shared__ float s_m[kWarps][kRows], s_l[kWarps][kRows];
   __shared__ int s_last;
   unsigned char* smem = smem_raw + ((1024 - ptx::smem_addr(smem_raw) % 1024) % 1024);
@@ -130,14 +138,15 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0, lane_page = 0;
   Split seq_split{};
   const Range r{len, n_active, s0, s1, n_my, seq_split};
-  const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * kRingBytes),
+  const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * kRingBytes<D>),
                          kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
                          kv_rows<T>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh), c.warp, c.lane,
                          lane_page};
-  uint32_t qf[D / 16][4];                    // Q's A fragments
+  T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes<D>);  // the speculating kernel's q (kQInSmem: every
+                                                                 // kernel's): [kRows][kQStride]
+  uint32_t qf[D / 16][4];                    // Q's A fragments (kQInSmem: unused, read from s_q)
   float l_row[2], m_row[2], acc[D / 8][4];  // the softmax state of rows g, g + 8, O's C fragments
-  const Heads<T, D> h{qf, acc, m_row, l_row};
-  T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes);  // the speculating kernel's q: [kRows][kQStride]
+  const Heads<T, D> h{qf, acc, m_row, l_row, q_frag_lane<T, D>(s_q, c.lane)};
 
   bool spec = false, row_split = false;
   uint4 q_pre[kQPieces<D>];  // speculative: q as read before the wait
@@ -149,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
     w.load_pages();
     if constexpr (SPECULATE)
       spec = speculates<T, D>(seq_split, merge_of<D>(n_active, c.rows, p.rows, p.all_resident), grid_pairs(),
-                              (len + kTK - 1) / kTK);
+                              seq_split.tiles());
     if (spec) {
       ptx::griddep_launch_dependents();
       read_q<T, D>(q_pre, p, c);
@@ -175,7 +184,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
 
   int from = 0;  // the first tile still to stream
   if (!spec) {
-    load_q<T, D>(qf, p, c);
+    if constexpr (kQInSmem<D>) {
+      uint4 q_now[kQPieces<D>];
+      read_q<T, D>(q_now, p, c);
+      stage_q<T, D>(qf, s_q, q_now, c);
+    } else {
+      load_q<T, D>(qf, p, c);
+    }
     if (!p.stable_prefix) {
       take_range<T, D>(r, p, c);
       if (c.split >= n_active) return;
@@ -185,13 +200,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
     if (row_split) load_newest_row(w, n_pre);
     uint4 q_final[kQPieces<D>];
     read_q<T, D>(q_final, p, c);
-    if (__syncthreads_or(q_changed<D>(q_final, q_pre))) {  // start over with the final q
+    if (__syncthreads_or(q_changed<T, D>(q_final, q_pre, s_q, c.tid))) {  // start over with the final q
       ptx::cp_async_wait<0>();  // nothing of the first pass lands in the ring from here on
       stage_q<T, D>(qf, s_q, q_final, c);
     } else if (row_split) {
       ptx::cp_async_wait<0>();
       __syncwarp();
-      h.consume(w.ring, w.ring + WarpRing<T, D>::TILE, s1 - w.key0(n_pre), c.lane, p);
+      h.consume(w.ring, w.ring + WarpRing<T, D>::TILE, w.valid(n_pre), c.lane, p);
       from = n_my;
     } else {
       from = n_pre;

@@ -79,7 +79,7 @@ __device__ __forceinline__ void merge_warps(const DecodeParams& p, const PairOut
     for (int w = 0; w < kWarps; ++w) {
       const float wt = s.weight(s_m[w][h]);
       s.add(s_l[w][h], wt);
-      fma4(o, *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(smem + w * kRingBytes) +
+      fma4(o, *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(smem + w * kRingBytes<D>) +
                                                h * kWarpOStride<D> + d),
            wt);
     }

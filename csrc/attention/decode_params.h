@@ -16,19 +16,33 @@ namespace minfer::attn::decode {
 constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kTK = 16;               // keys per warp tile (the k of the P V mma)
 constexpr int kRows = 16;             // q heads per CTA (the m of the mma)
-constexpr int kRingBytes = 24 << 10;  // per warp: 3 tiles of K+V at head_dim 128, 6 at 64
+// Per warp: 3 tiles of K+V at head_dim 128, 6 at 64; 2 at 256 (a ring needs two tiles to stream, and the
+// CTA's 129 KB then fit one CTA an SM, as the grid plans anyway).
+template <int D>
+constexpr int kRingBytes = D <= 128 ? 24 << 10 : 32 << 10;
 // + slack to start the rings on a 1024-byte boundary. The XOR swizzle is conflict-free from any 16-byte
 // aligned base, but the streams are not: rings right after the static shared memory ran 10-17% slower
 // (H200, bf16: 16 x 16k 234.8 -> 274.1 us); a 256-byte boundary is as fast.
-constexpr int kSmemBytes = kWarps * kRingBytes + 1024;
+template <int D>
+constexpr int kSmemBytes = kWarps * kRingBytes<D> + 1024;
 // The speculating kernel stages q in shared memory after the rings: [kRows][D + 8] 16-bit values (a padded
-// row, so that ldmatrix reads it without bank conflicts), sized for the largest head_dim.
-constexpr int kSpecSmemBytes = kSmemBytes + kRows * (128 + 8) * 2;
+// row, so that ldmatrix reads it without bank conflicts), sized for head_dim 128 at 128 and below.
+template <int D>
+constexpr int kSpecSmemBytes = kSmemBytes<D> + kRows * ((D > 128 ? D : 128) + 8) * 2;
+// At d 256 every kernel stages q there, and each k-step of S = Q K^T reads its A fragment by ldmatrix: held
+// in registers, the fragments take 64 beside O's 128 (ptxas spilled 150-1300 bytes a thread).
+template <int D>
+constexpr bool kQInSmem = D > 128;
+// A kernel's dynamic shared memory: the rings, and q's stage where it stages q.
+template <int D>
+constexpr int smem_bytes(bool speculate) {
+  return speculate || kQInSmem<D> ? kSpecSmemBytes<D> : kSmemBytes<D>;
+}
 
 template <typename T, int D>
 constexpr int kTileBytes = 2 * kTK * D * int(sizeof(T));  // K + V of one 16-key tile
 template <typename T, int D>
-constexpr int kStages = kRingBytes / kTileBytes<T, D>;  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
+constexpr int kStages = kRingBytes<D> / kTileBytes<T, D>;  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
 
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
@@ -41,6 +55,7 @@ struct DecodeParams {
   const int* start_pos;  // [batch]: sequence b has start_pos[b] + len_offset keys (dense: its newest
                          // position, offset 1; paged: its length, offset 0)
   int len_offset;
+  int window;            // > 0: sequence b reads only its last `window` keys (sliding window); 0: all
   PagedKv paged;         // the paged layout's block table (pages of a multiple of kTK keys), or none
   int64_t q_bs, q_hs, k_bs, k_ss, k_hs, v_bs, v_ss, v_hs;
   int heads, group;

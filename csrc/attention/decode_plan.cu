@@ -8,9 +8,10 @@
 
 namespace minfer::attn {
 
-std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length) {
+std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length, int window) {
   if (q.size(0) == 0 || q.size(2) == 0) return "none (empty output)";
-  const decode::DecodeParams p = decode::shape_params(q.size(2), k_cache.size(2), k_cache.size(1));
+  decode::DecodeParams p = decode::shape_params(q.size(2), k_cache.size(2), k_cache.size(1));
+  p.window = window;
   const int64_t pairs = q.size(0) * k_cache.size(2) * p.hblocks;  // (batch, kv block) pairs
   return MINFER_DISPATCH_HALF(q.scalar_type(), "attention_decode_plan", [&] {
     return MINFER_DISPATCH_HEAD_DIM(q.size(3), D, [&] {

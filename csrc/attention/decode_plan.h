@@ -20,7 +20,7 @@ constexpr int kOneSplitKeys = 384;    // the longest length that is one split (n
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
 
 // A grid that fills the GPU streams its long ranges with fewer tiles in flight than the ring holds: about
-// 12 KB a warp and at least two tiles (2 at d 128, 3 at d 64), on a card whose DRAM gives an SM less than
+// 12 KB a warp and at least two tiles (2 at d 128 and 256, 3 at d 64), on a card whose DRAM gives an SM less than
 // kShallowBelowGBps. With every SM streaming, the bytes in flight that cover DRAM's latency grow with its
 // bandwidth: on the H100 (25 GB/s an SM) the whole rings streamed slower than two tiles (16 x 16k, bf16,
 // 347.0 -> 342.3 us), on the H200 (36.5 GB/s an SM) two tiles streamed slower (234.2 -> 235.0 us). A grid
@@ -30,6 +30,22 @@ constexpr int kLongStreamTiles = 16;
 constexpr double kShallowBelowGBps = 30.0;  // DRAM bandwidth per SM
 template <typename T, int D>
 constexpr int kFullGridStages = kFullGridRingBytes / kTileBytes<T, D> > 2 ? kFullGridRingBytes / kTileBytes<T, D> : 2;
+
+// A sliding window's range: a sequence of len keys reads only keys [first, len), first = max(0, len - window)
+// (0 without a window), in 16-key tiles from the one holding `first`; the keys before `first` in that tile
+// are not read, and masked. Splits, merges and speculation follow the range's length from that tile on,
+// not the context's, so a call past the window costs what one at the window does.
+__host__ __device__ __forceinline__ int window_first(int len, int window) {
+  return window > 0 ? max(0, len - window) : 0;
+}
+__host__ __device__ __forceinline__ int range_len(int len, int window) {
+  return len - window_first(len, window) / kTK * kTK;
+}
+// The longest range at any length up to the capacity, which the launcher plans for: with a window, the
+// window and up to kTK - 1 keys before it in its first tile.
+inline int range_capacity(const DecodeParams& p) {
+  return p.window > 0 ? static_cast<int>(std::min<int64_t>(p.capacity, int64_t{p.window} + kTK - 1)) : p.capacity;
+}
 
 // Whether a launch of `ctas` CTAs takes the shallow full-grid kernel: it fills the GPU (7/10 of the SMs),
 // its capacity gives a warp more than kLongStreamTiles tiles, and the card's DRAM bandwidth per SM is
@@ -58,6 +74,7 @@ __host__ __device__ __forceinline__ bool small_call(int64_t pairs, int n_tiles) 
 // 6.33 -> 4.72 us; at 1 x 512 one split lost, 4.49 -> 5.92).
 struct Split {
   int n_active, base, extra;
+  __host__ __device__ __forceinline__ int tiles() const { return n_active * base + extra; }  // of the sequence
 };
 template <typename T, int D>
 __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int64_t pairs) {
@@ -79,15 +96,17 @@ __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int6
 //   540 KB of partials): every split waits for the last arrival and merges its slice of the outputs from
 //   all splits (1 x 4k 15.82 -> 7.51). That needs every split of the pair resident at once: the grid is at
 //   most one CTA per SM where it splits, and two fit.
-// The last CTA's merge from L2 also takes more splits, in rounds of 16, where spreading is not allowed.
+// The last CTA's merge from L2 also takes more splits, in rounds of 16, where spreading is not allowed, or
+// where a split would have more than a thread an item to merge (d 256 with under 8 splits).
 enum class Merge { kNone, kLastFromL2, kLastInSmem, kSpread };
 template <int D>
 __host__ __device__ __forceinline__ Merge merge_of(int n_active, int rows, int block_rows, bool all_resident) {
   if (n_active == 1) return Merge::kNone;
   const int items = rows * (D / 4);             // (row, 4 dims) outputs of the pair
   const int per_split = block_rows * (D + 4);  // floats of a split's partial: O, then (max, sum, -, -) per row
-  if (n_active > kMergeUnroll && n_active * per_split * 4 <= kWarps * kRingBytes) return Merge::kLastInSmem;
-  if (all_resident && items * n_active > 2 * kMergeUnroll * kThreads) return Merge::kSpread;
+  if (n_active > kMergeUnroll && n_active * per_split * 4 <= kWarps * kRingBytes<D>) return Merge::kLastInSmem;
+  if (all_resident && items * n_active > 2 * kMergeUnroll * kThreads && items <= n_active * kThreads)
+    return Merge::kSpread;
   return Merge::kLastFromL2;
 }
 
@@ -121,22 +140,23 @@ struct Launch {
 // One CTA per SM: enough splits that every SM streams (each CTA streams its range with a deep pipeline,
 // so more, shorter CTAs only add ramp-ups and combine work; two CTAs per SM streamed slower everywhere
 // measured: H200, 1 x 16k 23.6 -> 22.3 us with one). Bounded by the capacity (no split under kMinChunk
-// keys) and a 256 MB workspace. sms: the device's SM count; dram_per_sm: its DRAM bandwidth per SM in GB/s
-// (common/launch.h).
+// keys of the longest range) and a 256 MB workspace. sms: the device's SM count; dram_per_sm: its DRAM
+// bandwidth per SM in GB/s (common/launch.h).
 template <int D>
 inline Launch plan_launch(const DecodeParams& p, int64_t pairs, int sms, double dram_per_sm) {
+  const int keys = range_capacity(p);
   int64_t splits = std::max<int64_t>(1, sms / pairs);
-  splits = std::min<int64_t>({splits, (p.capacity + kMinChunk - 1) / kMinChunk, kMaxSplits});
+  splits = std::min<int64_t>({splits, (keys + kMinChunk - 1) / kMinChunk, kMaxSplits});
   const int64_t per_split = pairs * p.rows * (D + 4) * static_cast<int64_t>(sizeof(float));
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{256} << 20) / per_split));
   Launch l;
   l.num_splits = static_cast<int>(splits);
   l.all_resident = splits * pairs <= sms;
-  l.full = full_grid(splits * pairs, sms, p.capacity, splits, dram_per_sm);
+  l.full = full_grid(splits * pairs, sms, keys, splits, dram_per_sm);
   return l;
 }
 
-// Whether a sequence of `length` keys speculates in a stable_prefix call launched as `l`.
+// Whether a sequence whose range has `length` keys speculates in a stable_prefix call launched as `l`.
 template <typename T, int D>
 inline bool speculates_at(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
   const Split sp = split_of<T, D>(length, l.num_splits, pairs);
@@ -148,7 +168,7 @@ inline bool speculates_at(const DecodeParams& p, const Launch& l, int64_t pairs,
 // depth=.. speculate=yes|no" (attention_decode_plan's answer).
 template <typename T, int D>
 inline std::string describe(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
-  const int len = std::min(length, p.capacity);
+  const int len = range_len(std::min(length, p.capacity), p.window);
   const Split sp = split_of<T, D>(len, l.num_splits, pairs);
   const int warp_tiles = (sp.base + (sp.extra > 0) + kWarps - 1) / kWarps;  // split 0's warp 0
   const int depth = l.full && long_stream(warp_tiles) ? kFullGridStages<T, D> : kStages<T, D>;
@@ -156,7 +176,8 @@ inline std::string describe(const DecodeParams& p, const Launch& l, int64_t pair
   return "splits=" + std::to_string(l.num_splits) + " active=" + std::to_string(sp.n_active) +
          " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, l.all_resident))] +
          " depth=" + std::to_string(depth) + " speculate=" +
-         (speculates_at<T, D>(p, l, pairs, p.capacity) && speculates_at<T, D>(p, l, pairs, len) ? "yes" : "no");
+         (speculates_at<T, D>(p, l, pairs, range_capacity(p)) && speculates_at<T, D>(p, l, pairs, len) ? "yes"
+                                                                                                     : "no");
 }
 
 }  // namespace minfer::attn::decode

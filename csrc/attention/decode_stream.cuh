@@ -40,9 +40,11 @@ __device__ __forceinline__ Cta cta_of(const DecodeParams& p) {
 // (batch, kv block) pairs of the launch.
 __device__ __forceinline__ int64_t grid_pairs() { return static_cast<int64_t>(gridDim.y) * gridDim.z; }
 
-// The split's keys [s0, s1) of the sequence's actual length len (split_of); warp w takes tiles w, w + 4,
-// ... of them (n_my). n_active splits of the sequence get keys. The fields refer to the kernel's own
-// variables (which the kernel sets before or after the wait), as the streaming code's view of them.
+// The split's keys [s0, s1) of the sequence's actual length len: its share (split_of) of the tiles of the
+// sequence's range (window_first). s0 is a multiple of kTK but where it is a window's first key (split 0's,
+// inside its first tile). Warp w takes tiles w, w + 4, ... of the split (n_my). n_active splits of the
+// sequence get keys. The fields refer to the kernel's own variables (which the kernel sets before or after
+// the wait), as the streaming code's view of them.
 struct Range {
   int &len, &n_active, &s0, &s1, &n_my;
   Split& seq;  // the sequence's split
@@ -50,10 +52,12 @@ struct Range {
 template <typename T, int D>
 __device__ __forceinline__ void take_range(const Range& r, const DecodeParams& p, const Cta& c) {
   r.len = max(0, min(p.start_pos[c.b] + p.len_offset, p.capacity));
-  const Split sp = split_of<T, D>(r.len, p.num_splits, grid_pairs());
+  const int first = window_first(r.len, p.window), origin = first / kTK * kTK;  // origin: its tile's first key
+  const Split sp = split_of<T, D>(r.len - origin, p.num_splits, grid_pairs());
   r.n_active = sp.n_active, r.seq = sp;
   const int n_tiles = sp.base + (c.split < sp.extra), tile0 = c.split * sp.base + min(c.split, sp.extra);
-  r.s0 = tile0 * kTK, r.s1 = min(r.s0 + n_tiles * kTK, r.len);
+  const int t0 = origin + tile0 * kTK;
+  r.s0 = max(t0, first), r.s1 = min(t0 + n_tiles * kTK, r.len);
   r.n_my = n_tiles > c.warp ? (n_tiles - c.warp + kWarps - 1) / kWarps : 0;
 }
 
@@ -68,10 +72,10 @@ __device__ __forceinline__ int tile_off(int row, int chunk) {
 // is no DRAM round trip (H200, 1 x 4k: 6.53 -> 6.38 us).
 template <typename T, int D>
 __device__ __forceinline__ void prefetch_q(const DecodeParams& p, const Cta& c) {
-  constexpr int kLines = D * int(sizeof(T)) / 128;
-  if (c.warp == 0 && c.lane < c.rows * kLines) {
-    const T* qr = reinterpret_cast<const T*>(p.q) + c.b * p.q_bs + (c.head0 + c.lane / kLines) * p.q_hs;
-    ptx::prefetch_l2(reinterpret_cast<const char*>(qr) + 128 * (c.lane % kLines));
+  constexpr int kLines = D * int(sizeof(T)) / 128;  // a thread a line: warp 0 up to d 128, warps 0-1 at 256
+  if (c.tid < c.rows * kLines) {
+    const T* qr = reinterpret_cast<const T*>(p.q) + c.b * p.q_bs + (c.head0 + c.tid / kLines) * p.q_hs;
+    ptx::prefetch_l2(reinterpret_cast<const char*>(qr) + 128 * (c.tid % kLines));
   }
 }
 
@@ -91,10 +95,11 @@ __device__ __forceinline__ void load_q(uint32_t (&f)[D / 16][4], const DecodePar
   }
 }
 
-// The speculating kernel's q: read once a CTA in 16-byte pieces (attention() passes rows 16-byte aligned)
-// through L2 (ld.global.cg, so that the read after the wait cannot be answered by a stale L1 line), staged
-// in shared memory ([kRows][kQStride]) and taken as fragments by ldmatrix. (Each warp reading its own
-// fragments sends 16 times the requests to the same few lines: 1 x 4k 7.10 us against 5.83 this way.)
+// The speculating kernel's q (kQInSmem: every kernel's): read once a CTA in 16-byte pieces (attention()
+// passes rows 16-byte aligned) through L2 (ld.global.cg, so that the read after the wait cannot be answered
+// by a stale L1 line), staged in shared memory ([kRows][kQStride]) and taken as fragments by ldmatrix. (Each
+// warp reading its own fragments sends 16 times the requests to the same few lines: 1 x 4k 7.10 us against
+// 5.83 this way.)
 template <int D>
 constexpr int kQStride = D + 8;
 template <int D>
@@ -110,7 +115,14 @@ __device__ __forceinline__ void read_q(uint4 (&v)[kQPieces<D>], const DecodePara
     v[j] = i < c.rows * QCH ? __ldcg(reinterpret_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
-// The pieces into s_q and the fragments; every thread of the CTA.
+// This lane's address in s_q of q's A fragment for k-step 0 (k-step kk at + kk * 16), for ldmatrix.
+template <typename T, int D>
+__device__ __forceinline__ const T* q_frag_lane(const T* s_q, int lane) {
+  return s_q + ((lane % 8) + ((lane / 8) % 2) * 8) * kQStride<D> + (lane / 16) * 8;
+}
+
+// The pieces into s_q and the fragments (kQInSmem: the pieces only, rows past the group as zeros, for the
+// consumer to read); every thread of the CTA.
 template <typename T, int D>
 __device__ __forceinline__ void stage_q(uint32_t (&f)[D / 16][4], T* s_q, const uint4 (&v)[kQPieces<D>],
                                         const Cta& c) {
@@ -118,20 +130,24 @@ __device__ __forceinline__ void stage_q(uint32_t (&f)[D / 16][4], T* s_q, const 
 #pragma unroll
   for (int j = 0; j < kQPieces<D>; ++j) {
     const int i = c.tid + j * kThreads;
-    if (i < c.rows * QCH) *reinterpret_cast<uint4*>(s_q + (i / QCH) * QS + (i % QCH) * 8) = v[j];
+    const int staged = (kQInSmem<D> ? kRows : c.rows) * QCH;
+    if (i < staged) *reinterpret_cast<uint4*>(s_q + (i / QCH) * QS + (i % QCH) * 8) = v[j];
   }
   __syncthreads();
+  if constexpr (kQInSmem<D>) return;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    ptx::ldmatrix_x4(f[kk], s_q + ((c.lane % 8) + ((c.lane / 8) % 2) * 8) * QS + kk * 16 + (c.lane / 16) * 8);
+    ptx::ldmatrix_x4(f[kk], q_frag_lane<T, D>(s_q, c.lane) + kk * 16);
     if (c.g >= c.rows) f[kk][0] = f[kk][2] = 0u;  // rows past the group: never staged
     if (c.g + 8 >= c.rows) f[kk][1] = f[kk][3] = 0u;
   }
 }
 
 // A warp's ring: its tiles i = 0 .. n_my - 1 of the split (keys key0(i) ..) from K/V in global memory to
-// slots of [K tile, V tile]. Keys >= s1 are zero-filled, never read (a cache slot past the length may hold
-// anything, NaN included); the consumer masks their scores.
+// slots of [K tile, V tile], key row0(i) in a slot's row 0. Keys >= s1 are never read (a cache slot past the
+// length may hold anything, NaN included), nor a window's keys before s0 (the engine may have freed their
+// pages): a slot's rows past the tile's keys that are read (valid) are zero-filled, and the consumer masks
+// their scores.
 template <typename T, int D>
 struct WarpRing {
   static constexpr int CH = D / 8;      // 16-byte chunks per row
@@ -144,17 +160,22 @@ struct WarpRing {
   int warp, lane;
   int& lane_page;  // paged: the page of this warp's tile `lane` (load_pages); later tiles look theirs up
 
-  __device__ __forceinline__ int key0(int i) const { return r.s0 + (warp + i * kWarps) * kTK; }
+  // The first key of tile i's 16 (a multiple of kTK).
+  __device__ __forceinline__ int key0(int i) const { return (r.s0 & -kTK) + (warp + i * kWarps) * kTK; }
+  // Tile i's keys that are read, row0(i) .. row0(i) + valid(i) - 1, into its slot's rows 0 ..: its 16 keys
+  // but those before s0 (a window's first key may fall inside the tile) and from s1 on.
+  __device__ __forceinline__ int row0(int i) const { return max(key0(i), r.s0); }
+  __device__ __forceinline__ int valid(int i) const { return min(key0(i) + kTK, r.s1) - row0(i); }
 
   // Paged: the pages of the warp's first 32 tiles in one round trip, a lane each, once the range is known
   // (a lookup per tile puts a dependent load before every tile's copies: 1 x 4k ran 12% slower).
   __device__ __forceinline__ void load_pages() const {
     if (k.table != nullptr) lane_page = lane < r.n_my ? k.page_of(key0(lane)) : 0;
   }
-  // Row key0(i) of K or V (kv: k or v); every lane of the warp calls it with the same i.
+  // Row row0(i) of K or V (kv: k or v), in tile i's page; every lane of the warp calls it with the same i.
   __device__ __forceinline__ const T* tile_rows(const KvRows<T>& kv, int i) const {
-    if (kv.table == nullptr || i >= 32) return kv.row(key0(i));
-    return kv.in_page(__shfl_sync(0xffffffff, lane_page, i), key0(i));
+    if (kv.table == nullptr || i >= 32) return kv.row(row0(i));
+    return kv.in_page(__shfl_sync(0xffffffff, lane_page, i), row0(i));
   }
   __device__ __forceinline__ T* k_slot(int st) const { return ring + st * 2 * TILE; }
 
@@ -167,35 +188,33 @@ struct WarpRing {
   }
   // Tile i into slot st, one cp.async group.
   __device__ __forceinline__ void load_tile(int i, int st) const {
-    const int k0 = key0(i);
     T* dk = k_slot(st);
     T* dv = dk + TILE;
-    const int valid = r.s1 - k0;
+    const int n = valid(i);
     const T* gk = tile_rows(k, i);
     const T* gv = tile_rows(v, i);
 #pragma unroll
     for (int j = 0; j < kTK * CH / 32; ++j) {
-      copy_chunk(dk, gk, p.k_ss, valid, j);
-      copy_chunk(dv, gv, p.v_ss, valid, j);
+      copy_chunk(dk, gk, p.k_ss, n, j);
+      copy_chunk(dv, gv, p.v_ss, n, j);
     }
     ptx::cp_async_commit();
   }
   // The K rows (v_half false) or the V rows of tile i into slot st, one cp.async group.
   __device__ __forceinline__ void load_half(int i, int st, bool v_half) const {
-    const int k0 = key0(i);
     T* dst = k_slot(st) + (v_half ? TILE : 0);
     const int64_t ss = v_half ? p.v_ss : p.k_ss;
     const T* src = tile_rows(v_half ? v : k, i);
-    const int valid = r.s1 - k0;
+    const int n = valid(i);
 #pragma unroll
-    for (int j = 0; j < kTK * CH / 32; ++j) copy_chunk(dst, src, ss, valid, j);
+    for (int j = 0; j < kTK * CH / 32; ++j) copy_chunk(dst, src, ss, n, j);
     ptx::cp_async_commit();
   }
 };
 
-// This thread's share of the 16 heads' attention over the keys consumed so far: Q's A fragments, O's C
-// fragments (rows g: [0], [1]; g + 8: [2], [3]) and the softmax state (m, l) of rows g and g + 8. The
-// fields refer to the kernel's registers.
+// This thread's share of the 16 heads' attention over the keys consumed so far: Q's A fragments (kQInSmem:
+// this lane's ldmatrix address of them in the staged q instead), O's C fragments (rows g: [0], [1]; g + 8:
+// [2], [3]) and the softmax state (m, l) of rows g and g + 8. The fields refer to the kernel's registers.
 template <typename T, int D>
 struct Heads {
   static constexpr int KD = D / 16;  // k-steps of Q K^T
@@ -204,6 +223,7 @@ struct Heads {
   float (&acc)[DT][4];
   float (&m_row)[2];
   float (&l_row)[2];
+  const T* q_lane;  // kQInSmem: k-step kk's A fragment at q_lane + kk * 16
 
   __device__ __forceinline__ void reset() const {
 #pragma unroll
@@ -215,12 +235,24 @@ struct Heads {
   __device__ __forceinline__ void consume(const T* tk, const T* tv, int valid, int lane, const DecodeParams& p) const {
     const int t = lane % 4;
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0-7, 8-15 of the tile
+    // This lane's ldmatrix offsets in K (k-step kk) and V (output pair dd): tile_off's lane part repeats every
+    // 4 steps, a 64-column block on. At d 256 they are taken as 4 registers each and a block's constant:
+    // ptxas kept one a step there, and spilled them.
+    int kb[4], vb[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      kb[m] = tile_off((lane % 8) + (lane / 16) * 8, m * 2 + (lane / 8) % 2);
+      vb[m] = tile_off((lane % 8) + ((lane / 8) % 2) * 8, m * 2 + lane / 16);
+    }
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
-      uint32_t bf[4];
-      ptx::ldmatrix_x4(bf, tk + tile_off((lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
-      ptx::mma_m16n8k16<T>(s[0], qf[kk], bf[0], bf[1]);
-      ptx::mma_m16n8k16<T>(s[1], qf[kk], bf[2], bf[3]);
+      uint32_t bf[4], qa[4];
+      ptx::ldmatrix_x4(bf, tk + (D > 128 ? kb[kk % 4] + (kk / 4) * (kTK * 64)
+                                         : tile_off((lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2)));
+      if constexpr (kQInSmem<D>) ptx::ldmatrix_x4(qa, q_lane + kk * 16);
+      const uint32_t(&a)[4] = kQInSmem<D> ? qa : qf[kk];
+      ptx::mma_m16n8k16<T>(s[0], a, bf[0], bf[1]);
+      ptx::mma_m16n8k16<T>(s[1], a, bf[2], bf[3]);
     }
 
     float mx[2] = {-INFINITY, -INFINITY};
@@ -266,7 +298,8 @@ struct Heads {
 #pragma unroll
     for (int dd = 0; dd < DT / 2; ++dd) {
       uint32_t vf[4];
-      ptx::ldmatrix_x4_trans(vf, tv + tile_off((lane % 8) + ((lane / 8) % 2) * 8, dd * 2 + lane / 16));
+      ptx::ldmatrix_x4_trans(vf, tv + (D > 128 ? vb[dd % 4] + (dd / 4) * (kTK * 64)
+                                               : tile_off((lane % 8) + ((lane / 8) % 2) * 8, dd * 2 + lane / 16)));
       ptx::mma_m16n8k16<T>(acc[2 * dd], pf, vf[0], vf[1]);
       ptx::mma_m16n8k16<T>(acc[2 * dd + 1], pf, vf[2], vf[3]);
     }
@@ -295,8 +328,8 @@ __device__ __forceinline__ void stream(const WarpRing<T, D>& w, const Heads<T, D
   for (int i = i0; i < n; ++i) {
     T* tk = w.k_slot(st);
     T* tv = tk + WarpRing<T, D>::TILE;
-    const int valid = w.r.s1 - w.key0(i);  // >= 1
-    if (one) ptx::cp_async_wait<0>();      // tile i has landed (this lane's copies) ...
+    const int valid = w.valid(i);      // >= 1
+    if (one) ptx::cp_async_wait<0>();  // tile i has landed (this lane's copies) ...
     else if (shallow) ptx::cp_async_wait<SHALLOW - 1>();
     else ptx::cp_async_wait<STAGES - 1>();
     __syncwarp();  // ... and every lane's

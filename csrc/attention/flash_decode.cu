@@ -24,9 +24,9 @@ template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
   static const bool configured = [&] {
     for (auto kernel : {flash_decode_kernel<T, D, false, false>, flash_decode_kernel<T, D, true, false>})
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>(false)));
     for (auto kernel : {flash_decode_kernel<T, D, false, true>, flash_decode_kernel<T, D, true, true>})
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSpecSmemBytes));
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>(true)));
     return true;
   }();
   (void)configured;
@@ -44,13 +44,12 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
     p.ws_ml = reinterpret_cast<float4*>(p.ws_o + n_o);  // [pairs, splits, rows]; n_o is a multiple of 4
     p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
-  // The speculating kernel where a warp has more than kSpecTiles tiles at the capacity's length (the
-  // kernel decides per sequence at the actual length).
-  const bool speculate = p.stable_prefix && speculates_at<T, D>(p, l, pairs, p.capacity);
+  // The speculating kernel where a warp has more than kSpecTiles tiles at the longest range's length (the
+  // kernel decides per sequence at its range's length).
+  const bool speculate = p.stable_prefix && speculates_at<T, D>(p, l, pairs, range_capacity(p));
   auto kernel = speculate ? (l.full ? flash_decode_kernel<T, D, true, true> : flash_decode_kernel<T, D, false, true>)
                           : (l.full ? flash_decode_kernel<T, D, true, false> : flash_decode_kernel<T, D, false, false>);
-  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), speculate ? kSpecSmemBytes : kSmemBytes,
-             stream, p);
+  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), smem_bytes<D>(speculate), stream, p);
 }
 
 // Dispatches p (its layout fields set) for q's dtype and head_dim.
@@ -66,12 +65,12 @@ void run(DecodeParams& p, int batch, int kv_heads, const torch::Tensor& q, doubl
 }  // namespace
 
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                  const torch::Tensor& start_pos, double scale, bool stable_prefix, torch::Tensor& out) {
+                  const torch::Tensor& start_pos, double scale, bool stable_prefix, int window, torch::Tensor& out) {
   const int batch = q.size(0);
   if (batch == 0 || q.size(2) == 0) return;
   DecodeParams p = shape_params(q.size(2), k_cache.size(2), k_cache.size(1));
   p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
-  p.start_pos = start_pos.data_ptr<int>(), p.len_offset = 1;
+  p.start_pos = start_pos.data_ptr<int>(), p.len_offset = 1, p.window = window;
   p.q_bs = q.stride(0), p.q_hs = q.stride(2);
   p.k_bs = k_cache.stride(0), p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
   p.v_bs = v_cache.stride(0), p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);
@@ -80,7 +79,7 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
 
 void flash_decode_paged(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                         const torch::Tensor& block_table, const torch::Tensor& seq_lens, int max_seqlen_k,
-                        double scale, bool stable_prefix, torch::Tensor& out) {
+                        double scale, bool stable_prefix, int window, torch::Tensor& out) {
   const int batch = q.size(0);
   if (batch == 0 || q.size(1) == 0) return;
   const int page_size = k_cache.size(1);
@@ -88,7 +87,7 @@ void flash_decode_paged(const torch::Tensor& q, const torch::Tensor& k_cache, co
   const int capacity = std::min<int64_t>(max_seqlen_k, block_table.size(1) * page_size);
   DecodeParams p = shape_params(q.size(1), k_cache.size(2), capacity);
   p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
-  p.start_pos = seq_lens.data_ptr<int>(), p.len_offset = 0;
+  p.start_pos = seq_lens.data_ptr<int>(), p.len_offset = 0, p.window = window;
   p.q_bs = q.stride(0), p.q_hs = q.stride(1);
   p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
   p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);

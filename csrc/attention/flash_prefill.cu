@@ -1,5 +1,6 @@
-// FlashAttention-2 style prefill on tensor cores (mma.sync m16n8k16, fp16/bf16, head_dim 64/128): the sm_80
-// path, and the fallback on Hopper where flash_prefill_sm90.cu does not take the case.
+// FlashAttention-2 style prefill on tensor cores (mma.sync m16n8k16, fp16/bf16, head_dim 64/128/256): the
+// sm_80 path, and the fallback on Hopper where flash_prefill_sm90.cu does not take the case (head_dim 256,
+// ragged / paged).
 // One CTA owns BM = 64 * MT query rows of one (batch, head); each of its 4 warps owns 16 * MT rows and
 // keeps their softmax state (max, sum) and output accumulator in fp32 registers. K/V tiles of BN = 64 keys
 // stream through shared memory with cp.async: V[t] loads while S = Q K^T runs, K[t+1] while softmax
@@ -8,6 +9,10 @@
 // One kernel serves both APIs (FlashParams says where each sequence's queries sit):
 //   engine attention: queries at positions start_pos[b] + s, keys 0 .. start_pos[b] + s visible;
 //   seed flash_attention: q_off = seq_k - seq_q (bottom-right causal) or no mask but the kv length.
+// Sliding window (p.window = w > 0): the row at position p sees keys p - w < key <= p. A CTA's tile loop
+// starts at the tile holding its first row's first key, so a windowed prefill costs O(seq * w); keys
+// before that are never read (in the paged layout, neither are their block-table entries: the engine
+// frees those pages).
 // Memory is O(N): no score matrix exists outside registers.
 #include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
@@ -42,14 +47,15 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
   }
 }
 
-// Keys [n_start, n_start + rows_valid) of a [kBN, D] K or V tile from either cache layout (a paged tile
-// may span pages: each row is located by itself); rows past rows_valid are zero-filled and never read.
+// Keys [n_start + rows_lo, n_start + rows_valid) of a [kBN, D] K or V tile from either cache layout (a
+// paged tile may span pages: each row is located by itself); the other rows are zero-filled, as their
+// scores are masked and 0 * V must stay 0 (rows_lo > 0: keys before the window, whose pages may be gone).
 template <typename T, int D>
-__device__ __forceinline__ void load_kv_tile(T* s, const KvRows<T>& kv, int n_start, int rows_valid) {
+__device__ __forceinline__ void load_kv_tile(T* s, const KvRows<T>& kv, int n_start, int rows_lo, int rows_valid) {
   constexpr int CH = D / 8;
   for (int i = threadIdx.x; i < kBN * CH; i += kThreads) {
     const int r = i / CH, c = i % CH;
-    const bool ok = r < rows_valid;
+    const bool ok = static_cast<unsigned>(r - rows_lo) < static_cast<unsigned>(rows_valid - rows_lo);  // one compare
     ptx::cp_async16(s + swz<D>(r, c), ok ? kv.row(n_start + r) + c * 8 : kv.base, ok);
   }
 }
@@ -63,6 +69,11 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   constexpr int KD = D / 16;   // k-steps of Q K^T
   constexpr int NT = kBN / 8;  // 8-wide score tiles
   constexpr int DT = D / 8;    // 8-wide output tiles
+  // Q's A fragments stay in registers for the whole tile loop up to head_dim 128; at 256 the accumulator
+  // alone is 128 registers and 64 more would spill, so each k-step reloads its fragment from sQ, and the
+  // k-steps of S = Q K^T are unrolled by 2 only (fully unrolled, ptxas hoists their loads and spills).
+  constexpr bool kQInRegs = D <= 128;
+  constexpr int kUnrollS = kQInRegs ? KD : 2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [BM, D]
   T* sK = sQ + BM * D;                     // [BN, D]
@@ -82,6 +93,14 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   int kv_end = kv_len;
   if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + BM, sr.n_q));
   const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
+  // Window: keys before key_lo are invisible to every row (the first row's window starts there), so the
+  // tile loop starts at t_lo; keys before win_key are outside the last row's window, so tiles starting
+  // there need the per-row window mask. Without a window: key_lo = 0, and no tile starts below win_key = 0.
+  // The window is causal (flash_prefill checks): the non-causal kernel has none.
+  // (Capped at kv_end, so that a tile's rows [key_lo, kv_end) are never a reversed range.)
+  const int key_lo = CAUSAL && p.window > 0 ? max(min(q_off + m_start - p.window + 1, kv_end), 0) : 0;
+  const int win_key = CAUSAL && p.window > 0 ? q_off + m_start + BM - p.window : 0;
+  const int t_lo = key_lo / kBN;
 
   const T* qg = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head * p.q_hs + (sr.row0 + m_start) * p.q_ss;
   const KvRows<T> kr = kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
@@ -89,19 +108,24 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
 
   load_tile<T, D, BM>(sQ, qg, p.q_ss, sr.n_q - m_start);
   ptx::cp_async_commit();
-  if (n_tiles > 0) load_kv_tile<T, D>(sK, kr, 0, kv_end);
+  if (t_lo < n_tiles) load_kv_tile<T, D>(sK, kr, t_lo * kBN, key_lo - t_lo * kBN, kv_end - t_lo * kBN);
   ptx::cp_async_commit();
-  ptx::cp_async_wait<1>();  // Q has landed (K[0] may still be in flight)
+  ptx::cp_async_wait<1>();  // Q has landed (K[t_lo] may still be in flight)
   __syncthreads();
 
   // Row block of m-tile mt of this warp: rows wrow + mt * 16 .. + 15 of the CTA's BM rows.
   const int wrow = warp * 16 * MT;
-  uint32_t qf[MT][KD][4];
+  // The A fragment of Q for m-tile mt, k-step kk.
+  auto load_q = [&](uint32_t (&f)[4], int mt, int kk) {
+    ptx::ldmatrix_x4(f, sQ + swz<D>(wrow + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk * 2 + lane / 16));
+  };
+  uint32_t qf[MT][kQInRegs ? KD : 1][4];  // all k-steps, or the current one's (reloaded)
+  if constexpr (kQInRegs) {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk)
-      ptx::ldmatrix_x4(qf[mt][kk], sQ + swz<D>(wrow + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8, kk * 2 + lane / 16));
+      for (int kk = 0; kk < KD; ++kk) load_q(qf[mt][kk], mt, kk);
+  }
 
   // Per thread: rows (mt, half) = m_start + wrow + mt * 16 + half * 8 + lane / 4, index h = 2 mt + half.
   float acc[MT][DT][4];
@@ -117,9 +141,9 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
     pos[h] = q_off + m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
   }
 
-  for (int t = 0; t < n_tiles; ++t) {
+  for (int t = t_lo; t < n_tiles; ++t) {
     const int n_start = t * kBN;
-    load_kv_tile<T, D>(sV, vr, n_start, kv_end - n_start);
+    load_kv_tile<T, D>(sV, vr, n_start, key_lo - n_start, kv_end - n_start);
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // K[t] has landed
     __syncthreads();
@@ -129,25 +153,32 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int j = 0; j < NT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
-#pragma unroll
+#pragma unroll(kUnrollS)
     for (int kk = 0; kk < KD; ++kk) {
+      if constexpr (!kQInRegs) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) load_q(qf[mt][0], mt, kk);
+      }
+      const int qk = kQInRegs ? kk : 0;  // this k-step's fragment in qf
 #pragma unroll
       for (int nn = 0; nn < NT / 2; ++nn) {
         uint32_t bf[4];
         ptx::ldmatrix_x4(bf, sK + swz<D>(nn * 16 + (lane % 8) + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          ptx::mma_m16n8k16<T>(s[mt][2 * nn], qf[mt][kk], bf[0], bf[1]);
-          ptx::mma_m16n8k16<T>(s[mt][2 * nn + 1], qf[mt][kk], bf[2], bf[3]);
+          ptx::mma_m16n8k16<T>(s[mt][2 * nn], qf[mt][qk], bf[0], bf[1]);
+          ptx::mma_m16n8k16<T>(s[mt][2 * nn + 1], qf[mt][qk], bf[2], bf[3]);
         }
       }
     }
     __syncthreads();  // every warp is done with sK: it can be refilled
-    if (t + 1 < n_tiles) load_kv_tile<T, D>(sK, kr, n_start + kBN, kv_end - n_start - kBN);
+    if (t + 1 < n_tiles) load_kv_tile<T, D>(sK, kr, n_start + kBN, key_lo - n_start - kBN, kv_end - n_start - kBN);
     ptx::cp_async_commit();  // (possibly empty group: keeps the wait counts uniform)
 
-    // Mask only the tiles that cross the kv length or the diagonal.
-    const bool need_mask = n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > q_off + m_start);
+    // Mask only the tiles that cross the kv length, the diagonal or the window's lower edge. A row whose
+    // keys in this tile are all masked keeps a -inf max here, which the base below guards.
+    const bool need_mask =
+        n_start + kBN > kv_len || (CAUSAL && (n_start + kBN - 1 > q_off + m_start || n_start < win_key));
     float mx[2 * MT];
 #pragma unroll
     for (int h = 0; h < 2 * MT; ++h) mx[h] = -INFINITY;
@@ -161,7 +192,10 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
           float x = s[mt][j][e] * p.scale_log2;
           if (need_mask) {
             const int col = n_start + j * 8 + (lane % 4) * 2 + (e & 1);
-            if (col >= kv_len || (CAUSAL && col > pos[h])) x = -INFINITY;
+            // Window: col <= pos - window, as col + window in unsigned (no overflow, and no pos - window
+            // per row kept in registers).
+            const bool outside = p.window > 0 && unsigned(col) + p.window <= unsigned(pos[h]);
+            if (col >= kv_len || (CAUSAL && (col > pos[h] || outside))) x = -INFINITY;
           }
           s[mt][j][e] = x;
           mx[h] = fmaxf(mx[h], x);
@@ -174,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
       const float m_new = fmaxf(m_row[h], mx[h]);
-      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: avoid inf - inf
+      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet (Check_inf): avoid inf - inf
       alpha[h] = exp2f(m_row[h] - base[h]);
       m_row[h] = m_new;
       l_row[h] *= alpha[h];
@@ -261,6 +295,7 @@ void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
 void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
                    cudaStream_t stream) {
   if (p.seq_q == 0 || batch == 0 || heads == 0) return;
+  MINFER_CHECK(causal || p.window == 0, "flash prefill: a sliding window needs causal attention");
   // MINFER_PREFILL_PATH: auto (default: the sm90 kernel where it takes the case), sm80 (this kernel
   // always), sm90 (an error where it cannot run: the tests use it so that Hopper never falls back silently).
   const char* env = std::getenv("MINFER_PREFILL_PATH");

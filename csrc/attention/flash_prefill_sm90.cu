@@ -33,6 +33,12 @@
 // the tensor (seq_q, seq_k); cache slots in [kv_len, seq_k) may hold anything (NaN), so their scores are
 // masked (a select, not an add) and the producer zeroes those V rows in shared memory (0 * NaN would
 // poison O).
+// Sliding window (p.window = w > 0: the row at position p sees keys p - w < key <= p): a CTA's tiles start
+// at t_lo, the tile holding its first row's first visible key, so a windowed prefill costs O(seq * w);
+// tiles reaching below a warpgroup's last row's window get the window mask as well. The keys of tile t_lo
+// before the window are the sequence's own (written, finite) cache rows: masked, never zeroed.
+// head_dim 64 and 128 only: 256 (O = 64 x 256 fp32 per warpgroup, 128 registers a thread, beside S's 64)
+// would need FA3's narrower key tiles; flash_prefill.cu's mma.sync kernel runs it.
 #include <c10/cuda/CUDAException.h>
 
 #include <cmath>
@@ -95,7 +101,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   query_window(p, b, q_off, kv_len);
   int kv_end = kv_len;  // keys past kv_end are invisible to every row of this block
   if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + kBM, p.seq_q));
-  const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
+  // Keys before the first row's window are invisible to every row: the block runs key tiles t_lo ..
+  // t_lo + n_tiles - 1 (the rings count them from 0). The window is causal (flash_prefill checks).
+  const int t_lo = CAUSAL && p.window > 0 ? max(q_off + m_start - p.window + 1, 0) / kBN : 0;
+  const int n_tiles = kv_end > t_lo * kBN ? (kv_end + kBN - 1) / kBN - t_lo : 0;
 
   if (threadIdx.x == 0) {
     ptx::mbar_init(ptx::smem_addr(&bar_q), 1);
@@ -125,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int t = 0; t < n_tiles; ++t) {
       const int s = t % kStages;
       const uint32_t phase = (t / kStages) & 1;
-      const int n_start = t * kBN;
+      const int n_start = (t_lo + t) * kBN;
       const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
       ptx::mbar_wait(ptx::smem_addr(&empty_k[s]), phase ^ 1);  // first pass: a fresh barrier's parity 1 counts as done
       if (leader) {
@@ -181,7 +190,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // tile. At head_dim 128 this gains ~1%; at 64, where the softmax outweighs the GEMMs, the extra code
   // cost 4-5%, so the d = 64 kernels do not have it.
   const int wg_kv_end = min(kv_len, wg_first_pos + 64);
-  const bool last_is_half = CAUSAL && D == 128 && n_tiles > 1 && (n_tiles - 1) * kBN + kBN / 2 >= wg_kv_end;
+  const bool last_is_half =
+      CAUSAL && D == 128 && n_tiles > 1 && (t_lo + n_tiles - 1) * kBN + kBN / 2 >= wg_kv_end;
+  // Keys before wg_win_key are outside the window of this warpgroup's last row: tiles starting there are
+  // masked (no tile starts below 0 without a window).
+  const int wg_win_key = CAUSAL && p.window > 0 ? wg_first_pos + 64 - p.window : 0;
   constexpr std::false_type kFull{};
   constexpr std::true_type kHalf{};
 
@@ -214,14 +227,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < (decltype(half)::value ? kBN / 32 : kBN / 16); ++kk)
       wgmma_rs_tb<T, D>(o, pf[kk], desc_sw128(dv + kk * 2048, kBN * 128, 1024), 1);
   };
-  // Online softmax of tile t, first half: masks sacc (diagonal / kv-length tiles only), updates the running
-  // max (raw scores: scale > 0 commutes with max) and sum, leaves P = exp2(s * scale - max * scale)
+  // Online softmax of tile t, first half: masks sacc (diagonal / kv-length / window tiles only; a row masked
+  // whole keeps a -inf max, which base guards), updates the running max (raw scores: scale > 0 commutes
+  // with max) and sum, leaves P = exp2(s * scale - max * scale)
   // (unnormalised, one FFMA + one MUFU per score) in sacc and returns the factors that rescale the older
   // output. Touches neither o nor pf, so it runs while P V of the previous tile is in flight. 2^x on the
   // SFU alone (ex2_approx; exp2f adds a range fix-up): x <= 0 here, and a weight below 2^-126 may flush to 0.
   auto softmax = [&](int t, float (&alpha)[2]) {
-    const int n_start = t * kBN;
-    if (n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > wg_first_pos)) {
+    const int n_start = (t_lo + t) * kBN;
+    if (n_start + kBN > kv_len || (CAUSAL && n_start + kBN - 1 > wg_first_pos) || n_start < wg_win_key) {
       // Row h sees columns <= last[h]; compared relative to this thread's first column 2 t4 of the tile,
       // so each score costs one compare against a constant and one select (masked NaN keys vanish too).
       int rel[2];
@@ -230,6 +244,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kBN / 2; ++i)
         if (8 * (i / 4) + (i & 1) > rel[(i >> 1) & 1]) sacc[i] = -INFINITY;
+      if (n_start < wg_win_key) {  // (so first[] cannot overflow, whatever the window)
+        // Row h sees columns >= first[h] = pos - window + 1, relative likewise.
+        int first[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) first[h] = pos0 + 8 * h - p.window + 1 - n_start - 2 * t4;
+#pragma unroll
+        for (int i = 0; i < kBN / 2; ++i)
+          if (8 * (i / 4) + (i & 1) < first[(i >> 1) & 1]) sacc[i] = -INFINITY;
+      }
     }
     // Row h of this thread = registers 4 j + 2 h + {0, 1}: max and sum as trees, not 32-long chains.
     float mx[2][kBN / 8];
@@ -393,7 +416,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
                         cudaStream_t stream) {
-  if (head_dim != 64 && head_dim != 128) return false;
+  if (head_dim != 64 && head_dim != 128) return false;  // 256: the mma.sync kernel (see the top)
   if (p.cu_seqlens_q != nullptr || p.paged.block_table != nullptr) return false;  // ragged / paged: sm80 kernel
   if (dtype != at::kHalf && dtype != at::kBFloat16) return false;
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v)) return false;
@@ -401,8 +424,10 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
   if (!is_hopper()) return false;
   return MINFER_DISPATCH_HALF(dtype, "flash prefill", [&] {
     return MINFER_DISPATCH_HEAD_DIM(head_dim, D, [&] {
-      return causal ? launch<scalar_t, D, true>(p, batch, heads, stream)
-                    : launch<scalar_t, D, false>(p, batch, heads, stream);
+      if constexpr (D == 256) return false;  // declined above; not instantiated
+      else
+        return causal ? launch<scalar_t, D, true>(p, batch, heads, stream)
+                      : launch<scalar_t, D, false>(p, batch, heads, stream);
     });
   });
 }

@@ -35,7 +35,7 @@
   }()
 
 // Compile-time dispatch on a head dimension (in the style of flash-attention's static_switch.h): the body
-// sees `HEAD_DIM` as a constexpr int, 64 or 128, the sizes the attention kernels are built for; any
+// sees `HEAD_DIM` as a constexpr int, 64, 128 or 256, the sizes the attention kernels are built for; any
 // other value fails a check that names the argument.
 //   MINFER_DISPATCH_HEAD_DIM(head_dim, D, [&] { launch<T, D>(p, stream); });
 #define MINFER_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, ...)                                      \
@@ -44,7 +44,11 @@
       constexpr static int HEAD_DIM = 64;                                                     \
       return __VA_ARGS__();                                                                   \
     }                                                                                         \
-    MINFER_CHECK((head_dim) == 128, #head_dim " must be 64 or 128, got ", (head_dim));        \
-    constexpr static int HEAD_DIM = 128;                                                      \
+    if ((head_dim) == 128) {                                                                  \
+      constexpr static int HEAD_DIM = 128;                                                    \
+      return __VA_ARGS__();                                                                   \
+    }                                                                                         \
+    MINFER_CHECK((head_dim) == 256, #head_dim " must be 64, 128 or 256, got ", (head_dim));   \
+    constexpr static int HEAD_DIM = 256;                                                      \
     return __VA_ARGS__();                                                                     \
   }()

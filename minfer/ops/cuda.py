@@ -166,17 +166,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.
 # ---- attention family (csrc/attention/) ----
 
 @torch.library.register_fake("minfer::attention")
-def _attention_fake(q, k_cache, v_cache, start_pos, scale, stable_prefix=False):
+def _attention_fake(q, k_cache, v_cache, start_pos, scale, stable_prefix=False, window=0):
     return q.new_empty(q.shape)  # [batch, seq, heads, head_dim], contiguous
 
 
 @torch.library.register_fake("minfer::paged_attention")
 def _paged_attention_fake(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k, scale,
-                          stable_prefix=False):
+                          stable_prefix=False, window=0):
     return q.new_empty(q.shape)  # [tokens, heads, head_dim], contiguous
 
 
-ATTENTION_HEAD_DIMS = (64, 128)  # what the prefill and decode kernels are built for
+ATTENTION_HEAD_DIMS = (64, 128, 256)  # what the prefill and decode kernels are built for
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
@@ -189,13 +189,10 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     # before the kernels just ahead of this one in the stream: decode then starts reading them while
     # the previous kernel still runs (a wrong promise gives wrong results). q is no part of the promise:
     # a long decode reads it early too, and again after the wait, and redoes its work if it changed.
-    # The kernels have no window: a model with windowed layers routes attention to the reference
-    # (Transformer calls Backend.route_to_reference), and a window that still reaches here is an error.
-    if window is not None:
-        raise NotImplementedError("cuda attention has no window argument yet; use reference.attention")
+    # window: a query at position p sees only keys p - window < key <= p (None: all); decode reads only those.
     if q.dtype == torch.float32:
-        return reference.attention(q, k_cache, v_cache, start_pos, scale)
-    return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix)
+        return reference.attention(q, k_cache, v_cache, start_pos, scale, window=window)
+    return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix, _window(window))
 
 
 def paged_kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -214,10 +211,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # anything else the ragged flash prefill. Pages hold a multiple of 16 keys. stable_prefix (decode only):
     # seq_lens, the block table and every cache row but each sequence's newest were written before the
     # kernels just ahead of this one (the engine's decode step), as attention()'s promise.
-    if window is not None:
-        raise NotImplementedError("cuda paged_attention has no window argument yet; use reference.paged_attention")
     if q.dtype == torch.float32:
         return reference.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q,
-                                         max_seqlen_k, scale)
+                                         max_seqlen_k, scale, window=window)
     return _ops.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
-                                float(scale), stable_prefix)
+                                float(scale), stable_prefix, _window(window))
+
+
+def _window(window: int | None) -> int:
+    # The kernels' encoding: 0 is no window.
+    if window is not None and window < 1:
+        raise ValueError(f"attention window must be >= 1 or None, got {window}")
+    return window or 0
