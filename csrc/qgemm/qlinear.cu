@@ -236,14 +236,15 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
   }
 }
 
-// CTAs an SM: with kOffsets at NT = 1 and no x ahead (large grids, bound by bytes in flight) the registers
-// must still allow 3; else 0, the compiler's choice (an explicit 1 lets it take up to 255 registers: Q4_K
+// No minimum of CTAs an SM: the compiler's choice (an explicit 1 lets it take up to 255 registers: Q4_K
 // 80 -> 115, M = 1 qlinear 11-25% slower).
 template <int QT, typename T, int NT, bool kAhead>
-__global__ void __launch_bounds__(kThreads, kOffsetsFormat<QT> && NT == 1 && !kAhead ? 3 : 0)
+__global__ void __launch_bounds__(kThreads)
     qlinear_kernel(const Args a) {
   using R = Ring<QT>;
-  constexpr bool kOffsets = kOffsetsFormat<QT>;
+  // Not at NT = 1 without x ahead (the large grids): its offsets took 112 registers there, or spilled
+  // under a bound of 3 CTAs an SM (Q8_0 1 x 28672 x 4096: 49.7 -> 54.4 us).
+  constexpr bool kOffsets = kOffsetsFormat<QT> && (NT == 2 || kAhead);
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][kStages][kStageBytes]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16, chunks = (a.K + R::kChunk - 1) / R::kChunk;
