@@ -5,7 +5,7 @@
 
 Each batch size runs Engine.generate (greedy, EOS ignored, random prompt ids) once to warm up, then
 --reps times; the medians are reported. The roofline is the bytes one decode step must read (every
-weight once, plus the KV cache at the mean context) over the device-to-device copy bandwidth measured
+weight once, plus the KV cache at the mean context, windowed layers only their window) over the device-to-device copy bandwidth measured
 in the same run. Load time and peak GPU memory are the engine's own.
 """
 from __future__ import annotations
@@ -37,10 +37,12 @@ def weight_bytes(engine: Engine) -> int:
     return sum(w.nbytes() if isinstance(w, QuantizedWeight) else w.numel() * w.element_size() for w in flat)
 
 
-def kv_bytes_per_token(engine: Engine) -> int:
-    """K and V bytes of one cached position over all layers."""
+def kv_bytes(engine: Engine, context: float) -> float:
+    """K and V bytes one sequence's decode step reads at `context` positions: every position on the full
+    layers, the last `window` on the windowed ones."""
     cfg = engine.cfg
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.dtype.itemsize
+    per_position = 2 * cfg.num_kv_heads * cfg.head_dim * engine.dtype.itemsize  # one layer's K and V
+    return sum(per_position * (context if w is None else min(context, w)) for w in engine.model.windows)
 
 
 def make_engine(args) -> Engine:
@@ -65,7 +67,7 @@ def run_batch(engine: Engine, batch: int, args, copy_gbs: float) -> dict:
     step_s = median([s.decode_s / s.steps for s in runs])  # the first token comes from the prefill
     prefill_s = median([s.prefill_s for s in runs])
     mean_context = args.prompt_len + args.gen_len / 2
-    floor_bytes = weight_bytes(engine) + batch * mean_context * kv_bytes_per_token(engine)
+    floor_bytes = weight_bytes(engine) + batch * kv_bytes(engine, mean_context)
     floor_s = floor_bytes / (copy_gbs * 1e9)
     return dict(
         model=(args.shape or os.path.basename(args.checkpoint or "default")) + (" deq" if args.dequantize else ""),

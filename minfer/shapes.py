@@ -7,11 +7,23 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
+from .config import FULL, SLIDING, ModelConfig
 from .errors import MinferError
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
+
+
+
+def _gemma3(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, **kw) -> dict:
+    """Gemma 3: a FULL layer after every 5 SLIDING ones (window 512 at 270M and 1B, 1024 from 4B on)."""
+    return dict(arch="gemma3", vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=256,
+                rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_theta=10_000.0, qk_norm=True,
+                layer_types=[FULL if (i + 1) % 6 == 0 else SLIDING for i in range(num_layers)],
+                embed_scale=hidden_size ** 0.5, hidden_act="gelu_tanh", sandwich_norm=True,
+                query_pre_attn_scalar=256, tie_word_embeddings=True, **kw)
+
 
 SHAPES = {
     "smollm2-135m": dict(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
@@ -25,6 +37,9 @@ SHAPES = {
     "qwen3-0.6b": dict(arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
                        num_heads=16, num_kv_heads=8, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
                        max_position_embeddings=40960, tie_word_embeddings=True, qk_norm=True),
+    "gemma-3-270m": _gemma3(262144, 640, 2048, 18, 4, 1, sliding_window=512, max_position_embeddings=32768),
+    "gemma-3-4b": _gemma3(262208, 2560, 10240, 34, 8, 4, sliding_window=1024, max_position_embeddings=131072,
+                          rope_scaling={"rope_type": "linear", "factor": 8.0}),
 }
 
 
@@ -58,6 +73,8 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 shapes[p + f"self_attn.{x}_proj.bias"] = (rows,)
         if cfg.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = shapes[p + "self_attn.k_norm.weight"] = (hd,)
+        if cfg.sandwich_norm:
+            shapes[p + "pre_feedforward_layernorm.weight"] = shapes[p + "post_feedforward_layernorm.weight"] = (h,)
     return shapes
 
 

@@ -1,6 +1,7 @@
 """Gemma 3 against HF transformers (fp32, CPU, ref backend): a random tiny model with local (windowed) and
 global layers, prompts longer than the window so that the local layers really drop keys; the layer pattern
 and RoPE bases from both HF config spellings and from GGUF metadata; the real gemma-3-270m GGUF when present."""
+import math
 import os
 from types import SimpleNamespace
 
@@ -181,3 +182,60 @@ def test_cuda_backend_lists_what_gemma_runs_on_ref(capsys):
     ops.route_to_reference("attention", "said once")
     assert ops.fallbacks == ["gelu_tanh_and_mul", "attention"] and ops.attention is reference.attention
     assert capsys.readouterr().err == "minfer: attention runs on the reference backend: no kernel for head_dim 256 yet\n"
+
+
+def _hf_real():
+    pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
+    folder, name = os.path.split(GGUF_PATH)
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH}")
+def test_real_gguf_on_cuda_kernels_matches_transformers():
+    """Every layer on our kernels (head_dim 256, windowed attention, GeGLU, Q4_K / Q6_K / Q8_0 weights kept
+    quantized), fp16: the first 8 greedy tokens equal transformers' fp32 on the same file."""
+    from minfer.engine import Engine
+    from minfer.quant import QuantizedWeight
+    from minfer.sampling import SamplingParams
+
+    engine = Engine(GGUF_PATH, dtype=torch.float16, device="cuda", backend="cuda", max_context=256)
+    assert engine.ops.fallbacks == [] and any(engine.model.windows)
+    assert isinstance(engine.model.layers[0]["down"], QuantizedWeight)
+    ids = engine.encode("The capital of France is", chat=False)
+    outs, _ = engine.generate([ids], SamplingParams(temperature=0.0), max_new_tokens=8, ignore_eos=True)
+    with torch.no_grad():
+        ref = _hf_real().generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    print(f"minfer cuda fp16: {outs[0].text!r}; transformers fp32: {engine.tokenizer.decode(ref[0, len(ids):].tolist())!r}")
+    assert outs[0].token_ids == ref[0, len(ids):].tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH}")
+def test_real_gguf_perplexity_within_1_percent_of_transformers():
+    """tinyshakespeare, 8 windows of 1024 tokens (past the 512-key window of the local layers), each one
+    prefill on our kernels (bf16) against transformers fp32 on the GPU."""
+    from test_quantized_engine import TEXT
+    from minfer.engine import Engine
+
+    if not os.path.exists(TEXT):
+        pytest.skip(f"no {TEXT} (set MINFER_TINYSHAKESPEARE)")
+    engine = Engine(GGUF_PATH, dtype=torch.bfloat16, device="cuda", backend="cuda", max_context=1024)
+    hf = _hf_real().cuda()
+    with open(TEXT, encoding="utf-8") as f:
+        ids = engine.tokenizer.encode(f.read()[:100_000])
+    length, windows = 1024, 8
+    assert len(ids) >= windows * length
+    cache = engine._cache_rows(1, length)
+    loss = {"minfer": 0.0, "transformers": 0.0}
+    with torch.inference_mode():
+        for w in range(windows):
+            chunk = torch.tensor(ids[w * length:(w + 1) * length], device="cuda")[None]  # [1, length]
+            ours = engine.model.forward(chunk, torch.zeros(1, dtype=torch.int32, device="cuda"), cache)[0]
+            theirs = hf(chunk).logits[0]
+            for name, logits in (("minfer", ours), ("transformers", theirs)):
+                loss[name] += torch.nn.functional.cross_entropy(logits[:-1].float(), chunk[0, 1:], reduction="sum").item()
+    ppl = {k: math.exp(v / (windows * (length - 1))) for k, v in loss.items()}
+    print(f"gemma-3-270m Q4_K_M perplexity, tinyshakespeare, {windows} x {length} tokens: {ppl}")
+    assert 1 < ppl["transformers"] < 1000
+    assert abs(ppl["minfer"] / ppl["transformers"] - 1) <= 0.01, ppl
