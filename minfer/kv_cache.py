@@ -9,6 +9,9 @@ PagedKVCache (the continuous engine's): a pool of fixed-size pages per layer,
     k[layer], v[layer]: [num_pages, page_size, kv_heads, head_dim], contiguous;
 position p of a sequence lives in page block_table[p // page_size], row p % page_size. The block manager
 decides which pages a sequence owns; AttentionMetadata carries that to the ops for one step.
+A model with sliding-window layers has two groups of layers: the full ones, as above, and the sliding ones,
+whose pools have num_local_pages pages and whose positions go through the sequence's local block table
+(local_block_table, local_slot_mapping): it holds only the pages of keys some query can still see.
 """
 from __future__ import annotations
 
@@ -46,11 +49,21 @@ class KVCache:
 
 class PagedKVCache:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        self.num_pages, self.page_size = num_pages, page_size
-        shape = (num_layers, num_pages, page_size, kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, num_pages, page_size, kv_heads, head_dim]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+                 dtype: torch.dtype, device: torch.device, sliding: list[bool] | None = None, num_local_pages: int = 0):
+        """sliding[layer]: the layer is in the sliding group, whose pools have num_local_pages pages."""
+        self.num_pages, self.num_local_pages, self.page_size = num_pages, num_local_pages, page_size
+        sliding = sliding or [False] * num_layers
+        # per layer: its group's pool [pages, page_size, kv_heads, head_dim], a view into that group's k or v
+        self.k: list[torch.Tensor] = [None] * num_layers
+        self.v: list[torch.Tensor] = [None] * num_layers
+        self.pools = []  # full k, v, sliding k, v: [group's layers, pages, page_size, kv_heads, head_dim]
+        for group, pages in ((False, num_pages), (True, num_local_pages)):
+            layers = [i for i in range(num_layers) if sliding[i] == group]
+            k, v = (torch.zeros((len(layers), pages, page_size, kv_heads, head_dim), dtype=dtype, device=device)
+                    for _ in range(2))
+            self.pools += [k, v]
+            for j, i in enumerate(layers):
+                self.k[i], self.v[i] = k[j], v[j]
 
     @staticmethod
     def page_bytes(num_layers: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -58,7 +71,7 @@ class PagedKVCache:
         return 2 * num_layers * page_size * kv_heads * head_dim * dtype.itemsize
 
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(t.nbytes for t in self.pools)
 
 
 @dataclass
@@ -72,3 +85,7 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor  # [batch + 1] int32: sequence b's tokens are [cu_seqlens_q[b], cu_seqlens_q[b + 1])
     max_seqlen_q: int  # host copies of the largest query count and seq_len: sizes without a device sync
     max_seqlen_k: int
+    # The sliding group's own slot_mapping and block_table (None: one group). Entries before a sequence's window
+    # point at a scratch page (their pages are freed).
+    local_slot_mapping: torch.Tensor | None = None  # [tokens] int64
+    local_block_table: torch.Tensor | None = None  # [batch, max_pages] int32

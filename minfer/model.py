@@ -160,8 +160,12 @@ class Transformer:
         decode = meta.max_seqlen_q == 1
 
         def attend(i, q, k, v):
-            ops.paged_kv_cache_write(cache.k[i], cache.v[i], k, v, meta.slot_mapping)
-            attn = ops.paged_attention(q, cache.k[i], cache.v[i], meta.block_table, meta.seq_lens, meta.cu_seqlens_q,
+            # a windowed layer's keys are in the sliding group's pages when the step has that group
+            local = self.windows[i] is not None and meta.local_block_table is not None
+            slots, table = (meta.local_slot_mapping, meta.local_block_table) if local else \
+                (meta.slot_mapping, meta.block_table)
+            ops.paged_kv_cache_write(cache.k[i], cache.v[i], k, v, slots)
+            attn = ops.paged_attention(q, cache.k[i], cache.v[i], table, meta.seq_lens, meta.cu_seqlens_q,
                                        meta.max_seqlen_q, meta.max_seqlen_k, self.scale, window=self.windows[i],
                                        stable_prefix=decode)  # [tokens, heads, hd]
             return attn.reshape(-1, heads * hd)

@@ -199,7 +199,7 @@ def test_real_gguf_on_cuda_kernels_matches_transformers():
     from minfer.quant import QuantizedWeight
     from minfer.sampling import SamplingParams
 
-    engine = Engine(GGUF_PATH, dtype=torch.float16, device="cuda", backend="cuda", max_context=256)
+    engine = Engine(GGUF_PATH, dtype=torch.float16, device="cuda", backend="cuda", max_context=1024)
     assert engine.ops.fallbacks == [] and any(engine.model.windows)
     assert isinstance(engine.model.layers[0]["down"], QuantizedWeight)
     ids = engine.encode("The capital of France is", chat=False)
@@ -208,6 +208,17 @@ def test_real_gguf_on_cuda_kernels_matches_transformers():
         ref = _hf_real().generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
     print(f"minfer cuda fp16: {outs[0].text!r}; transformers fp32: {engine.tokenizer.decode(ref[0, len(ids):].tolist())!r}")
     assert outs[0].token_ids == ref[0, len(ids):].tolist()
+    # The continuous engine (paged kernels, decode graphs, the windowed layers' own page pool) on the same
+    # prompt, and on one past the 512-key window (pages freed as it slides) against the static engine.
+    from minfer import LLM
+    llm = LLM(GGUF_PATH, dtype=torch.float16, max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=256)
+    long_ids = ids + engine.encode(" Paris is the capital of France." * 100, chat=False)[:700]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    got = llm.generate([{"prompt_token_ids": ids}, {"prompt_token_ids": long_ids}], params)
+    static, _ = engine.generate([ids, long_ids], SamplingParams(temperature=0.0), max_new_tokens=8, ignore_eos=True)
+    assert got[0].token_ids[:8] == ref[0, len(ids):].tolist()
+    # the same 8 tokens through other kernels (paged, in chunks of 256) as the static engine
+    assert [o.token_ids for o in got] == [o.token_ids for o in static]
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -126,19 +127,37 @@ class EngineCore(LoadedModel):
                               f"kernels' key tile)")
         t0 = time.perf_counter()
         cfg = self.cfg
-        page_bytes = PagedKVCache.page_bytes(cfg.num_layers, page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
-        if num_pages is None:
-            num_pages = self._default_pages(page_bytes, page_size, max_num_seqs, max_num_batched_tokens,
-                                            gpu_memory_utilization)
-        elif self.device.type == "cuda" and num_pages * page_bytes > torch.cuda.mem_get_info(self.device)[0]:
-            raise MinferError(f"--num-pages {num_pages}: {num_pages * page_bytes / 2**30:.2f} GiB of KV cache is more "
-                              f"than the GPU's free memory")
-        # One page more than the block manager hands out: the decode graphs' padding rows write and read it.
-        self.cache = PagedKVCache(cfg.num_layers, num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim,
-                                  self.dtype, self.device)
-        self.block_manager = BlockManager(num_pages, page_size, prefix_caching)
         # every running sequence decodes every step: no more of them than the step has tokens
         max_running = min(max_num_seqs, max_num_batched_tokens)
+        # Two groups of layers when some attend in a window: the full ones, and the sliding ones (one window).
+        sliding = [w is not None for w in self.model.windows]
+        windows = set(self.model.windows) - {None}
+        assert len(windows) <= 1, f"the sliding layers have several windows {sorted(windows)}"
+        window = windows.pop() if windows else None
+        local_pages = 0
+        if window is not None:
+            # The sliding pool: a window (and the page it may straddle) per running sequence, and a step's chunk.
+            local_pages = max_running * (-(-window // page_size) + 1) + -(-max_num_batched_tokens // page_size)
+            if prefix_caching:  # a prefix hit would skip tokens whose sliding-layer keys are freed
+                print("[minfer] prefix caching is off: the sliding-window layers keep only their window's keys",
+                      file=sys.stderr)
+                prefix_caching = False
+        kv = (page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        page_bytes = PagedKVCache.page_bytes(cfg.num_layers - sum(sliding), *kv)  # a page of each group
+        local_page_bytes = PagedKVCache.page_bytes(sum(sliding), *kv)
+        if num_pages is None:
+            num_pages, local_pages = self._default_pages(page_bytes, local_page_bytes, local_pages, page_size,
+                                                         max_num_seqs, max_num_batched_tokens, gpu_memory_utilization)
+        elif self.device.type == "cuda":
+            need = num_pages * page_bytes + (local_pages + 1) * local_page_bytes
+            if need > torch.cuda.mem_get_info(self.device)[0]:
+                raise MinferError(f"--num-pages {num_pages}: {need / 2**30:.2f} GiB of KV cache is more than the "
+                                  f"GPU's free memory")
+        # One page more in each group than the block manager hands out: the decode graphs' padding rows write
+        # and read it, and the sliding group's freed entries point at it.
+        self.cache = PagedKVCache(cfg.num_layers, num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim,
+                                  self.dtype, self.device, sliding, local_pages + 1)
+        self.block_manager = BlockManager(num_pages, page_size, prefix_caching, window, local_pages)
         self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens)
         self.graphs = try_decode_graphs(self, scratch_page=num_pages, max_num_seqs=max_running)
         self.seqs: dict[str, Sequence] = {}
@@ -155,13 +174,19 @@ class EngineCore(LoadedModel):
         self.last_step = (0, 0)
         self.load_s += time.perf_counter() - t0
 
-    def _default_pages(self, page_bytes, page_size, max_num_seqs, max_num_batched_tokens, utilization) -> int:
-        """On a GPU (vLLM's rule): utilization x total memory, less what the weights and a forward of
-        max_num_batched_tokens tokens (measured here) take. On the CPU: max_num_seqs full contexts, at most
-        CPU_CACHE_BYTES; at least one full context either way."""
+    def _default_pages(self, page_bytes, local_page_bytes, local_pages, page_size, max_num_seqs,
+                       max_num_batched_tokens, utilization) -> tuple[int, int]:
+        """The pages of the full group and of the sliding group (which asks for local_pages), given the bytes of a
+        page of each. On a GPU (vLLM's rule) the cache gets utilization x total memory, less what the weights and
+        a forward of max_num_batched_tokens tokens (measured here) take: the sliding group first, as much as
+        leaves one full context, the full group the rest. On the CPU the sliding group gets what it asks for, the
+        full group max_num_seqs full contexts, at most what CPU_CACHE_BYTES leaves. At least one full context
+        either way; a model without full layers (Mistral) gets max_num_seqs full contexts, which take no memory."""
         one_context = -(-self.max_context // page_size)
+        most = max_num_seqs * one_context
         if self.device.type != "cuda":
-            return max(one_context, min(max_num_seqs * one_context, CPU_CACHE_BYTES // page_bytes))
+            rest = CPU_CACHE_BYTES - (local_pages + 1) * local_page_bytes
+            return max(one_context, min(most, rest // page_bytes if page_bytes else most)), local_pages
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
@@ -174,12 +199,16 @@ class EngineCore(LoadedModel):
         del probe
         free, total = torch.cuda.mem_get_info(self.device)
         budget = utilization * total - (total - free) - activations
-        pages = int(budget // page_bytes) - 1  # less the decode graphs' scratch page
+        if local_page_bytes:  # the sliding group first, but one full context stays (each less its scratch page)
+            room = int((budget - (one_context + 1) * page_bytes) // local_page_bytes) - 1
+            local_pages = max(0, min(local_pages, room))
+        rest = budget - (local_pages + 1) * local_page_bytes
+        pages = int(rest // page_bytes) - 1 if page_bytes else most
         if pages < one_context:
             raise MinferError(f"--gpu-memory-utilization {utilization}: room for {max(pages, 0)} KV pages of "
                               f"{page_size} tokens, fewer than one {self.max_context}-token context needs "
                               f"(raise it, or lower --max-context)")
-        return pages
+        return pages, local_pages
 
     # ---- requests ----
 
@@ -256,10 +285,11 @@ class EngineCore(LoadedModel):
             if seqs != prev.seqs:  # not the same rows in the same order: gathered
                 row = {s: i for i, s in enumerate(prev.seqs)}
                 ids = ids[upload([row[s] for s in seqs], torch.int64, self.device)]
+        local = [s.local_block_table for s in seqs] if self.block_manager.window is not None else None
         if max(counts) == 1 and self.graphs is not None and self.graphs.fits(len(seqs)):
             logits = self.graphs.run([s.token_ids[-1] for s in seqs] if ids is None else ids,
                                      [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
-                                     [s.slot for s in seqs])  # [len(seqs), vocab]: every row decodes
+                                     [s.slot for s in seqs], local)  # [len(seqs), vocab]: every row decodes
             sampled, chunks = seqs, []
         else:
             rows = [i for i, (s, n) in enumerate(zip(seqs, counts)) if s.num_computed_tokens + n == s.num_tokens]
@@ -267,7 +297,7 @@ class EngineCore(LoadedModel):
             # a chained row's id is on the device (ids): a placeholder gives its count
             work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n] if ids is None else [0],
                      s.num_computed_tokens, s.block_table) for s, n in zip(seqs, counts)]
-            logits = self._forward(work, self.cache, rows, ids)
+            logits = self._forward(work, self.cache, rows, ids, local)
             sampled = [seqs[i] for i in rows]
         for s, n in zip(seqs, counts):
             s.num_computed_tokens += n
@@ -363,28 +393,36 @@ class EngineCore(LoadedModel):
             self.timeline.append((self.last_step[0], begin, self._event()))
 
     def _forward(self, work: list[tuple[list[int], int, list[int]]], cache: PagedKVCache,
-                 sampled: list[int] | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
+                 sampled: list[int] | None = None, ids: torch.Tensor | None = None,
+                 local_tables: list[list[int]] | None = None) -> torch.Tensor:
         """work: per sequence (new token ids, position of the first, its pages). Returns the logits of the
         last new token of the sequences in `sampled` (default: all). ids: the new tokens already on the device
-        (async scheduling); work's lists then give only their counts."""
-        host_ids, positions, slots, cu, seq_lens = [], [], [], [0], []
+        (async scheduling); work's lists then give only their counts. local_tables: per sequence its sliding
+        group's pages (None: one group)."""
+        host_ids, positions, cu, seq_lens = [], [], [0], []
         page = cache.page_size
-        for toks, start, pages in work:
+        for toks, start, _ in work:
             host_ids += toks
             positions += range(start, start + len(toks))
-            slots += [pages[p // page] * page + p % page for p in range(start, start + len(toks))]
             cu.append(cu[-1] + len(toks))
             seq_lens.append(start + len(toks))
-        width = max(len(pages) for _, _, pages in work)
-        table = [pages + [0] * (width - len(pages)) for _, _, pages in work]
         sampled = range(len(work)) if sampled is None else sampled
 
         def dev(values, dtype=torch.int32):
             return upload(values, dtype, self.device)
 
-        meta = AttentionMetadata(positions=dev(positions), slot_mapping=dev(slots, torch.int64),
-                                 block_table=dev(table), seq_lens=dev(seq_lens), cu_seqlens_q=dev(cu),
+        def slots_and_table(tables):  # -> slot_mapping [tokens], block_table [batch, max_pages] padded with 0
+            slots = [pages[p // page] * page + p % page for (toks, start, _), pages in zip(work, tables)
+                     for p in range(start, start + len(toks))]
+            width = max(map(len, tables))
+            return dev(slots, torch.int64), dev([pages + [0] * (width - len(pages)) for pages in tables])
+
+        slots, table = slots_and_table([pages for _, _, pages in work])
+        meta = AttentionMetadata(positions=dev(positions), slot_mapping=slots, block_table=table,
+                                 seq_lens=dev(seq_lens), cu_seqlens_q=dev(cu),
                                  max_seqlen_q=max(len(w[0]) for w in work), max_seqlen_k=max(seq_lens))
+        if local_tables is not None:
+            meta.local_slot_mapping, meta.local_block_table = slots_and_table(local_tables)
         ids = dev(host_ids, torch.int64) if ids is None else ids
         return self.model.forward_paged(ids, meta, cache, dev([cu[i + 1] - 1 for i in sampled], torch.int64))
 

@@ -5,7 +5,9 @@ cost is the step. Each bucket's forward is captured once over static metadata bu
 pinned host buffers (numpy: each sequence's pages are written once, into a table row of its own, and the
 step's rows gathered from there), copies them to those buffers without blocking, pads the rest of the
 bucket with a scratch page that no sequence owns, replays the bucket's graph and reads the logits of its
-own rows. Steps with prefill chunks, and batches past the largest bucket, run eagerly.
+own rows. A model with sliding-window layers has a second page table and slot mapping, of its sliding group
+(kv_cache.py), with its own scratch page. Steps with prefill chunks, and batches past the largest bucket, run
+eagerly.
 """
 from __future__ import annotations
 
@@ -44,37 +46,78 @@ def buckets_for(max_num_seqs: int) -> list[int]:
     return out
 
 
+class _PageTable:
+    """One group's page table and slot mapping. Each running sequence's pages sit in a host row of its own (its
+    scheduler slot), written as pages are added: a step gathers its rows from there, whatever rows its sequences
+    had the step before, into a pinned buffer that travels compact (its rows, the columns in use) to the device
+    table; its slots go to np_slots, a field of the pinned int64 buffer."""
+
+    def __init__(self, rows: int, width: int, page: int, scratch_page: int, np_slots: np.ndarray, pin: bool,
+                 device: torch.device):
+        self.page, self.scratch, self.np_slots = page, scratch_page, np_slots
+        np_slots[:] = scratch_page * page
+        self.table = torch.full((rows, width), scratch_page, dtype=torch.int32, device=device)  # the graphs read it
+        self.h_table = torch.empty(rows * width, dtype=torch.int32, pin_memory=pin)
+        self.np_table = self.h_table.numpy()
+        self.by_slot = np.full((rows, width), scratch_page, dtype=np.int32)
+        self.owner: list[list | None] = [None] * rows  # the page list whose pages each slot row holds ...
+        self.written = [0] * rows  # ... and how many of them
+
+    def write(self, slots, tables: list[list[int]]) -> None:
+        # A page list only grows while its sequence runs (freeing its pages gives it a new list): only the
+        # pages added since the last step are written.
+        owner, written = self.owner, self.written
+        for r, pages in zip(slots, tables):
+            if owner[r] is not pages:
+                owner[r], written[r] = pages, 0
+            have = written[r]
+            if have < len(pages):
+                self.by_slot[r, have:len(pages)] = pages[have:]
+                written[r] = len(pages)
+
+    def stage(self, slots, tables: list[list[int]], rows: np.ndarray, pos: np.ndarray, b: int,
+              width: int) -> np.ndarray:
+        """The step's slots and table [b, width] in the pinned buffers: its rows (sequences in slots, at
+        positions pos), then padding rows on the scratch page. Returns the table."""
+        self.write(slots, tables)
+        n, page = len(pos), self.page
+        self.np_slots[:n] = self.by_slot[rows, pos // page].astype(np.int64) * page + pos % page
+        self.np_slots[n:b] = self.scratch * page
+        table = self.np_table[:b * width].reshape(b, width)
+        table[:n] = self.by_slot[rows, :width]
+        table[n:, 0] = self.scratch
+        return table
+
+    def copy(self, b: int, width: int) -> None:
+        # Rows past a sequence's pages are never read: only the columns in use travel.
+        self.table[:b, :width].copy_(self.h_table[:b * width].view(b, width).to(self.table.device, non_blocking=True))
+
+
 class DecodeGraphs:
     def __init__(self, model, cache: PagedKVCache, scratch_page: int, max_num_seqs: int, max_context: int,
-                 device: torch.device):
+                 device: torch.device, window: int | None = None, local_scratch_page: int = 0):
+        """window: the sliding group's (None: one group), whose scratch page is local_scratch_page."""
         self.model, self.cache, self.device = model, cache, device
-        self.page, self.max_context = cache.page_size, max_context
+        self.page, self.max_context, self.window = cache.page_size, max_context, window
         self.buckets = buckets_for(max_num_seqs)
         B, W = self.buckets[-1], -(-max_context // cache.page_size)  # rows, block-table width
-        self.scratch_page, self.scratch_slot = scratch_page, scratch_page * self.page
         pin = device.type == "cuda"
 
-        # Pinned host buffers (numpy views) and their device copies, two fields each so that a step makes two
-        # copies: int32 positions | seq_lens, int64 ids | slots, the second field 256-byte aligned. Padding rows:
-        # token 0 at position 0, written to and read from the scratch page alone.
+        # Pinned host buffers (numpy views) and their device copies, a field each so that a step makes two
+        # copies: int32 positions | seq_lens, int64 ids | slots (| local slots), each field 256-byte aligned.
+        # Padding rows: token 0 at position 0, written to and read from the scratch pages alone.
         half = -(-B // 64) * 64
         self.h32 = torch.zeros(2 * half, dtype=torch.int32, pin_memory=pin)
-        self.h64 = torch.zeros(2 * half, dtype=torch.int64, pin_memory=pin)
+        self.h64 = torch.zeros((2 if window is None else 3) * half, dtype=torch.int64, pin_memory=pin)
         self.np_pos, self.np_lens = self.h32[:B].numpy(), self.h32[half:half + B].numpy()
-        self.np_ids, self.np_slots = self.h64[:B].numpy(), self.h64[half:half + B].numpy()
-        self.np_lens[:], self.np_slots[:] = 1, self.scratch_slot
+        self.np_ids = self.h64[:B].numpy()
+        self.np_lens[:] = 1
+        self.full = _PageTable(B, W, self.page, scratch_page, self.h64[half:half + B].numpy(), pin, device)
+        self.local = None if window is None else \
+            _PageTable(B, W, self.page, local_scratch_page, self.h64[2 * half:2 * half + B].numpy(), pin, device)
         self.d32, self.d64 = self.h32.to(device), self.h64.to(device)
         self.pos, self.lens = self.d32[:B], self.d32[half:half + B]
-        self.ids, self.slots = self.d64[:B], self.d64[half:half + B]
-        self.table = torch.full((B, W), scratch_page, dtype=torch.int32, device=device)
-        # A step's table travels compact (its rows, the columns in use) through this buffer.
-        self.h_table = torch.empty(B * W, dtype=torch.int32, pin_memory=pin)
-        self.np_table = self.h_table.numpy()
-        # Each running sequence's pages in a row of its own (its scheduler slot), written as pages are added:
-        # a step gathers its rows from here, whatever rows its sequences had the step before.
-        self.by_slot = np.full((B, W), scratch_page, dtype=np.int32)
-        self.owner: list[list | None] = [None] * B  # the page list whose pages each slot row holds ...
-        self.written = [0] * B  # ... and how many of them
+        self.ids, self.slots, self.local_slots = self.d64[:B], self.d64[half:half + B], self.d64[2 * half:2 * half + B]
         # The host buffers are refilled once the previous step's copies have run (the host may be a step ahead).
         self.copied = torch.cuda.Event() if device.type == "cuda" else None
         self.cu = torch.arange(B + 1, dtype=torch.int32, device=device)  # one query per row
@@ -84,9 +127,11 @@ class DecodeGraphs:
         self._capture()
 
     def _forward(self, b: int, max_len: int) -> torch.Tensor:
-        meta = AttentionMetadata(positions=self.pos[:b], slot_mapping=self.slots[:b], block_table=self.table[:b],
+        meta = AttentionMetadata(positions=self.pos[:b], slot_mapping=self.slots[:b], block_table=self.full.table[:b],
                                  seq_lens=self.lens[:b], cu_seqlens_q=self.cu[:b + 1], max_seqlen_q=1,
                                  max_seqlen_k=max_len)  # a bound: the graph serves every length up to it
+        if self.local is not None:
+            meta.local_slot_mapping, meta.local_block_table = self.local_slots[:b], self.local.table[:b]
         return self.model.forward_paged(self.ids[:b], meta, self.cache, self.rows[:b])  # [b, vocab] fp32
 
     def _capture(self) -> None:
@@ -109,43 +154,34 @@ class DecodeGraphs:
         return n <= self.buckets[-1]
 
     def run(self, ids: list[int] | torch.Tensor, positions: list[int], tables: list[list[int]],
-            slots: list[int] | None = None) -> torch.Tensor:
-        """One decode step: row i is one new token, ids[i], at positions[i] of a sequence with pages tables[i].
-        ids: host ints, or a device tensor (the step before's sampled ids: async scheduling). slots[i]: the
-        sequence's own row of the page table while it runs (default: i). Returns the logits [n, vocab] (a view
-        into the graph's output, valid until the next run)."""
+            slots: list[int] | None = None, local_tables: list[list[int]] | None = None) -> torch.Tensor:
+        """One decode step: row i is one new token, ids[i], at positions[i] of a sequence with pages tables[i]
+        (and local_tables[i] in the sliding group). ids: host ints, or a device tensor (the step before's sampled
+        ids: async scheduling). slots[i]: the sequence's own row of the page table while it runs (default: i).
+        Returns the logits [n, vocab] (a view into the graph's output, valid until the next run)."""
         n = len(positions)
         b = next(x for x in self.buckets if x >= n)
         if self.copied is not None:
             self.copied.synchronize()
         slots = range(n) if slots is None else slots
-        owner, written = self.owner, self.written
-        for r, pages in zip(slots, tables):
-            # A page list only grows while its sequence runs (freeing its pages gives it a new list): only the
-            # pages added since the last step are written.
-            if owner[r] is not pages:
-                owner[r], written[r] = pages, 0
-            have = written[r]
-            if have < len(pages):
-                self.by_slot[r, have:len(pages)] = pages[have:]
-                written[r] = len(pages)
         width = max(map(len, tables))
         rows = np.asarray(slots)
         pos = self.np_pos[:n]
         pos[:] = positions
         self.np_lens[:n] = pos + 1
-        self.np_slots[:n] = self.by_slot[rows, pos // self.page].astype(np.int64) * self.page + pos % self.page
-        self.np_pos[n:b], self.np_lens[n:b], self.np_slots[n:b], self.np_ids[n:b] = 0, 1, self.scratch_slot, 0
-        table = self.np_table[:b * width].reshape(b, width)
-        table[:n] = self.by_slot[rows, :width]
-        table[n:, 0] = self.scratch_page
+        self.np_pos[n:b], self.np_lens[n:b], self.np_ids[n:b] = 0, 1, 0
+        self.full.stage(slots, tables, rows, pos, b, width)
+        self.full.copy(b, width)
+        if self.local is not None:
+            local = self.local.stage(slots, local_tables, rows, pos, b, width)
+            # the pages wholly before each row's window are freed (block manager): on the scratch page, as eagerly
+            local[:n][np.arange(width) < (pos[:, None] - self.window + 1) // self.page] = self.local.scratch
+            self.local.copy(b, width)
         host_ids = not isinstance(ids, torch.Tensor)
         if host_ids:
             self.np_ids[:n] = ids
         self.d32.copy_(self.h32, non_blocking=True)
         self.d64.copy_(self.h64, non_blocking=True)
-        # Rows past a sequence's pages are never read: only the columns in use travel.
-        self.table[:b, :width].copy_(self.h_table[:b * width].view(b, width).to(self.device, non_blocking=True))
         if self.copied is not None:
             self.copied.record()
         if not host_ids:
@@ -163,7 +199,9 @@ def try_decode_graphs(engine, scratch_page: int, max_num_seqs: int):
     if ops.name != "cuda" or ops.fallbacks or os.environ.get("MINFER_NO_GRAPH"):
         return None
     try:
-        return DecodeGraphs(engine.model, engine.cache, scratch_page, max_num_seqs, engine.max_context, engine.device)
+        bm = engine.block_manager
+        return DecodeGraphs(engine.model, engine.cache, scratch_page, max_num_seqs, engine.max_context, engine.device,
+                            bm.window, bm.local_scratch)
     except RuntimeError as e:
         print(f"[minfer] CUDA graph capture failed ({str(e).splitlines()[0]}); decoding eagerly", file=sys.stderr)
         return None

@@ -8,9 +8,9 @@ a step:
    (max_num_batched_tokens) allows, so that a long prompt never stalls the decodes;
 3. waiting sequences, oldest first, while pages, the budget and max_num_seqs last; their cached prefix
    (block manager) is skipped.
-When a running sequence needs a page and none is left, the newest running sequence is preempted: its pages
-are freed, it goes back to the head of the queue, and its tokens (prompt and output so far) are computed
-again when it is readmitted. Nothing it generated is lost.
+When a running sequence needs a page and none is left (in either pool, with sliding-window layers), the
+newest running sequence is preempted: its pages are freed, it goes back to the head of the queue, and its
+tokens (prompt and output so far) are computed again when it is readmitted. Nothing it generated is lost.
 With async scheduling a sequence's last sampled token may still be on its way to the host (in flight): it
 counts as one of its tokens, and a sequence whose in-flight token is its last (max_tokens) is not scheduled.
 """
@@ -43,10 +43,15 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        if self.bm.pages_for(len(seq.prompt_ids) + seq.max_tokens) > self.bm.num_pages:
+        bm, n = self.bm, len(seq.prompt_ids) + seq.max_tokens
+        if bm.pages_for(n) > bm.num_pages:
             raise MinferError(f"a request of {len(seq.prompt_ids)} prompt tokens and {seq.max_tokens} new ones needs "
-                              f"more than the {self.bm.num_pages} pages of {self.bm.page_size} tokens in the KV cache "
+                              f"more than the {bm.num_pages} pages of {bm.page_size} tokens in the KV cache "
                               f"(raise --num-pages or --gpu-memory-utilization, or lower max tokens)")
+        if bm.window is not None and bm.local_pages_for(n, self.max_num_batched_tokens) > bm.num_local_pages:
+            raise MinferError(f"a request of {n} tokens needs more than the {bm.num_local_pages} pages of "
+                              f"{bm.page_size} tokens of the sliding-window layers' KV cache (raise "
+                              f"--gpu-memory-utilization, or lower --max-num-batched-tokens)")
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:

@@ -30,6 +30,9 @@ class Sequence:
     slot: int = -1  # a row of its own in the decode graphs' page table while it runs (the scheduler's)
     output_token_ids: list[int] = field(default_factory=list)  # token_ids past the prompt, kept as they come
     block_table: list[int] = field(default_factory=list)  # page ids, in position order
+    # the sliding group's page ids, as block_table; its first num_local_freed entries are the scratch page
+    local_block_table: list[int] = field(default_factory=list)
+    num_local_freed: int = 0
     page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full pages so far
     num_registered_pages: int = 0  # pages offered to the prefix cache
     finish_reason: str | None = None  # length | stop | abort
