@@ -105,6 +105,15 @@ def test_continuous_engine_greedy_matches_hf_generate(hf_folder):
         assert out.token_ids == ref
 
 
+def test_float16_is_refused(hf_folder):
+    """Gemma 3's activations overflow float16 (the real 270m gives NaN logits from the first token on, on the
+    reference as on the kernels): a clear error, not garbage."""
+    from minfer.engine import LoadedModel
+    from minfer.errors import MinferError
+    with pytest.raises(MinferError, match="Gemma 3 overflows float16"):
+        LoadedModel(str(hf_folder[0]), dtype=torch.float16, device="cpu", backend="ref")
+
+
 def test_hf_config_spellings():
     """transformers 4's config.json: rope_theta, rope_local_base_freq, rope_scaling, sliding_window_pattern."""
     hf = dict(model_type="gemma3_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=8,
@@ -194,24 +203,25 @@ def _hf_real():
 @pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH}")
 def test_real_gguf_on_cuda_kernels_matches_transformers():
     """Every layer on our kernels (head_dim 256, windowed attention, GeGLU, Q4_K / Q6_K / Q8_0 weights kept
-    quantized), fp16: the first 8 greedy tokens equal transformers' fp32 on the same file."""
+    quantized), bf16 (fp16 overflows: test_float16_is_refused): the first 8 greedy tokens equal transformers'
+    fp32 on the same file."""
     from minfer.engine import Engine
     from minfer.quant import QuantizedWeight
     from minfer.sampling import SamplingParams
 
-    engine = Engine(GGUF_PATH, dtype=torch.float16, device="cuda", backend="cuda", max_context=1024)
+    engine = Engine(GGUF_PATH, dtype=torch.bfloat16, device="cuda", backend="cuda", max_context=1024)
     assert engine.ops.fallbacks == [] and any(engine.model.windows)
     assert isinstance(engine.model.layers[0]["down"], QuantizedWeight)
     ids = engine.encode("The capital of France is", chat=False)
     outs, _ = engine.generate([ids], SamplingParams(temperature=0.0), max_new_tokens=8, ignore_eos=True)
     with torch.no_grad():
         ref = _hf_real().generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
-    print(f"minfer cuda fp16: {outs[0].text!r}; transformers fp32: {engine.tokenizer.decode(ref[0, len(ids):].tolist())!r}")
+    print(f"minfer cuda bf16: {outs[0].text!r}; transformers fp32: {engine.tokenizer.decode(ref[0, len(ids):].tolist())!r}")
     assert outs[0].token_ids == ref[0, len(ids):].tolist()
     # The continuous engine (paged kernels, decode graphs, the windowed layers' own page pool) on the same
     # prompt, and on one past the 512-key window (pages freed as it slides) against the static engine.
     from minfer import LLM
-    llm = LLM(GGUF_PATH, dtype=torch.float16, max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=256)
+    llm = LLM(GGUF_PATH, dtype=torch.bfloat16, max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=256)
     long_ids = ids + engine.encode(" Paris is the capital of France." * 100, chat=False)[:700]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     got = llm.generate([{"prompt_token_ids": ids}, {"prompt_token_ids": long_ids}], params)

@@ -59,6 +59,9 @@ class LoadedModel:
         else:
             from ..shapes import random_weights as make_weights
             self.cfg, weights, self.tokenizer = random_weights, make_weights(random_weights, self.dtype, self.device), None
+        if self.dtype == torch.float16 and self.cfg.arch == "gemma3":  # vLLM refuses it too
+            raise MinferError("Gemma 3 overflows float16 (its activations pass 65504, every logit then NaN): "
+                              "use --dtype bfloat16 or float32")
         limit = self.cfg.max_position_embeddings
         self.max_context = min(max_context or limit, limit)
         self.model = Transformer(self.cfg, weights, self.ops, self.max_context)
