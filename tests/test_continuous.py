@@ -374,8 +374,9 @@ def with_emulated_graphs(engine, monkeypatch):
                 self.graphs[b, c] = (_Replay(self, b, c, out), out)
 
     monkeypatch.setattr(DecodeGraphs, "_capture", capture)
-    engine.graphs = DecodeGraphs(engine.model, engine.cache, engine.block_manager.num_pages,
-                                 engine.scheduler.max_num_seqs, engine.max_context, engine.device)
+    bm = engine.block_manager
+    engine.graphs = DecodeGraphs(engine.model, engine.cache, bm.num_pages, engine.scheduler.max_num_seqs,
+                                 engine.max_context, engine.device, bm.window, bm.local_scratch)
     return engine
 
 

@@ -102,6 +102,15 @@ def cuda_case(q_lens, starts, heads, kv_heads, hd, dtype, page=16, seed=0):
     return [dev(t) for t in (q, k_pool, v_pool, table, lens, cu)]
 
 
+def assert_close(ours, ref32, lowp, q, dtype):
+    """The kernel's output against the fp32 reference: q's shape and dtype, finite (its NaN-poisoned memory
+    overwritten), max error <= 2x torch's own in dtype + eps."""
+    assert ours.shape == q.shape and ours.dtype == dtype
+    assert torch.isfinite(ours).all(), "non-finite output"
+    err, base = (ours.float() - ref32).abs().max().item(), (lowp.float() - ref32).abs().max().item()
+    assert err <= 2 * base + EPS[dtype], f"max err {err:.3e} vs torch {base:.3e}"
+
+
 def check_paged(q_lens, starts, heads=8, kv_heads=2, hd=128, dtype=torch.bfloat16, page=16, stable_prefix=False,
                 strided=False):
     """The kernel against the fp32 reference: max error <= 2x torch's own in dtype + eps."""
@@ -115,10 +124,7 @@ def check_paged(q_lens, starts, heads=8, kv_heads=2, hd=128, dtype=torch.bfloat1
     ours = _cuda().paged_attention(q, k, v, *args, stable_prefix=stable_prefix)
     ref32 = reference.paged_attention(q.float(), k.float(), v.float(), *args)
     lowp = reference.paged_attention(q, k, v, *args)
-    assert ours.shape == q.shape and ours.dtype == dtype
-    assert torch.isfinite(ours).all(), "non-finite output"
-    err, base = (ours.float() - ref32).abs().max().item(), (lowp.float() - ref32).abs().max().item()
-    assert err <= 2 * base + EPS[dtype], f"max err {err:.3e} vs torch {base:.3e}"
+    assert_close(ours, ref32, lowp, q, dtype)
 
 
 @pytest.mark.gpu
@@ -175,10 +181,7 @@ def check_paged_decode_window(starts, window, hd, dtype, page=16, stable_prefix=
         freed_table[b, :first // page] = k.shape[0] + 1000
     torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
     ours = _cuda().paged_attention(q, k, v, freed_table, *args, window=window, stable_prefix=stable_prefix)
-    assert ours.shape == q.shape and ours.dtype == dtype
-    assert torch.isfinite(ours).all(), "non-finite output"
-    err, base = (ours.float() - ref32).abs().max().item(), (lowp.float() - ref32).abs().max().item()
-    assert err <= 2 * base + EPS[dtype], f"max err {err:.3e} vs torch {base:.3e}"
+    assert_close(ours, ref32, lowp, q, dtype)
 
 
 @pytest.mark.gpu
@@ -235,10 +238,7 @@ def test_cuda_paged_prefill_window(q_lens, starts, window, page, hd, dtype):
         v[table[b, :freed].long()] = float("nan")
     torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
     ours = _cuda().paged_attention(q, k, v, *args, window=window)
-    assert ours.shape == q.shape and ours.dtype == dtype
-    assert torch.isfinite(ours).all(), "non-finite output"
-    err, base = (ours.float() - ref32).abs().max().item(), (lowp.float() - ref32).abs().max().item()
-    assert err <= 2 * base + EPS[dtype], f"max err {err:.3e} vs torch {base:.3e}"
+    assert_close(ours, ref32, lowp, q, dtype)
 
 
 @pytest.mark.gpu

@@ -8,13 +8,12 @@ import torch
 
 from minfer.engine.block_manager import BlockManager
 from minfer.engine.core import EngineCore
-from minfer.engine.graphs import DecodeGraphs
 from minfer.engine.scheduler import Scheduler
 from minfer.engine.sequence import Sequence
 from minfer.errors import MinferError
 from minfer.sampling import SamplingParams
 
-from test_continuous import _Replay
+from test_continuous import with_emulated_graphs
 from test_gemma3 import CONFIG as GEMMA3, VOCAB
 from test_models import build_hf, write_tokenizer
 
@@ -123,18 +122,7 @@ def test_graph_metadata_equals_eager(models, prompts, hf_outputs, monkeypatch):
     """Decode steps through DecodeGraphs.run (a page table per group, the local entries before each window on
     the scratch page) give the eager steps' tokens, with preemption and ids chained on the device."""
     folder, _, _ = models["gemma3"]
-    engine = make(folder, num_pages=14, async_scheduling=True)
-
-    def capture(self):
-        for b in self.buckets:
-            for c in self.classes:
-                out = torch.empty(b, self.model.cfg.vocab_size)
-                self.graphs[b, c] = (_Replay(self, b, c, out), out)
-
-    monkeypatch.setattr(DecodeGraphs, "_capture", capture)
-    bm = engine.block_manager
-    engine.graphs = DecodeGraphs(engine.model, engine.cache, bm.num_pages, engine.scheduler.max_num_seqs,
-                                 engine.max_context, engine.device, bm.window, bm.local_scratch)
+    engine = with_emulated_graphs(make(folder, num_pages=14, async_scheduling=True), monkeypatch)
     runs, graphed = [], engine.graphs.run
 
     def spy(*args):
