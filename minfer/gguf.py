@@ -287,28 +287,28 @@ def read_weights(reader: Reader, cfg: ModelConfig, dtype: torch.dtype, device, p
     return weights
 
 
-def read_tokenizer(reader):
-    """A tokenizers.Tokenizer for the file's vocabulary (GPT-2-style byte-level BPE, or SentencePiece),
-    plus its metadata."""
+def tokenizer_from_fields(field):
+    """A tokenizers.Tokenizer for a GGUF vocabulary (GPT-2-style byte-level BPE, or SentencePiece), plus its
+    metadata; field(key, default=None) reads the tokenizer.* fields (of a file, or of a dict)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    kind = _field(reader, "tokenizer.ggml.model")
+    kind = field("tokenizer.ggml.model")
     if kind == "llama":  # SentencePiece: Llama 2, Mistral, TinyLlama, Gemma, Phi-3
         from .sentencepiece import from_gguf_fields
-        return from_gguf_fields(lambda key, default=None: _field(reader, key, default))
+        return from_gguf_fields(field)
     if kind != "gpt2":
         raise MinferError(f"unsupported GGUF tokenizer {kind!r}; supported: gpt2 (byte-level BPE), "
                           f"llama (SentencePiece)")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    merges = _field(reader, "tokenizer.ggml.merges") or []
-    types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    tokens = field("tokenizer.ggml.tokens")
+    merges = field("tokenizer.ggml.merges") or []
+    types = field("tokenizer.ggml.token_type") or [1] * len(tokens)
     alphabet = set(_bytes_to_unicode().values())
     spell = _bytes_to_unicode()
     # Tokens outside the byte alphabet (rare, from some converters) are re-spelled through UTF-8.
     vocab = {tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode()): i for i, tok in enumerate(tokens)}
     bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False)
     tok = Tokenizer(bpe)
-    split = _PRE_SPLITS.get(_field(reader, "tokenizer.ggml.pre"))
+    split = _PRE_SPLITS.get(field("tokenizer.ggml.pre"))
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
@@ -320,10 +320,10 @@ def read_tokenizer(reader):
     tok.add_special_tokens(special)
     tok.add_tokens(user)
     meta = {
-        "chat_template": _field(reader, "tokenizer.chat_template"),
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        "chat_template": field("tokenizer.chat_template"),
+        "bos_token_id": field("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": field("tokenizer.ggml.eos_token_id"),
+        "add_bos_token": bool(field("tokenizer.ggml.add_bos_token", False)),
         "control_tokens": [t for t, ty in zip(tokens, types) if ty == 3],
     }
     return tok, meta

@@ -140,6 +140,13 @@ class Vocab:
     add_bos: bool = False
     chat_template: str | None = None
 
+    def fields(self) -> dict:
+        """The tokenizer.* fields of a GGUF file that holds this vocabulary."""
+        return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": self.pre, "tokenizer.ggml.tokens": self.tokens,
+                "tokenizer.ggml.token_type": self.types, "tokenizer.ggml.merges": self.merges,
+                "tokenizer.ggml.bos_token_id": self.bos, "tokenizer.ggml.eos_token_id": self.eos,
+                "tokenizer.ggml.add_bos_token": self.add_bos, "tokenizer.chat_template": self.chat_template}
+
 
 @dataclass
 class Source:

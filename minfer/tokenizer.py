@@ -125,8 +125,15 @@ def _post_processor_adds_bos(tok, bos: int | None) -> bool:
 
 
 def from_gguf(reader) -> Tokenizer:
-    from .gguf import read_tokenizer
+    from .gguf import _field
 
-    tok, meta = read_tokenizer(reader)
+    return from_gguf_fields(lambda key, default=None: _field(reader, key, default))
+
+
+def from_gguf_fields(field) -> Tokenizer:
+    """The tokenizer that GGUF fields describe, read by field(key, default=None)."""
+    from .gguf import tokenizer_from_fields
+
+    tok, meta = tokenizer_from_fields(field)
     bos, eos = meta["bos_token_id"], meta["eos_token_id"]
     return Tokenizer(tok, meta["chat_template"], bos, [] if eos is None else [eos], meta["add_bos_token"])

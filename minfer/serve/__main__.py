@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from .. import shapes
 from ..errors import MinferError, run_cli
 from ..generate import DTYPES
 
@@ -22,6 +23,9 @@ def parse_args(argv=None):
     p.add_argument("checkpoint", nargs="?",
                    help="HF folder, HF hub id or .gguf file (default: SmolLM2-135M-Instruct Q4_1, from setup.sh)")
     p.add_argument("--model", help="the CHECKPOINT, given as an option")
+    p.add_argument("--shape", choices=sorted(shapes.SHAPES),
+                   help="instead of a checkpoint, random weights of this model's shape and a placeholder "
+                        "byte-level tokenizer (minfer.quantize's), for benchmarks")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="default: %(default)s")
     p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
@@ -46,6 +50,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.model and args.checkpoint:
         p.error("give the checkpoint once: as CHECKPOINT or as --model")
+    if args.shape and (args.model or args.checkpoint):
+        p.error("give a CHECKPOINT or --shape, not both")
     args.checkpoint = args.checkpoint or args.model
     return args
 
@@ -62,13 +68,19 @@ def main(argv=None):
     from .async_engine import AsyncEngine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    core = EngineCore(args.checkpoint, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
+    model = dict(random_weights=shapes.config(args.shape)) if args.shape else dict(checkpoint=args.checkpoint)
+    core = EngineCore(**model, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                       backend=args.backend, max_context=args.max_context, dequantize=args.dequantize,
                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                       num_pages=args.num_pages, page_size=args.block_size,
                       gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching)
+    if args.shape:  # a byte-level placeholder vocabulary of the shape's size: the server decodes text as for a model
+        from ..quantize import placeholder_vocab
+        from ..tokenizer import from_gguf_fields
+        core.tokenizer = from_gguf_fields(placeholder_vocab(core.cfg.vocab_size).fields().get)
     core.warmup()
-    name = args.served_model_name or os.path.basename(os.path.normpath(args.checkpoint or loader.DEFAULT_MODEL_FILE))
+    name = args.served_model_name or args.shape or os.path.basename(
+        os.path.normpath(args.checkpoint or loader.DEFAULT_MODEL_FILE))
     engine = AsyncEngine(core)
     logging.getLogger("minfer.serve").info(
         "serving %s on http://%s:%d (%s, %s, %d KV pages of %d tokens, context %d)", name, args.host, args.port,
