@@ -48,24 +48,40 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
 
 
 class Guard:
-    """ASGI middleware: the API key on /v1, and a declared body size over the limit (413) before it is read.
-    Plain ASGI, not BaseHTTPMiddleware, which hides a client's disconnect from the route."""
+    """ASGI middleware: the API key on /v1, a declared body size over the limit (413) before it is read, and a
+    500 for a request that raises before its response starts. Plain ASGI, not BaseHTTPMiddleware, which hides a
+    client's disconnect from the route; the 500 is sent here, not by an Exception handler, after which Starlette
+    re-raises and uvicorn closes the connection (a client's next request on it would fail)."""
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int):
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            length = headers.get(b"content-length", b"")
-            if self.api_key is not None and scope["path"].startswith("/v1") and not secrets.compare_digest(
-                    headers.get(b"authorization", b""), f"Bearer {self.api_key}".encode()):
-                return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)")(
-                    scope, receive, send)
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                return await error_response(413, f"the body is {int(length)} bytes, over the limit of "
-                                                 f"{self.max_body_bytes}")(scope, receive, send)
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        if self.api_key is not None and scope["path"].startswith("/v1") and not secrets.compare_digest(
+                headers.get(b"authorization", b""), f"Bearer {self.api_key}".encode()):
+            return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)")(
+                scope, receive, send)
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return await error_response(413, f"the body is {int(length)} bytes, over the limit of "
+                                             f"{self.max_body_bytes}")(scope, receive, send)
+        started = False
+
+        async def send_seen(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_seen)
+        except Exception as e:  # a bug: this request fails, the server and the connection go on
+            logging.getLogger("minfer.serve").exception("request failed")
+            if started:
+                raise
+            await error_response(500, f"{type(e).__name__}: {e}")(scope, receive, send)
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
@@ -81,11 +97,6 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, e: StarletteHTTPException):  # unknown route (404), wrong method (405)
         return error_response(e.status_code, f"{request.method} {request.url.path}: {e.detail}")
-
-    @app.exception_handler(Exception)
-    async def _internal_error(request, e: Exception):  # a bug: the request fails, the server goes on
-        logging.getLogger("minfer.serve").exception("request failed")
-        return error_response(500, f"{type(e).__name__}: {e}")
 
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
 
@@ -114,6 +125,14 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
     def need_tokenizer():
         if tokenizer is None:
             raise APIError(400, "this model has no tokenizer: give the prompt as token ids", "prompt")
+
+    def need_unicode(texts: list[str], param: str):
+        """JSON can carry a lone surrogate ("\\ud800"), which is no text: the tokenizer raises TypeError on it."""
+        for t in texts:
+            try:
+                t.encode()
+            except UnicodeEncodeError as e:
+                raise APIError(400, f"{param}: not valid Unicode ({e.reason})", param) from None
 
     def params_for(req, max_tokens: int | None, logprobs: int | None, choice: int) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -261,6 +280,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         req = await parse(request, ChatCompletionRequest)
         need_tokenizer()
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        need_unicode([m["content"] for m in messages], "messages")
         try:
             ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
         except (MinferError, jinja2.TemplateError) as e:
@@ -302,6 +322,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
             need_tokenizer()
             texts = [prompt] if isinstance(prompt, str) else prompt
+            need_unicode(texts, "prompt")
             prompts = await asyncio.to_thread(lambda: [tokenizer.encode(t) for t in texts])
         else:
             prompts = [prompt] if prompt and isinstance(prompt[0], int) else prompt

@@ -40,15 +40,22 @@ class SamplingFields(Request):
     ignore_eos: bool = False
 
 
+class ContentPart(BaseModel):
+    """A part of a message's content: text parts are read; others (image_url, ...) keep their fields, unread."""
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
 class Message(Request):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
         """The text of the content; a list of parts keeps its text parts."""
         if isinstance(self.content, list):
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            return "".join(p.text or "" for p in self.content if p.type == "text")
         return self.content or ""
 
 
