@@ -31,7 +31,8 @@ fi
 declare -A PKG=([numpy]=numpy [safetensors]=safetensors [tokenizers]=tokenizers [huggingface_hub]=huggingface_hub
                 [gguf]=gguf [jinja2]=jinja2 [tqdm]=tqdm [ninja]=ninja [setuptools]=setuptools [wheel]=wheel
                 [pytest]=pytest [transformers]=transformers [accelerate]=accelerate
-                [fastapi]=fastapi [uvicorn]=uvicorn [prometheus_client]=prometheus_client [httpx]=httpx
+                [fastapi]=fastapi [uvicorn]=uvicorn [uvloop]=uvloop [httptools]=httptools
+                [prometheus_client]=prometheus_client [httpx]=httpx
                 [openai]=openai)
 missing=()
 for mod in "${!PKG[@]}"; do "$PY" -c "import $mod" 2>/dev/null || missing+=("${PKG[$mod]}"); done

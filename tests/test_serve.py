@@ -1,5 +1,5 @@
-"""The OpenAI-compatible server (python -m minfer.serve's app) over real HTTP, on the default model (fp32,
-CPU, ref backend), driven by the official openai client where it can be: chat and completions, streamed and
+"""The OpenAI-compatible server (python -m minfer.serve's app) over real HTTP, on the default model (the ref
+backend in fp32 on the CPU; the cuda backend in bf16, marked gpu), driven by the official openai client where it can be: chat and completions, streamed and
 not, n > 1, seeds, stop strings, logprobs; greedy outputs equal LLM.generate's, alone or concurrent; every
 error case has its status and OpenAI's error body; the API key; a client that hangs up mid-stream frees its
 pages; the loop survives a failing step; /metrics has its series."""
@@ -7,6 +7,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -31,8 +32,10 @@ from minfer.serve.async_engine import AsyncEngine  # noqa: E402
 MODEL_PATH = os.path.join(loader.cache_dir(), loader.DEFAULT_MODEL_FILE)
 pytestmark = pytest.mark.skipif(not os.path.exists(MODEL_PATH), reason=f"default model not at {MODEL_PATH}")
 
-CONTEXT, PAGE, KEY, NAME = 96, 4, "sk-test", "minfer-test"
+CONTEXT, KEY, NAME = 96, "sk-test", "minfer-test"
 ENGINE = dict(max_num_batched_tokens=64, num_pages=256)
+# The suite runs on each backend: ref in fp32 on the CPU (CI), cuda in bf16 (its pages hold 16 tokens).
+BACKENDS = {"ref": dict(dtype="float32", device="cpu", page=4), "cuda": dict(dtype="bfloat16", device="cuda", page=16)}
 PROMPTS = ["The capital of France is", "Water boils at", "def fibonacci(n):", "List of prime numbers: 2, 3, 5, 7,"]
 
 
@@ -52,10 +55,16 @@ def start(app):
     return srv, thread, f"http://127.0.0.1:{port}"
 
 
+@pytest.fixture(scope="module", params=["ref", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def server():
-    core = EngineCore(None, dtype=torch.float32, device="cpu", backend="ref", max_context=CONTEXT, page_size=PAGE,
-                      **ENGINE)
+def server(backend):
+    b = BACKENDS[backend]
+    core = EngineCore(None, dtype=getattr(torch, b["dtype"]), device=b["device"], backend=backend,
+                      max_context=CONTEXT, page_size=b["page"], **ENGINE)
     engine = AsyncEngine(core)
     srv, thread, url = start(build_app(engine, NAME, api_key=KEY))
     yield SimpleNamespace(url=url, engine=engine, core=core,
@@ -71,10 +80,11 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def solo():
+def solo(backend):
     """Each prompt alone through LLM.generate (greedy, 8 tokens): the oracle."""
-    llm = LLM(None, dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, block_size=PAGE,
-              enable_prefix_caching=False, **ENGINE)
+    b = BACKENDS[backend]
+    llm = LLM(None, dtype=b["dtype"], device=b["device"], backend=backend, max_model_len=CONTEXT,
+              block_size=b["page"], enable_prefix_caching=False, **ENGINE)
     return [llm.generate(p, SamplingParams(temperature=0.0, max_tokens=8))[0].text for p in PROMPTS]
 
 
@@ -251,8 +261,10 @@ def test_disconnect_mid_stream_frees_pages(server, caplog):
     assert 'minfer_requests_finished_total{finish_reason="abort"}' in httpx.get(server.url + "/metrics").text
 
 
-def test_disconnect_before_the_response_aborts(server, caplog):
+def test_disconnect_before_the_response_aborts(server, caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="minfer.serve")
+    step = server.core.step
+    monkeypatch.setattr(server.core, "step", lambda: (time.sleep(0.02), step())[1])  # > 0.5 s on any device
     with pytest.raises(httpx.ReadTimeout):
         server.http.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 200, "ignore_eos": True},
                          timeout=0.5)
@@ -349,3 +361,94 @@ def test_bench_serve(server, tmp_path, capsys):
     assert all(row[f"{m}_p{q}_ms"] is not None for m in ("ttft", "tpot", "itl") for q in (50, 90, 99))
     assert "4/4 requests (0 failed)" in capsys.readouterr().out
     assert_idle(server.core)
+
+
+def test_stress_serve(server, backend, tmp_path, capsys):
+    """apps/stress_serve.py, small: disconnects and malformed bodies among valid requests leave no 5xx, right
+    usage, the probe's solo text in the storm, no page held, /health OK."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps", "stress_serve.py")
+    spec = importlib.util.spec_from_file_location("stress_serve", path)
+    stress = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stress)
+    out = tmp_path / "stress.jsonl"
+    rc = stress.main(["--base-url", server.url, "--api-key", KEY, "--num-requests", "40", "--max-concurrency", "8",
+                      "--max-tokens", "2:6", "--probe-copies", "4", "--json", str(out)]
+                     + (["--probe-may-differ"] if backend == "cuda" else []))
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    row = json.loads(out.read_text())
+    assert row["passed"] and row["tokenizer"] and row["context"] == CONTEXT
+    assert (row["valid"], row["disconnect"], row["malformed"], row["probe"]) == (32, 4, 4, 4)
+    assert row["server_errors"] == 0 and row["pages_held"] == 0
+    assert row["probe_mismatches"] == 0 or backend == "cuda"
+    assert captured.out.startswith("PASS: 40 requests")
+    assert_idle(server.core)
+
+
+def serve_process(*args: str):
+    """python -m minfer.serve ARGS in a process of its own, on a free port, once /health answers."""
+    import subprocess
+    import sys
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "minfer.serve", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"the server did not start: {proc.communicate()[0][-2000:]}")
+
+
+def stop(proc) -> str:
+    import signal
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_server_process(solo, backend):
+    """The CLI itself: flags, the API key, the greedy text of the in-process server, one log line a request."""
+    if backend != "ref":
+        pytest.skip("the in-process suite covers the cuda backend")
+    proc, url = serve_process("--backend", "ref", "--device", "cpu", "--dtype", "float32", "--max-context",
+                              str(CONTEXT), "--block-size", "4", "--api-key", KEY, "--served-model-name", NAME)
+    try:
+        assert httpx.post(url + "/v1/completions", json={"prompt": PROMPTS[0]}).status_code == 401
+        r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                       json={"model": NAME, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == solo[0]
+    finally:
+        out = stop(proc)
+    assert re.search(r"request cmpl-\S+: prompt \d+ tokens, completion 8 tokens, ttft [\d.]+ ms, total [\d.]+ ms, "
+                     r"finish length", out), out
+
+
+def test_server_process_random_weights(backend):
+    """--shape: random weights and the placeholder byte-level tokenizer: text and token-id prompts both work."""
+    if backend != "ref":
+        pytest.skip("CPU only")
+    proc, url = serve_process("--shape", "smollm2-135m", "--device", "cpu", "--dtype", "float32",
+                              "--max-context", "64")
+    try:
+        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "smollm2-135m"
+        for prompt in ("hello world", [1, 2, 3]):
+            r = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 3, "ignore_eos": True},
+                           timeout=60)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3 and r.json()["choices"][0]["text"]
+    finally:
+        stop(proc)
+
+
+def test_server_process_bad_flags(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "minfer.serve", str(tmp_path / "x.gguf"), "--shape", "llama-3-8b"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "give a CHECKPOINT or --shape, not both" in r.stderr
