@@ -23,7 +23,7 @@ import torch
 
 from minfer import shapes
 from minfer.engine import Engine
-from minfer.engine.core import DEFAULT_PAGE_SIZE, EngineCore
+from minfer.engine.core import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE, EngineCore
 from minfer.sampling import SamplingParams
 
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
     p.add_argument("--dequantize", action="store_true")
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     p.add_argument("--num-pages", type=int)
     p.add_argument("--block-size", type=int, default=DEFAULT_PAGE_SIZE)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)

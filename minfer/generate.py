@@ -55,7 +55,7 @@ def parse_args(argv=None):
                         "cuda backend; the ref backend always expands them)")
     engine = p.add_argument_group("engine (continuous batching over a paged KV cache)")
     engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
-    engine.add_argument("--max-num-batched-tokens", type=int, default=2048,
+    engine.add_argument("--max-num-batched-tokens", type=int, default=8192,
                         help="tokens in a step, at most: long prompts prefill in chunks (default: %(default)s)")
     engine.add_argument("--num-pages", type=int,
                         help="KV cache pages (default: from --gpu-memory-utilization on a GPU; up to 1 GiB on the CPU)")

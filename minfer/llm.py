@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .engine.core import DEFAULT_PAGE_SIZE, EngineCore, RequestOutput
+from .engine.core import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE, EngineCore, RequestOutput
 from .errors import MinferError
 from .sampling import SamplingParams
 
@@ -23,7 +23,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype | None = None, device: str | None = None,
                  backend: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048, num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, dequantize: bool = False,
                  async_scheduling: bool | None = None):
         if isinstance(dtype, str):

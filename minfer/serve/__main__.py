@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--max-context", "--max-model-len", type=int, help="positions per sequence (default: the model's)")
     p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="tokens in a step, at most (default: %(default)s)")
     p.add_argument("--num-pages", type=int, help="KV cache pages (default: from --gpu-memory-utilization)")
     p.add_argument("--block-size", type=int, default=16, help="tokens a page (default: %(default)s)")
