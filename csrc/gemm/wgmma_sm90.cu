@@ -1,8 +1,8 @@
-// sm_90a production path: wgmma (m64n256k16, m64n128k16, m64n144k16 or m64n64k16) fed by TMA
+// sm_90a production path: wgmma (m64n256k16, m64n128k16 or m64n144k16) fed by TMA
 // (cp.async.bulk.tensor) through a 4-stage mbarrier pipeline, warp-specialized, persistent.
 //
-// Block tile 128 (M) x BN (N) x 64 (K), BN = 256 (128 or 64 where fewer rounds of tiles result, 144
-// where that tiles N exactly and 256 would pad; see launch_sm90), 384 threads = 3 warpgroups: warpgroup 0
+// Block tile 128 (M) x BN (N) x 64 (K), BN = 256 (128 where fewer rounds of tiles result, 144 where
+// that tiles N exactly and 256 would pad; see launch_sm90), 384 threads = 3 warpgroups: warpgroup 0
 // is the producer (one thread issues the TMA copies; setmaxnreg gives its registers to the others),
 // warpgroups 1 and 2 each own 64 rows x BN columns of the tile (BN / 2 fp32 accumulators per thread)
 // and run wgmma on shared-memory descriptors. A stage is A 128 x 64 (16 KB) + B BN x 64 (32 KB at 256), 4 stages = 192 KB.
@@ -42,7 +42,7 @@
 namespace minfer::gemm_impl {
 namespace {
 
-// BN (the N tile) is 256, or 128 / 144 / 64 where 256-wide tiles would leave SMs idle (launch_sm90).
+// BN (the N tile) is 256, or 128 where 256-wide tiles would leave SMs idle (launch_sm90).
 constexpr int kBM = 128, kBK = 64, kStages = 4, kThreads = 384;
 constexpr int kATileBytes = kBM * kBK * 2;  // 128 rows x 128 B = 16 KB
 template <int BN>
@@ -78,7 +78,7 @@ using namespace ::minfer::sm90;
 __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128(addr, 16, 1024); }
 
 // D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands from shared memory (scale-d = 1), N = 8 .. 256
-// (the tiles of the main kernel: 256, 128, 144, 64; the activation tiles of the small-M kernel). Operands:
+// (the wide tiles of the main kernel: 256, 128, 144; the activation tiles of the small-M kernel). Operands:
 // the N / 2 accumulators, then the two descriptors, then the scale-d flag (the shared macro, sm90.cuh).
 #define MINFER_GEMM_WGMMA(shape, dregs, descs, scale, ...)                                                  \
   MINFER_WGMMA_T(T, shape, dregs, descs, scale, "1, 1, 0, 0", ("l"(desc_a), "l"(desc_b), "r"(1)), __VA_ARGS__)
@@ -478,26 +478,20 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, float* ws,
   const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
   // Persistent: one CTA per SM, or fewer when there are fewer tiles. The busiest CTA runs
   // ceil(tiles / sms) tiles and a tile's time goes about with its width, a narrower one's a bit more
-  // per column (its wgmmas read 1.2x, at 64 1.6x, the shared-memory bytes per FLOP): cost = rounds x BN
-  // x (1, 1.15 or 1.3). 128 wins where it needs fewer rounds (512 x 4096: one round of 128 tiles against
-  // one of 64 twice as long); 64 where even 128 leaves most SMs idle (a small model's batched decode,
-  // 256 x 576 x 576: 18 tiles against 10, each half as long); 144, considered only where it tiles N
-  // exactly, where 256 pads and idles SMs (M = 4096, N = 576: 128 tiles in one round, against 96 tiles of
-  // 256 with a third of their columns padding).
+  // per column (its wgmmas read 1.2x the shared-memory bytes per FLOP): cost = rounds x BN x (1 or
+  // 1.15). 128 wins where it needs fewer rounds (512 x 4096: one round of 128 tiles against one of 64
+  // twice as long); 144, considered only where it tiles N exactly, where 256 pads and idles SMs (M = 4096,
+  // N = 576: 128 tiles in one round, against 96 tiles of 256 with a third of their columns padding).
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
   auto tiles_of = [&](int bn) { return m_tiles * ((p.N + bn - 1) / bn); };
-  auto cost = [&](int bn) {
-    return double((tiles_of(bn) + sms - 1) / sms) * bn * (bn == 256 ? 1.0 : bn == 64 ? 1.3 : 1.15);
-  };
+  auto cost = [&](int bn) { return double((tiles_of(bn) + sms - 1) / sms) * bn * (bn == 256 ? 1.0 : 1.15); };
   int bn = cost(128) < cost(256) ? 128 : 256;
   if (p.N % 144 == 0 && cost(144) < cost(bn)) bn = 144;
-  if (int64_t(p.N) * p.K <= (int64_t(1) << 21) && cost(64) < cost(bn)) bn = 64;  // measured on small W only
   const int64_t tiles = tiles_of(bn);
   MINFER_CHECK(tiles < (int64_t(1) << 31), "linear: sm90 path: too many output tiles (" + std::to_string(tiles) + ")");
   const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
   // The C term of the epilogue is compiled in only where there is a C (gemm with beta != 0).
-  if (bn == 64) (p.C ? launch<T, 64, true> : launch<T, 64, false>)(p, stream, grid, map_a);
-  else if (bn == 128) (p.C ? launch<T, 128, true> : launch<T, 128, false>)(p, stream, grid, map_a);
+  if (bn == 128) (p.C ? launch<T, 128, true> : launch<T, 128, false>)(p, stream, grid, map_a);
   else if (bn == 144) (p.C ? launch<T, 144, true> : launch<T, 144, false>)(p, stream, grid, map_a);
   else (p.C ? launch<T, 256, true> : launch<T, 256, false>)(p, stream, grid, map_a);
 }
