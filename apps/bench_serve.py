@@ -26,6 +26,7 @@ import httpx
 
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from bench.server import add_server_args, client as server_client  # noqa: E402
 from bench.workload import make_requests  # noqa: E402
 
 
@@ -70,9 +71,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def run(args) -> dict:
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=None, limits=limits) as client:
+    async with server_client(args, None) as client:
         info = (await client.get("/v1/models")).raise_for_status().json()["data"][0]
         model = args.model or info["id"]
         reqs = make_requests(args.num_requests, args.input_len, args.output_len,
@@ -113,9 +112,7 @@ async def run(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
-    p.add_argument("--model", help="default: the server's first model")
+    add_server_args(p)
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--input-len", default="128", help="prompt tokens: N or LO:HI (default: %(default)s)")
     p.add_argument("--output-len", default="128", help="output tokens: N or LO:HI (default: %(default)s)")

@@ -53,6 +53,7 @@ import httpx
 
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from bench.server import add_server_args, client as server_client  # noqa: E402
 from bench.workload import lengths  # noqa: E402
 
 DEFAULT_CONTEXT = 256  # when /v1/models does not say max_model_len
@@ -363,12 +364,9 @@ async def settle(client: httpx.AsyncClient, timeout: float) -> dict[str, float]:
 
 
 async def run(args) -> dict:
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     failures: list[str] = []
     notes: list[str] = []  # probe mismatches under --probe-may-differ
-    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=args.timeout,
-                                 limits=limits) as client:
+    async with server_client(args, args.timeout) as client:
         model, server = await discover(client, args)
         rng = random.Random(args.seed)
         plan, probe = make_plan(args, rng, server)
@@ -433,9 +431,7 @@ async def run(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
-    p.add_argument("--model", help="default: the server's first model")
+    add_server_args(p)
     p.add_argument("--num-requests", type=int, default=1000)
     p.add_argument("--max-concurrency", type=int, default=32, help="requests in flight, at most (default: %(default)s)")
     p.add_argument("--disconnect-fraction", type=float, default=0.1, help="default: %(default)s")
