@@ -277,7 +277,16 @@ def test_failing_step_fails_its_requests_only(server, client, solo, monkeypatch)
         monkeypatch.undo()  # fail once
         raise RuntimeError("boom")
     monkeypatch.setattr(server.core, "step", boom)
-    assert_error(server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}), 500)
+    # on one raw connection: the 500, then a second request on the same socket (the connection stays open)
+    host, port = server.url.removeprefix("http://").split(":")
+    body = b'{"prompt": "x", "max_tokens": 2}'
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 500") and b'"code":500' in reply, reply
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200"), "the 500 closed the connection"
     assert_idle(server.core)
     assert client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0).choices[0].text == solo[0]
 
