@@ -27,7 +27,7 @@ import httpx
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from bench.server import add_server_args, client as server_client  # noqa: E402
-from bench.workload import make_requests  # noqa: E402
+from bench.workload import make_requests, pct  # noqa: E402
 
 
 async def one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int) -> dict:
@@ -58,16 +58,6 @@ async def one(client: httpx.AsyncClient, model: str, prompt: list[int], max_toke
     return {"ttft": chunks[0] - t0, "latency": end - t0, "tokens": tokens, "prompt_tokens": len(prompt),
             "itl": [b - a for a, b in zip(chunks, chunks[1:])],
             "tpot": (end - chunks[0]) / (tokens - 1) if tokens > 1 else None}
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """The q-th percentile (linear interpolation, numpy's default), in ms."""
-    if not values:
-        return None
-    v = sorted(values)
-    i = (len(v) - 1) * q / 100
-    lo = math.floor(i)
-    return 1e3 * (v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (i - lo))
 
 
 async def run(args) -> dict:

@@ -5,17 +5,27 @@ random token ids (EOS ignored) all at once, run to completion.
     python apps/bench_throughput.py --shape llama-3-8b --num-requests 256 --static     # random weights, + static
     python apps/bench_throughput.py --shared-prefix 2048 --input-len 2100:2200 [--no-enable-prefix-caching]
     python apps/bench_throughput.py --backend ref --device cpu --num-requests 4 --input-len 16 --output-len 8
+    python apps/bench_throughput.py --shape llama-3.2-1b --num-requests 16 --input-len 128 --long-prompt-len 32768
 
 Lengths are a number or LO:HI (uniform, inclusive). --shared-prefix N puts the same N tokens at the start of
 every prompt (inside its input length). --static runs the same requests through the static engine too, as
 padded batches of --max-num-seqs, for comparison in the same run. Prints one line per engine; --json
 appends them to a file as JSON lines.
+
+--long-prompt-len N measures instead what a long prompt costs the decodes running beside it: the requests
+decode alone for --itl-steps steps, then a prompt of N random ids arrives and is prefilled in chunks of at
+most --max-num-batched-tokens tokens a step (less the decodes; --long-prefill-token-threshold at most), mixed
+into their decode steps. Each running
+request's inter-token latency (ITL: the time between the steps that give it a token) is compared before the
+prompt and from its arrival to its first token. The scenario runs twice, and the second is reported: the
+first pays the chunk shapes' first-call costs.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import sys
 import time
 
@@ -28,7 +38,7 @@ from minfer.sampling import SamplingParams
 
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-from bench.workload import make_requests  # noqa: E402
+from bench.workload import make_requests, pct  # noqa: E402
 
 
 def peak_gb(device: torch.device) -> float | None:
@@ -75,6 +85,59 @@ def host_idle(timeline) -> dict:
                 host_idle_b16=idle16 / (idle16 + sum(b for _, b in busy16)) if busy16 else None)
 
 
+def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
+    """The running requests' ITL before and while a --long-prompt-len prompt prefills (module docstring)."""
+    engine.warmup()
+    if args.long_prompt_len >= engine.max_context:
+        raise SystemExit(f"--long-prompt-len {args.long_prompt_len}: the context holds {engine.max_context} tokens")
+    rng, vocab = random.Random(args.seed + 1), engine.cfg.vocab_size
+    # tokens enough that no running request finishes during the measurement: twice the steps it should take
+    chunk = max(1, args.max_num_batched_tokens - len(reqs))
+    chunk = min(chunk, args.long_prefill_token_threshold or chunk)
+    n_out = args.itl_steps + 16 + 2 * -(-args.long_prompt_len // chunk)
+    for _ in range(2):
+        running = {engine.add_request(ids, SamplingParams(temperature=0.0, ignore_eos=True,
+                                                          max_tokens=min(n_out, engine.max_context - len(ids)))): []
+                   for ids, _ in reqs}
+        before = after = 0  # steps
+        long_id = t_steady = t_add = t_first = None
+        while t_first is None:
+            outs = engine.step()
+            t = time.perf_counter()
+            for o in outs:
+                if o.request_id in running:
+                    running[o.request_id].append(t)
+                    if o.finished:
+                        raise SystemExit(f"request {o.request_id} finished ({o.finish_reason}) during the measurement")
+                elif o.request_id == long_id:
+                    t_first = t
+            if long_id is not None:
+                after += 1
+            elif min(map(len, running.values())) >= 2:  # every request decodes
+                t_steady = t_steady or t
+                before += 1
+                if before == args.itl_steps:
+                    prompt = [rng.randrange(vocab) for _ in range(args.long_prompt_len)]
+                    long_id = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+                    t_add = time.perf_counter()
+        for rid in running:
+            engine.abort_request(rid)
+        while engine.has_unfinished():  # an in-flight step's ids
+            engine.step()
+        engine.block_manager.reset_prefix_cache()  # the second round's prompts are the same
+    # a request's ITLs: the gaps between its tokens' steps, split by where each gap ends
+    itl_before = [b - a for ts in running.values() for a, b in zip(ts, ts[1:]) if t_steady <= a and b <= t_add]
+    itl_during = [b - a for ts in running.values() for a, b in zip(ts, ts[1:]) if t_add < b <= t_first]
+    p50_before, p50_during = pct(itl_before, 50), pct(itl_during, 50)
+    return dict(engine="long prompt", long_prompt_len=args.long_prompt_len, running=len(running),
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                long_prefill_token_threshold=args.long_prefill_token_threshold, steps_during=after,
+                long_ttft_ms=1e3 * (t_first - t_add), itl_before_p50_ms=p50_before,
+                itl_before_p99_ms=pct(itl_before, 99), itl_during_p50_ms=p50_during,
+                itl_during_p99_ms=pct(itl_during, 99), itl_during_max_ms=pct(itl_during, 100),
+                itl_ratio_p50=p50_during / p50_before, itl_ratio_max=pct(itl_during, 100) / p50_before)
+
+
 def run_static(args, reqs, make_kwargs) -> dict:
     """The same requests as padded static batches of --max-num-seqs (each batch runs to its longest output;
     only the tokens each request asked for count)."""
@@ -110,10 +173,15 @@ def main(argv=None) -> int:
     p.add_argument("--dequantize", action="store_true")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                   help="a prompt's chunk in a step with decodes, at most (0: no cap)")
     p.add_argument("--num-pages", type=int)
     p.add_argument("--block-size", type=int, default=DEFAULT_PAGE_SIZE)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false")
+    p.add_argument("--long-prompt-len", type=int, default=0,
+                   help="measure the requests' decode latency while a prompt of this many tokens prefills")
+    p.add_argument("--itl-steps", type=int, default=32, help="with --long-prompt-len: decode steps before it")
     p.add_argument("--json", help="append one JSON line per engine to this file")
     args = p.parse_args(argv)
     if args.shape and args.checkpoint:
@@ -126,6 +194,7 @@ def main(argv=None) -> int:
     else:
         make_kwargs.update(checkpoint=args.checkpoint, dequantize=args.dequantize)
     core = EngineCore(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                      long_prefill_token_threshold=args.long_prefill_token_threshold,
                       num_pages=args.num_pages, page_size=args.block_size,
                       gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching,
                       **make_kwargs)
@@ -136,6 +205,21 @@ def main(argv=None) -> int:
         p.error(f"{len(too_long)} requests do not fit the {core.max_context}-token context")
     dev = core.device
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    if args.long_prompt_len:
+        row = run_long_prompt(core, reqs, args)
+        row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)
+        cap = args.long_prefill_token_threshold
+        print(f"long prompt: {row['long_prompt_len']} tokens among {row['running']} decoding requests, "
+              f"{row['max_num_batched_tokens']} tokens a step{f', chunks of {cap} beside decodes' if cap else ''}"
+              f" | its first token after {row['long_ttft_ms']:.0f} ms, "
+              f"{row['steps_during']} steps | ITL p50/p99 without it {row['itl_before_p50_ms']:.2f}/"
+              f"{row['itl_before_p99_ms']:.2f} ms, during its prefill p50/p99/max {row['itl_during_p50_ms']:.2f}/"
+              f"{row['itl_during_p99_ms']:.2f}/{row['itl_during_max_ms']:.2f} ms: {row['itl_ratio_p50']:.2f}x "
+              f"(p50), {row['itl_ratio_max']:.2f}x (max)", flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return 0
     rows = [run_continuous(core, reqs, args)]
     if args.static:
         del core  # its KV cache

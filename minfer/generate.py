@@ -57,6 +57,8 @@ def parse_args(argv=None):
     engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
     engine.add_argument("--max-num-batched-tokens", type=int, default=8192,
                         help="tokens in a step, at most: long prompts prefill in chunks (default: %(default)s)")
+    engine.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                        help="a prompt's chunk in a step with decodes, at most (default: %(default)s, no cap)")
     engine.add_argument("--num-pages", type=int,
                         help="KV cache pages (default: from --gpu-memory-utilization on a GPU; up to 1 GiB on the CPU)")
     engine.add_argument("--block-size", "--page-size", type=int, default=16, help="tokens a page (default: %(default)s)")
@@ -123,7 +125,8 @@ def run(args) -> None:
     from .llm import LLM
     llm = LLM(args.checkpoint, dtype=args.dtype, device=args.device, backend=args.backend,
               max_model_len=args.max_context, dequantize=args.dequantize, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, num_pages=args.num_pages,
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              long_prefill_token_threshold=args.long_prefill_token_threshold, num_pages=args.num_pages,
               block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
               enable_prefix_caching=args.prefix_caching)
     engine = llm.engine

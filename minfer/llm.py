@@ -23,14 +23,16 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype | None = None, device: str | None = None,
                  backend: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
+                 num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, dequantize: bool = False,
                  async_scheduling: bool | None = None):
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         self.engine = EngineCore(model, dtype=dtype, device=device, backend=backend, max_context=max_model_len,
                                  dequantize=dequantize, max_num_seqs=max_num_seqs,
-                                 max_num_batched_tokens=max_num_batched_tokens, num_pages=num_pages,
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 long_prefill_token_threshold=long_prefill_token_threshold, num_pages=num_pages,
                                  page_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
                                  prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling)
         self.last_stats = None  # the Stats of the last generate()

@@ -140,6 +140,22 @@ def test_chunked_prefill_under_the_budget_with_decodes_first():
     assert step(sched) == {"short": 1, "long": 1}
 
 
+def test_long_prefill_threshold_caps_chunks_beside_decodes_only():
+    sched = Scheduler(BlockManager(64, PAGE), max_num_seqs=8, max_num_batched_tokens=20,
+                      long_prefill_token_threshold=6)
+    sched.add(seq(range(10), "alone"))
+    sched.add(seq(range(50, 57), "second"))
+    assert step(sched) == {"alone": 10, "second": 7}  # no decodes yet: the whole budget, no cap
+    sched.add(seq(range(100, 116), "long"))  # 16 tokens: chunks of 6, 6, 4 beside the two decodes
+    assert step(sched) == {"alone": 1, "second": 1, "long": 6}
+    assert step(sched) == {"alone": 1, "second": 1, "long": 6}
+    assert step(sched) == {"alone": 1, "second": 1, "long": 4}
+    for s in list(sched.running):
+        sched.finish(s, "abort")
+    sched.add(seq(range(200, 216), "lone"))
+    assert step(sched) == {"lone": 16}  # a step of prompts alone takes the whole budget
+
+
 def test_max_num_seqs_caps_the_running_set():
     sched = Scheduler(BlockManager(64, PAGE), max_num_seqs=2, max_num_batched_tokens=64)
     for i in range(3):

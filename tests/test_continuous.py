@@ -89,10 +89,22 @@ def test_arrivals_mid_run(engine, ids, alone):
     assert_idle(engine)
 
 
-def test_chunked_prefill(ids, alone):
-    small = make(max_num_batched_tokens=8, max_num_seqs=4)  # the 20-token prompt prefills in several steps
-    outs, _ = small.generate(ids, [GREEDY] * len(ids))
-    assert [o.token_ids for o in outs] == alone
+@pytest.mark.parametrize("kw", [{"max_num_batched_tokens": 8, "max_num_seqs": 4},
+                                {"long_prefill_token_threshold": 3}], ids=["budget", "threshold"])
+def test_chunked_prefill(ids, alone, kw):
+    """The 20-token prompt prefills in several steps: under a small budget, or in chunks of 3 beside decodes
+    (arriving while the others decode)."""
+    small = make(**kw)
+    done, pending, steps = {}, list(enumerate(ids)), 0
+    while pending or small.has_unfinished():
+        if pending and steps % 2 == 0:
+            i, p = pending.pop(0)
+            small.add_request(p, GREEDY, request_id=f"r{i}")
+        for out in small.step():
+            if out.finished:
+                done[int(out.request_id[1:])] = out.token_ids
+        steps += 1
+    assert [done[i] for i in range(len(ids))] == alone
     assert_idle(small)
 
 
@@ -179,6 +191,8 @@ def test_bad_input(engine, ids):
         make(num_pages=4).add_request(ids[1], GREEDY)
     with pytest.raises(MinferError, match="--max-num-batched-tokens"):
         make(max_num_batched_tokens=0)
+    with pytest.raises(MinferError, match="--long-prefill-token-threshold"):
+        make(long_prefill_token_threshold=-1)
     assert_idle(engine)
 
 
@@ -192,12 +206,17 @@ def test_llm_api():
     assert one.token_ids == outs[0].token_ids
 
 
-def test_bench_throughput_runs_on_cpu(tmp_path):
+def load_bench_throughput():
     import importlib.util
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps", "bench_throughput.py")
     spec = importlib.util.spec_from_file_location("bench_throughput", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_throughput_runs_on_cpu(tmp_path):
+    bench = load_bench_throughput()
     out = tmp_path / "t.jsonl"
     assert bench.main(["--backend", "ref", "--device", "cpu", "--num-requests", "4", "--input-len", "9:12",
                        "--output-len", "3", "--shared-prefix", "8", "--block-size", "4", "--max-num-seqs", "2",
@@ -207,6 +226,20 @@ def test_bench_throughput_runs_on_cpu(tmp_path):
     assert [r["engine"] for r in rows] == ["continuous", "static"]
     assert all(r["output_tokens"] == 12 and r["output_tok_s"] > 0 for r in rows)
     assert rows[0]["prefix_hit_rate"] > 0 and 1 <= rows[0]["mean_batch"] <= 2
+
+
+def test_bench_throughput_long_prompt_on_cpu(tmp_path):
+    """The ITL of 3 decoding requests before and while a 40-token prompt prefills in chunks of 8 beside them."""
+    out = tmp_path / "t.jsonl"
+    assert load_bench_throughput().main(
+        ["--backend", "ref", "--device", "cpu", "--num-requests", "3", "--input-len", "5", "--block-size", "4",
+         "--long-prompt-len", "40", "--long-prefill-token-threshold", "8", "--itl-steps", "3",
+         "--num-pages", "64", "--json", str(out)]) == 0
+    import json
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["engine"] == "long prompt" and row["running"] == 3
+    assert row["steps_during"] >= 5  # 40 tokens, 8 a step
+    assert row["itl_before_p50_ms"] > 0 and row["itl_during_p50_ms"] > 0 and row["long_ttft_ms"] > 0
 
 
 # ---- async scheduling ----

@@ -3,6 +3,7 @@ arguments draw the same requests, so that apps/bench_throughput.py (the engine a
 (behind the server) compare on the same work."""
 from __future__ import annotations
 
+import math
 import random
 
 
@@ -28,3 +29,13 @@ def make_requests(num_requests: int, input_len: str, output_len: str, vocab: int
         tail = [rng.randrange(vocab) for _ in range(max(0, n_in - len(prefix)))]
         reqs.append(((prefix + tail)[:n_in], n_out))
     return reqs
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The q-th percentile of values in seconds (linear interpolation, numpy's default), in ms."""
+    if not values:
+        return None
+    v = sorted(values)
+    i = (len(v) - 1) * q / 100
+    lo = math.floor(i)
+    return 1e3 * (v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (i - lo))

@@ -109,17 +109,20 @@ class _Launched:
 
 class EngineCore(LoadedModel):
     def __init__(self, checkpoint: str | None = None, *, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
                  num_pages: int | None = None, page_size: int = DEFAULT_PAGE_SIZE,
                  gpu_memory_utilization: float = 0.9, prefix_caching: bool = True,
                  async_scheduling: bool | None = None, **load_kwargs):
-        """async_scheduling: launch decode steps before reading the sampled ids of the step before (default: on
-        a GPU, unless MINFER_NO_ASYNC=1). load_kwargs: those of LoadedModel (dtype, device, backend,
+        """long_prefill_token_threshold: a prompt's chunk in a step with decodes, at most (0: the step's budget;
+        scheduler.py). async_scheduling: launch decode steps before reading the sampled ids of the step before
+        (default: on a GPU, unless MINFER_NO_ASYNC=1). load_kwargs: those of LoadedModel (dtype, device, backend,
         max_context, random_weights, dequantize)."""
         if not max_num_seqs >= 1:
             raise MinferError(f"--max-num-seqs must be at least 1, not {max_num_seqs}")
         if not max_num_batched_tokens >= 1:
             raise MinferError(f"--max-num-batched-tokens must be at least 1, not {max_num_batched_tokens}")
+        if not long_prefill_token_threshold >= 0:
+            raise MinferError(f"--long-prefill-token-threshold must be at least 0, not {long_prefill_token_threshold}")
         if not page_size >= 1:
             raise MinferError(f"--block-size must be at least 1, not {page_size}")
         if not 0 < gpu_memory_utilization <= 1:
@@ -163,7 +166,8 @@ class EngineCore(LoadedModel):
         self.cache = PagedKVCache(cfg.num_layers, num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim,
                                   self.dtype, self.device, sliding, local_pages + 1)
         self.block_manager = BlockManager(num_pages, page_size, prefix_caching, window, local_pages)
-        self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens,
+                                   long_prefill_token_threshold)
         self.graphs = try_decode_graphs(self, scratch_page=num_pages, max_num_seqs=max_running)
         self.seqs: dict[str, Sequence] = {}
         self.stop_ids = frozenset(self.tokenizer.stop_ids if self.tokenizer else ())

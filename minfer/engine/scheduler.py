@@ -8,6 +8,9 @@ a step:
    (max_num_batched_tokens) allows, so that a long prompt never stalls the decodes;
 3. waiting sequences, oldest first, while pages, the budget and max_num_seqs last; their cached prefix
    (block manager) is skipped.
+In a step with decodes, a prompt's chunk is at most long_prefill_token_threshold tokens (0: no cap): the
+decodes' inter-token latency then stays near a decode step's while a long prompt prefills, and a step of
+prompts alone still takes the whole budget.
 When a running sequence needs a page and none is left (in either pool, with sliding-window layers), the
 newest running sequence is preempted: its pages are freed, it goes back to the head of the queue, and its
 tokens (prompt and output so far) are computed again when it is readmitted. Nothing it generated is lost.
@@ -34,9 +37,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 long_prefill_token_threshold: int = 0):
         self.bm = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the newest is last
         self.free_slots = list(range(max_num_seqs - 1, -1, -1))  # rows of the decode graphs' page table
@@ -90,10 +95,12 @@ class Scheduler:
                 prefills.append((s, left))
             elif s.num_output_tokens + s.in_flight < s.max_tokens:  # else its last token is in flight
                 decodes.append((s, 1))
+        # the most tokens of one prompt this step
+        chunk = self.long_prefill_token_threshold if decodes and self.long_prefill_token_threshold else budget
         for seq, left in decodes + prefills:
             if seq.status != Status.RUNNING or budget == 0:  # preempted earlier in this loop, or out of budget
                 continue
-            n = min(left, budget)
+            n = min(left, budget, chunk)
             while not self.bm.allocate(seq, n):
                 victim = self.running[-1]
                 budget += chosen.pop(victim, 0)  # a victim scheduled earlier in this step is taken back
@@ -110,7 +117,7 @@ class Scheduler:
             if seq.in_flight:  # preempted with a token in flight: admitted once it is read
                 break
             cached = self.bm.lookup(seq)
-            n = min(seq.num_tokens - len(cached) * self.bm.page_size, budget)
+            n = min(seq.num_tokens - len(cached) * self.bm.page_size, budget, chunk)
             if not self.bm.allocate(seq, n, cached):
                 break
             self.waiting.popleft()
