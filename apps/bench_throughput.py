@@ -173,6 +173,8 @@ def main(argv=None) -> int:
     p.add_argument("--dequantize", action="store_true")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", metavar="N",
+                   help="decode graph buckets: N (1, 2, 4, multiples of 8 up to N) or a list")
     p.add_argument("--long-prefill-token-threshold", type=int, default=0,
                    help="a prompt's chunk in a step with decodes, at most (0: no cap)")
     p.add_argument("--num-pages", type=int)
@@ -195,6 +197,7 @@ def main(argv=None) -> int:
         make_kwargs.update(checkpoint=args.checkpoint, dequantize=args.dequantize)
     core = EngineCore(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                       long_prefill_token_threshold=args.long_prefill_token_threshold,
+                      cuda_graph_sizes=args.cuda_graph_sizes,
                       num_pages=args.num_pages, page_size=args.block_size,
                       gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching,
                       **make_kwargs)

@@ -57,6 +57,9 @@ def parse_args(argv=None):
     engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
     engine.add_argument("--max-num-batched-tokens", type=int, default=8192,
                         help="tokens in a step, at most: long prompts prefill in chunks (default: %(default)s)")
+    engine.add_argument("--cuda-graph-sizes", type=int, nargs="+", metavar="N",
+                        help="decode steps' batch sizes captured as CUDA graphs: N (1, 2, 4 and multiples of 8 up to N) "
+                        "or a list (default: 1, 2, 4, ..., 256)")
     engine.add_argument("--long-prefill-token-threshold", type=int, default=0,
                         help="a prompt's chunk in a step with decodes, at most (default: %(default)s, no cap)")
     engine.add_argument("--num-pages", type=int,
@@ -127,6 +130,7 @@ def run(args) -> None:
               max_model_len=args.max_context, dequantize=args.dequantize, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               long_prefill_token_threshold=args.long_prefill_token_threshold, num_pages=args.num_pages,
+              cuda_graph_sizes=args.cuda_graph_sizes,
               block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
               enable_prefix_caching=args.prefix_caching)
     engine = llm.engine

@@ -26,7 +26,7 @@ class LLM:
                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
                  num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, dequantize: bool = False,
-                 async_scheduling: bool | None = None):
+                 async_scheduling: bool | None = None, cuda_graph_sizes: list[int] | None = None):
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         self.engine = EngineCore(model, dtype=dtype, device=device, backend=backend, max_context=max_model_len,
@@ -34,7 +34,8 @@ class LLM:
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  long_prefill_token_threshold=long_prefill_token_threshold, num_pages=num_pages,
                                  page_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
-                                 prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling)
+                                 prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling,
+                                 cuda_graph_sizes=cuda_graph_sizes)
         self.last_stats = None  # the Stats of the last generate()
 
     def get_tokenizer(self):

@@ -4,6 +4,7 @@ prefill in chunks, preemption forced by a tiny page pool, prefix-cache hits); se
 batch-invariant; async scheduling gives the synchronous engine's tokens and text; decode steps through
 the graph path's metadata (graphs emulated on the CPU) give the eager ones; after every test all pages are
 free (cached or not); bad input is a clear error."""
+import itertools
 import os
 
 import pytest
@@ -193,6 +194,8 @@ def test_bad_input(engine, ids):
         make(max_num_batched_tokens=0)
     with pytest.raises(MinferError, match="--long-prefill-token-threshold"):
         make(long_prefill_token_threshold=-1)
+    with pytest.raises(MinferError, match="--cuda-graph-sizes"):
+        make(cuda_graph_sizes=[0, 8])
     assert_idle(engine)
 
 
@@ -204,6 +207,15 @@ def test_llm_api():
     assert llm.last_stats.tokens == 8
     (one,) = llm.generate({"prompt_token_ids": outs[0].prompt_token_ids}, SamplingParams(temperature=0.0, max_tokens=4))
     assert one.token_ids == outs[0].token_ids
+
+
+def test_graph_buckets():
+    from minfer.engine.graphs import buckets_for
+    assert buckets_for(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert buckets_for(20) == [1, 2, 4, 8, 16, 32]  # up to the first that holds max_num_seqs
+    assert buckets_for(256, [40]) == [1, 2, 4, 8, 16, 24, 32, 40]  # vLLM's one-value form
+    assert buckets_for(100, [192, 1, 96, 8, 96]) == [1, 8, 96, 192]  # a list, sorted, up to 100's bucket
+    assert buckets_for(300, [4, 16]) == [4, 16]  # batches past 16 decode eagerly
 
 
 def load_bench_throughput():
@@ -349,6 +361,31 @@ def test_async_stop_id_drops_the_launched_token(ids, alone, plain_alone):
     k = next(i for i in range(3, 16) if alone[0][i] not in alone[0][:i])
     stop = SamplingParams(temperature=0.0, repetition_penalty=1.2, max_tokens=16, stop_token_ids=[alone[0][k]])
     assert engine.generate([ids[0]], [stop])[0][0].token_ids == alone[0][:k]
+    assert_idle(engine)
+
+
+def test_async_prompt_chunks_beside_decodes_chain(ids, plain_alone, monkeypatch):
+    """A prompt arriving while another request decodes: its chunks run in steps launched before the decode's
+    ids are read (that row's input id gathered on the device, the chunk's from the host), and both requests
+    get the tokens they get alone."""
+    engine = make(async_scheduling=True, max_num_batched_tokens=6)
+    mixed, launch = [0], engine._launch
+
+    def spy(batch, prev):
+        mixed[0] += prev is not None and max(batch.num_tokens) > 1 and min(batch.num_tokens) == 1
+        return launch(batch, prev)
+
+    monkeypatch.setattr(engine, "_launch", spy)
+    engine.add_request(ids[0], PLAIN, "first")
+    got = {}
+    for step in itertools.count():
+        if step == 4:
+            engine.add_request(ids[1], PLAIN, "second")  # prefills in chunks of 5 beside "first"'s decodes
+        for o in engine.step():
+            got[o.request_id] = o.token_ids
+        if not engine.has_unfinished():
+            break
+    assert mixed[0] >= 2 and [got["first"], got["second"]] == plain_alone
     assert_idle(engine)
 
 

@@ -36,10 +36,14 @@ def context_classes(max_context: int) -> list[int]:
     return out + [max_context]
 
 
-def buckets_for(max_num_seqs: int) -> list[int]:
-    """The bucket sizes up to the smallest one that holds max_num_seqs (at most 256)."""
+def buckets_for(max_num_seqs: int, sizes: list[int] | None = None) -> list[int]:
+    """The bucket sizes: by default BUCKETS up to the smallest one that holds max_num_seqs (at most 256). sizes is
+    vLLM's --cuda-graph-sizes: one value N gives 1, 2, 4 and the multiples of 8 up to N, several values are the
+    buckets themselves; none past the smallest that holds max_num_seqs (larger batches run eagerly)."""
+    if sizes and len(sizes) == 1:
+        sizes = [1, 2, 4] + list(range(8, sizes[0] + 1, 8))
     out = []
-    for b in BUCKETS:
+    for b in sorted(set(sizes or BUCKETS)):
         out.append(b)
         if b >= max_num_seqs:
             break
@@ -95,11 +99,13 @@ class _PageTable:
 
 class DecodeGraphs:
     def __init__(self, model, cache: PagedKVCache, scratch_page: int, max_num_seqs: int, max_context: int,
-                 device: torch.device, window: int | None = None, local_scratch_page: int = 0):
-        """window: the sliding group's (None: one group), whose scratch page is local_scratch_page."""
+                 device: torch.device, window: int | None = None, local_scratch_page: int = 0,
+                 sizes: list[int] | None = None):
+        """window: the sliding group's (None: one group), whose scratch page is local_scratch_page. sizes: the
+        buckets asked for (buckets_for)."""
         self.model, self.cache, self.device = model, cache, device
         self.page, self.max_context, self.window = cache.page_size, max_context, window
-        self.buckets = buckets_for(max_num_seqs)
+        self.buckets = buckets_for(max_num_seqs, sizes)
         B, W = self.buckets[-1], -(-max_context // cache.page_size)  # rows, block-table width
         pin = device.type == "cuda"
 
@@ -191,7 +197,7 @@ class DecodeGraphs:
         return logits[:n]
 
 
-def try_decode_graphs(engine, scratch_page: int, max_num_seqs: int):
+def try_decode_graphs(engine, scratch_page: int, max_num_seqs: int, sizes: list[int] | None = None):
     """DecodeGraphs for the engine when every op runs on our kernels (a ref op may sync or fall outside
     capture), else None; a capture that fails is said once and the engine decodes eagerly.
     MINFER_NO_GRAPH=1 turns graphs off."""
@@ -201,7 +207,7 @@ def try_decode_graphs(engine, scratch_page: int, max_num_seqs: int):
     try:
         bm = engine.block_manager
         return DecodeGraphs(engine.model, engine.cache, scratch_page, max_num_seqs, engine.max_context, engine.device,
-                            bm.window, bm.local_scratch)
+                            bm.window, bm.local_scratch, sizes)
     except RuntimeError as e:
         print(f"[minfer] CUDA graph capture failed ({str(e).splitlines()[0]}); decoding eagerly", file=sys.stderr)
         return None

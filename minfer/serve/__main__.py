@@ -42,6 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="tokens in a step, at most (default: %(default)s)")
+    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", metavar="N",
+                   help="decode steps' batch sizes captured as CUDA graphs: N (1, 2, 4 and multiples of 8 up to N) "
+                   "or a list (default: 1, 2, 4, ..., 256)")
     p.add_argument("--long-prefill-token-threshold", type=int, default=0,
                    help="a prompt's chunk in a step with decodes, at most: bounds the streams' inter-token latency "
                         "while a long prompt prefills (default: %(default)s, no cap)")
@@ -75,7 +78,8 @@ def main(argv=None):
     core = EngineCore(**model, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                       backend=args.backend, max_context=args.max_context, dequantize=args.dequantize,
                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                      long_prefill_token_threshold=args.long_prefill_token_threshold, num_pages=args.num_pages, page_size=args.block_size,
+                      long_prefill_token_threshold=args.long_prefill_token_threshold, num_pages=args.num_pages,
+                      cuda_graph_sizes=args.cuda_graph_sizes, page_size=args.block_size,
                       gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching)
     if args.shape:  # a byte-level placeholder vocabulary of the shape's size: the server decodes text as for a model
         from ..quantize import placeholder_vocab
