@@ -4,7 +4,8 @@
     python apps/bench_e2e.py --shape llama-3-8b --batch 1,16,64      # random weights, no download
 
 Each batch size runs Engine.generate (greedy, EOS ignored, random prompt ids) once to warm up, then
---reps times; the medians are reported. The roofline is the bytes one decode step must read (every
+--reps times; the medians are reported. --profile then prints where a decode step's GPU time goes: 20 steps
+at the mean context under torch.profiler, kernels grouped by name. The roofline is the bytes one decode step must read (every
 weight once, plus the KV cache at the mean context, windowed layers only their window) over the device-to-device copy bandwidth measured
 in the same run. Load time and peak GPU memory are the engine's own.
 """
@@ -20,29 +21,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench.common import copy_bandwidth_gbs  # noqa: E402
+from bench.roofline import kv_bytes, weight_bytes  # noqa: E402
+from bench.step_profile import print_breakdown, profile_steps  # noqa: E402
 
 from minfer import shapes  # noqa: E402
 from minfer.engine import Engine  # noqa: E402
-from minfer.quant import QuantizedWeight  # noqa: E402
 from minfer.sampling import SamplingParams  # noqa: E402
-
-
-def weight_bytes(engine: Engine) -> int:
-    """Bytes of every weight one decode step reads once: the layers, the final norm and the lm_head (a
-    quantized weight's blocks, as stored)."""
-    model = engine.model
-    weights = [w for layer in model.layers for w in layer.values() if w is not None]
-    weights += [model.final_norm, model.lm_head]
-    flat = [p for w in weights for p in (w if isinstance(w, list) else [w])]  # fuse() may give a list
-    return sum(w.nbytes() if isinstance(w, QuantizedWeight) else w.numel() * w.element_size() for w in flat)
-
-
-def kv_bytes(engine: Engine, context: float) -> float:
-    """K and V bytes one sequence's decode step reads at `context` positions: every position on the full
-    layers, the last `window` on the windowed ones."""
-    cfg = engine.cfg
-    per_position = 2 * cfg.num_kv_heads * cfg.head_dim * engine.dtype.itemsize  # one layer's K and V
-    return sum(per_position * (context if w is None else min(context, w)) for w in engine.model.windows)
 
 
 def make_engine(args) -> Engine:
@@ -54,6 +38,15 @@ def make_engine(args) -> Engine:
                                           max_context=max_context)
     return Engine(args.checkpoint, dtype=dtype, device="cuda", backend=args.backend, max_context=max_context,
                   dequantize=args.dequantize)
+
+
+def profile_decode(engine: Engine, batch: int, context: int, steps: int = 20) -> list[dict]:
+    """The kernels of `steps` decode steps (the captured step of this batch size) at `context` positions,
+    over the KV cache the timed runs left."""
+    step = engine.steps[batch]
+    ids = torch.zeros(batch, dtype=torch.int64, device=engine.device)
+    pos = torch.full((batch,), context, dtype=torch.int32, device=engine.device)
+    return profile_steps(lambda: step(ids, pos), steps, cuda=True)
 
 
 def run_batch(engine: Engine, batch: int, args, copy_gbs: float) -> dict:
@@ -92,6 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", help="append one JSON line per batch size to this file")
+    p.add_argument("--profile", action="store_true", help="also print a decode step's kernels for each batch size")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_e2e: needs a CUDA GPU", file=sys.stderr)
@@ -115,6 +109,10 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
+        if args.profile:
+            context = args.prompt_len + args.gen_len // 2
+            print(f"## a decode step at batch {batch}, context {context}")
+            print_breakdown(profile_decode(engine, batch, context), row["ms_per_step"])
     return 0
 
 

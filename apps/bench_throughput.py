@@ -19,6 +19,12 @@ into their decode steps. Each running
 request's inter-token latency (ITL: the time between the steps that give it a token) is compared before the
 prompt and from its arrival to its first token. The scenario runs twice, and the second is reported: the
 first pays the chunk shapes' first-call costs.
+
+--decode-batch B[,B...] times the engine's decode step instead: B requests of --input-len random ids
+are prefilled, then --decode-steps steps of B decodes are timed (wall time a step, GPU time from CUDA events),
+against the roofline: every weight and each sequence's K and V at the mean context read once, at the
+device-to-device copy bandwidth measured in the same run. --profile adds where such a step's GPU time goes
+(as many more steps under torch.profiler, kernels grouped by name).
 """
 from __future__ import annotations
 
@@ -38,6 +44,9 @@ from minfer.sampling import SamplingParams
 
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from bench.common import copy_bandwidth_gbs  # noqa: E402
+from bench.roofline import kv_bytes, weight_bytes  # noqa: E402
+from bench.step_profile import print_breakdown, profile_steps  # noqa: E402
 from bench.workload import make_requests, pct  # noqa: E402
 
 
@@ -138,6 +147,45 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
                 itl_ratio_p50=p50_during / p50_before, itl_ratio_max=pct(itl_during, 100) / p50_before)
 
 
+def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | None) -> dict:
+    """batch requests of --input-len tokens decoding together: --decode-steps steps timed (module docstring)."""
+    engine.warmup()
+    context, steps = int(args.input_len), args.decode_steps
+    rng, vocab = random.Random(args.seed), engine.cfg.vocab_size
+    n_out = 4 + steps * (2 if args.profile else 1)
+    if context + n_out > engine.max_context:
+        raise SystemExit(f"--input-len {context} and {n_out} new tokens do not fit the {engine.max_context}-token context")
+    rids = [engine.add_request([rng.randrange(vocab) for _ in range(context)],
+                               SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True)) for _ in range(batch)]
+    got = dict.fromkeys(rids, 0)
+    while min(got.values()) < 3:  # every prompt prefilled and decoding: the steps from here are B decodes
+        for o in engine.step():
+            got[o.request_id] += 1
+    engine._sync()
+    engine.timeline = [] if engine.device.type == "cuda" else None
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+        assert engine.last_step == (batch, batch), f"a step of {engine.last_step} (sequences, tokens), not {batch} decodes"
+    engine._sync()
+    step_s = (time.perf_counter() - t0) / steps
+    timeline, engine.timeline = engine.timeline, None
+    gpu_ms = sum(b.elapsed_time(e) for _, b, e in timeline) / steps if timeline else None
+    mean_context = context + 2 + steps / 2
+    floor_bytes = weight_bytes(engine) + batch * kv_bytes(engine, mean_context)
+    floor_s = floor_bytes / (copy_gbs * 1e9) if copy_gbs else None
+    kernels = profile_steps(engine.step, steps, engine.device.type == "cuda") if args.profile else None
+    for rid in rids:
+        engine.abort_request(rid)
+    while engine.has_unfinished():
+        engine.step()
+    engine.step()  # applies the last step in flight (its sequences aborted)
+    return dict(engine="decode step", batch=batch, context=round(mean_context), ms_per_step=1e3 * step_s,
+                gpu_ms_per_step=gpu_ms, decode_tok_s=batch / step_s, floor_ms=None if floor_s is None else 1e3 * floor_s,
+                pct_roofline=None if floor_s is None else 100 * floor_s / step_s, copy_gbs=copy_gbs,
+                gpu_idle=None if gpu_ms is None else 1 - gpu_ms / (1e3 * step_s), kernels=kernels)
+
+
 def run_static(args, reqs, make_kwargs) -> dict:
     """The same requests as padded static batches of --max-num-seqs (each batch runs to its longest output;
     only the tokens each request asked for count)."""
@@ -184,6 +232,9 @@ def main(argv=None) -> int:
     p.add_argument("--long-prompt-len", type=int, default=0,
                    help="measure the requests' decode latency while a prompt of this many tokens prefills")
     p.add_argument("--itl-steps", type=int, default=32, help="with --long-prompt-len: decode steps before it")
+    p.add_argument("--decode-batch", help="time the decode step at these batch sizes (comma-separated) instead")
+    p.add_argument("--decode-steps", type=int, default=32, help="with --decode-batch: steps timed (default: %(default)s)")
+    p.add_argument("--profile", action="store_true", help="with --decode-batch: also print a step's kernels")
     p.add_argument("--json", help="append one JSON line per engine to this file")
     args = p.parse_args(argv)
     if args.shape and args.checkpoint:
@@ -208,6 +259,23 @@ def main(argv=None) -> int:
         p.error(f"{len(too_long)} requests do not fit the {core.max_context}-token context")
     dev = core.device
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    if args.decode_batch:
+        copy_gbs = copy_bandwidth_gbs() if dev.type == "cuda" else None
+        for batch in (int(b) for b in args.decode_batch.split(",")):
+            row = run_decode_steps(core, batch, args, copy_gbs)
+            row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)
+            roof = "" if row["pct_roofline"] is None else (f" | {row['pct_roofline']:.1f}% of the roofline "
+                                                           f"({row['floor_ms']:.3f} ms at {copy_gbs:.0f} GB/s)")
+            gpu = "" if row["gpu_ms_per_step"] is None else (f" (GPU {row['gpu_ms_per_step']:.3f}, idle "
+                                                             f"{100 * row['gpu_idle']:.1f}%)")
+            print(f"decode step: batch {batch} at context ~{row['context']}: {row['ms_per_step']:.3f} ms{gpu} | "
+                  f"{row['decode_tok_s']:.1f} tok/s{roof}", flush=True)
+            if row["kernels"]:
+                print_breakdown(row["kernels"], row["ms_per_step"])
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+        return 0
     if args.long_prompt_len:
         row = run_long_prompt(core, reqs, args)
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)

@@ -240,6 +240,24 @@ def test_bench_throughput_runs_on_cpu(tmp_path):
     assert rows[0]["prefix_hit_rate"] > 0 and 1 <= rows[0]["mean_batch"] <= 2
 
 
+def test_bench_throughput_decode_step_on_cpu(tmp_path, capsys):
+    """The decode step at two batch sizes, timed and profiled (on the CPU: no roofline, torch ops for kernels)."""
+    out = tmp_path / "t.jsonl"
+    assert load_bench_throughput().main(
+        ["--backend", "ref", "--device", "cpu", "--input-len", "6", "--block-size", "4", "--decode-batch", "1,3",
+         "--decode-steps", "3", "--profile", "--num-pages", "64", "--json", str(out)]) == 0
+    import json
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["engine"], r["batch"]) for r in rows] == [("decode step", 1), ("decode step", 3)]
+    assert all(r["ms_per_step"] > 0 and r["pct_roofline"] is None and r["kernels"] for r in rows)
+    assert any(k["name"] == "mm" for k in rows[1]["kernels"])  # the linears
+    assert "decode step: batch 3" in capsys.readouterr().out
+    from bench.step_profile import short_name  # apps/ is on the path once the app is loaded
+    assert short_name("void minfer::attn::flash_decode_kernel<__nv_bfloat16, 64, (bool)0>(minfer::P)") == \
+        "flash_decode_kernel"
+    assert short_name("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_nn") == "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_nn"
+
+
 def test_bench_throughput_long_prompt_on_cpu(tmp_path):
     """The ITL of 3 decoding requests before and while a 40-token prompt prefills in chunks of 8 beside them."""
     out = tmp_path / "t.jsonl"
