@@ -15,9 +15,8 @@ appends them to a file as JSON lines.
 --long-prompt-len N measures instead what a long prompt costs the decodes running beside it: the requests
 decode alone for --itl-steps steps, then a prompt of N random ids arrives and is prefilled in chunks of at
 most --max-num-batched-tokens tokens a step (less the decodes; --long-prefill-token-threshold at most), mixed
-into their decode steps. Each running
-request's inter-token latency (ITL: the time between the steps that give it a token) is compared before the
-prompt and from its arrival to its first token. The scenario runs twice, and the second is reported: the
+into their decode steps. Each running request's inter-token latency (ITL: the time between the steps that give
+it a token) is compared before the prompt and from its arrival to its first token. The scenario runs twice, and the second is reported: the
 first pays the chunk shapes' first-call costs.
 
 --decode-batch B[,B...] times the engine's decode step instead: B requests of --input-len random ids
@@ -48,6 +47,12 @@ from bench.common import copy_bandwidth_gbs  # noqa: E402
 from bench.roofline import kv_bytes, weight_bytes  # noqa: E402
 from bench.step_profile import print_breakdown, profile_steps  # noqa: E402
 from bench.workload import make_requests, pct  # noqa: E402
+
+
+def append_json(path: str | None, row: dict) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def peak_gb(device: torch.device) -> float | None:
@@ -239,6 +244,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.shape and args.checkpoint:
         p.error("give a CHECKPOINT or --shape, not both")
+    if args.decode_batch and not args.input_len.isdigit():
+        p.error(f"--decode-batch needs one context length, --input-len N (not {args.input_len!r})")
+    if args.decode_batch and not all(b.isdigit() and int(b) >= 1 for b in args.decode_batch.split(",")):
+        p.error(f"--decode-batch: give batch sizes of at least 1, comma-separated (not {args.decode_batch!r})")
+    if args.long_prompt_len < 0 or args.itl_steps < 1 or args.decode_steps < 1:
+        p.error("--long-prompt-len must be >= 0, --itl-steps and --decode-steps >= 1")
 
     make_kwargs = dict(dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                        backend=args.backend)
@@ -252,11 +263,6 @@ def main(argv=None) -> int:
                       num_pages=args.num_pages, page_size=args.block_size,
                       gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching,
                       **make_kwargs)
-    reqs = make_requests(args.num_requests, args.input_len, args.output_len, core.cfg.vocab_size, args.seed,
-                         args.shared_prefix)
-    too_long = [len(ids) for ids, n in reqs if len(ids) + n > core.max_context]
-    if too_long:
-        p.error(f"{len(too_long)} requests do not fit the {core.max_context}-token context")
     dev = core.device
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     if args.decode_batch:
@@ -272,10 +278,13 @@ def main(argv=None) -> int:
                   f"{row['decode_tok_s']:.1f} tok/s{roof}", flush=True)
             if row["kernels"]:
                 print_breakdown(row["kernels"], row["ms_per_step"])
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            append_json(args.json, row)
         return 0
+    reqs = make_requests(args.num_requests, args.input_len, args.output_len, core.cfg.vocab_size, args.seed,
+                         args.shared_prefix)
+    too_long = [len(ids) for ids, n in reqs if len(ids) + n > core.max_context]
+    if too_long:
+        p.error(f"{len(too_long)} requests do not fit the {core.max_context}-token context")
     if args.long_prompt_len:
         row = run_long_prompt(core, reqs, args)
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)
@@ -287,9 +296,7 @@ def main(argv=None) -> int:
               f"{row['itl_before_p99_ms']:.2f} ms, during its prefill p50/p99/max {row['itl_during_p50_ms']:.2f}/"
               f"{row['itl_during_p99_ms']:.2f}/{row['itl_during_max_ms']:.2f} ms: {row['itl_ratio_p50']:.2f}x "
               f"(p50), {row['itl_ratio_max']:.2f}x (max)", flush=True)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        append_json(args.json, row)
         return 0
     rows = [run_continuous(core, reqs, args)]
     if args.static:
@@ -312,9 +319,7 @@ def main(argv=None) -> int:
             peak += f" | GPU idle between steps {100 * row['host_idle']:.1f}% (batch >= 16: {b16})"
         print(f"{row['engine']:>10}: {len(reqs)} requests in {s:.2f} s | {row['requests_s']:.2f} req/s | "
               f"output {row['output_tok_s']:.1f} tok/s | total {row['total_tok_s']:.1f} tok/s{extra}{peak}", flush=True)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        append_json(args.json, row)
     return 0
 
 
