@@ -148,7 +148,8 @@ def run(args) -> None:
             sys.stdout.write(delta)
             sys.stdout.flush()
 
-    outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, lambda b, out: on_text(b, out.new_text))
+    outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, lambda b, out: on_text(b, out.new_text),
+                           use_tqdm=False)  # the text streams to stdout, the stats follow
     stats = llm.last_stats
     if single:
         sys.stdout.write("\n")

@@ -7,7 +7,11 @@
 """
 from __future__ import annotations
 
+import sys
+import time
+
 import torch
+from tqdm import tqdm
 
 from .engine.core import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE, EngineCore, RequestOutput
 from .errors import MinferError
@@ -51,12 +55,26 @@ class LLM:
         return list(prompt)
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 on_output=None) -> list[RequestOutput]:
+                 on_output=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """One output per prompt, in order. sampling_params: one for all prompts or one each (default:
-        SamplingParams()). on_output(index, RequestOutput): called after each step that gave a prompt tokens."""
+        SamplingParams()). on_output(index, RequestOutput): called after each step that gave a prompt tokens.
+        use_tqdm: a progress bar of the finished prompts and the output tok/s on stderr (shown on a terminal)."""
         single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         prompts = [prompts] if single else list(prompts)
         ids = [self._ids(p) for p in prompts]
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(ids)
-        outputs, self.last_stats = self.engine.generate(ids, params, on_output)
+        with tqdm(total=len(ids), desc="Processed prompts", unit="prompt", file=sys.stderr,
+                  disable=None if use_tqdm else True, dynamic_ncols=True) as bar:
+            t0, tokens = time.perf_counter(), 0
+
+            def progress(index: int, out: RequestOutput) -> None:
+                nonlocal tokens
+                if out.finished:
+                    tokens += len(out.token_ids)
+                    bar.set_postfix_str(f"output {tokens / (time.perf_counter() - t0):.0f} tok/s", refresh=False)
+                    bar.update(1)
+                if on_output is not None:
+                    on_output(index, out)
+
+            outputs, self.last_stats = self.engine.generate(ids, params, on_output if bar.disable else progress)
         return outputs

@@ -209,6 +209,26 @@ def test_llm_api():
     assert one.token_ids == outs[0].token_ids
 
 
+def test_llm_progress_bar(monkeypatch):
+    """generate() shows a bar of the finished prompts and the output tok/s where a terminal would show it, and
+    none with use_tqdm=False; the caller's on_output still sees every output."""
+    import io
+
+    import minfer.llm as llm_module
+    bar_text, real = io.StringIO(), llm_module.tqdm
+    monkeypatch.setattr(llm_module, "tqdm", lambda **kw: real(**{**kw, "file": bar_text, "disable": kw["disable"] or False}))
+    llm = LLM(dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, block_size=PAGE, num_pages=64)
+    seen = []
+    llm.generate(["Hi", "Water boils at"], SamplingParams(temperature=0.0, max_tokens=3),
+                 on_output=lambda i, o: seen.append(i))
+    assert "Processed prompts" in bar_text.getvalue() and "2/2" in bar_text.getvalue()
+    assert "tok/s" in bar_text.getvalue() and sorted(set(seen)) == [0, 1] and len(seen) == 6
+    bar_text.truncate(0)
+    bar_text.seek(0)
+    llm.generate(["Hi"], SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)
+    assert bar_text.getvalue() == ""
+
+
 def test_graph_buckets():
     from minfer.engine.graphs import buckets_for
     assert buckets_for(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
