@@ -130,7 +130,19 @@ def _linear_fake(x, w, bias=None, path="auto", static_weight=False):
 # many values at a time (256 MB in bf16; an 8B model's widest layer matrix, gate|up, is 117M): wider
 # weights (a 128k-vocabulary lm_head) run in slices of rows.
 SCRATCH_VALUES = 1 << 27
-_scratch: dict[tuple, torch.Tensor] = {}
+_scratch: dict[tuple, torch.Tensor] = {}  # (device, dtype) -> the buffer; (device, dtype, n, k) -> its [n, k] view
+
+
+def _scratch_view(x: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The scratch buffer of x's device and dtype as a contiguous [n, k] (n * k <= SCRATCH_VALUES), made once:
+    an eager prefill step runs ~4 quantized linears a layer, and their host glue is its launch time."""
+    view = _scratch.get((x.device, x.dtype, n, k))
+    if view is None:
+        key = (x.device, x.dtype)
+        if key not in _scratch:
+            _scratch[key] = torch.empty(SCRATCH_VALUES, device=x.device, dtype=x.dtype)
+        view = _scratch[x.device, x.dtype, n, k] = _scratch[key][:n * k].view(n, k)
+    return view
 
 
 def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, static_weight: bool):
@@ -139,14 +151,13 @@ def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | 
         return reference.linear(x, w, bias)
     if x.shape[0] <= quantized.QLINEAR_MAX_ROWS:
         return quantized.linear(x, w, bias, static_weight)
-    key = (x.device, x.dtype)
-    if key not in _scratch:
-        _scratch[key] = torch.empty(SCRATCH_VALUES, device=x.device, dtype=x.dtype)
+    if n * k <= SCRATCH_VALUES:  # the whole weight at once (every layer matrix of an 8B model)
+        return quantized.linear(x, w, bias, False, _scratch_view(x, n, k))
     rows = max(16, SCRATCH_VALUES // k // 16 * 16)  # slices start on 16-byte boundaries (the kernels' loads)
     outs = []
     for n0 in range(0, n, rows):
         part = QuantizedWeight(w.kind, w.blocks[n0:n0 + rows], (min(rows, n - n0), k), w.dtype)
-        scratch = _scratch[key][:part.shape[0] * k].view(part.shape)
+        scratch = _scratch_view(x, *part.shape)
         outs.append(quantized.linear(x, part, None if bias is None else bias[n0:n0 + rows], False, scratch))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 

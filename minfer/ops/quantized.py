@@ -59,7 +59,7 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
     a contiguous [n, k] of x's dtype, when given) and the dense linear. static_weight: no kernel that may
     still be running writes w (as for the engine's weights; see README)."""
     n, k = w.shape
-    x2 = x.reshape(-1, k)
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
     if x2.shape[0] <= QLINEAR_MAX_ROWS:
         x2 = x2.contiguous()
         if x2.data_ptr() % 16:  # qlinear reads x in 16-byte loads
@@ -68,7 +68,7 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
     else:
         dense = dequantize(w, x.dtype, scratch)
         out = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before
-    return out.view(*x.shape[:-1], n)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 
 def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
