@@ -12,7 +12,6 @@ in the same run. Load time and peak GPU memory are the engine's own.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -23,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench.common import copy_bandwidth_gbs  # noqa: E402
 from bench.roofline import kv_bytes, weight_bytes  # noqa: E402
 from bench.step_profile import print_breakdown, profile_steps  # noqa: E402
+from bench.workload import append_json  # noqa: E402
 
 from minfer import shapes  # noqa: E402
 from minfer.engine import Engine  # noqa: E402
@@ -106,9 +106,7 @@ def main(argv=None) -> int:
         print(f"{row['model']:>16} {row['dtype']:>8} {batch:5d} {row['prefill_tok_s']:13.0f} {row['ttft_ms']:8.2f} "
               f"{row['decode_tok_s']:12.1f} {row['ms_per_step']:8.3f} {row['pct_roofline']:6.1f} {row['load_s']:6.2f} "
               f"{row['peak_gb']:7.2f}", flush=True)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        append_json(args.json, row)
         if args.profile:
             context = args.prompt_len + args.gen_len // 2
             print(f"## a decode step at batch {batch}, context {context}")

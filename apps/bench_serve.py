@@ -27,7 +27,7 @@ import httpx
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from bench.server import add_server_args, client as server_client  # noqa: E402
-from bench.workload import make_requests, pct  # noqa: E402
+from bench.workload import append_json, make_requests, pct  # noqa: E402
 
 
 async def one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int) -> dict:
@@ -123,9 +123,7 @@ def main(argv=None) -> int:
                        for n in ("ttft", "tpot", "itl")))
     if row.get("first_error"):
         print(f"first error: {row['first_error']}", file=sys.stderr)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    append_json(args.json, row)
     return 1 if row["failed"] else 0
 
 

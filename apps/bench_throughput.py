@@ -28,7 +28,6 @@ device-to-device copy bandwidth measured in the same run. --profile adds where s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -46,13 +45,7 @@ sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from bench.common import copy_bandwidth_gbs  # noqa: E402
 from bench.roofline import kv_bytes, weight_bytes  # noqa: E402
 from bench.step_profile import print_breakdown, profile_steps  # noqa: E402
-from bench.workload import make_requests, pct  # noqa: E402
-
-
-def append_json(path: str | None, row: dict) -> None:
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+from bench.workload import append_json, make_requests, pct  # noqa: E402
 
 
 def peak_gb(device: torch.device) -> float | None:

@@ -54,7 +54,7 @@ import httpx
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from bench.server import add_server_args, client as server_client  # noqa: E402
-from bench.workload import lengths  # noqa: E402
+from bench.workload import append_json, lengths  # noqa: E402
 
 DEFAULT_CONTEXT = 256  # when /v1/models does not say max_model_len
 WORDS = ("the of and to in is was for on that with as by at from his her time year people way day man thing "
@@ -465,9 +465,7 @@ def main(argv=None) -> int:
         print(f"  {f}", file=sys.stderr)
     if len(row["failures"]) > 5:
         print(f"  ... {len(row['failures']) - 5} more", file=sys.stderr)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    append_json(args.json, row)
     return 0 if row["passed"] else 1
 
 

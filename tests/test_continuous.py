@@ -73,20 +73,23 @@ def test_alone_equals_the_static_engine(ids, alone):
     assert static.generate([ids[0]], params, 16, ignore_eos=True)[0][0].token_ids == alone[0]
 
 
-def test_arrivals_mid_run(engine, ids, alone):
-    """Requests join while others decode, through add_request / step."""
-    done = {}
-    pending = list(enumerate(ids))
-    steps = 0
+def run_arriving(engine, ids, every: int) -> list[list[int]]:
+    """Each prompt added `every` steps after the one before, through add_request / step; the output ids."""
+    done, pending, steps = {}, list(enumerate(ids)), 0
     while pending or engine.has_unfinished():
-        if pending and steps % 3 == 0:
+        if pending and steps % every == 0:
             i, p = pending.pop(0)
             engine.add_request(p, GREEDY, request_id=f"r{i}")
         for out in engine.step():
             if out.finished:
                 done[int(out.request_id[1:])] = out.token_ids
         steps += 1
-    assert [done[i] for i in range(len(ids))] == alone
+    return [done[i] for i in range(len(ids))]
+
+
+def test_arrivals_mid_run(engine, ids, alone):
+    """Requests join while others decode."""
+    assert run_arriving(engine, ids, every=3) == alone
     assert_idle(engine)
 
 
@@ -96,16 +99,7 @@ def test_chunked_prefill(ids, alone, kw):
     """The 20-token prompt prefills in several steps: under a small budget, or in chunks of 3 beside decodes
     (arriving while the others decode)."""
     small = make(**kw)
-    done, pending, steps = {}, list(enumerate(ids)), 0
-    while pending or small.has_unfinished():
-        if pending and steps % 2 == 0:
-            i, p = pending.pop(0)
-            small.add_request(p, GREEDY, request_id=f"r{i}")
-        for out in small.step():
-            if out.finished:
-                done[int(out.request_id[1:])] = out.token_ids
-        steps += 1
-    assert [done[i] for i in range(len(ids))] == alone
+    assert run_arriving(small, ids, every=2) == alone
     assert_idle(small)
 
 

@@ -3,6 +3,7 @@ arguments draw the same requests, so that apps/bench_throughput.py (the engine a
 (behind the server) compare on the same work."""
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -39,3 +40,10 @@ def pct(values: list[float], q: float) -> float | None:
     i = (len(v) - 1) * q / 100
     lo = math.floor(i)
     return 1e3 * (v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (i - lo))
+
+
+def append_json(path: str | None, row: dict) -> None:
+    """Appends row to path as one JSON line (no path: nothing)."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")

@@ -350,13 +350,12 @@ class EngineCore(LoadedModel):
         row = {s: i for i, s in enumerate(prev.seqs)}
         if len(fed) == len(seqs):  # every row decodes: gathered from prev's, unless they are the same rows
             return prev.ids if seqs == prev.seqs else prev.ids[upload([row[s] for s in seqs], torch.int64, self.device)]
-        host, at = [], []  # prompt chunks' ids, a placeholder at each fed row's token (at)
-        for s, n in zip(seqs, counts):
-            if s.in_flight:
-                at.append(len(host))
-            host += [0] if s.in_flight else s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]
-        ids = upload(host, torch.int64, self.device)
-        index = upload(at + [row[seqs[i]] for i in fed], torch.int64, self.device)
+        chunks = (s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n] if not s.in_flight else [0]
+                  for s, n in zip(seqs, counts))  # a placeholder at each fed row's token
+        host = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, sum(counts))
+        starts = np.cumsum([0] + counts[:-1])
+        index = np.asarray([starts[i] for i in fed] + [row[seqs[i]] for i in fed], np.int64)
+        ids, index = upload_packed([host, index], torch.int64, self.device)  # one copy
         ids[index[:len(fed)]] = prev.ids[index[len(fed):]]
         return ids
 
