@@ -441,7 +441,7 @@ def main(argv=None) -> int:
     p.add_argument("--probe-copies", type=int, default=8, help="the probe's copies in the storm (default: %(default)s)")
     p.add_argument("--probe-may-differ", action="store_true",
                    help="report the probe's storm texts that differ from its solo text, without failing: the cuda "
-                        "backend's numerics depend on the batch (M <= 16 quantized weights run on the fused GEMV, "
+                        "backend's numerics depend on the batch (M <= 32 quantized weights run on the fused GEMV, "
                         "more rows on weights dequantized to the activation dtype), so a greedy near tie can flip")
     p.add_argument("--timeout", type=float, default=300, help="seconds a request may take (default: %(default)s)")
     p.add_argument("--settle-timeout", type=float, default=10,

@@ -77,10 +77,10 @@ def test_dequantize_matches_reference_exactly(kind, dtype):
         assert torch.equal(out, expected)
 
 
-# ---- qlinear (decode, M <= 16) ----
+# ---- qlinear (decode, M <= 32) ----
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 7, 16])
+@pytest.mark.parametrize("m", [1, 7, 16, 23, 32])
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear(kind, m, dtype):
     q = _q()
@@ -190,8 +190,8 @@ def test_bad_inputs_raise():
         ops.dequantize(w.blocks, qt, n, k, torch.float32)
     with pytest.raises(RuntimeError, match="x must be float16 or bfloat16"):
         ops.qlinear(x.float(), w.blocks, qt, n, k, None, False)
-    with pytest.raises(RuntimeError, match="at most 16 rows"):
-        ops.qlinear(torch.randn(17, k, device=DEV, dtype=torch.float16), w.blocks, qt, n, k, None, False)
+    with pytest.raises(RuntimeError, match="at most 32 rows"):
+        ops.qlinear(torch.randn(33, k, device=DEV, dtype=torch.float16), w.blocks, qt, n, k, None, False)
     with pytest.raises(RuntimeError, match="x must have k"):
         ops.qlinear(x[:, :128].contiguous(), w.blocks, qt, n, k, None, False)
     with pytest.raises(RuntimeError, match="bias must have shape"):

@@ -1,4 +1,4 @@
-// qlinear: out[m, n] = sum_k x[m, k] W[n, k] (+ bias[n]) for M <= 16 (decode), W kept as ggml blocks
+// qlinear: out[m, n] = sum_k x[m, k] W[n, k] (+ bias[n]) for M <= 32 (decode), W kept as ggml blocks
 // (uint8 [N, K / elems * bytes]). Decode is bound by W's bytes, so the kernel must spend few
 // instructions per weight: it multiplies the quants themselves, exact small integers in fp16/bf16, on
 // the tensor cores, and applies each run's scale (and min) to the fp32 partial sums.
@@ -6,13 +6,14 @@
 // A CTA owns 16 rows of W; its 8 warps split K in chunks (one super-block, or 2 legacy blocks), warp w
 // taking chunks w, w + 8, ... Each warp streams its chunks through a ring of shared-memory stages with
 // 16-byte cp.async (a row's chunk starts anywhere: the copy starts at the aligned piece holding its first
-// byte). Per 32-wide k step, W rows are the A operand of two mma.sync m16n8k16 (one per 16 k), up to 8
-// (NT = 1) or 16 (NT = 2) rows of x the B operand. A dot product may take its k terms in any order: lane
-// (g = lane / 4, t = lane % 4) takes k = 16 j + 4 t .. + 3 of mma j, whose four quants sit in one word
-// of the block (step_quants); the fragment register "k 2t, 2t + 1" holds physical k 4t, 4t + 2 and
-// "2t + 8, 2t + 9" holds 4t + 1, 4t + 3, for W (int_pairs) and x (x_pairs) alike. A step's sums per
-// scale run are then scaled in fp32: acc += a dot(q - offset, x) + b sum(x), sum(x) from one more mma
-// against ones where the format has a min. The warps' partial sums meet in shared memory at the end.
+// byte). Per 32-wide k step, W rows are the A operand of two mma.sync m16n8k16 (one per 16 k), 8 NT rows of
+// x (NT = 1, 2, 4: M up to 8, 16, 32) the B operand: a weight is decoded once for all of them. A dot
+// product may take its k terms in any order: lane (g = lane / 4, t = lane % 4) takes k = 16 j + 4 t .. + 3
+// of mma j, whose four quants sit in one word of the block (step_quants); the fragment register "k 2t,
+// 2t + 1" holds physical k 4t, 4t + 2 and "2t + 8, 2t + 9" holds 4t + 1, 4t + 3, for W (int_pairs) and x
+// (x_pairs) alike. A step's sums per scale run are then scaled in fp32: acc += a dot(q - offset, x) +
+// b sum(x), sum(x) from one more mma against ones where the format has a min. The warps' partial sums meet
+// in shared memory at the end (NT x 4 KB, within every format's rings).
 //
 // Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
 //
@@ -242,6 +243,7 @@ template <int QT, typename T, int NT, bool kAhead>
 __global__ void __launch_bounds__(kThreads)
     qlinear_kernel(const Args a) {
   using R = Ring<QT>;
+  static_assert(kWarps * NT * 4 * 32 * sizeof(float) <= R::kSmem, "the partial sums must fit the rings");
   // Not at NT = 1 without x ahead (the large grids): its offsets took 112 registers there, or spilled
   // under a bound of 3 CTAs an SM (Q8_0 1 x 28672 x 4096: 49.7 -> 54.4 us).
   constexpr bool kOffsets = kOffsetsFormat<QT> && (NT == 2 || kAhead);
@@ -316,7 +318,7 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64
   MINFER_CHECK_DIM(x, 2);
   qgemm::check_half_dtype("qlinear", "x", x.scalar_type());
   MINFER_CHECK(x.size(1) == k, "qlinear: x must have k = ", k, " columns, got shape ", x.sizes());
-  MINFER_CHECK(x.size(0) <= 16, "qlinear: x must have at most 16 rows (decode; dequantize + linear for more), got ",
+  MINFER_CHECK(x.size(0) <= 32, "qlinear: x must have at most 32 rows (decode; dequantize + linear for more), got ",
                x.size(0));
   MINFER_CHECK_CONTIGUOUS(x);
   MINFER_CHECK(is_aligned16(x.data_ptr()), "qlinear: x must be 16-byte aligned");
@@ -340,8 +342,10 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
       else if (a.M <= 8)
         qgemm::launch<QT, scalar_t, 1>(a, stream);
-      else
+      else if (a.M <= 16)
         qgemm::launch<QT, scalar_t, 2>(a, stream);
+      else
+        qgemm::launch<QT, scalar_t, 4>(a, stream);
     });
   });
   return out;

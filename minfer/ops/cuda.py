@@ -126,7 +126,7 @@ def _linear_fake(x, w, bias=None, path="auto", static_weight=False):
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
-# A quantized weight's prefill (more than 16 rows of x) dequantizes it into a scratch buffer, up to this
+# A quantized weight's prefill (more than 32 rows of x) dequantizes it into a scratch buffer, up to this
 # many values at a time (256 MB in bf16; an 8B model's widest layer matrix, gate|up, is 117M): wider
 # weights (a 128k-vocabulary lm_head) run in slices of rows.
 SCRATCH_VALUES = 1 << 27

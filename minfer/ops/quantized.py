@@ -2,7 +2,7 @@
 dequantize_into, qlinear, qembedding}, plus their fake (meta) implementations.
 
 A weight stays in its GGUF blocks (quant.QuantizedWeight: uint8 [n, k / elems * bytes], ggml's layout).
-Decode (x of at most 16 rows) streams the blocks and dequantizes in registers (qlinear); prefill
+Decode (x of at most 32 rows) streams the blocks and dequantizes in registers (qlinear); prefill
 dequantizes the weight into a scratch buffer and runs the dense GEMM (linear).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ _ops = torch.ops.minfer
 
 # ggml's type ids, the kernels' qtype (csrc/qgemm/formats.cuh).
 QTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-QLINEAR_MAX_ROWS = 16  # qlinear's range; more rows take dequantize + linear
+QLINEAR_MAX_ROWS = 32  # qlinear's range; more rows take dequantize + linear
 
 
 # ---- fake implementations: shapes and dtypes only ----
@@ -55,7 +55,7 @@ def dequantize(w: QuantizedWeight, dtype: torch.dtype, out: torch.Tensor | None 
 
 def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None, static_weight: bool = True,
            scratch: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., k] @ W^T (+ bias) -> [..., n]. Up to 16 rows: qlinear; more: W dequantized (into `scratch`,
+    """x [..., k] @ W^T (+ bias) -> [..., n]. Up to 32 rows: qlinear; more: W dequantized (into `scratch`,
     a contiguous [n, k] of x's dtype, when given) and the dense linear. static_weight: no kernel that may
     still be running writes w (as for the engine's weights; see README)."""
     n, k = w.shape
