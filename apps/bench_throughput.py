@@ -150,7 +150,9 @@ def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | Non
     engine.warmup()
     context, steps = int(args.input_len), args.decode_steps
     rng, vocab = random.Random(args.seed), engine.cfg.vocab_size
-    n_out = 4 + steps * (2 if args.profile else 1)
+    # The first prompts decode while the last ones prefill: they need that many more tokens to stay running.
+    prefill_steps = -(-batch * context // args.max_num_batched_tokens) + 2
+    n_out = 4 + prefill_steps + steps * (2 if args.profile else 1)
     if context + n_out > engine.max_context:
         raise SystemExit(f"--input-len {context} and {n_out} new tokens do not fit the {engine.max_context}-token context")
     rids = [engine.add_request([rng.randrange(vocab) for _ in range(context)],
@@ -160,19 +162,23 @@ def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | Non
         for o in engine.step():
             got[o.request_id] += 1
     engine._sync()
+
+    def decode_step():
+        engine.step()
+        assert engine.last_step == (batch, batch), f"a step of {engine.last_step} (sequences, tokens), not {batch} decodes"
+
     engine.timeline = [] if engine.device.type == "cuda" else None
     t0 = time.perf_counter()
     for _ in range(steps):
-        engine.step()
-        assert engine.last_step == (batch, batch), f"a step of {engine.last_step} (sequences, tokens), not {batch} decodes"
+        decode_step()
     engine._sync()
     step_s = (time.perf_counter() - t0) / steps
     timeline, engine.timeline = engine.timeline, None
     gpu_ms = sum(b.elapsed_time(e) for _, b, e in timeline) / steps if timeline else None
-    mean_context = context + 2 + steps / 2
+    mean_context = context + sum(got.values()) / batch + steps / 2
     floor_bytes = weight_bytes(engine) + batch * kv_bytes(engine, mean_context)
     floor_s = floor_bytes / (copy_gbs * 1e9) if copy_gbs else None
-    kernels = profile_steps(engine.step, steps, engine.device.type == "cuda") if args.profile else None
+    kernels = profile_steps(decode_step, steps, engine.device.type == "cuda") if args.profile else None
     for rid in rids:
         engine.abort_request(rid)
     while engine.has_unfinished():
