@@ -212,8 +212,11 @@ def test_cuda_paged_decode_window_pages(ctx, window, ratio, page):
 @pytest.mark.parametrize("q_lens,starts", [([17], [0]),  # a prefill from 0
                                            ([113, 1000], [0, 0]),
                                            ([3, 1, 200, 1, 65], [4, 10, 37, 0, 129]),  # chunks mixed with decodes
-                                           ([1, 2], [500, 4095])])
+                                           ([1, 2], [500, 4095]),
+                                           ([64, 1, 1], [20000, 300, 7000])])  # a long prompt's chunk, decodes
 def test_cuda_paged_prefill(q_lens, starts, page, hd, dtype):
+    """Steps of fewer than 4 query blocks a head an SM split the key tiles over CTAs (flash_prefill.cu): all
+    but the 17-query prefill here, whose one key tile stays whole."""
     check_paged(q_lens, starts, hd=hd, dtype=dtype, page=page)
 
 

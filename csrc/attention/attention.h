@@ -31,6 +31,12 @@ struct FlashParams {
   int total_q = 0;
   PagedKv paged;           // K/V in pages (k_bs, v_bs unused), or the dense layout
   int window = 0;          // > 0: a query at position p sees only keys p - window < key <= p (sliding window)
+  // Split-KV (ragged only, chosen by flash_prefill): kv_splits CTAs share each query block's key tiles, each
+  // writing its rows' unnormalized fp32 output to part_o [kv_splits, total_q, heads, head_dim] and their
+  // (max, sum) to part_ml [kv_splits, total_q, heads, 2]; a combine kernel merges them into o.
+  int kv_splits = 1;
+  float* part_o = nullptr;
+  float* part_ml = nullptr;
 };
 
 #ifdef __CUDACC__

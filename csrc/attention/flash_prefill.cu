@@ -13,12 +13,17 @@
 // starts at the tile holding its first row's first key, so a windowed prefill costs O(seq * w); keys
 // before that are never read (in the paged layout, neither are their block-table entries: the engine
 // frees those pages).
+// Split-KV: a ragged step of few queries over long contexts (a chunk of a long prompt beside decodes: 128
+// queries x 32 heads are 32 CTAs, each over up to 32k keys) cuts each query block's key tiles into kv_splits
+// contiguous ranges, one CTA each; every CTA writes its rows' unnormalized output and (max, sum), and
+// prefill_combine_kernel merges them.
 // Memory is O(N): no score matrix exists outside registers.
 #include "common/checks.h"
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -26,6 +31,7 @@
 #include "attention/attention.h"
 #include "attention/mma.cuh"
 #include "common/dispatch.h"
+#include "common/launch.h"
 #include "common/ptx.cuh"
 #include "common/vec.h"
 
@@ -79,8 +85,10 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   T* sK = sQ + BM * D;                     // [BN, D]
   T* sV = sK + kBN * D;                    // [BN, D]
 
-  // Heaviest (last) query blocks first: causal blocks near the end see the most keys.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
+  // Heaviest (last) query blocks first: causal blocks near the end see the most keys. A block's kv_splits
+  // CTAs are neighbours in x.
+  const int splits = p.kv_splits, split = blockIdx.x % splits;
+  const int m_block = gridDim.x / splits - 1 - blockIdx.x / splits;
   const int head = blockIdx.y, b = blockIdx.z;
   const int kvh = head / p.group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -101,6 +109,9 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   const int key_lo = CAUSAL && p.window > 0 ? max(min(q_off + m_start - p.window + 1, kv_end), 0) : 0;
   const int win_key = CAUSAL && p.window > 0 ? q_off + m_start + BM - p.window : 0;
   const int t_lo = key_lo / kBN;
+  // This CTA's share of the block's tiles [t_lo, n_tiles): all of them without split-KV; maybe none.
+  const int per_split = (n_tiles - t_lo + splits - 1) / splits;
+  const int t_begin = t_lo + split * per_split, t_end = min(n_tiles, t_begin + per_split);
 
   const T* qg = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head * p.q_hs + (sr.row0 + m_start) * p.q_ss;
   const KvRows<T> kr = kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
@@ -108,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
 
   load_tile<T, D, BM>(sQ, qg, p.q_ss, sr.n_q - m_start);
   ptx::cp_async_commit();
-  if (t_lo < n_tiles) load_kv_tile<T, D>(sK, kr, t_lo * kBN, key_lo - t_lo * kBN, kv_end - t_lo * kBN);
+  if (t_begin < t_end) load_kv_tile<T, D>(sK, kr, t_begin * kBN, key_lo - t_begin * kBN, kv_end - t_begin * kBN);
   ptx::cp_async_commit();
   ptx::cp_async_wait<1>();  // Q has landed (K[t_lo] may still be in flight)
   __syncthreads();
@@ -141,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
     pos[h] = q_off + m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
   }
 
-  for (int t = t_lo; t < n_tiles; ++t) {
+  for (int t = t_begin; t < t_end; ++t) {
     const int n_start = t * kBN;
     load_kv_tile<T, D>(sV, vr, n_start, key_lo - n_start, kv_end - n_start);
     ptx::cp_async_commit();
@@ -172,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
       }
     }
     __syncthreads();  // every warp is done with sK: it can be refilled
-    if (t + 1 < n_tiles) load_kv_tile<T, D>(sK, kr, n_start + kBN, key_lo - n_start - kBN, kv_end - n_start - kBN);
+    if (t + 1 < t_end) load_kv_tile<T, D>(sK, kr, n_start + kBN, key_lo - n_start - kBN, kv_end - n_start - kBN);
     ptx::cp_async_commit();  // (possibly empty group: keeps the wait counts uniform)
 
     // Mask only the tiles that cross the kv length, the diagonal or the window's lower edge. A row whose
@@ -265,6 +276,17 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
     float l = l_row[h];
     l += __shfl_xor_sync(0xffffffff, l, 1);
     l += __shfl_xor_sync(0xffffffff, l, 2);
+    if (splits > 1) {  // the partial: unnormalized output, and (max, sum) once per row
+      const int row = m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
+      if (row >= sr.n_q) continue;
+      const int64_t at = (int64_t(split) * p.total_q + sr.row0 + row) * gridDim.y + head;
+      float* po = p.part_o + at * D + (lane % 4) * 2;
+      const int mt = h / 2, e0 = (h % 2) * 2;
+#pragma unroll
+      for (int i = 0; i < DT; ++i) *reinterpret_cast<float2*>(po + i * 8) = make_float2(acc[mt][i][e0], acc[mt][i][e0 + 1]);
+      if (lane % 4 == 0) *reinterpret_cast<float2*>(p.part_ml + 2 * at) = make_float2(m_row[h], l);
+      continue;
+    }
     const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key gets zeros
     const int row = m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
     if (row >= sr.n_q) continue;
@@ -278,16 +300,70 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   }
 }
 
+// Merges the kv_splits partials of each (query row, head), a warp each: with m the largest partial max,
+// o = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s (zeros for a row that sees no key).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) prefill_combine_kernel(const FlashParams p, int heads) {
+  const int64_t rows = int64_t(p.total_q) * heads;
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;  // token * heads + head
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  float m = -INFINITY;
+  for (int s = 0; s < p.kv_splits; ++s) m = fmaxf(m, p.part_ml[2 * (s * rows + row)]);
+  float o[D / 32] = {}, l = 0.f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < p.kv_splits; ++s) {
+      const int64_t at = s * rows + row;
+      const float w = exp2f(p.part_ml[2 * at] - m);
+      l += w * p.part_ml[2 * at + 1];
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) o[j] += w * p.part_o[at * D + j * 32 + lane];
+    }
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  T* out = reinterpret_cast<T*>(p.o) + (row / heads) * p.o_ss + (row % heads) * p.o_hs;
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) out[j * 32 + lane] = from_float<T>(o[j] * inv);
+}
+
+// Key tiles a split takes at least, and the CTAs an SM a step should have before it splits.
+constexpr int kMinSplitTiles = 8, kCtasPerSm = 4;
+
+// Split-KV for a ragged step whose queries fill fewer than kCtasPerSm CTAs an SM (counted as total_q / BM
+// full blocks a head, so that decode rows beside a chunk count for little): enough splits to reach that,
+// each of at least kMinSplitTiles of the longest sequence's tiles.
+int prefill_kv_splits(const FlashParams& p, int bm, int heads) {
+  if (p.cu_seqlens_q == nullptr) return 1;
+  const int64_t ctas = int64_t((p.total_q + bm - 1) / bm) * heads;
+  const int64_t target = int64_t(kCtasPerSm) * sm_count(c10::cuda::current_device());
+  const int64_t tiles = (int64_t(p.seq_k) + kBN - 1) / kBN;
+  if (ctas >= target) return 1;
+  return static_cast<int>(std::clamp<int64_t>(std::min((target + ctas - 1) / ctas, tiles / kMinSplitTiles), 1, 64));
+}
+
 template <typename T, int D, bool CAUSAL>
 void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
   constexpr int MT = D <= 64 ? 2 : 1;
   constexpr int BM = 64 * MT;
   constexpr int smem = (BM + 2 * kBN) * D * sizeof(T);  // Q + K + V tiles
+  FlashParams sp = p;
+  sp.kv_splits = prefill_kv_splits(p, BM, heads);
+  torch::Tensor ws;
+  if (sp.kv_splits > 1) {
+    const int64_t rows = int64_t(sp.kv_splits) * sp.total_q * heads;
+    ws = torch::empty({rows * (D + 2)}, torch::dtype(torch::kFloat).device(torch::kCUDA, c10::cuda::current_device()));
+    sp.part_o = ws.data_ptr<float>(), sp.part_ml = sp.part_o + rows * D;
+  }
   auto kernel = flash_prefill_kernel<T, D, MT, CAUSAL>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid((p.seq_q + BM - 1) / BM, heads, batch);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  const dim3 grid((p.seq_q + BM - 1) / BM * sp.kv_splits, heads, batch);
+  kernel<<<grid, kThreads, smem, stream>>>(sp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (sp.kv_splits > 1) {
+    const int64_t warps = int64_t(sp.total_q) * heads;
+    prefill_combine_kernel<T, D><<<(warps + kThreads / 32 - 1) / (kThreads / 32), kThreads, 0, stream>>>(sp, heads);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace
