@@ -17,7 +17,8 @@ decode alone for --itl-steps steps, then a prompt of N random ids arrives and is
 most --max-num-batched-tokens tokens a step (less the decodes; --long-prefill-token-threshold at most), mixed
 into their decode steps. Each running request's inter-token latency (ITL: the time between the steps that give
 it a token) is compared before the prompt and from its arrival to its first token. The scenario runs twice, and the second is reported: the
-first pays the chunk shapes' first-call costs.
+first pays the chunk shapes' first-call costs. It prints the mean wall time of a step during the prefill and
+the GPU's busy time in it (CUDA events); --profile adds those steps' kernels (up to 16 steps of the first round).
 
 --decode-batch B[,B...] times the engine's decode step instead: B requests of --input-len random ids
 are prefilled, then --decode-steps steps of B decodes are timed (wall time a step, GPU time from CUDA events),
@@ -101,14 +102,18 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
     # tokens enough that no running request finishes during the measurement: twice the steps it should take
     chunk = max(1, args.max_num_batched_tokens - len(reqs))
     chunk = min(chunk, args.long_prefill_token_threshold or chunk)
-    n_out = args.itl_steps + 16 + 2 * -(-args.long_prompt_len // chunk)
-    for _ in range(2):
+    chunk_steps = -(-args.long_prompt_len // chunk)
+    n_out = args.itl_steps + 16 + 2 * chunk_steps
+    cuda = engine.device.type == "cuda"
+    kernels = None
+    for last in (False, True):
         running = {engine.add_request(ids, SamplingParams(temperature=0.0, ignore_eos=True,
                                                           max_tokens=min(n_out, engine.max_context - len(ids)))): []
                    for ids, _ in reqs}
-        before = after = 0  # steps
-        long_id = t_steady = t_add = t_first = None
-        while t_first is None:
+        st = dict(before=0, after=0, long_id=None, t_steady=None, t_add=None, t_first=None)
+
+        def step():
+            nonlocal kernels
             outs = engine.step()
             t = time.perf_counter()
             for o in outs:
@@ -116,33 +121,48 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
                     running[o.request_id].append(t)
                     if o.finished:
                         raise SystemExit(f"request {o.request_id} finished ({o.finish_reason}) during the measurement")
-                elif o.request_id == long_id:
-                    t_first = t
-            if long_id is not None:
-                after += 1
+                elif o.request_id == st["long_id"]:
+                    st["t_first"] = t
+            if st["long_id"] is not None:
+                st["after"] += 1
             elif min(map(len, running.values())) >= 2:  # every request decodes
-                t_steady = t_steady or t
-                before += 1
-                if before == args.itl_steps:
+                st["t_steady"] = st["t_steady"] or t
+                st["before"] += 1
+                if st["before"] == args.itl_steps:
                     prompt = [rng.randrange(vocab) for _ in range(args.long_prompt_len)]
-                    long_id = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
-                    t_add = time.perf_counter()
+                    st["long_id"] = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1,
+                                                                              ignore_eos=True))
+                    st["t_add"] = time.perf_counter()
+                    if last:  # the GPU's busy time in each step from here (CUDA events)
+                        engine.timeline = [] if cuda else None
+                    elif args.profile and chunk_steps >= 4:  # where a mixed step's time goes, in the first round
+                        n = min(16, chunk_steps // 2)  # steps that cannot reach the prompt's end
+                        kernels = (profile_steps(step, n, cuda), n)
+
+        while st["t_first"] is None:
+            step()
+        timeline, engine.timeline = engine.timeline, None
         for rid in running:
             engine.abort_request(rid)
         while engine.has_unfinished():  # an in-flight step's ids
             engine.step()
         engine.block_manager.reset_prefix_cache()  # the second round's prompts are the same
+    t_steady, t_add, t_first, after = st["t_steady"], st["t_add"], st["t_first"], st["after"]
     # a request's ITLs: the gaps between its tokens' steps, split by where each gap ends
     itl_before = [b - a for ts in running.values() for a, b in zip(ts, ts[1:]) if t_steady <= a and b <= t_add]
     itl_during = [b - a for ts in running.values() for a, b in zip(ts, ts[1:]) if t_add < b <= t_first]
     p50_before, p50_during = pct(itl_before, 50), pct(itl_during, 50)
+    step_ms = 1e3 * (t_first - t_add) / after
+    gpu_ms = sum(b.elapsed_time(e) for _, b, e in timeline) / len(timeline) if timeline else None
     return dict(engine="long prompt", long_prompt_len=args.long_prompt_len, running=len(running),
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 long_prefill_token_threshold=args.long_prefill_token_threshold, steps_during=after,
                 long_ttft_ms=1e3 * (t_first - t_add), itl_before_p50_ms=p50_before,
                 itl_before_p99_ms=pct(itl_before, 99), itl_during_p50_ms=p50_during,
                 itl_during_p99_ms=pct(itl_during, 99), itl_during_max_ms=pct(itl_during, 100),
-                itl_ratio_p50=p50_during / p50_before, itl_ratio_max=pct(itl_during, 100) / p50_before)
+                itl_ratio_p50=p50_during / p50_before, itl_ratio_max=pct(itl_during, 100) / p50_before,
+                step_ms_during=step_ms, gpu_ms_during=gpu_ms,
+                kernels=kernels[0] if kernels else None, profiled_steps=kernels[1] if kernels else None)
 
 
 def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | None) -> dict:
@@ -295,6 +315,11 @@ def main(argv=None) -> int:
               f"{row['itl_before_p99_ms']:.2f} ms, during its prefill p50/p99/max {row['itl_during_p50_ms']:.2f}/"
               f"{row['itl_during_p99_ms']:.2f}/{row['itl_during_max_ms']:.2f} ms: {row['itl_ratio_p50']:.2f}x "
               f"(p50), {row['itl_ratio_max']:.2f}x (max)", flush=True)
+        gpu = "" if row["gpu_ms_during"] is None else f", the GPU busy {row['gpu_ms_during']:.2f} ms of them"
+        print(f"  steps during its prefill: {row['step_ms_during']:.2f} ms each{gpu}", flush=True)
+        if row["kernels"]:
+            print(f"  kernels of {row['profiled_steps']} steps of its prefill (the first round), per step:")
+            print_breakdown(row["kernels"], None)
         append_json(args.json, row)
         return 0
     rows = [run_continuous(core, reqs, args)]
