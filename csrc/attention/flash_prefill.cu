@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   ptx::cp_async_commit();
   if (t_begin < t_end) load_kv_tile<T, D>(sK, kr, t_begin * kBN, key_lo - t_begin * kBN, kv_end - t_begin * kBN);
   ptx::cp_async_commit();
-  ptx::cp_async_wait<1>();  // Q has landed (K[t_lo] may still be in flight)
+  ptx::cp_async_wait<1>();  // Q has landed (K[t_begin] may still be in flight)
   __syncthreads();
 
   // Row block of m-tile mt of this warp: rows wrow + mt * 16 .. + 15 of the CTA's BM rows.
