@@ -89,3 +89,10 @@ class AttentionMetadata:
     # point at a scratch page (their pages are freed).
     local_slot_mapping: torch.Tensor | None = None  # [tokens] int64
     local_block_table: torch.Tensor | None = None  # [batch, max_pages] int32
+    # A step of decodes and prompt chunks: its first num_decodes sequences have one query each (the scheduler
+    # puts decodes first), and attention runs them on the decode kernel, apart from the chunks after them, whose
+    # cu_seqlens_q from their own first token is chunk_cu_seqlens_q. 0: one call for the whole step.
+    num_decodes: int = 0
+    decode_max_seqlen_k: int = 0
+    chunk_cu_seqlens_q: torch.Tensor | None = None  # [batch - num_decodes + 1] int32
+    chunk_max_seqlen_k: int = 0

@@ -165,9 +165,19 @@ class Transformer:
             slots, table = (meta.local_slot_mapping, meta.local_block_table) if local else \
                 (meta.slot_mapping, meta.block_table)
             ops.paged_kv_cache_write(cache.k[i], cache.v[i], k, v, slots)
-            attn = ops.paged_attention(q, cache.k[i], cache.v[i], table, meta.seq_lens, meta.cu_seqlens_q,
-                                       meta.max_seqlen_q, meta.max_seqlen_k, self.scale, window=self.windows[i],
-                                       stable_prefix=decode)  # [tokens, heads, hd]
+            d = meta.num_decodes
+            if d:  # decodes on the decode kernel, then the prompt chunks
+                attn = torch.cat([
+                    ops.paged_attention(q[:d], cache.k[i], cache.v[i], table[:d], meta.seq_lens[:d],
+                                        meta.cu_seqlens_q[:d + 1], 1, meta.decode_max_seqlen_k, self.scale,
+                                        window=self.windows[i]),
+                    ops.paged_attention(q[d:], cache.k[i], cache.v[i], table[d:], meta.seq_lens[d:],
+                                        meta.chunk_cu_seqlens_q, meta.max_seqlen_q, meta.chunk_max_seqlen_k,
+                                        self.scale, window=self.windows[i])])  # [tokens, heads, hd]
+            else:
+                attn = ops.paged_attention(q, cache.k[i], cache.v[i], table, meta.seq_lens, meta.cu_seqlens_q,
+                                           meta.max_seqlen_q, meta.max_seqlen_k, self.scale, window=self.windows[i],
+                                           stable_prefix=decode)  # [tokens, heads, hd]
             return attn.reshape(-1, heads * hd)
 
         x = self._layers(ids, meta.positions, attend)[logit_index]  # [rows, hidden]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minfer import loader
-from minfer.engine.core import EngineCore
+from minfer.engine.core import EngineCore, step_metadata
 from minfer.engine.graphs import DecodeGraphs
 from minfer.errors import MinferError
 from minfer.llm import LLM
@@ -169,6 +169,23 @@ def test_abort(engine, ids):
         outs += engine.step()
     assert {o.request_id for o in outs} == {b}
     assert_idle(engine)
+
+
+def test_mixed_step_decodes_apart_equal_one_call():
+    """A step of decodes then a prompt chunk runs its decodes' attention apart (AttentionMetadata.num_decodes);
+    the logits equal one attention call over the whole step."""
+    core = make()  # its own pages: this test writes K and V where no sequence owns them
+    pages = [[1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
+    work = [([11], 4, pages[0]), ([12], 16, pages[1]), ([13], 4 * PAGE + 1, pages[2]),
+            (list(range(20, 29)), 3, pages[3])]  # (new ids, start position, pages)
+    meta, ids, rows = step_metadata(work, PAGE, None, True, None, core.device)
+    assert (meta.num_decodes, meta.decode_max_seqlen_k, meta.chunk_max_seqlen_k) == (3, 4 * PAGE + 2, 12)
+    apart = core.model.forward_paged(ids, meta, core.cache, rows)
+    meta.num_decodes = 0
+    whole = core.model.forward_paged(ids, meta, core.cache, rows)
+    # fp32: the reference attention pads each call to its own longest sequence and rounds differently
+    # (~1e-5 of the logits' scale of 20); a row attended wrongly would be off by whole units.
+    torch.testing.assert_close(apart, whole, rtol=0, atol=1e-3)
 
 
 def test_bad_input(engine, ids):

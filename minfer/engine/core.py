@@ -89,13 +89,22 @@ def step_metadata(work: list[tuple[list[int], int, list[int]]], page: int, sampl
     if local_tables is not None:
         local_table, local_slots = table_and_slots(local_tables)
         wide.append(local_slots)
-    d_pos, d_lens, d_cu, d_table, *local32 = upload_packed(
-        [positions, seq_lens, cu, table] + ([local_table] if local_tables is not None else []), torch.int32, device)
+    # leading decodes (one query each) before a prompt chunk: attention runs them apart (AttentionMetadata)
+    chunks = np.flatnonzero(counts != 1)
+    num_decodes = int(chunks[0]) if len(chunks) else 0
+    narrow = [positions, seq_lens, cu, table] + ([local_table] if local_tables is not None else [])
+    if num_decodes:
+        narrow.append(cu[num_decodes:] - num_decodes)
+    d_pos, d_lens, d_cu, d_table, *narrow_rest = upload_packed(narrow, torch.int32, device)
     d_slots, d_logit_index, *rest = upload_packed(wide, torch.int64, device)
     meta = AttentionMetadata(positions=d_pos, slot_mapping=d_slots, block_table=d_table, seq_lens=d_lens,
                              cu_seqlens_q=d_cu, max_seqlen_q=int(counts.max()), max_seqlen_k=int(seq_lens.max()))
     if local_tables is not None:
-        meta.local_slot_mapping, meta.local_block_table = rest[-1], local32[0]
+        meta.local_slot_mapping, meta.local_block_table = rest[-1], narrow_rest[0]
+    if num_decodes:
+        meta.num_decodes, meta.chunk_cu_seqlens_q = num_decodes, narrow_rest[-1]
+        meta.decode_max_seqlen_k = int(seq_lens[:num_decodes].max())
+        meta.chunk_max_seqlen_k = int(seq_lens[num_decodes:].max())
     return meta, rest[0] if with_ids else None, d_logit_index
 
 
