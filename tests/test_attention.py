@@ -91,7 +91,7 @@ def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, 
 
 
 @pytest.mark.parametrize("dtype", LOWP)
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("seq", [1, 17, 113, 1000])
 def test_engine_from_zero(seq, hd, dtype):
     ours, ref32, lowp = _engine_case(2, seq, 8, 2, hd, dtype, [0, 0])
@@ -99,7 +99,7 @@ def test_engine_from_zero(seq, hd, dtype):
 
 
 @pytest.mark.parametrize("dtype", LOWP)
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_engine_long_prefill(hd, dtype):
     ours, ref32, lowp = _engine_case(1, 4097, 4, 1, hd, dtype, [0])
     _check(ours, ref32, lowp, dtype)
@@ -107,7 +107,7 @@ def test_engine_long_prefill(hd, dtype):
 
 @pytest.mark.parametrize("ratio", [1, 3, 4, 8])
 @pytest.mark.parametrize("seq", [1, 113, 1000])
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_engine_gqa(ratio, seq, hd):
     dtype = torch.bfloat16
     ours, ref32, lowp = _engine_case(2, seq, 2 * ratio, 2, hd, dtype, [37, 300])
@@ -115,7 +115,7 @@ def test_engine_gqa(ratio, seq, hd):
 
 
 @pytest.mark.parametrize("dtype", LOWP)
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("seq", [1, 17, 113, 1000])
 def test_engine_mixed_offsets(seq, hd, dtype):
     # continued/chunked prefill and decode with a different position per sequence, in a roomy cache
@@ -125,7 +125,7 @@ def test_engine_mixed_offsets(seq, hd, dtype):
 
 
 @pytest.mark.parametrize("seq", [1, 113])
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_engine_strided_q(seq, hd):
     dtype = torch.float16
     ours, ref32, lowp = _engine_case(3, seq, 8, 2, hd, dtype, [0, 64, 129], strided=True)
@@ -588,7 +588,7 @@ def test_seed(op, dtype, causal, shape):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("ratio", [1, 4, 8])
 @pytest.mark.parametrize("sq, sk", [(1, 1), (17, 17), (113, 200), (1000, 1000), (130, 4097)])
 def test_seed_flash_gqa(sq, sk, ratio, hd, causal):
@@ -614,7 +614,7 @@ def test_seed_flash_strided_views():
         _check(ours, ref32, _seed_lowp(q, k, v, 1 / math.sqrt(128), causal), dtype)
 
 
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_prefill_sm80_path_on_hopper(hd, monkeypatch):
     # the mma.sync kernel stays the sm_80 path and the fallback: keep it tested where sm90 is the default
     monkeypatch.setenv("MINFER_PREFILL_PATH", "sm80")
@@ -627,7 +627,8 @@ def test_prefill_sm80_path_on_hopper(hd, monkeypatch):
 @pytest.mark.parametrize("ratio", [1, 4])
 @pytest.mark.parametrize("seq", [17, 113, 1000])
 def test_prefill_head_dim_256(seq, ratio, dtype, monkeypatch):
-    # The default dispatch: on Hopper the sm90 kernel declines head_dim 256 and the mma.sync kernel runs it.
+    # The default dispatch (on Hopper the sm90 kernel, 64-key tiles at head_dim 256), cache slots past each
+    # sequence poisoned.
     monkeypatch.setenv("MINFER_PREFILL_PATH", "auto")
     ours, ref32, lowp = _engine_case(2, seq, 2 * ratio, 2, 256, dtype, [0, 300])
     _check(ours, ref32, lowp, dtype, f"seq={seq}")
@@ -638,8 +639,6 @@ def _prefill_path_param(path, hd, monkeypatch):
     if path == "sm90":
         if torch.cuda.get_device_capability()[0] != 9:
             pytest.skip("no sm90 kernel here: the sm80 case runs the same inputs")
-        if hd == 256:
-            pytest.skip("the sm90 kernel declines head_dim 256: the sm80 case runs it")
     else:
         monkeypatch.setenv("MINFER_PREFILL_PATH", "sm80")
 

@@ -197,8 +197,9 @@ CASES = {
     "attention_prefill": Case(
         shapes=[(4, 4096, 32, 8, 128, 1), (1, 16384, 32, 8, 128, 1), (4, 4096, 32, 8, 64, 1),
                 (1, 16384, 32, 8, 64, 1), (4, 4096, 32, 8, 128, 0), (4, 4096, 32, 8, 64, 0),
-                # head_dim 256 (Gemma-like heads), full causal
+                # head_dim 256 (Gemma-like heads), full causal, and one non-causal row
                 (1, 4096, 4, 1, 256, 1), (1, 16384, 4, 1, 256, 1), (1, 4096, 8, 4, 256, 1), (1, 16384, 8, 4, 256, 1),
+                (1, 4096, 8, 4, 256, 0),
                 (1, 32768, 8, 4, 256, 1), (1, 32768, 32, 8, 128, 1),  # the 32k windows' unwindowed twins
                 # sliding windows: against SDPA with the band as a mask, and against the rows above
                 *[(1, s, h, kvh, d, 1, w) for h, kvh, d in ((8, 4, 256), (32, 8, 128))

@@ -1,6 +1,6 @@
 // FlashAttention-2 style prefill on tensor cores (mma.sync m16n8k16, fp16/bf16, head_dim 64/128/256): the
-// sm_80 path, and the fallback on Hopper where flash_prefill_sm90.cu does not take the case (head_dim 256,
-// ragged / paged).
+// sm_80 path, and the fallback on Hopper where flash_prefill_sm90.cu does not take the case (ragged / paged,
+// operands TMA cannot describe).
 // One CTA owns BM = 64 * MT query rows of one (batch, head); each of its 4 warps owns 16 * MT rows and
 // keeps their softmax state (max, sum) and output accumulator in fp32 registers. K/V tiles of BN = 64 keys
 // stream through shared memory with cp.async: V[t] loads while S = Q K^T runs, K[t+1] while softmax

@@ -1,10 +1,10 @@
 // Hopper flash prefill (sm_90a): FlashAttention-3 style, wgmma + TMA, warp-specialized.
 //
 // CTA = 3 warpgroups (384 threads) for BM = 128 query rows of one (batch, q head):
-//   warpgroup 0 = producer: one warp issues every TMA copy (Q once, then K and V tiles of BN = 128 keys
-//     through 2-stage mbarrier rings); it gives most of its registers away (setmaxnreg 24).
+//   warpgroup 0 = producer: one warp issues every TMA copy (Q once, then K and V tiles of BN keys through
+//     2-stage mbarrier rings); it gives most of its registers away (setmaxnreg 24).
 //   warpgroups 1, 2 = consumers (setmaxnreg 240), each owns 64 of the 128 rows:
-//     S = Q K^T    wgmma m64n128k16, Q and K K-major in shared memory;
+//     S = Q K^T    wgmma m64nBNk16, Q and K K-major in shared memory;
 //     online softmax on the S accumulators in registers (scale * log2 e folded into one FFMA before ex2);
 //     O += P V     wgmma m64nDk16 with P from registers (the S accumulator converted pairwise to 16 bit IS
 //                  the A fragment: k-slice j = S columns 16 j .. 16 j + 15) and V MN-major in shared memory.
@@ -14,7 +14,7 @@
 //
 // Shared memory tiles are TMA boxes of 64 columns (128 bytes, one 128-byte swizzle row) x rows, with the
 // 128-byte swizzle: 16-byte chunk c of row r lands at chunk c ^ (r % 8), within 1024-byte-aligned 8-row
-// groups. head_dim 128 is two such column halves, stored one after the other. Descriptor math:
+// groups. head_dim 128 is two such 64-column "halves" stored one after the other, 256 four. Descriptor math:
 //   Q [BM, D] and K [BN, D] are K-major operands (K = head_dim contiguous): rows 128 B apart, 8-row
 //   groups SBO = 1024 B apart; k-step kk (16 columns) = half kk / 4 at byte offset 32 * (kk % 4).
 //   V [BN keys, D] is B of O = P V with K = keys and N = head_dim contiguous: "MN-major". PTX's canonical
@@ -37,8 +37,10 @@
 // at t_lo, the tile holding its first row's first visible key, so a windowed prefill costs O(seq * w);
 // tiles reaching below a warpgroup's last row's window get the window mask as well. The keys of tile t_lo
 // before the window are the sequence's own (written, finite) cache rows: masked, never zeroed.
-// head_dim 64 and 128 only: 256 (O = 64 x 256 fp32 per warpgroup, 128 registers a thread, beside S's 64)
-// would need FA3's narrower key tiles; flash_prefill.cu's mma.sync kernel runs it.
+// Key tiles: BN = 128 at head_dim 64 and 128. At 256, O is 64 x 256 fp32 a warpgroup (128 registers a
+// thread), so BN = 64 (S 32 registers, as FlashAttention-3 narrows its key tiles there): the GEMM work per
+// score doubles and a tile's work per softmax score stays that of d 128; shared memory is Q 64 KB + 2
+// stages of K and V at 32 KB.
 #include <c10/cuda/CUDAException.h>
 
 #include <cmath>
@@ -54,24 +56,31 @@ namespace minfer::attn {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kThreads = 384, kStages = 2;  // the softmax trees assume kBN = 128
+constexpr int kBM = 128, kThreads = 384, kStages = 2;
+
+template <int D>
+constexpr int block_n() {  // keys a tile
+  return D == 256 ? 64 : 128;
+}
 
 template <int D>
 constexpr int smem_bytes() {
-  return (kBM + 2 * kStages * kBN) * D * 2 + 1024;  // Q + K ring + V ring (16-bit) + alignment slack
+  return (kBM + 2 * kStages * block_n<D>()) * D * 2 + 1024;  // Q + K ring + V ring (16-bit) + alignment slack
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 using namespace sm90;
 
-// op over 16 values as a tree (depth 4 instead of a 15-long dependency chain).
-template <typename Op>
-__device__ __forceinline__ float tree16(float (&v)[16], Op op) {
+// op over N values (a power of 2) as a tree: depth log2 N instead of an (N - 1)-long dependency chain.
+template <int N, typename Op>
+__device__ __forceinline__ float tree(float (&v)[N], Op op) {
+  if constexpr (N == 1) {
+    return v[0];
+  } else {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = op(v[j], v[j + 8]);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = op(v[j], v[j + 4]);
-  return op(op(v[0], v[2]), op(v[1], v[3]));
+    for (int j = 0; j < N / 2; ++j) v[j] = op(v[j], v[j + N / 2]);
+    return tree(reinterpret_cast<float(&)[N / 2]>(v), op);
+  }
 }
 
 #endif
@@ -81,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_prefill_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const FlashParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBN = block_n<D>();
   constexpr int HALVES = D / 64;              // 64-column TMA boxes per row
   constexpr int kQBytes = kBM * D * 2;        // every box is counted whole by TMA, zero-filled parts too
   constexpr int kTileBytes = kBN * D * 2;
@@ -263,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m = tree16(mx[h], [](float a, float b) { return fmaxf(a, b); });
+      float m = tree(mx[h], [](float a, float b) { return fmaxf(a, b); });
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       const float m_new = fmaxf(m_run[h], m);
@@ -280,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) sm[h][j] = sacc[4 * j + 2 * h] + sacc[4 * j + 2 * h + 1];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) l_run[h] = fmaf(l_run[h], alpha[h], tree16(sm[h], [](float a, float b) { return a + b; }));
+    for (int h = 0; h < 2; ++h) l_run[h] = fmaf(l_run[h], alpha[h], tree(sm[h], [](float a, float b) { return a + b; }));
   };
   // Second half, once P V of the previous tile is done: rescale o, P -> 16-bit A fragments.
   auto rescale_and_pack = [&](const float (&alpha)[2]) {
@@ -356,11 +366,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (c == 1) your_turn();  // consumer 0 goes first
     first();
     for (int t = 1; t < n_tiles - last_is_half; ++t) step(t, kFull);
-    if (last_is_half) step(n_tiles - 1, kHalf);
-    if (last_is_half)
-      last_pv(kHalf);
-    else
+    if constexpr (CAUSAL && D == 128) {  // the only kernels with half tiles
+      if (last_is_half) {
+        step(n_tiles - 1, kHalf);
+        last_pv(kHalf);
+      } else {
+        last_pv(kFull);
+      }
+    } else {
       last_pv(kFull);
+    }
   }
 
   // Epilogue: normalise by the row sums, convert, store the rows inside the sequence.
@@ -385,6 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <typename T, int D, bool CAUSAL>
 bool launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
+  constexpr int kBN = block_n<D>();
   const int kv_heads = heads / p.group;
   CUtensorMap tm_q, tm_k, tm_v;
   if (!sm90::make_rows_map<T>(&tm_q, p.q, D, heads, p.seq_q, batch, p.q_hs, p.q_ss, p.q_bs, kBM) ||
@@ -416,7 +432,6 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
                         cudaStream_t stream) {
-  if (head_dim != 64 && head_dim != 128) return false;  // 256: the mma.sync kernel (see the top)
   if (p.cu_seqlens_q != nullptr || p.paged.block_table != nullptr) return false;  // ragged / paged: sm80 kernel
   if (dtype != at::kHalf && dtype != at::kBFloat16) return false;
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v)) return false;
@@ -424,10 +439,8 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
   if (!is_hopper()) return false;
   return MINFER_DISPATCH_HALF(dtype, "flash prefill", [&] {
     return MINFER_DISPATCH_HEAD_DIM(head_dim, D, [&] {
-      if constexpr (D == 256) return false;  // declined above; not instantiated
-      else
-        return causal ? launch<scalar_t, D, true>(p, batch, heads, stream)
-                      : launch<scalar_t, D, false>(p, batch, heads, stream);
+      return causal ? launch<scalar_t, D, true>(p, batch, heads, stream)
+                    : launch<scalar_t, D, false>(p, batch, heads, stream);
     });
   });
 }

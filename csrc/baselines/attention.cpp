@@ -66,9 +66,9 @@ torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_
   check_seed(q_in, k_in, v_in, "flash_attention");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const int64_t head_dim = q_in.size(3);
-  // Tensor cores take 16-bit inputs and the kernel is built for head_dim 64/128: anything else
+  // Tensor cores take 16-bit inputs and the kernel is built for head_dim 64/128/256: anything else
   // (fp32 inputs included) runs on the CUDA-core tiled kernel.
-  if (q_in.scalar_type() == at::kFloat || (head_dim != 64 && head_dim != 128))
+  if (q_in.scalar_type() == at::kFloat || (head_dim != 64 && head_dim != 128 && head_dim != 256))
     return baselines::tiled_attention_impl(q_in.contiguous(), k_in.contiguous(), v_in.contiguous(),
                                            seed_scale(q_in, scale), is_causal);
   auto aligned = [](const torch::Tensor& t) { return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous); };

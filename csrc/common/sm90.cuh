@@ -161,13 +161,16 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 // holding rows 16 w .. 16 w + 15), B MN-major in shared memory (transpose bit set).
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-  static_assert(N == 64 || N == 128, "wgmma_rs_tb: N is 64 or 128");
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs_tb: N is 64, 128 or 256");
   if constexpr (N == 64) {
     MINFER_WGMMA_T(T, "m64n64k16", MINFER_WGMMA_D32, "{%32, %33, %34, %35}, %36", "%37", "1, 1, 1",
                    ("r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)), MINFER_WGMMA_ACC32(d));
-  } else {
+  } else if constexpr (N == 128) {
     MINFER_WGMMA_T(T, "m64n128k16", MINFER_WGMMA_D64, "{%64, %65, %66, %67}, %68", "%69", "1, 1, 1",
                    ("r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)), MINFER_WGMMA_ACC64(d));
+  } else {
+    MINFER_WGMMA_T(T, "m64n256k16", MINFER_WGMMA_D128, "{%128, %129, %130, %131}, %132", "%133", "1, 1, 1",
+                   ("r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)), MINFER_WGMMA_ACC128(d));
   }
 }
 
