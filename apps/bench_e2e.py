@@ -46,7 +46,8 @@ def profile_decode(engine: Engine, batch: int, context: int, steps: int = 20) ->
     step = engine.steps[batch]
     ids = torch.zeros(batch, dtype=torch.int64, device=engine.device)
     pos = torch.full((batch,), context, dtype=torch.int32, device=engine.device)
-    return profile_steps(lambda: step(ids, pos), steps, cuda=True)
+    with torch.inference_mode():  # the graph's static inputs are inference tensors
+        return profile_steps(lambda: step(ids, pos), steps, cuda=True)
 
 
 def run_batch(engine: Engine, batch: int, args, copy_gbs: float) -> dict:
