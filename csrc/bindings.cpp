@@ -12,8 +12,11 @@ TORCH_LIBRARY(minfer, m) {
   m.def("embedding(Tensor ids, Tensor weight) -> Tensor");
   // memory-bound kernels
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
-  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
-  m.def("rope(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin, bool is_neox) -> ()");
+  // x_weight: x is RMS-normalised by it before the add (a sandwich norm)
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, Tensor? x_weight=None) -> ()");
+  // q_weight, k_weight: each head RMS-normalised over head_dim (eps) before the rotation (q/k norms)
+  m.def("rope(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin, bool is_neox, Tensor? q_weight=None, "
+        "Tensor? k_weight=None, float eps=0.0) -> ()");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("gelu_tanh_and_mul(Tensor x) -> Tensor");
   m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");

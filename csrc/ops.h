@@ -11,9 +11,10 @@ torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight);
 // memory-bound kernels: rmsnorm.cu, rope.cu, activation.cu, kv_cache.cu
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
-                        double eps);
+                        double eps, const std::optional<torch::Tensor>& x_weight);
 void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& positions,
-          const torch::Tensor& cos_sin, bool is_neox);
+          const torch::Tensor& cos_sin, bool is_neox, const std::optional<torch::Tensor>& q_weight,
+          const std::optional<torch::Tensor>& k_weight, double eps);
 torch::Tensor silu_and_mul(const torch::Tensor& x);
 torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x);
 void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& k,

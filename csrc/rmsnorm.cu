@@ -1,6 +1,8 @@
 // RMSNorm and the fused residual-add + RMSNorm.
 //   rms_norm:           out[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * weight
 //   fused_add_rms_norm: residual[t] += x[t] (rounded to the storage dtype); x[t] = rms_norm(residual[t])
+//     with x_weight (a sandwich norm, Gemma's post-attention / post-MLP): x[t] = rms_norm(x[t], x_weight)
+//     (rounded) first, one launch for the three steps.
 //
 // One row is read once: each thread keeps its share of the row in registers (VPT packs of W elements)
 // between the sum-of-squares and the write pass. Rows short enough for a group of <= 32 lanes are
@@ -35,13 +37,16 @@ __device__ __forceinline__ float row_sum(float x) {
 // in/out/residual are deliberately not __restrict__: the fused op passes x as both `in` and `out`.
 // blockDim = (threads per row, rows per block); with kGroupRows every lane reaches the shuffles,
 // rows past the end only skip their memory accesses.
-// __launch_bounds__(1024): long rows launch 1024-thread blocks, which need <= 64 registers per thread.
-template <typename T, int W, int VPT, bool kFused, bool kGroupRows, bool kCached>
-__global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, int64_t out_stride,         // [rows, hidden]
+// Launch bounds: long rows launch 1024-thread blocks, which need <= 64 registers per thread; lane groups
+// launch kGroupBlock threads.
+template <typename T, int W, int VPT, bool kFused, bool kNormX, bool kGroupRows, bool kCached>
+__global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024) rms_norm_kernel(T* out, int64_t out_stride,         // [rows, hidden]
                                 T* residual, int64_t res_stride,    // [rows, hidden], kFused only
                                 const T* in, int64_t in_stride,     // [rows, hidden]
                                 const T* __restrict__ weight,       // [hidden]
+                                const T* __restrict__ x_weight,     // [hidden], kNormX only
                                 int hidden, int64_t rows, float eps) {
+  static_assert(kFused || !kNormX, "x_weight comes with the residual add");
   using P = Pack<T, W>;
   const int packs = hidden / W;
   const int tpr = blockDim.x;
@@ -63,6 +68,28 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, int64_t out_stri
         if (valid && p < packs) {
           v[i].load(in_row + p * W);
           r[i].load(res_row + p * W);
+        }
+      }
+      if constexpr (kNormX) {
+        float ssx = 0.f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int p = threadIdx.x + i * tpr;
+          if (valid && p < packs) {
+#pragma unroll
+            for (int e = 0; e < W; ++e) ssx += to_float(v[i].v[e]) * to_float(v[i].v[e]);
+          }
+        }
+        const float sx = rsqrtf(row_sum<kGroupRows>(ssx) / hidden + eps);
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          const int p = threadIdx.x + i * tpr;
+          if (valid && p < packs) {
+            P w;
+            w.load(x_weight + p * W);
+#pragma unroll
+            for (int e = 0; e < W; ++e) v[i].v[e] = from_float<T>(to_float(v[i].v[e]) * sx * to_float(w.v[e]));
+          }
         }
       }
 #pragma unroll
@@ -105,10 +132,28 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(T* out, int64_t out_stri
       }
     }
   } else {
-    // Long rows: pass 1 (add, store residual, sum of squares), pass 2 re-reads what this thread wrote.
+    // Long rows: (with x_weight, pass 0: x's sum of squares), pass 1 (add, store residual, sum of squares),
+    // pass 2 re-reads what this thread wrote.
+    float sx = 1.f;
+    if constexpr (kNormX) {
+      float ssx = 0.f;
+      for (int p = threadIdx.x; valid && p < packs; p += tpr) {
+        P v;
+        v.load(in_row + p * W);
+#pragma unroll
+        for (int e = 0; e < W; ++e) ssx += to_float(v.v[e]) * to_float(v.v[e]);
+      }
+      sx = rsqrtf(row_sum<kGroupRows>(ssx) / hidden + eps);
+    }
     for (int p = threadIdx.x; valid && p < packs; p += tpr) {
       P v;
       v.load(in_row + p * W);
+      if constexpr (kNormX) {
+        P w;
+        w.load(x_weight + p * W);
+#pragma unroll
+        for (int e = 0; e < W; ++e) v.v[e] = from_float<T>(to_float(v.v[e]) * sx * to_float(w.v[e]));
+      }
       if constexpr (kFused) {
         P r;
         r.load(res_row + p * W);
@@ -142,9 +187,9 @@ int next_pow2(int x) {
 }
 
 // Picks the layout from hidden: lane groups, block per row (cached), or block per row (two reads).
-template <typename T, int W, bool kFused>
+template <typename T, int W, bool kFused, bool kNormX = false>
 void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride, const T* in, int64_t in_stride,
-                     const T* weight, int hidden, int64_t rows, float eps, cudaStream_t stream) {
+                     const T* weight, const T* x_weight, int hidden, int64_t rows, float eps, cudaStream_t stream) {
   constexpr int VPT = W > 1 ? 4 : 8;  // packs per thread kept in registers
   const int packs = hidden / W;
   const int threads_needed = (packs + VPT - 1) / VPT;
@@ -152,15 +197,15 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
     const int tpr = next_pow2(threads_needed);
     const dim3 block(tpr, kGroupBlock / tpr);
     const int64_t grid = (rows + block.y - 1) / block.y;
-    rms_norm_kernel<T, W, VPT, kFused, true, true><<<grid, block, 0, stream>>>(
-        out, out_stride, residual, res_stride, in, in_stride, weight, hidden, rows, eps);
+    rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true><<<grid, block, 0, stream>>>(
+        out, out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
   } else if (threads_needed <= 1024) {
     const int tpr = round_up(threads_needed, 32);
-    rms_norm_kernel<T, W, VPT, kFused, false, true><<<rows, tpr, 0, stream>>>(
-        out, out_stride, residual, res_stride, in, in_stride, weight, hidden, rows, eps);
+    rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true><<<rows, tpr, 0, stream>>>(
+        out, out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
   } else {
-    rms_norm_kernel<T, W, VPT, kFused, false, false><<<rows, 1024, 0, stream>>>(
-        out, out_stride, residual, res_stride, in, in_stride, weight, hidden, rows, eps);
+    rms_norm_kernel<T, W, VPT, kFused, kNormX, false, false><<<rows, 1024, 0, stream>>>(
+        out, out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -197,16 +242,24 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
     auto* w = reinterpret_cast<const scalar_t*>(weight.data_ptr());
     const bool wide = rows_aligned16(in, hidden, x.stride(0), sizeof(scalar_t)) && is_aligned16(o) && is_aligned16(w);
     if (wide)
-      launch_rms_norm<scalar_t, N, false>(o, hidden, nullptr, 0, in, x.stride(0), w, hidden, rows, eps, stream);
+      launch_rms_norm<scalar_t, N, false>(o, hidden, nullptr, 0, in, x.stride(0), w, nullptr, hidden, rows, eps,
+                                          stream);
     else
-      launch_rms_norm<scalar_t, 1, false>(o, hidden, nullptr, 0, in, x.stride(0), w, hidden, rows, eps, stream);
+      launch_rms_norm<scalar_t, 1, false>(o, hidden, nullptr, 0, in, x.stride(0), w, nullptr, hidden, rows, eps,
+                                          stream);
   });
   return out;
 }
 
 void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
-                        double eps) {
+                        double eps, const std::optional<torch::Tensor>& x_weight) {
   check_norm_args(x, weight, "fused_add_rms_norm");
+  if (x_weight) {
+    MINFER_CHECK(x_weight->device() == x.device() && x_weight->scalar_type() == x.scalar_type() &&
+                     x_weight->dim() == 1 && x_weight->size(0) == x.size(1) && x_weight->is_contiguous(),
+                 "fused_add_rms_norm: x_weight must be a contiguous [hidden] = [", x.size(1), "] tensor of x's dtype ",
+                 "and device, got ", x_weight->sizes(), " ", x_weight->scalar_type(), " on ", x_weight->device());
+  }
   MINFER_CHECK_CUDA(residual);
   MINFER_CHECK_SAME_DEVICE(x, residual);
   MINFER_CHECK_SAME_DTYPE(x, residual);
@@ -225,14 +278,23 @@ void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, c
     auto* xp = reinterpret_cast<scalar_t*>(x.data_ptr());
     auto* rp = reinterpret_cast<scalar_t*>(residual.data_ptr());
     auto* w = reinterpret_cast<const scalar_t*>(weight.data_ptr());
+    auto* xw = x_weight ? reinterpret_cast<const scalar_t*>(x_weight->data_ptr()) : nullptr;
     const bool wide = rows_aligned16(xp, hidden, x.stride(0), sizeof(scalar_t)) &&
-                      rows_aligned16(rp, hidden, residual.stride(0), sizeof(scalar_t)) && is_aligned16(w);
-    if (wide)
-      launch_rms_norm<scalar_t, N, true>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, hidden, rows,
-                                         eps, stream);
+                      rows_aligned16(rp, hidden, residual.stride(0), sizeof(scalar_t)) && is_aligned16(w) &&
+                      (!xw || is_aligned16(xw));
+    auto launch = [&](auto norm_x) {
+      constexpr bool kNormX = decltype(norm_x)::value;
+      if (wide)
+        launch_rms_norm<scalar_t, N, true, kNormX>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, xw,
+                                                   hidden, rows, eps, stream);
+      else
+        launch_rms_norm<scalar_t, 1, true, kNormX>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, xw,
+                                                   hidden, rows, eps, stream);
+    };
+    if (xw)
+      launch(std::true_type{});
     else
-      launch_rms_norm<scalar_t, 1, true>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, hidden, rows,
-                                         eps, stream);
+      launch(std::false_type{});
   });
 }
 

@@ -7,16 +7,62 @@
 // (head, pack) items over q's and k's heads. A NeoX item is two packs of W elements (first and second
 // half); a GPT-J item is one pack of W elements = W/2 pairs. W = 16 bytes when the layout allows it.
 // A position outside [0, max_position) never reads the table: its rotated dims become NaN.
+// With q_weight and k_weight (Gemma 3's and Qwen3's q/k norms), every head is first RMS-normalised over
+// head_dim (rounded to the storage dtype, as a separate rms_norm's output), then rotated: one warp a head,
+// a pass for the sum of squares, one that writes the normalised head, and the rotation, which reads
+// the pairs back (other lanes wrote them: L1-hot, ordered by __syncwarp).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/reduce.h"
 #include "common/vec.h"
 
 namespace minfer {
 
 namespace {
+
+// cs[0 .. rot) = cos | sin of position pos (NaN outside [0, max_position): the table is never read there).
+template <typename index_t>
+__device__ __forceinline__ void load_cos_sin(float* cs, const float* cos_sin, index_t position, int64_t max_position,
+                                             int rot) {
+  const int64_t pos = static_cast<int64_t>(position);
+  const bool ok = pos >= 0 && pos < max_position;
+  for (int i = threadIdx.x; i < rot; i += blockDim.x) cs[i] = ok ? cos_sin[pos * rot + i] : nan_f();
+}
+
+// Rotates item p of one head: NeoX, packs p of both halves; GPT-J, pack p (W / 2 pairs).
+template <typename T, int W, bool kNeox>
+__device__ __forceinline__ void rotate_item(T* head, int p, const float* cs, int half) {
+  using P = Pack<T, W>;
+  if constexpr (kNeox) {
+    P a, b;
+    a.load(head + p * W);
+    b.load(head + half + p * W);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      const float c = cs[p * W + e], s = cs[half + p * W + e];
+      const float x1 = to_float(a.v[e]), x2 = to_float(b.v[e]);
+      a.v[e] = from_float<T>(x1 * c - x2 * s);
+      b.v[e] = from_float<T>(x2 * c + x1 * s);
+    }
+    a.store(head + p * W);
+    b.store(head + half + p * W);
+  } else {
+    P a;
+    a.load(head + p * W);
+#pragma unroll
+    for (int e = 0; e < W / 2; ++e) {
+      const int i = p * (W / 2) + e;
+      const float c = cs[i], s = cs[half + i];
+      const float x1 = to_float(a.v[2 * e]), x2 = to_float(a.v[2 * e + 1]);
+      a.v[2 * e] = from_float<T>(x1 * c - x2 * s);
+      a.v[2 * e + 1] = from_float<T>(x2 * c + x1 * s);
+    }
+    a.store(head + p * W);
+  }
+}
 
 // q and k are not __restrict__: they are usually views of the same qkv buffer (disjoint elements).
 template <typename T, int W, bool kNeox, typename index_t>
@@ -27,56 +73,77 @@ __global__ void rope_kernel(T* q, int64_t q_stride,                 // [tokens, 
                             int64_t max_position, int heads, int kv_heads, int head_dim, int rot) {
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
-  const int64_t pos = static_cast<int64_t>(positions[token]);
-  const bool ok = pos >= 0 && pos < max_position;
-  for (int i = threadIdx.x; i < rot; i += blockDim.x) cs[i] = ok ? cos_sin[pos * rot + i] : nan_f();
+  load_cos_sin(cs, cos_sin, positions[token], max_position, rot);
   __syncthreads();
 
-  using P = Pack<T, W>;
-  const int half = rot / 2;
-  const int per_head = (kNeox ? half : rot) / W;
+  const int per_head = (kNeox ? rot / 2 : rot) / W;
   const int items = (heads + kv_heads) * per_head;
   for (int it = threadIdx.x; it < items; it += blockDim.x) {
     const int h = it / per_head, p = it - h * per_head;
     T* head = h < heads ? q + token * q_stride + static_cast<int64_t>(h) * head_dim
                         : k + token * k_stride + static_cast<int64_t>(h - heads) * head_dim;
-    if constexpr (kNeox) {
-      P a, b;
-      a.load(head + p * W);
-      b.load(head + half + p * W);
+    rotate_item<T, W, kNeox>(head, p, cs, rot / 2);
+  }
+}
+
+// q/k norm, then rope: one warp a head (see the top).
+template <typename T, int W, bool kNeox, typename index_t>
+__global__ void qk_norm_rope_kernel(T* q, int64_t q_stride,                 // [tokens, heads, head_dim]
+                                    T* k, int64_t k_stride,                 // [tokens, kv_heads, head_dim]
+                                    const index_t* __restrict__ positions,  // [tokens]
+                                    const float* __restrict__ cos_sin,      // [max_position, rot]
+                                    const T* __restrict__ q_weight,         // [head_dim]
+                                    const T* __restrict__ k_weight,         // [head_dim]
+                                    float eps, int64_t max_position, int heads, int kv_heads, int head_dim, int rot) {
+  extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
+  const int64_t token = blockIdx.x;
+  load_cos_sin(cs, cos_sin, positions[token], max_position, rot);
+  __syncthreads();
+
+  using P = Pack<T, W>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int packs = head_dim / W, per_head = (kNeox ? rot / 2 : rot) / W;
+  for (int h = warp; h < heads + kv_heads; h += warps) {
+    T* head = h < heads ? q + token * q_stride + static_cast<int64_t>(h) * head_dim
+                        : k + token * k_stride + static_cast<int64_t>(h - heads) * head_dim;
+    const T* weight = h < heads ? q_weight : k_weight;
+    float ss = 0.f;
+    for (int p = lane; p < packs; p += 32) {
+      P v;
+      v.load(head + p * W);
 #pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const float c = cs[p * W + e], s = cs[half + p * W + e];
-        const float x1 = to_float(a.v[e]), x2 = to_float(b.v[e]);
-        a.v[e] = from_float<T>(x1 * c - x2 * s);
-        b.v[e] = from_float<T>(x2 * c + x1 * s);
-      }
-      a.store(head + p * W);
-      b.store(head + half + p * W);
-    } else {
-      P a;
-      a.load(head + p * W);
-#pragma unroll
-      for (int e = 0; e < W / 2; ++e) {
-        const int i = p * (W / 2) + e;
-        const float c = cs[i], s = cs[half + i];
-        const float x1 = to_float(a.v[2 * e]), x2 = to_float(a.v[2 * e + 1]);
-        a.v[2 * e] = from_float<T>(x1 * c - x2 * s);
-        a.v[2 * e + 1] = from_float<T>(x2 * c + x1 * s);
-      }
-      a.store(head + p * W);
+      for (int e = 0; e < W; ++e) ss += to_float(v.v[e]) * to_float(v.v[e]);
     }
+    const float scale = rsqrtf(warp_sum(ss) / head_dim + eps);
+    for (int p = lane; p < packs; p += 32) {
+      P v, g;
+      v.load(head + p * W);
+      g.load(weight + p * W);
+#pragma unroll
+      for (int e = 0; e < W; ++e) v.v[e] = from_float<T>(to_float(v.v[e]) * scale * to_float(g.v[e]));
+      v.store(head + p * W);
+    }
+    __syncwarp();  // the rotation's pairs were written by other lanes
+    for (int p = lane; p < per_head; p += 32) rotate_item<T, W, kNeox>(head, p, cs, rot / 2);
+    __syncwarp();  // this head's reads are done before the next head's writes (a different head: no overlap)
   }
 }
 
 template <typename T, int W, bool kNeox, typename index_t>
 void launch_rope(T* q, int64_t q_stride, T* k, int64_t k_stride, const index_t* positions, const float* cos_sin,
-                 int64_t max_position, int64_t tokens, int heads, int kv_heads, int head_dim, int rot,
-                 cudaStream_t stream) {
-  const int items = (heads + kv_heads) * ((kNeox ? rot / 2 : rot) / W);
-  const int threads = std::min(256, round_up(items, 32));
-  rope_kernel<T, W, kNeox, index_t><<<tokens, threads, rot * sizeof(float), stream>>>(
-      q, q_stride, k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot);
+                 const T* q_weight, const T* k_weight, float eps, int64_t max_position, int64_t tokens, int heads,
+                 int kv_heads, int head_dim, int rot, cudaStream_t stream) {
+  if (q_weight != nullptr) {
+    const int threads = 32 * std::min(heads + kv_heads, 16);  // a warp a head
+    qk_norm_rope_kernel<T, W, kNeox, index_t><<<tokens, threads, rot * sizeof(float), stream>>>(
+        q, q_stride, k, k_stride, positions, cos_sin, q_weight, k_weight, eps, max_position, heads, kv_heads, head_dim,
+        rot);
+  } else {
+    const int items = (heads + kv_heads) * ((kNeox ? rot / 2 : rot) / W);
+    const int threads = std::min(256, round_up(items, 32));
+    rope_kernel<T, W, kNeox, index_t><<<tokens, threads, rot * sizeof(float), stream>>>(
+        q, q_stride, k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -92,7 +159,8 @@ void check_heads(const torch::Tensor& t, const char* name) {
 }  // namespace
 
 void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& positions,
-          const torch::Tensor& cos_sin, bool is_neox) {
+          const torch::Tensor& cos_sin, bool is_neox, const std::optional<torch::Tensor>& q_weight,
+          const std::optional<torch::Tensor>& k_weight, double eps) {
   MINFER_CHECK_CUDA(q);
   MINFER_CHECK_CUDA(k);
   MINFER_CHECK_CUDA(positions);
@@ -119,6 +187,17 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
               "head_dim = ", head_dim, "], got ", rot);
   MINFER_CHECK(head_dim <= 4096, "rope: head_dim must be at most 4096, got ", head_dim);
   MINFER_CHECK(tokens < (int64_t(1) << 31), "rope: too many tokens (", tokens, ")");
+  MINFER_CHECK(q_weight.has_value() == k_weight.has_value(), "rope: q_weight and k_weight come together");
+  for (const auto* w : {&q_weight, &k_weight}) {
+    if (!w->has_value()) continue;
+    const torch::Tensor& t = **w;
+    MINFER_CHECK(t.device() == q.device() && t.scalar_type() == q.scalar_type() && t.dim() == 1 &&
+                     t.size(0) == head_dim && t.is_contiguous(),
+                 "rope: ", w == &q_weight ? "q_weight" : "k_weight", " must be a contiguous [head_dim] = [", head_dim,
+                 "] tensor of q's dtype and device, got ", t.sizes(), " ", t.scalar_type(), " on ", t.device());
+  }
+  MINFER_CHECK(!q_weight || is_neox || head_dim % 2 == 0,
+               "rope: q/k norms with GPT-J pairs need an even head_dim, got ", head_dim);
   const int64_t heads = q.size(1), kv_heads = k.size(1);
   if (tokens == 0 || heads + kv_heads == 0) return;
   MINFER_CHECK(heads + kv_heads <= (1 << 16), "rope: too many heads (", heads, " + ", kv_heads, ")");
@@ -131,27 +210,33 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
       auto* kp = reinterpret_cast<scalar_t*>(k.data_ptr());
       const auto* pos = positions.data_ptr<index_t>();
       const auto* cs = cos_sin.data_ptr<float>();
+      const auto* qw = q_weight ? reinterpret_cast<const scalar_t*>(q_weight->data_ptr()) : nullptr;
+      const auto* kw = k_weight ? reinterpret_cast<const scalar_t*>(k_weight->data_ptr()) : nullptr;
+      const float e = static_cast<float>(eps);
       // 16-byte packs need every pack start aligned: base pointers, token strides, head_dim, and the
       // rotated span ((rot/2) for NeoX's second half, rot for GPT-J) a multiple of the pack.
       const bool wide = rows_aligned16(qp, head_dim, q.stride(0), sizeof(scalar_t)) &&
                         rows_aligned16(kp, head_dim, k.stride(0), sizeof(scalar_t)) &&
-                        (is_neox ? (rot / 2) % N == 0 : rot % N == 0);
+                        (is_neox ? (rot / 2) % N == 0 : rot % N == 0) &&
+                        (!qw || (is_aligned16(qw) && is_aligned16(kw)));
       const int h = static_cast<int>(heads), kvh = static_cast<int>(kv_heads);
       const int hd = static_cast<int>(head_dim), r = static_cast<int>(rot);
+      auto launch = [&](auto w, auto neox) {
+        launch_rope<scalar_t, decltype(w)::value, decltype(neox)::value, index_t>(
+            qp, q.stride(0), kp, k.stride(0), pos, cs, qw, kw, e, max_position, tokens, h, kvh, hd, r, stream);
+      };
+      using Neox = std::true_type;
+      using GptJ = std::false_type;
       if (is_neox) {
         if (wide)
-          launch_rope<scalar_t, N, true, index_t>(qp, q.stride(0), kp, k.stride(0), pos, cs, max_position, tokens, h,
-                                                  kvh, hd, r, stream);
+          launch(std::integral_constant<int, N>{}, Neox{});
         else
-          launch_rope<scalar_t, 1, true, index_t>(qp, q.stride(0), kp, k.stride(0), pos, cs, max_position, tokens, h,
-                                                  kvh, hd, r, stream);
+          launch(std::integral_constant<int, 1>{}, Neox{});
       } else {
         if (wide)
-          launch_rope<scalar_t, N, false, index_t>(qp, q.stride(0), kp, k.stride(0), pos, cs, max_position, tokens,
-                                                   h, kvh, hd, r, stream);
+          launch(std::integral_constant<int, N>{}, GptJ{});
         else
-          launch_rope<scalar_t, 2, false, index_t>(qp, q.stride(0), kp, k.stride(0), pos, cs, max_position, tokens,
-                                                   h, kvh, hd, r, stream);
+          launch(std::integral_constant<int, 2>{}, GptJ{});
       }
     });
   });

@@ -207,18 +207,15 @@ class Transformer:
             q = q.reshape(-1, heads, hd)  # [tokens, heads, hd]; views, no copies
             k = k.reshape(-1, kv_heads, hd)
             v = v.reshape(-1, kv_heads, hd)
-            if cfg.qk_norm:  # per-head RMSNorm, the same kernel over [tokens * heads, hd]
-                q = ops.rms_norm(q.reshape(-1, hd), layer["q_norm"], cfg.rms_norm_eps).view(-1, heads, hd)
-                k = ops.rms_norm(k.reshape(-1, hd), layer["k_norm"], cfg.rms_norm_eps).view(-1, kv_heads, hd)
-            ops.rope(q, k, positions, self.rope_tables[i], True)
+            if cfg.qk_norm:  # per-head RMSNorm, in the rope op's launch
+                ops.rope(q, k, positions, self.rope_tables[i], True, layer["q_norm"], layer["k_norm"], cfg.rms_norm_eps)
+            else:
+                ops.rope(q, k, positions, self.rope_tables[i], True)
             x = ops.linear(attend(i, q, k, v), layer["o"], static_weight=True)  # [tokens, hidden]
-            if cfg.sandwich_norm:
-                x = ops.rms_norm(x, layer["attn_out_norm"], cfg.rms_norm_eps)
-            ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps)
+            # the sandwich norm after attention (Gemma) is in the add's launch
+            ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps, layer.get("attn_out_norm"))
             gate_up = fused_linear(ops, x, layer["gate_up"])  # [tokens, 2 intermediate]
             x = ops.linear(self.act(gate_up), layer["down"], static_weight=True)
-            if cfg.sandwich_norm:
-                x = ops.rms_norm(x, layer["mlp_out_norm"], cfg.rms_norm_eps)
             next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
-            ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps)
+            ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps, layer.get("mlp_out_norm"))
         return x

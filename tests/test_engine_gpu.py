@@ -53,9 +53,14 @@ def test_continuous_batch_with_prefix_hits_and_chunks():
 def test_mixed_step_decodes_apart_against_fp32():
     """A step of decodes, then prompt chunks: the decodes attend on the split-KV decode kernel and the chunks
     on the prefill kernel (AttentionMetadata.num_decodes). Against the fp32 reference on the same cache (random
-    K and V, pages not in order), within 2x the error of one prefill call for the whole step."""
+    K and V, pages out of order): the rows' mean error (each row's largest) within 2x that of one prefill call
+    for the whole step. One row's error is noisy (30 fp16 layers amplify rounding), a mean over 14 is not;
+    a decode attending the wrong keys is off by whole units."""
+    starts = [3, 17, 40, 90, 160, 255, 300, 511, 700, 901, 1200, 1500]  # the decodes' positions
+    spans = [([11 + i], p) for i, p in enumerate(starts)] + [(list(range(20, 60)), 100), (list(range(60, 69)), 0)]
+
     def make(dtype, backend):
-        return EngineCore(dtype=dtype, device="cuda", backend=backend, max_context=2048, num_pages=160)
+        return EngineCore(dtype=dtype, device="cuda", backend=backend, max_context=2048, num_pages=400)
     core, ref = make(torch.float16, "cuda"), make(torch.float32, "ref")
     page = core.block_manager.page_size
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -63,8 +68,7 @@ def test_mixed_step_decodes_apart_against_fp32():
         for ours, theirs in ((core.cache.k[i], ref.cache.k[i]), (core.cache.v[i], ref.cache.v[i])):
             ours.copy_(torch.randn(ours.shape, generator=gen, device="cuda"))
             theirs.copy_(ours.float())
-    perm = torch.randperm(160, generator=torch.Generator().manual_seed(1)).tolist()
-    spans = [([11], 40), ([12], 700), ([13], 5), (list(range(20, 60)), 100), (list(range(60, 69)), 0)]
+    perm = torch.randperm(400, generator=torch.Generator().manual_seed(1)).tolist()
     work = []
     for new_ids, start in spans:  # (new ids, start position, pages)
         n = -(-(start + len(new_ids)) // page)
@@ -73,14 +77,14 @@ def test_mixed_step_decodes_apart_against_fp32():
 
     def logits(engine, apart):
         meta, ids, rows = step_metadata(work, page, None, True, None, engine.device)
-        assert meta.num_decodes == 3
+        assert meta.num_decodes == len(starts)
         if not apart:
             meta.num_decodes = 0
-        return engine.model.forward_paged(ids, meta, engine.cache, rows)
+        return engine.model.forward_paged(ids, meta, engine.cache, rows)  # [rows, vocab]
 
     want = logits(ref, False)
-    whole_err = (logits(core, False) - want).abs().max().item()
-    apart_err = (logits(core, True) - want).abs().max().item()
+    whole_err = (logits(core, False) - want).abs().amax(1).mean().item()
+    apart_err = (logits(core, True) - want).abs().amax(1).mean().item()
     assert 0 < apart_err <= 2 * whole_err, (apart_err, whole_err)
 
 

@@ -94,6 +94,23 @@ def test_fused_add_rms_norm_strided(cuda, dtype):
     torch.testing.assert_close(xb, xb_ref, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", HIDDEN + [40000])  # 40000: rows longer than the registers hold
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_fused_add_rms_norm_x_weight(cuda, dtype, hidden, tokens):
+    # Gemma's sandwich norm: x normalised by x_weight, then added, then the next norm, in one launch
+    x, res = randn(tokens, hidden, dtype=dtype, scale=5.0), randn(tokens, hidden, dtype=dtype, scale=4.0)
+    w, xw = norm_weight(hidden, dtype), norm_weight(hidden, dtype)
+    x_ref, res_ref = x.clone(), res.clone()
+    ref.fused_add_rms_norm(x_ref, res_ref, w, EPS, xw)
+    cuda.fused_add_rms_norm(x, res, w, EPS, xw)
+    # the normalised x is rounded as the reference rounds it, but its scale's sum runs in another order: one
+    # ulp of x (|x| < 16 here) may move the residual's rounding by one ulp
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(res, res_ref, atol=16 * eps, rtol=2 * eps)
+    assert_close(x, x_ref)
+
+
 # ---- gated activations: silu_and_mul, gelu_tanh_and_mul ----
 
 ACT_AND_MUL = ["silu_and_mul", "gelu_tanh_and_mul"]
@@ -147,6 +164,28 @@ def test_rope(cuda, dtype, is_neox, head_dim, rot, fused, tokens, pos_dtype):
     assert_close(k, k_ref)
     assert torch.equal(q[..., rot:], q_ref[..., rot:]) and torch.equal(k[..., rot:], k_ref[..., rot:])
     if fused:  # v, the last kv_heads * head_dim columns, is not touched
+        v_cols = slice((heads + kv_heads) * head_dim, None)
+        assert torch.equal(qkv[:, v_cols], qkv_before[:, v_cols])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("head_dim,rot", [(64, 64), (128, 128), (256, 256), (128, 64), (72, 10)])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (32, 8)])  # 40 heads: warps loop over heads
+@pytest.mark.parametrize("tokens", [1, 300])
+def test_rope_qk_norm(cuda, dtype, is_neox, head_dim, rot, fused, heads, kv_heads, tokens):
+    # Gemma 3 / Qwen3: each head RMS-normalised (q_weight, k_weight) before the rotation, in one launch
+    qkv, q, k, positions, cos_sin = rope_inputs(tokens, heads, kv_heads, head_dim, rot, dtype, fused, torch.int64)
+    q.mul_(7.0)
+    qw, kw = norm_weight(head_dim, dtype), norm_weight(head_dim, dtype)
+    q_ref, k_ref = q.clone(), k.clone()
+    qkv_before = qkv.clone() if fused else None
+    ref.rope(q_ref, k_ref, positions, cos_sin, is_neox, qw, kw, EPS)
+    cuda.rope(q, k, positions, cos_sin, is_neox, qw, kw, EPS)
+    assert_close(q, q_ref)
+    assert_close(k, k_ref)
+    if fused:
         v_cols = slice((heads + kv_heads) * head_dim, None)
         assert torch.equal(qkv[:, v_cols], qkv_before[:, v_cols])
 
@@ -233,10 +272,12 @@ def test_opcheck_all(cuda):
     x, w = randn(7, 576, dtype=dt), norm_weight(576, dt)
     torch.library.opcheck(ops.rms_norm, (x, w, EPS))
     torch.library.opcheck(ops.fused_add_rms_norm, (x.clone(), randn(7, 576, dtype=dt), w, EPS))
+    torch.library.opcheck(ops.fused_add_rms_norm, (x.clone(), randn(7, 576, dtype=dt), w, EPS, norm_weight(576, dt)))
     for op in ACT_AND_MUL:
         torch.library.opcheck(getattr(ops, op), (randn(7, 2 * 576, dtype=dt),))
     _, q, k, positions, cos_sin = rope_inputs(7, 4, 2, 64, 64, dt, False, torch.int64)
     torch.library.opcheck(ops.rope, (q, k, positions, cos_sin, True))
+    torch.library.opcheck(ops.rope, (q, k, positions, cos_sin, True, norm_weight(64, dt), norm_weight(64, dt), EPS))
     k_cache, v_cache = randn(2, 16, 2, 64, dtype=dt), randn(2, 16, 2, 64, dtype=dt)
     kv, vv = randn(2, 3, 2, 64, dtype=dt), randn(2, 3, 2, 64, dtype=dt)
     positions = torch.tensor([[0, 1, 2], [5, 6, 7]], device="cuda")
@@ -261,6 +302,8 @@ def test_bad_inputs(cuda):
         ops.rms_norm(randn(64, 4, dtype=dt).t(), w, EPS)
     with pytest.raises(RuntimeError, match="residual must have x's shape"):
         ops.fused_add_rms_norm(x, randn(5, 64, dtype=dt), w, EPS)
+    with pytest.raises(RuntimeError, match=r"x_weight must be a contiguous \[hidden\]"):
+        ops.fused_add_rms_norm(x, x.clone(), w, EPS, norm_weight(63, dt))
     for op in ACT_AND_MUL:
         with pytest.raises(RuntimeError, match=f"{op}: x's last dim must be even"):
             getattr(ops, op)(randn(4, 63, dtype=dt))
@@ -280,6 +323,10 @@ def test_bad_inputs(cuda):
         ops.rope(q, k, positions.float(), cos_sin, True)
     with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
         ops.rope(q.cpu(), k.cpu(), positions.cpu(), cos_sin.cpu(), True)
+    with pytest.raises(RuntimeError, match="q_weight and k_weight come together"):
+        ops.rope(q, k, positions, cos_sin, True, norm_weight(64, dt), None, EPS)
+    with pytest.raises(RuntimeError, match=r"k_weight must be a contiguous \[head_dim\]"):
+        ops.rope(q, k, positions, cos_sin, True, norm_weight(64, dt), norm_weight(64, torch.float32), EPS)
 
     k_cache = randn(1, 8, 2, 64, dtype=dt)
     kv = randn(1, 2, 2, 64, dtype=dt)

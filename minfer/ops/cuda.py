@@ -30,12 +30,12 @@ def _rms_norm_fake(x, weight, eps):
 
 
 @torch.library.register_fake("minfer::fused_add_rms_norm")
-def _fused_add_rms_norm_fake(x, residual, weight, eps):
+def _fused_add_rms_norm_fake(x, residual, weight, eps, x_weight=None):
     return None
 
 
 @torch.library.register_fake("minfer::rope")
-def _rope_fake(q, k, positions, cos_sin, is_neox):
+def _rope_fake(q, k, positions, cos_sin, is_neox, q_weight=None, k_weight=None, eps=0.0):
     return None
 
 
@@ -90,15 +90,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.view(x.shape)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    # In place: residual <- residual + x; x <- rms_norm(residual) * weight. x, residual [tokens, hidden].
-    _ops.fused_add_rms_norm(x, residual, weight, eps)
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       x_weight: torch.Tensor | None = None) -> None:
+    # In place: residual <- residual + x (x first rms_norm'd by x_weight if given); x <- rms_norm(residual) * weight.
+    # x, residual [tokens, hidden].
+    _ops.fused_add_rms_norm(x, residual, weight, eps, x_weight)
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool) -> None:
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool,
+         q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
     # In place on q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (any token stride);
-    # positions [tokens] int32/int64; cos_sin [max_position, rotary_dim] fp32 = cos | sin.
-    _ops.rope(q, k, positions.contiguous(), cos_sin.contiguous(), is_neox)
+    # positions [tokens] int32/int64; cos_sin [max_position, rotary_dim] fp32 = cos | sin. q_weight, k_weight
+    # [head_dim]: each head rms_norm'd (eps) before the rotation.
+    _ops.rope(q, k, positions.contiguous(), cos_sin.contiguous(), is_neox, q_weight, k_weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

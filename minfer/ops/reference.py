@@ -33,18 +33,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    # In place: residual <- residual + x; x <- rms_norm(residual) * weight.
-    summed = residual.float() + x.float()
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       x_weight: torch.Tensor | None = None) -> None:
+    # In place: residual <- residual + x (x first rms_norm'd by x_weight if given); x <- rms_norm(residual) * weight.
+    summed = residual.float() + (x if x_weight is None else rms_norm(x, x_weight, eps)).float()
     residual.copy_(summed)
     # Normalise what was stored, so that low-precision results match a kernel that re-reads it.
     x.copy_(rms_norm(residual, weight, eps))
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool) -> None:
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool,
+         q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
     # In place on q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim].
     # positions [tokens]; cos_sin [max_position, rotary_dim] fp32 = cos | sin halves.
     # is_neox: rotate-half pairs (i, i + rot/2); else interleaved pairs (2i, 2i + 1).
+    # q_weight, k_weight [head_dim]: each head rms_norm'd (rounded to the dtype) before the rotation.
+    if q_weight is not None:
+        for t, w in ((q, q_weight), (k, k_weight)):
+            t.copy_(rms_norm(t.reshape(-1, t.shape[-1]), w, eps).view(t.shape))
     rot = cos_sin.shape[-1]
     cos, sin = cos_sin[positions.long()].float().chunk(2, dim=-1)  # [tokens, rot/2] each
     cos, sin = cos[:, None, :], sin[:, None, :]
