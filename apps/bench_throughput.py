@@ -258,7 +258,7 @@ def main(argv=None) -> int:
     p.add_argument("--itl-steps", type=int, default=32, help="with --long-prompt-len: decode steps before it")
     p.add_argument("--decode-batch", help="time the decode step at these batch sizes (comma-separated) instead")
     p.add_argument("--decode-steps", type=int, default=32, help="with --decode-batch: steps timed (default: %(default)s)")
-    p.add_argument("--profile", action="store_true", help="with --decode-batch: also print a step's kernels")
+    p.add_argument("--profile", action="store_true", help="with --decode-batch or --long-prompt-len: also print the steps' kernels")
     p.add_argument("--json", help="append one JSON line per engine to this file")
     args = p.parse_args(argv)
     if args.shape and args.checkpoint:
@@ -267,8 +267,9 @@ def main(argv=None) -> int:
         p.error(f"--decode-batch needs one context length, --input-len N (not {args.input_len!r})")
     if args.decode_batch and not all(b.isdigit() and int(b) >= 1 for b in args.decode_batch.split(",")):
         p.error(f"--decode-batch: give batch sizes of at least 1, comma-separated (not {args.decode_batch!r})")
-    if args.long_prompt_len < 0 or args.itl_steps < 1 or args.decode_steps < 1:
-        p.error("--long-prompt-len must be >= 0, --itl-steps and --decode-steps >= 1")
+    if args.long_prompt_len < 0 or args.itl_steps < 2 or args.decode_steps < 1:
+        p.error("--long-prompt-len must be >= 0, --itl-steps >= 2 (an inter-token gap needs two steps), "
+                "--decode-steps >= 1")
 
     make_kwargs = dict(dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                        backend=args.backend)

@@ -125,7 +125,7 @@ __global__ void qk_norm_rope_kernel(T* q, int64_t q_stride,                 // [
     }
     __syncwarp();  // the rotation's pairs were written by other lanes
     for (int p = lane; p < per_head; p += 32) rotate_item<T, W, kNeox>(head, p, cs, rot / 2);
-    __syncwarp();  // this head's reads are done before the next head's writes (a different head: no overlap)
+    __syncwarp();  // the lanes start the next head together (heads are disjoint: no data hazard)
   }
 }
 

@@ -54,7 +54,8 @@ def parse_args(argv=None):
                    help="expand a GGUF's quantized matrices to --dtype at load (default: they stay quantized on the "
                         "cuda backend; the ref backend always expands them)")
     engine = p.add_argument_group("engine (continuous batching over a paged KV cache)")
-    engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
+    engine.add_argument("--max-num-seqs", type=int, default=256,
+                        help="sequences in a step, at most (default: %(default)s)")
     engine.add_argument("--max-num-batched-tokens", type=int, default=8192,
                         help="tokens in a step, at most: long prompts prefill in chunks (default: %(default)s)")
     engine.add_argument("--cuda-graph-sizes", type=int, nargs="+", metavar="N",

@@ -627,8 +627,8 @@ def test_prefill_sm80_path_on_hopper(hd, monkeypatch):
 @pytest.mark.parametrize("ratio", [1, 4])
 @pytest.mark.parametrize("seq", [17, 113, 1000])
 def test_prefill_head_dim_256(seq, ratio, dtype, monkeypatch):
-    # The default dispatch (on Hopper the sm90 kernel, 64-key tiles at head_dim 256), cache slots past each
-    # sequence poisoned.
+    # The default dispatch (on Hopper the sm90 kernel; test_prefill_window forces each path), cache slots past
+    # each sequence poisoned.
     monkeypatch.setenv("MINFER_PREFILL_PATH", "auto")
     ours, ref32, lowp = _engine_case(2, seq, 2 * ratio, 2, 256, dtype, [0, 300])
     _check(ours, ref32, lowp, dtype, f"seq={seq}")

@@ -215,8 +215,8 @@ def test_cuda_paged_decode_window_pages(ctx, window, ratio, page):
                                            ([1, 2], [500, 4095]),
                                            ([64, 1, 1], [20000, 300, 7000])])  # a long prompt's chunk, decodes
 def test_cuda_paged_prefill(q_lens, starts, page, hd, dtype):
-    """Steps of fewer than 4 query blocks a head an SM split the key tiles over CTAs (flash_prefill.cu): all
-    but the 17-query prefill here, whose one key tile stays whole."""
+    """Steps of few query blocks split the key tiles over CTAs where the longest sequence has 16 key tiles or
+    more (flash_prefill.cu's prefill_kv_splits); the shorter cases here run whole."""
     check_paged(q_lens, starts, hd=hd, dtype=dtype, page=page)
 
 

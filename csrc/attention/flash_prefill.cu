@@ -283,7 +283,8 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
       float* po = p.part_o + at * D + (lane % 4) * 2;
       const int mt = h / 2, e0 = (h % 2) * 2;
 #pragma unroll
-      for (int i = 0; i < DT; ++i) *reinterpret_cast<float2*>(po + i * 8) = make_float2(acc[mt][i][e0], acc[mt][i][e0 + 1]);
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<float2*>(po + i * 8) = make_float2(acc[mt][i][e0], acc[mt][i][e0 + 1]);
       if (lane % 4 == 0) *reinterpret_cast<float2*>(p.part_ml + 2 * at) = make_float2(m_row[h], l);
       continue;
     }
@@ -330,8 +331,8 @@ __global__ void __launch_bounds__(kThreads) prefill_combine_kernel(const FlashPa
 constexpr int kMinSplitTiles = 8, kCtasPerSm = 4;
 
 // Split-KV for a ragged step whose queries fill fewer than kCtasPerSm CTAs an SM (counted as total_q / BM
-// full blocks a head, so that decode rows beside a chunk count for little): enough splits to reach that,
-// each of at least kMinSplitTiles of the longest sequence's tiles.
+// full blocks a head): enough splits to reach that, each of at least kMinSplitTiles of the longest
+// sequence's tiles.
 int prefill_kv_splits(const FlashParams& p, int bm, int heads) {
   if (p.cu_seqlens_q == nullptr) return 1;
   const int64_t ctas = int64_t((p.total_q + bm - 1) / bm) * heads;
@@ -383,7 +384,7 @@ void flash_prefill(const FlashParams& p, at::ScalarType dtype, int head_dim, boo
   if (path != "sm80" && !ragged_or_paged) {
     if (flash_prefill_sm90(p, dtype, head_dim, causal, batch, heads, stream)) return;  // Hopper: wgmma + TMA
     MINFER_CHECK(path != "sm90", "flash prefill: MINFER_PREFILL_PATH=sm90 but the sm90 kernel cannot take this case "
-                 "(it needs compute capability 9.x, float16/bfloat16, head_dim 64/128 and TMA-describable operands: "
+                 "(it needs compute capability 9.x, float16/bfloat16 and TMA-describable operands: "
                  "16-byte aligned base and row strides)");
   }
   MINFER_DISPATCH_HALF(dtype, "flash prefill", [&] {

@@ -20,8 +20,8 @@
 //   V [BN keys, D] is B of O = P V with K = keys and N = head_dim contiguous: "MN-major". PTX's canonical
 //   MN-major SW128 layout is ((8, 8, m), (8, k)) : ((1, 8, LBO), (64, SBO)) in elements, swizzled on the
 //   address: N runs 64 elements along a 128-byte row, one row per key, 8-key groups SBO apart and 64-wide
-//   N blocks LBO apart. Here a row is one key (128 B), so SBO = 1024 B, LBO = the distance between the
-//   two column halves (BN * 128 B), and k-step kk (16 keys) starts at + kk * 16 * 128 = 2048 kk bytes,
+//   N blocks LBO apart. Here a row is one key (128 B), so SBO = 1024 B, LBO = the distance between two
+//   64-column halves (BN * 128 B), and k-step kk (16 keys) starts at + kk * 16 * 128 = 2048 kk bytes,
 //   a multiple of 1024, so the address-based swizzle of TMA and of wgmma agree. (Element (key, d):
 //   half * BN*128 + key * 128 + ((d / 8 % 8) ^ (key % 8)) * 16 + (d % 8) * 2 in both views.)
 //
@@ -38,9 +38,9 @@
 // tiles reaching below a warpgroup's last row's window get the window mask as well. The keys of tile t_lo
 // before the window are the sequence's own (written, finite) cache rows: masked, never zeroed.
 // Key tiles: BN = 128 at head_dim 64 and 128. At 256, O is 64 x 256 fp32 a warpgroup (128 registers a
-// thread), so BN = 64 (S 32 registers, as FlashAttention-3 narrows its key tiles there): the GEMM work per
-// score doubles and a tile's work per softmax score stays that of d 128; shared memory is Q 64 KB + 2
-// stages of K and V at 32 KB.
+// thread), so BN = 64 (S 32 registers, as FlashAttention-3 narrows its key tiles there): a tile has the
+// GEMM work of a d 128 tile and half its softmax scores; shared memory is Q 64 KB + 2 stages of K and V at
+// 32 KB.
 #include <c10/cuda/CUDAException.h>
 
 #include <cmath>
@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) sm[h][j] = sacc[4 * j + 2 * h] + sacc[4 * j + 2 * h + 1];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) l_run[h] = fmaf(l_run[h], alpha[h], tree(sm[h], [](float a, float b) { return a + b; }));
+    for (int h = 0; h < 2; ++h)
+      l_run[h] = fmaf(l_run[h], alpha[h], tree(sm[h], [](float a, float b) { return a + b; }));
   };
   // Second half, once P V of the previous tile is done: rescale o, P -> 16-bit A fragments.
   auto rescale_and_pack = [&](const float (&alpha)[2]) {

@@ -244,8 +244,9 @@ __global__ void __launch_bounds__(kThreads)
     qlinear_kernel(const Args a) {
   using R = Ring<QT>;
   static_assert(kWarps * NT * 4 * 32 * sizeof(float) <= R::kSmem, "the partial sums must fit the rings");
-  // Not at NT = 1 without x ahead (the large grids): its offsets took 112 registers there, or spilled
-  // under a bound of 3 CTAs an SM (Q8_0 1 x 28672 x 4096: 49.7 -> 54.4 us).
+  // At NT = 2 and with x ahead only. Not at NT = 1 without x ahead (the large grids): its offsets took 112
+  // registers there, or spilled under a bound of 3 CTAs an SM (Q8_0 1 x 28672 x 4096: 49.7 -> 54.4 us);
+  // NT = 4 (M 17-32) was not measured with them.
   constexpr bool kOffsets = kOffsetsFormat<QT> && (NT == 2 || kAhead);
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][kStages][kStageBytes]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;

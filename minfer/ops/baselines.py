@@ -74,7 +74,7 @@ def tiled_attention(q, k, v, scale=None, is_causal=False):
 
 
 def flash_attention(q, k, v, scale=None, is_causal=False):
-    # fp16/bf16 with head_dim 64/128 run on tensor cores; fp32 and other head dims on the tiled kernel.
+    # fp16/bf16 with head_dim 64/128/256 run on tensor cores; fp32 and other head dims on the tiled kernel.
     return torch.ops.minfer.flash_attention(q, k, v, scale, is_causal)
 
 

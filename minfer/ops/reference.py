@@ -48,6 +48,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: tor
     # positions [tokens]; cos_sin [max_position, rotary_dim] fp32 = cos | sin halves.
     # is_neox: rotate-half pairs (i, i + rot/2); else interleaved pairs (2i, 2i + 1).
     # q_weight, k_weight [head_dim]: each head rms_norm'd (rounded to the dtype) before the rotation.
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("rope: q_weight and k_weight come together")
     if q_weight is not None:
         for t, w in ((q, q_weight), (k, k_weight)):
             t.copy_(rms_norm(t.reshape(-1, t.shape[-1]), w, eps).view(t.shape))
