@@ -102,6 +102,21 @@ def test_qlinear_large_grid(kind):
         _check(ours, torch_out, ref64, torch.bfloat16)
 
 
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
+def test_qlinear_rows_far_apart_in_scale(kind):
+    """x rows at 1e4, 1e-20 and 1 (qlinear may carry x in fp16 scaled per row): each row's output meets the
+    rule on its own."""
+    q = _q()
+    n, k = 64, KS[kind][1]
+    w, x, _, _, _ = _product_case(kind, 3, n, k, torch.bfloat16, seed=3, bias=False)
+    x = (x.float() * torch.tensor([[1e4], [1e-20], [1.0]], device=DEV)).to(torch.bfloat16)
+    w32 = w.dequantize(torch.float32)
+    ref64, torch_out = x.double() @ w32.double().t(), F.linear(x, w32.to(torch.bfloat16))
+    ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, None, False)
+    for r in range(3):
+        _check(ours[r:r + 1], torch_out[r:r + 1], ref64[r:r + 1], torch.bfloat16)
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])
 def test_qlinear_static_weight_and_no_bias(kind):
     q = _q()

@@ -16,6 +16,7 @@
 // in shared memory at the end (NT x 4 KB, within every format's rings).
 //
 // Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
+// Q4_K at M = 1 takes its own kernel (q4k below): the sub-block scales folded into fp16 quants.
 //
 // Programmatic dependent launch (Hopper): with static_weight (no kernel that may still run writes W),
 // the first stages of W are in flight before griddep_wait; x, bias and out only after it.
@@ -65,6 +66,9 @@ struct Args {
   bool static_weight;
   bool aligned;  // row_bytes % 16 == 0 and 16 rows < 2^31 bytes: every row's chunk starts 16-byte aligned
                  // where the chunk's size is a multiple of 16
+  // q4k::byte_pair's exponent bytes (0x64, 0x54), as an argument: as constants, ptxas made them PRMT's
+  // immediate and its selector a register, reloaded ~32 times a chunk.
+  uint32_t pair_exps;
 };
 
 // Where row n0 + r's chunk c starts in W (bytes): the stage holds it from offset start & 15.
@@ -237,6 +241,31 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
   }
 }
 
+// out[:, n0 .. n0 + 15] (+ bias) from the warps' partial sums acc (C fragments), met through the (now idle)
+// rings: red[warp][i][lane]. Every cp.async of the CTA must be complete.
+template <typename T, int NT>
+__device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t* smem, const Args& a, int n0, int warp,
+                                             int lane) {
+  const int g = lane / 4, t = lane % 4;
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) red[(warp * NT * 4 + i) * 32 + lane] = acc[i / 4][i % 4];
+  __syncthreads();
+  if (warp != 0) return;
+  const T* bias = static_cast<const T*>(a.bias);
+  T* out = static_cast<T*>(a.out);
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += red[(w * NT * 4 + i) * 32 + lane];
+    // acc[nt][2h + e]: out[m = 8 nt + 2t + e][n = n0 + g + 8h] (the C fragment layout)
+    const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
+    if (m < a.M && n < a.N) out[int64_t(m) * a.N + n] = from_float<T>(bias ? sum + to_float(bias[n]) : sum);
+  }
+}
+
 // No minimum of CTAs an SM: the compiler's choice (an explicit 1 lets it take up to 255 registers: Q4_K
 // 80 -> 115, M = 1 qlinear 11-25% slower).
 template <int QT, typename T, int NT, bool kAhead>
@@ -274,26 +303,246 @@ __global__ void __launch_bounds__(kThreads)
     mma_chunk<QT, T, NT, kAhead>(acc, ring + (i % R::kStages) * R::kStageBytes, xa, a, n0, warp + kWarps * i, g, t);
     __syncwarp();  // every lane is done with the stage before it is refilled
   }
-  // The warps' partial sums, through the (now idle) rings: red[warp][i][lane].
   cp_async_wait<0>();
-  __syncthreads();
-  float* red = reinterpret_cast<float*>(smem);
+  reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
+}
+
+// ---- Q4_K at M = 1: each sub-block's scale folded into its quants, in fp16 ----
+// A Q4_K weight is d sc q - dmin mn (sc, mn: 6 bits a 32-element sub-block; q: 4 bits). sc q is an integer
+// up to 945, exact in fp16, made from a quant pair by one HFMA2: (1024 + q) sc - 1024 sc. So a chunk
+// (one super-block) needs no fp32 work per sub-block: dot = sum sc q x and msum = sum mn x (one more mma
+// with A = mn) run through the whole chunk, and the chunk ends with acc += 2^-e (d dot - dmin msum):
+// ~350 SASS instructions a chunk a warp against qlinear_kernel's ~540 (bf16, NT = 1).
+//
+// The mma takes fp16 x: each stage carries the chunk's x rows (cp.async beside the weights), converted in
+// place per row and chunk to fp16 times 2^e, e putting the largest |x| in [2^14, 2^15). bf16 values (8-bit
+// significands) are then exact down to 2^-38 of that largest one. Lane t takes elements 8t .. 8t + 7 of
+// a sub-block: the low nibbles of its 8 quant bytes for sub-block 2p, the high ones for 2p + 1; the
+// fragment pair "k 2t, 2t + 1" of mma j holds elements 8t + 4j + {0, 2}, "2t + 8, 2t + 9" + {1, 3}, and x
+// is stored in that order ([x0 x2 x1 x3 x4 x6 x5 x7] a lane).
+namespace q4k {
+
+constexpr int kXRowBytes = 256 * 2;  // one chunk of an x row, 2-byte values
+
+// The stage: the weights (Ring's), then x [M][256] (fp16 after stage_x), then 1 / 2^e for each x row.
+__host__ __device__ constexpr int stage_bytes(int m) { return Ring<kQ4_K>::kStageBytes + m * kXRowBytes + 32; }
+
+__device__ __forceinline__ uint32_t h2_add(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t h2_mul(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+// (a & mask) | bits in one LOP3 (as C, the two constants make two: one of them must sit in a register).
+template <uint32_t kMask, uint32_t kBits>
+__device__ __forceinline__ uint32_t and_or(uint32_t a) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(kMask), "n"(kBits));
+  return r;
+}
+
+// The fp16 pair (v, v) for byte i of w (v < 64), over 16 (high) or not: PRMT puts the byte under the
+// exponent of 1024 (ulp 1) or of 64 (ulp 1/16), one HADD2 takes that base off. exp: 0x64 or 0x54 in a
+// register, so that the selector is PRMT's immediate.
+template <int i, bool kHigh>
+__device__ __forceinline__ uint32_t byte_pair(uint32_t w, uint32_t exp) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(exp), "n"(0x4040 | (i * 0x0101)));
+  return h2_add(r, kHigh ? 0xD400D400u : 0xE400E400u);
+}
+
+// x [:, chunk c] into the stage's x rows, 16 bytes a lane and row.
+template <typename T>
+__device__ __forceinline__ void load_x(uint8_t* xs, const Args& a, int c, int lane) {
+  const T* x = static_cast<const T*>(a.x) + 256 * c + 8 * lane;
+  for (int m = 0; m < a.M; ++m) cp_async16(smem_addr(xs + m * kXRowBytes + 16 * lane), x + int64_t(m) * a.K, 16);
+}
+
+// The stage's x rows, in place, to fp16 x 2^e in the fragment order; inv[m] = 2^-e. Lane l holds elements
+// 8l .. 8l + 7 (sub-block l / 4, lane l % 4's part of it) before and after.
+template <typename T>
+__device__ __forceinline__ void stage_x(uint8_t* xs, int M, int lane) {
+  float* inv = reinterpret_cast<float*>(xs + M * kXRowBytes);
+  for (int m = 0; m < M; ++m) {
+    uint4* p = reinterpret_cast<uint4*>(xs + m * kXRowBytes) + lane;
+    const uint4 v = *p;
+    if constexpr (std::is_same_v<T, __half>) {  // fp16 already: the order only
+      *p = make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
+                      __byte_perm(v.z, v.w, 0x7632));
+      if (lane == 0) inv[m] = 1.f;
+    } else {
+      // The largest |x| of the row's chunk: bf16 magnitudes order as their bits.
+      constexpr uint32_t kAbs = 0x7FFF7FFFu;
+      uint32_t mx = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
+      mx = __reduce_max_sync(0xFFFFFFFFu, max(mx & 0xFFFFu, mx >> 16));
+      const int e = min(max(141 - int(mx >> 7), -126), 126);  // 2^(E - 127) 2^e = 2^14 for the top exponent E
+      const float s = __int_as_float((127 + e) << 23);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      float f[8];
 #pragma unroll
-  for (int i = 0; i < NT * 4; ++i) red[(warp * NT * 4 + i) * 32 + lane] = acc[i / 4][i % 4];
-  __syncthreads();
-  if (warp != 0) return;
-  const T* bias = static_cast<const T*>(a.bias);
-  T* out = static_cast<T*>(a.out);
+      for (int i = 0; i < 4; ++i)
+        f[2 * i] = __uint_as_float(w[i] << 16) * s, f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u) * s;
+      uint32_t h[4];
+      const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 #pragma unroll
-  for (int i = 0; i < NT * 4; ++i) {
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += red[(w * NT * 4 + i) * 32 + lane];
-    // acc[nt][2h + e]: out[m = 8 nt + 2t + e][n = n0 + g + 8h] (the C fragment layout)
-    const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
-    if (m < a.M && n < a.N) out[int64_t(m) * a.N + n] = from_float<T>(bias ? sum + to_float(bias[n]) : sum);
+      for (int i = 0; i < 4; ++i) {
+        const __half2 pair = __floats2half2_rn(f[order[2 * i]], f[order[2 * i + 1]]);
+        h[i] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+      *p = make_uint4(h[0], h[1], h[2], h[3]);
+      if (lane == 0) inv[m] = __int_as_float((127 - e) << 23);
+    }
   }
 }
+
+// What a lane's steps of a chunk share: rows g and g + 8 of the stage, their packed 6-bit scales and mins,
+// x row g's part (zeros past M), and the exponents byte_pair puts the scales under.
+struct Chunk {
+  const uint8_t *row_a, *row_b, *x;
+  uint32_t sc_a[2], mn_a[2], sc_b[2], mn_b[2];
+  uint32_t exp_lo, exp_hi;
+};
+
+// Sub-blocks 2P and 2P + 1 of one row as A fragment halves: lo[j] (2P) and hi[j] (2P + 1) = sc q of
+// elements 8t + 4j + {0, 2} ([0]) and {1, 3} ([1]); q: the row's 8 quant bytes for this lane.
+template <int P>
+__device__ __forceinline__ void row_quants(uint2 q, const uint32_t (&sc)[2], uint32_t exp_lo, uint32_t exp_hi,
+                                           uint32_t (&lo)[2][2], uint32_t (&hi)[2][2]) {
+  constexpr uint32_t kMagic = 0x64006400u, kMinus1024 = 0xE400E400u;
+  const uint32_t s_lo = byte_pair<(2 * P) % 4, false>(sc[P / 2], exp_lo);
+  const uint32_t s_hi = byte_pair<(2 * P + 1) % 4, true>(sc[P / 2], exp_hi);
+  const uint32_t b_lo = h2_mul(s_lo, kMinus1024), b_hi = h2_mul(s_hi, kMinus1024);
+  const uint32_t w[2] = {q.x, q.y};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint32_t odd = w[j] >> 8;  // bytes 1 and 3 into 0 and 2
+    lo[j][0] = h2_fma(and_or<0x000F000Fu, kMagic>(w[j]), s_lo, b_lo);
+    lo[j][1] = h2_fma(and_or<0x000F000Fu, kMagic>(odd), s_lo, b_lo);
+    hi[j][0] = h2_fma(and_or<0x00F000F0u, kMagic>(w[j]), s_hi, b_hi);
+    hi[j][1] = h2_fma(and_or<0x00F000F0u, kMagic>(odd), s_hi, b_hi);
+  }
+}
+
+// Sub-blocks 2P and 2P + 1 of the chunk: dot += sc q . x, msum += mn . x. The min's A holds sub-block 2P's
+// mn at k 2t, 2t + 1 and 2P + 1's at 2t + 8, 2t + 9, against x of 2P and 2P + 1 there.
+template <int P>
+__device__ __forceinline__ void mma_step(float (&dot)[4], float (&msum)[4], const Chunk& c, int t) {
+  const uint2 qa = *reinterpret_cast<const uint2*>(c.row_a + 16 + 32 * P + 8 * t);
+  const uint2 qb = *reinterpret_cast<const uint2*>(c.row_b + 16 + 32 * P + 8 * t);
+  const uint4 x_lo = *reinterpret_cast<const uint4*>(c.x + 128 * P);       // sub-block 2P
+  const uint4 x_hi = *reinterpret_cast<const uint4*>(c.x + 128 * P + 64);  // 2P + 1
+  uint32_t lo_a[2][2], hi_a[2][2], lo_b[2][2], hi_b[2][2];
+  row_quants<P>(qa, c.sc_a, c.exp_lo, c.exp_hi, lo_a, hi_a);
+  row_quants<P>(qb, c.sc_b, c.exp_lo, c.exp_hi, lo_b, hi_b);
+  const uint32_t mins[4] = {byte_pair<(2 * P) % 4, false>(c.mn_a[P / 2], c.exp_lo),
+                            byte_pair<(2 * P) % 4, false>(c.mn_b[P / 2], c.exp_lo),
+                            byte_pair<(2 * P + 1) % 4, false>(c.mn_a[P / 2], c.exp_lo),
+                            byte_pair<(2 * P + 1) % 4, false>(c.mn_b[P / 2], c.exp_lo)};
+  const uint32_t xl[4] = {x_lo.x, x_lo.y, x_lo.z, x_lo.w}, xh[4] = {x_hi.x, x_hi.y, x_hi.z, x_hi.w};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    mma_m16n8k16<__half>(dot, {lo_a[j][0], lo_b[j][0], lo_a[j][1], lo_b[j][1]}, xl[2 * j], xl[2 * j + 1]);
+    mma_m16n8k16<__half>(dot, {hi_a[j][0], hi_b[j][0], hi_a[j][1], hi_b[j][1]}, xh[2 * j], xh[2 * j + 1]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) mma_m16n8k16<__half>(msum, mins, xl[2 * j + e], xh[2 * j + e]);
+  }
+}
+
+// acc += W[n0 .. n0 + 15, chunk] . x[:, chunk]^T from a stage whose x is staged; zeros: 512 zero bytes.
+__device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint8_t* stage, const uint8_t* zeros, int M,
+                                          uint32_t exps, int g, int t) {
+  using R = Ring<kQ4_K>;
+  Chunk c;
+  c.row_a = stage + g * R::kRowStride;  // Q4_K chunks start 16-byte aligned
+  c.row_b = stage + (g + 8) * R::kRowStride;
+  c.x = (g < M ? stage + R::kStageBytes + g * kXRowBytes : zeros) + 16 * t;
+  k_scales_mins(c.row_a + 4, c.sc_a, c.mn_a);
+  k_scales_mins(c.row_b + 4, c.sc_b, c.mn_b);
+  c.exp_lo = exps & 0xFF, c.exp_hi = exps >> 8;
+  float dot[4] = {}, msum[4] = {};
+  mma_step<0>(dot, msum, c, t);
+  mma_step<1>(dot, msum, c, t);
+  mma_step<2>(dot, msum, c, t);
+  mma_step<3>(dot, msum, c, t);
+  // C fragment: dot[i] is row g (i < 2) or g + 8, x row 2t + (i & 1)
+  const float* inv = reinterpret_cast<const float*>(stage + R::kStageBytes + M * kXRowBytes);
+  const float d[2] = {f16_at(c.row_a), f16_at(c.row_b)}, dmin[2] = {f16_at(c.row_a + 2), f16_at(c.row_b + 2)};
+  const float s[2] = {2 * t < M ? inv[2 * t] : 0.f, 2 * t + 1 < M ? inv[2 * t + 1] : 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    acc[i] = __fmaf_rn(d[i >> 1] * s[i & 1], dot[i], __fmaf_rn(-dmin[i >> 1] * s[i & 1], msum[i], acc[i]));
+}
+
+// qlinear_kernel's loop for Q4_K, written for M <= 8 and launched at M = 1: staging x costs a chunk ~40
+// instructions a row, so that from M = 2 on the kernel loses to qlinear_kernel on some shapes (H100, us:
+// 2 x 28672 x 4096 42.7 against 39.1, 8 x 4096 x 4096 14.1 against 10.1). The first stages' x follow
+// griddep_wait in one group of their own.
+// S stages a warp: 3 (three CTAs an SM), or 4 where the grid is at most 2 CTAs an SM (H100, 1 x 4096 x
+// 14336: 23.0 -> 16.9 us; 1 x 4096 x 4096 8.1 -> 7.4).
+template <typename T, int S>
+__global__ void __launch_bounds__(kThreads, S == 3 ? 3 : 2) kernel(const Args a) {
+  using R = Ring<kQ4_K>;
+  static_assert(S == 3 || S == 4, "q4k::kernel: the waits below count S - 1 weight groups, then x's");
+  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][stage_bytes(M)], then 512 zero bytes
+  const int stage = stage_bytes(a.M);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * 16, chunks = a.K / 256;
+  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
+  uint8_t* ring = smem + warp * S * stage;
+  uint8_t* zeros = smem + kWarps * S * stage;  // x for the fragment columns past M
+  if (threadIdx.x < kXRowBytes / 16) reinterpret_cast<uint4*>(zeros)[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  griddep_launch_dependents();
+  if (!a.static_weight) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < mine) load_chunk<kQ4_K, true>(ring + i * stage, a, n0, warp + kWarps * i, lane);
+    cp_async_commit();
+  }
+  if (a.static_weight) griddep_wait();  // x, bias and out may be the previous kernel's
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i)
+    if (i < mine) load_x<T>(ring + i * stage + R::kStageBytes, a, warp + kWarps * i, lane);
+  cp_async_commit();
+  float acc[1][4] = {};
+  for (int i = 0; i < mine; ++i) {
+    const int ahead = i + S - 1;  // refills the stage that chunk i - 1 left
+    if (ahead < mine) {
+      uint8_t* st = ring + (ahead % S) * stage;
+      load_chunk<kQ4_K, true>(st, a, n0, warp + kWarps * ahead, lane);
+      load_x<T>(st + R::kStageBytes, a, warp + kWarps * ahead, lane);
+    }
+    cp_async_commit();
+    // groups: weights 0 .. S - 2, their x, then one a chunk from S - 1 on: chunk i is done with min(i + 1,
+    // S - 1) groups pending
+    if (i == 0)
+      cp_async_wait<1>();
+    else if (S == 4 && i == 1)
+      cp_async_wait<2>();
+    else
+      cp_async_wait<S - 1>();
+    __syncwarp();
+    uint8_t* st = ring + (i % S) * stage;
+    stage_x<T>(st + R::kStageBytes, a.M, lane);
+    __syncwarp();
+    mma_chunk(acc[0], st, zeros, a.M, a.pair_exps, g, t);
+    __syncwarp();  // every lane is done with the stage before it is refilled
+  }
+  cp_async_wait<0>();
+  reduce_store<T, 1>(acc, smem, a, n0, warp, lane);
+}
+
+}  // namespace q4k
 
 template <int QT, typename T, int NT, bool kAhead = false>
 void launch(const Args& a, cudaStream_t stream) {
@@ -304,6 +553,27 @@ void launch(const Args& a, cudaStream_t stream) {
   }();
   (void)attr;
   launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), Ring<QT>::kSmem, stream, a);
+}
+
+template <typename T, int S>
+void launch_q4k_stages(const Args& a, cudaStream_t stream) {
+  auto kernel = q4k::kernel<T, S>;
+  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in; sized for M = 8
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kWarps * S * q4k::stage_bytes(8) + q4k::kXRowBytes));
+    return true;
+  }();
+  (void)attr;
+  const int smem = kWarps * S * q4k::stage_bytes(a.M) + q4k::kXRowBytes;
+  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a);
+}
+
+template <typename T>
+void launch_q4k(const Args& a, cudaStream_t stream, int sms) {
+  if ((a.N + 15) / 16 <= 2 * sms)
+    launch_q4k_stages<T, 4>(a, stream);
+  else
+    launch_q4k_stages<T, 3>(a, stream);
 }
 
 }  // namespace
@@ -334,12 +604,15 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64
   if (x.size(0) == 0 || n == 0) return out;
   const qgemm::Args a{blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
                       (int)x.size(0),             (int)n,         (int)k,                             row_bytes,
-                      static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31)};
+                      static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31),
+                      0x5464u};
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
       // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
-      if (qgemm::kXAheadFormat<QT> && a.M <= 8 && (a.N + 15) / 16 <= 2 * sm_count(x.get_device()))
+      if (QT == qgemm::kQ4_K && a.M == 1)  // from 2 rows on staging x costs more than it saves
+        qgemm::launch_q4k<scalar_t>(a, stream, sm_count(x.get_device()));
+      else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && (a.N + 15) / 16 <= 2 * sm_count(x.get_device()))
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
       else if (a.M <= 8)
         qgemm::launch<QT, scalar_t, 1>(a, stream);
