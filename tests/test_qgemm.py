@@ -104,17 +104,21 @@ def test_qlinear_large_grid(kind):
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
 def test_qlinear_rows_far_apart_in_scale(kind):
-    """x rows at 1e4, 1e-20 and 1 (qlinear may carry x in fp16 scaled per row): each row's output meets the
-    rule on its own."""
+    """x rows at 2^13, 2^-66 and 1 (qlinear may carry x in fp16 scaled per row), together and one by one (M =
+    1 takes Q4_K's own kernel): each row's output, scaled back by its factor, meets the rule on its own."""
     q = _q()
     n, k = 64, KS[kind][1]
     w, x, _, _, _ = _product_case(kind, 3, n, k, torch.bfloat16, seed=3, bias=False)
-    x = (x.float() * torch.tensor([[1e4], [1e-20], [1.0]], device=DEV)).to(torch.bfloat16)
+    scale = torch.tensor([[2.0 ** 13], [2.0 ** -66], [1.0]], device=DEV)  # powers of 2: exact both ways
+    x = (x.float() * scale).to(torch.bfloat16)
     w32 = w.dequantize(torch.float32)
     ref64, torch_out = x.double() @ w32.double().t(), F.linear(x, w32.to(torch.bfloat16))
-    ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, None, False)
+    together = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, None, False)
     for r in range(3):
-        _check(ours[r:r + 1], torch_out[r:r + 1], ref64[r:r + 1], torch.bfloat16)
+        alone = torch.ops.minfer.qlinear(x[r:r + 1].contiguous(), w.blocks, q.QTYPE[kind], n, k, None, False)
+        for ours in (together[r:r + 1], alone):
+            _check(ours.float() / scale[r], torch_out[r:r + 1].float() / scale[r], ref64[r:r + 1] / scale[r].double(),
+                   torch.bfloat16)
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])

@@ -487,8 +487,8 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint8_t* stage,
 // instructions a row, so that from M = 2 on the kernel loses to qlinear_kernel on some shapes (H100, us:
 // 2 x 28672 x 4096 42.7 against 39.1, 8 x 4096 x 4096 14.1 against 10.1). The first stages' x follow
 // griddep_wait in one group of their own.
-// S stages a warp: 3 (three CTAs an SM), or 4 where the grid is at most 2 CTAs an SM (H100, 1 x 4096 x
-// 14336: 23.0 -> 16.9 us; 1 x 4096 x 4096 8.1 -> 7.4).
+// S stages a warp: 3 (three CTAs an SM), or 4 where the grid is at most 2 CTAs an SM (two H100 runs, us:
+// 1 x 4096 x 14336 23.0 -> 16.9, 1 x 4096 x 4096 8.1 -> 7.4).
 template <typename T, int S>
 __global__ void __launch_bounds__(kThreads, S == 3 ? 3 : 2) kernel(const Args a) {
   using R = Ring<kQ4_K>;
