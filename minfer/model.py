@@ -207,10 +207,9 @@ class Transformer:
             q = q.reshape(-1, heads, hd)  # [tokens, heads, hd]; views, no copies
             k = k.reshape(-1, kv_heads, hd)
             v = v.reshape(-1, kv_heads, hd)
-            if cfg.qk_norm:  # per-head RMSNorm, in the rope op's launch
-                ops.rope(q, k, positions, self.rope_tables[i], True, layer["q_norm"], layer["k_norm"], cfg.rms_norm_eps)
-            else:
-                ops.rope(q, k, positions, self.rope_tables[i], True)
+            # the per-head q/k RMSNorms (Qwen3, Gemma 3), where the model has them, in the rope op's launch
+            ops.rope(q, k, positions, self.rope_tables[i], True, layer.get("q_norm"), layer.get("k_norm"),
+                     cfg.rms_norm_eps)
             x = ops.linear(attend(i, q, k, v), layer["o"], static_weight=True)  # [tokens, hidden]
             # the sandwich norm after attention (Gemma) is in the add's launch
             ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps, layer.get("attn_out_norm"))
