@@ -92,20 +92,23 @@ def test_qlinear(kind, m, dtype):
 
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_large_grid(kind):
-    """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernel without
-    x loaded ahead; 276 rows past that (4500 on 132 SMs) end in a partial tile."""
+    """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernels without
+    x loaded ahead, 3 stages a warp; past 3 an SM, Q4_K at M = 1 on prepared x. 276 rows past each (4500 and
+    6612 on 132 SMs) end in a partial tile."""
     q = _q()
-    n = 16 * 2 * torch.cuda.get_device_properties(0).multi_processor_count + 276
-    for m in (1, 5):
-        w, x, b, ref64, torch_out = _product_case(kind, m, n, KS[kind][0], torch.bfloat16, seed=m)
-        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, KS[kind][0], b, False)
-        _check(ours, torch_out, ref64, torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):
+        for m in (1, 5):
+            w, x, b, ref64, torch_out = _product_case(kind, m, n, KS[kind][0], torch.bfloat16, seed=m)
+            ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, KS[kind][0], b, False)
+            _check(ours, torch_out, ref64, torch.bfloat16)
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
 def test_qlinear_rows_far_apart_in_scale(kind):
-    """x rows at 2^13, 2^-66 and 1 (qlinear may carry x in fp16 scaled per row), together and one by one (M =
-    1 takes Q4_K's own kernel): each row's output, scaled back by its factor, meets the rule on its own."""
+    """x rows at 2^13, 2^-66 and 1 (Q4_K carries x in fp16 scaled per row and chunk), together and one by one
+    (Q4_K: x prepared once a call, and staged in each CTA at M = 1): each row's output, scaled back by its
+    factor, meets the rule on its own."""
     q = _q()
     n, k = 64, KS[kind][1]
     w, x, _, _, _ = _product_case(kind, 3, n, k, torch.bfloat16, seed=3, bias=False)

@@ -6,7 +6,8 @@
 //   mma.sync       mma_m16n8k16<T>(d, a, b0, b1 | b[2]) (T = __half / __nv_bfloat16, fp32 accumulate),
 //                  mma_m16n8k32_s8(d, a, b) (int8, int32 accumulate)
 //   loads          ld_nc_stream_v4(p, pred) (read once: no L1 allocation, 256-byte L2 fetch),
-//                  ld_nc_v4(p, pred) (read-only, L1-resident), ld_cg_v4f32_if(p, pred, fallback),
+//                  ld_nc_v4 / ld_nc_v2 / ld_nc_f32(p, pred) (read-only, L1-resident; v2 and f32 volatile),
+//                  ld_cg_v4f32_if(p, pred, fallback),
 //                  prefetch_l2(p), st_shared_v4(addr, x)
 //   math           ex2_approx(x)
 //   memory order   ld_acquire_gpu(p), st_release_gpu<V>(p), atom_add_acq_rel_gpu<V>(p) (V an immediate),
@@ -132,6 +133,14 @@ __device__ __forceinline__ uint2 ld_nc_v2(const uint2* ptr, bool pred) {
       " @p ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
       : "=r"(v.x), "=r"(v.y)
       : "l"(ptr), "r"((int)pred));
+  return v;
+}
+// 4 read-only bytes as ld_nc_v2 (volatile). pred false: 0, nothing read.
+__device__ __forceinline__ float ld_nc_f32(const float* ptr, bool pred) {
+  float v;
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b32 %0, 0;\n @p ld.global.nc.f32 %0, [%1];\n}\n"
+               : "=f"(v)
+               : "l"(ptr), "r"((int)pred));
   return v;
 }
 // *ptr through L2 (ld.global.cg) where `pred`, else `fallback`: a predicated load, no branch, so an

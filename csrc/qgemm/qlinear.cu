@@ -16,7 +16,7 @@
 // in shared memory at the end (NT x 4 KB, within every format's rings).
 //
 // Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
-// Q4_K at M = 1 takes its own kernel (q4k below): the sub-block scales folded into fp16 quants.
+// Q4_K up to M = 16 takes its own kernels (q4k below): the sub-block scales folded into fp16 quants.
 //
 // Programmatic dependent launch (Hopper): with static_weight (no kernel that may still run writes W),
 // the first stages of W are in flight before griddep_wait; x, bias and out only after it.
@@ -307,25 +307,25 @@ __global__ void __launch_bounds__(kThreads)
   reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
 }
 
-// ---- Q4_K at M = 1: each sub-block's scale folded into its quants, in fp16 ----
+// ---- Q4_K at M <= 16: each sub-block's scale folded into its quants, in fp16 ----
 // A Q4_K weight is d sc q - dmin mn (sc, mn: 6 bits a 32-element sub-block; q: 4 bits). sc q is an integer
 // up to 945, exact in fp16, made from a quant pair by one HFMA2: (1024 + q) sc - 1024 sc. So a chunk
-// (one super-block) needs no fp32 work per sub-block: dot = sum sc q x and msum = sum mn x (one more mma
-// with A = mn) run through the whole chunk, and the chunk ends with acc += 2^-e (d dot - dmin msum):
-// ~350 SASS instructions a chunk a warp against qlinear_kernel's ~540 (bf16, NT = 1).
+// (one super-block) needs no fp32 work per sub-block: dot = sum sc q x runs through the whole chunk,
+// the min's term sum mn X_s comes from x's sub-block sums X_s in one mma, and the chunk ends with
+// acc += 2^-e (d dot - dmin msum).
 //
-// The mma takes fp16 x: each stage carries the chunk's x rows (cp.async beside the weights), converted in
-// place per row and chunk to fp16 times 2^e, e putting the largest |x| in [2^14, 2^15). bf16 values (8-bit
-// significands) are then exact down to 2^-38 of that largest one. Lane t takes elements 8t .. 8t + 7 of
-// a sub-block: the low nibbles of its 8 quant bytes for sub-block 2p, the high ones for 2p + 1; the
-// fragment pair "k 2t, 2t + 1" of mma j holds elements 8t + 4j + {0, 2}, "2t + 8, 2t + 9" + {1, 3}, and x
-// is stored in that order ([x0 x2 x1 x3 x4 x6 x5 x7] a lane).
+// The mma takes fp16 x, which prepare_x_kernel writes once a call, per row and chunk: fp16 times 2^e, e
+// putting the largest |x| in [2^14, 2^15) (bf16 values, 8-bit significands, are then exact down to 2^-38 of
+// it), with the sub-block sums. Lane t takes elements 8t .. 8t + 7 of a sub-block: the low nibbles of its 8
+// quant bytes for sub-block 2p, the high ones for 2p + 1; the fragment pair "k 2t, 2t + 1" of mma j holds
+// elements 8t + 4j + {0, 2}, "2t + 8, 2t + 9" + {1, 3}, and x is stored in that order ([x0 x2 x1 x3 x4 x6
+// x5 x7] a lane).
 namespace q4k {
 
-constexpr int kXRowBytes = 256 * 2;  // one chunk of an x row, 2-byte values
-
-// The stage: the weights (Ring's), then x [M][256] (fp16 after stage_x), then 1 / 2^e for each x row.
-__host__ __device__ constexpr int stage_bytes(int m) { return Ring<kQ4_K>::kStageBytes + m * kXRowBytes + 32; }
+// An x row's chunk (256 k) in the form rows_kernel's mma takes (a record): 256 fp16 values scaled by 2^e in
+// the fragment order, the 8 sub-block sums / 32 as fp16 hi + lo pairs (sub-blocks 2t, 2t + 1's his, then their
+// los: the min's B fragment of lane t), then 2^-e (f32), padded to 16 bytes.
+constexpr int kSumsAt = 512, kInvAt = 544, kRecord = 560;
 
 __device__ __forceinline__ uint32_t h2_add(uint32_t a, uint32_t b) {
   uint32_t r;
@@ -361,57 +361,90 @@ __device__ __forceinline__ uint32_t byte_pair(uint32_t w, uint32_t exp) {
   return h2_add(r, kHigh ? 0xD400D400u : 0xE400E400u);
 }
 
-// x [:, chunk c] into the stage's x rows, 16 bytes a lane and row.
+// A warp's x row chunk in fp16, 8 elements a lane: v = elements 8 lane .. 8 lane + 7 (T, as loaded) times 2^e
+// into f (fp32, exact) and h (fp16, in the fragment order); returns e. e puts the chunk's largest |x| in
+// [2^14, 2^15): bf16's 8-bit significands are then exact down to 2^-38 of it. fp16 and bf16 magnitudes order
+// as their bits.
 template <typename T>
-__device__ __forceinline__ void load_x(uint8_t* xs, const Args& a, int c, int lane) {
-  const T* x = static_cast<const T*>(a.x) + 256 * c + 8 * lane;
-  for (int m = 0; m < a.M; ++m) cp_async16(smem_addr(xs + m * kXRowBytes + 16 * lane), x + int64_t(m) * a.K, 16);
-}
-
-// The stage's x rows, in place, to fp16 x 2^e in the fragment order; inv[m] = 2^-e. Lane l holds elements
-// 8l .. 8l + 7 (sub-block l / 4, lane l % 4's part of it) before and after.
-template <typename T>
-__device__ __forceinline__ void stage_x(uint8_t* xs, int M, int lane) {
-  float* inv = reinterpret_cast<float*>(xs + M * kXRowBytes);
-  for (int m = 0; m < M; ++m) {
-    uint4* p = reinterpret_cast<uint4*>(xs + m * kXRowBytes) + lane;
-    const uint4 v = *p;
-    if constexpr (std::is_same_v<T, __half>) {  // fp16 already: the order only
-      *p = make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
-                      __byte_perm(v.z, v.w, 0x7632));
-      if (lane == 0) inv[m] = 1.f;
+__device__ __forceinline__ int to_fp16(uint4 v, float (&f)[8], uint4& h) {
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  constexpr uint32_t kAbs = 0x7FFF7FFFu;
+  uint32_t mx = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
+  mx = __reduce_max_sync(0xFFFFFFFFu, max(mx & 0xFFFFu, mx >> 16));
+  // 2^(E - bias) 2^e = 2^14 for the top exponent E
+  const int e = min(max(kHalf ? 29 - int(mx >> 10) : 141 - int(mx >> 7), -126), 126);
+  const float s = __int_as_float((127 + e) << 23);
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kHalf) {
+      const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      f[2 * i] = pair.x * s, f[2 * i + 1] = pair.y * s;
     } else {
-      // The largest |x| of the row's chunk: bf16 magnitudes order as their bits.
-      constexpr uint32_t kAbs = 0x7FFF7FFFu;
-      uint32_t mx = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
-      mx = __reduce_max_sync(0xFFFFFFFFu, max(mx & 0xFFFFu, mx >> 16));
-      const int e = min(max(141 - int(mx >> 7), -126), 126);  // 2^(E - 127) 2^e = 2^14 for the top exponent E
-      const float s = __int_as_float((127 + e) << 23);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      float f[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        f[2 * i] = __uint_as_float(w[i] << 16) * s, f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u) * s;
-      uint32_t h[4];
-      const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __half2 pair = __floats2half2_rn(f[order[2 * i]], f[order[2 * i + 1]]);
-        h[i] = *reinterpret_cast<const uint32_t*>(&pair);
-      }
-      *p = make_uint4(h[0], h[1], h[2], h[3]);
-      if (lane == 0) inv[m] = __int_as_float((127 - e) << 23);
+      f[2 * i] = __uint_as_float(w[i] << 16) * s, f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u) * s;
     }
   }
+  uint32_t p[4];
+  const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2 pair = __floats2half2_rn(f[order[2 * i]], f[order[2 * i + 1]]);
+    p[i] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  h = make_uint4(p[0], p[1], p[2], p[3]);
+  return e;
 }
 
-// What a lane's steps of a chunk share: rows g and g + 8 of the stage, their packed 6-bit scales and mins,
-// x row g's part (zeros past M), and the exponents byte_pair puts the scales under.
+// One lane's part of a record from v (as to_fp16): its 16 bytes of fp16, (lanes 4s) sub-block s's sum,
+// (lane 0) 2^-e. The sums (< 2^20, / 32) fit fp16 as hi + lo (to ~2^-22 of them).
+template <typename T>
+__device__ __forceinline__ void convert(uint4 v, int lane, uint8_t* record) {
+  float f[8];
+  uint4 h;
+  const int e = to_fp16<T>(v, f, h);
+  *reinterpret_cast<uint4*>(record + 16 * lane) = h;
+  float sum = ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+  sum *= 1.f / 32;
+  const __half hi = __float2half_rn(sum), lo = __float2half_rn(sum - __half2float(hi));
+  if (lane % 4 == 0) {  // sub-block s at [s / 2][hi, lo][s % 2]: the min's B fragment of lane s / 2, 8 bytes
+    __half* sums = reinterpret_cast<__half*>(record + kSumsAt) + 4 * (lane / 8) + (lane / 4) % 2;
+    sums[0] = hi, sums[2] = lo;
+  }
+  if (lane == 0) *reinterpret_cast<float*>(record + kInvAt) = __int_as_float((127 - e) << 23);
+}
+
+// x [M, K] (T) -> records [M][K / 256]: one warp a row's chunk.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) prepare_x_kernel(const T* x, uint8_t* records, int M, int K) {
+  griddep_launch_dependents();  // the qlinear after it streams its first weights meanwhile
+  griddep_wait();
+  const int chunks = K / 256, lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // m * chunks + c
+  if (i >= int64_t(M) * chunks) return;
+  const uint4 v = ld_nc_v4(reinterpret_cast<const uint4*>(x + i * 256 + 8 * lane), true);
+  convert<T>(v, lane, records + i * kRecord);
+}
+
+// The weights of a chunk: rows g and g + 8 of the stage, their packed 6-bit scales and mins, and the
+// exponents byte_pair puts the scales under.
 struct Chunk {
-  const uint8_t *row_a, *row_b, *x;
+  const uint8_t *row_a, *row_b;
   uint32_t sc_a[2], mn_a[2], sc_b[2], mn_b[2];
   uint32_t exp_lo, exp_hi;
 };
+
+__device__ __forceinline__ Chunk chunk_at(const uint8_t* stage, uint32_t exps, int g) {
+  using R = Ring<kQ4_K>;
+  Chunk c;
+  c.row_a = stage + g * R::kRowStride;  // Q4_K chunks start 16-byte aligned
+  c.row_b = stage + (g + 8) * R::kRowStride;
+  k_scales_mins(c.row_a + 4, c.sc_a, c.mn_a);
+  k_scales_mins(c.row_b + 4, c.sc_b, c.mn_b);
+  c.exp_lo = exps & 0xFF, c.exp_hi = exps >> 8;
+  return c;
+}
 
 // Sub-blocks 2P and 2P + 1 of one row as A fragment halves: lo[j] (2P) and hi[j] (2P + 1) = sc q of
 // elements 8t + 4j + {0, 2} ([0]) and {1, 3} ([1]); q: the row's 8 quant bytes for this lane.
@@ -433,66 +466,221 @@ __device__ __forceinline__ void row_quants(uint2 q, const uint32_t (&sc)[2], uin
   }
 }
 
-// Sub-blocks 2P and 2P + 1 of the chunk: dot += sc q . x, msum += mn . x. The min's A holds sub-block 2P's
-// mn at k 2t, 2t + 1 and 2P + 1's at 2t + 8, 2t + 9, against x of 2P and 2P + 1 there.
-template <int P>
-__device__ __forceinline__ void mma_step(float (&dot)[4], float (&msum)[4], const Chunk& c, int t) {
+// Sub-blocks 2P and 2P + 1 of the chunk: dot[nt] += sc q . x of x row tile nt, whose lane parts of the two
+// sub-blocks are x_lo[nt] and x_hi[nt] (a record's 16 bytes at 128 P and 128 P + 64).
+// With msum (staged_kernel, NT = 1), also msum += mn . x: the min's A holds sub-block 2P's mn at k 2t, 2t + 1
+// and 2P + 1's at 2t + 8, 2t + 9, against x of 2P and 2P + 1 there.
+template <int P, int NT>
+__device__ __forceinline__ void mma_step(float (&dot)[NT][4], const Chunk& c, const uint4 (&x_lo)[NT],
+                                         const uint4 (&x_hi)[NT], int t, float (*msum)[4] = nullptr) {
   const uint2 qa = *reinterpret_cast<const uint2*>(c.row_a + 16 + 32 * P + 8 * t);
   const uint2 qb = *reinterpret_cast<const uint2*>(c.row_b + 16 + 32 * P + 8 * t);
-  const uint4 x_lo = *reinterpret_cast<const uint4*>(c.x + 128 * P);       // sub-block 2P
-  const uint4 x_hi = *reinterpret_cast<const uint4*>(c.x + 128 * P + 64);  // 2P + 1
   uint32_t lo_a[2][2], hi_a[2][2], lo_b[2][2], hi_b[2][2];
   row_quants<P>(qa, c.sc_a, c.exp_lo, c.exp_hi, lo_a, hi_a);
   row_quants<P>(qb, c.sc_b, c.exp_lo, c.exp_hi, lo_b, hi_b);
-  const uint32_t mins[4] = {byte_pair<(2 * P) % 4, false>(c.mn_a[P / 2], c.exp_lo),
-                            byte_pair<(2 * P) % 4, false>(c.mn_b[P / 2], c.exp_lo),
-                            byte_pair<(2 * P + 1) % 4, false>(c.mn_a[P / 2], c.exp_lo),
-                            byte_pair<(2 * P + 1) % 4, false>(c.mn_b[P / 2], c.exp_lo)};
-  const uint32_t xl[4] = {x_lo.x, x_lo.y, x_lo.z, x_lo.w}, xh[4] = {x_hi.x, x_hi.y, x_hi.z, x_hi.w};
+  uint32_t mins[4] = {};
+  if (msum) {
+    mins[0] = byte_pair<(2 * P) % 4, false>(c.mn_a[P / 2], c.exp_lo);
+    mins[1] = byte_pair<(2 * P) % 4, false>(c.mn_b[P / 2], c.exp_lo);
+    mins[2] = byte_pair<(2 * P + 1) % 4, false>(c.mn_a[P / 2], c.exp_lo);
+    mins[3] = byte_pair<(2 * P + 1) % 4, false>(c.mn_b[P / 2], c.exp_lo);
+  }
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    mma_m16n8k16<__half>(dot, {lo_a[j][0], lo_b[j][0], lo_a[j][1], lo_b[j][1]}, xl[2 * j], xl[2 * j + 1]);
-    mma_m16n8k16<__half>(dot, {hi_a[j][0], hi_b[j][0], hi_a[j][1], hi_b[j][1]}, xh[2 * j], xh[2 * j + 1]);
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint32_t xl[4] = {x_lo[nt].x, x_lo[nt].y, x_lo[nt].z, x_lo[nt].w};
+    const uint32_t xh[4] = {x_hi[nt].x, x_hi[nt].y, x_hi[nt].z, x_hi[nt].w};
 #pragma unroll
-    for (int e = 0; e < 2; ++e) mma_m16n8k16<__half>(msum, mins, xl[2 * j + e], xh[2 * j + e]);
+    for (int j = 0; j < 2; ++j) {
+      mma_m16n8k16<__half>(dot[nt], {lo_a[j][0], lo_b[j][0], lo_a[j][1], lo_b[j][1]}, xl[2 * j], xl[2 * j + 1]);
+      mma_m16n8k16<__half>(dot[nt], {hi_a[j][0], hi_b[j][0], hi_a[j][1], hi_b[j][1]}, xh[2 * j], xh[2 * j + 1]);
+      if (msum)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          mma_m16n8k16<__half>(*msum, mins, xl[2 * j + e], xh[2 * j + e]);
+    }
   }
 }
 
-// acc += W[n0 .. n0 + 15, chunk] . x[:, chunk]^T from a stage whose x is staged; zeros: 512 zero bytes.
-__device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint8_t* stage, const uint8_t* zeros, int M,
+// The chunk's end for x row tile nt: msum = sum_s mn_s X_s / 32 in one mma (A's k 2t, 2t + 1 and 2t + 8,
+// 2t + 9 both hold sub-blocks 2t and 2t + 1's mn; B's the sums' hi and lo halves: sums_hi / sums_lo, the
+// record's 8 bytes at kSumsAt + 8t), then acc += d 2^-e dot - dmin 2^-e msum. inv[e]: 2^-e of x
+// row 8 nt + 2t + e (0 past M). C fragment: dot[i] is W row g (i < 2) or g + 8, x row 8 nt + 2t + (i & 1).
+__device__ __forceinline__ void finish(float (&acc)[4], const float (&dot)[4], const Chunk& c, uint32_t sums_hi,
+                                       uint32_t sums_lo, const float (&inv)[2], int t) {
+  const uint32_t sel = 0x4040 | ((2 * t) % 4) | (((2 * t + 1) % 4) << 8);
+  const uint32_t m_a = h2_add(__byte_perm(t < 2 ? c.mn_a[0] : c.mn_a[1], c.exp_lo, sel), 0xE400E400u);
+  const uint32_t m_b = h2_add(__byte_perm(t < 2 ? c.mn_b[0] : c.mn_b[1], c.exp_lo, sel), 0xE400E400u);
+  float msum[4] = {};
+  mma_m16n8k16<__half>(msum, {m_a, m_b, m_a, m_b}, sums_hi, sums_lo);
+  const float d[2] = {f16_at(c.row_a), f16_at(c.row_b)}, dmin[2] = {f16_at(c.row_a + 2), f16_at(c.row_b + 2)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    acc[i] = __fmaf_rn(d[i >> 1] * inv[i & 1], dot[i], __fmaf_rn(-32.f * dmin[i >> 1] * inv[i & 1], msum[i], acc[i]));
+}
+
+// A lane's x for one chunk of NT row tiles from the prepared records (zeros past M). The first kAhead steps
+// (P; 2 sub-blocks each), the sums and 2^-e are loaded before the chunk's weights are waited for (volatile
+// loads), so that the two latencies overlap; each later step kAhead steps before it is used. 4 ahead
+// (32 registers a tile) spilled under 2 CTAs an SM at NT = 2: 2 ahead at NT = 1, 1 at NT = 2.
+template <int NT>
+struct XFrags {
+  const uint8_t* row[NT];  // x row 8 nt + g's record of the chunk (row 0's past M)
+  uint4 v[4][2][NT];       // [P][lo, hi][nt]
+  uint32_t sums[NT][2];
+  float inv[NT][2];
+};
+
+template <int NT>
+constexpr int kAheadSteps = NT == 1 ? 2 : 1;
+
+template <int P, int NT>
+__device__ __forceinline__ void load_step(XFrags<NT>& xf, int M, int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      xf.v[P][h][nt] = ld_nc_v4(reinterpret_cast<const uint4*>(xf.row[nt] + 128 * P + 64 * h + 16 * t), 8 * nt + g < M);
+}
+
+// chunk0: row 0's record of this chunk; stride: a row's records.
+template <int NT, int kAhead>
+__device__ __forceinline__ void load_frags(XFrags<NT>& xf, const uint8_t* chunk0, int64_t stride, int M, int g,
+                                           int t) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = 8 * nt + g;
+    xf.row[nt] = chunk0 + (m < M ? m : 0) * stride;
+  }
+  load_step<0>(xf, M, g, t);
+  if constexpr (kAhead == 2) load_step<1>(xf, M, g, t);  // the steps ahead of the wait
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint2 sums = ld_nc_v2(reinterpret_cast<const uint2*>(xf.row[nt] + kSumsAt + 8 * t), 8 * nt + g < M);
+    xf.sums[nt][0] = sums.x, xf.sums[nt][1] = sums.y;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int mi = 8 * nt + 2 * t + e;
+      xf.inv[nt][e] = ld_nc_f32(reinterpret_cast<const float*>(chunk0 + (mi < M ? mi : 0) * stride + kInvAt), mi < M);
+    }
+  }
+}
+
+// acc += W[n0 .. n0 + 15, chunk] . x[:, chunk]^T from the stage and the chunk's x fragments.
+template <int NT, int kAhead>
+__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, XFrags<NT>& xf, int M,
                                           uint32_t exps, int g, int t) {
+  const Chunk c = chunk_at(stage, exps, g);
+  float dot[NT][4] = {};
+  // step P's x is loaded kAhead steps before it
+  if constexpr (kAhead < 4) load_step<kAhead>(xf, M, g, t);
+  mma_step<0, NT>(dot, c, xf.v[0][0], xf.v[0][1], t);
+  if constexpr (kAhead + 1 < 4) load_step<kAhead + 1>(xf, M, g, t);
+  mma_step<1, NT>(dot, c, xf.v[1][0], xf.v[1][1], t);
+  if constexpr (kAhead + 2 < 4) load_step<kAhead + 2>(xf, M, g, t);
+  mma_step<2, NT>(dot, c, xf.v[2][0], xf.v[2][1], t);
+  mma_step<3, NT>(dot, c, xf.v[3][0], xf.v[3][1], t);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) finish(acc[nt], dot[nt], c, xf.sums[nt][0], xf.sums[nt][1], xf.inv[nt], t);
+}
+
+// x prepared once a call (prepare_x_kernel, launched just before; staged in every CTA, x cost ~40
+// instructions a row and chunk, which lost to qlinear_kernel from M = 2 on). NT tiles of 8 x rows (M <= 8,
+// 16); the weights stream through S stages a warp, two CTAs an SM.
+template <typename T, int NT, int S>
+__global__ void __launch_bounds__(kThreads, 2) rows_kernel(const Args a, const uint8_t* records) {
   using R = Ring<kQ4_K>;
-  Chunk c;
-  c.row_a = stage + g * R::kRowStride;  // Q4_K chunks start 16-byte aligned
-  c.row_b = stage + (g + 8) * R::kRowStride;
-  c.x = (g < M ? stage + R::kStageBytes + g * kXRowBytes : zeros) + 16 * t;
-  k_scales_mins(c.row_a + 4, c.sc_a, c.mn_a);
-  k_scales_mins(c.row_b + 4, c.sc_b, c.mn_b);
-  c.exp_lo = exps & 0xFF, c.exp_hi = exps >> 8;
-  float dot[4] = {}, msum[4] = {};
-  mma_step<0>(dot, msum, c, t);
-  mma_step<1>(dot, msum, c, t);
-  mma_step<2>(dot, msum, c, t);
-  mma_step<3>(dot, msum, c, t);
+  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * 16, chunks = a.K / 256;
+  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
+  uint8_t* ring = smem + warp * S * R::kStageBytes;
+  griddep_launch_dependents();
+  if (!a.static_weight) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < mine) load_chunk<kQ4_K, true>(ring + i * R::kStageBytes, a, n0, warp + kWarps * i, lane);
+    cp_async_commit();
+  }
+  if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
+  float acc[NT][4] = {};
+  for (int i = 0; i < mine; ++i) {
+    const int ahead = i + S - 1;  // refills the stage that chunk i - 1 left
+    if (ahead < mine) load_chunk<kQ4_K, true>(ring + (ahead % S) * R::kStageBytes, a, n0, warp + kWarps * ahead, lane);
+    cp_async_commit();
+    const int c = warp + kWarps * i;
+    XFrags<NT> xf;
+    load_frags<NT, kAheadSteps<NT>>(xf, records + int64_t(c) * kRecord, int64_t(chunks) * kRecord, a.M, g, t);
+    cp_async_wait<S - 1>();  // chunk i's group is done (for this lane) ...
+    __syncwarp();            // ... and for every lane
+    mma_chunk<NT, kAheadSteps<NT>>(acc, ring + (i % S) * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
+    __syncwarp();  // every lane is done with the stage before it is refilled
+  }
+  cp_async_wait<0>();
+  reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
+}
+
+// ---- M = 1 on grids that fit at 3 CTAs an SM: x staged in each CTA, no prepare_x launch ----
+// Each stage carries the chunk's x row (cp.async beside the weights), converted in place by to_fp16; the
+// min's term takes 16 mma a chunk against x itself (its sums would cost the staging more than they save:
+// H100, us, 1 x 28672 x 4096 35.6 -> 37.0, 1 x 128256 x 4096 141 -> 151).
+constexpr int kXRowBytes = 256 * 2;  // one chunk of an x row, 2-byte values
+
+// The stage: the weights (Ring's), then x [M][256] (fp16 after stage_x), then 1 / 2^e for each x row.
+__host__ __device__ constexpr int stage_bytes(int m) { return Ring<kQ4_K>::kStageBytes + m * kXRowBytes + 32; }
+
+// x [:, chunk c] into the stage's x rows, 16 bytes a lane and row.
+template <typename T>
+__device__ __forceinline__ void load_x(uint8_t* xs, const Args& a, int c, int lane) {
+  const T* x = static_cast<const T*>(a.x) + 256 * c + 8 * lane;
+  for (int m = 0; m < a.M; ++m) cp_async16(smem_addr(xs + m * kXRowBytes + 16 * lane), x + int64_t(m) * a.K, 16);
+}
+
+// The stage's x rows, in place; inv[m] = 2^-e.
+template <typename T>
+__device__ __forceinline__ void stage_x(uint8_t* xs, int M, int lane) {
+  float* inv = reinterpret_cast<float*>(xs + M * kXRowBytes);
+  for (int m = 0; m < M; ++m) {
+    uint4* p = reinterpret_cast<uint4*>(xs + m * kXRowBytes) + lane;
+    float f[8];
+    const int e = to_fp16<T>(*p, f, *p);
+    if (lane == 0) inv[m] = __int_as_float((127 - e) << 23);
+  }
+}
+
+template <int P>
+__device__ __forceinline__ void staged_step(float (&dot)[1][4], float (&msum)[4], const Chunk& c, const uint8_t* x,
+                                            int t) {
+  const uint4 x_lo = *reinterpret_cast<const uint4*>(x + 128 * P), x_hi = *reinterpret_cast<const uint4*>(x + 128 * P + 64);
+  mma_step<P, 1>(dot, c, {x_lo}, {x_hi}, t, &msum);
+}
+
+// acc += W[n0 .. n0 + 15, chunk] . x[:, chunk]^T from a stage whose x is staged; zeros: 512 zero bytes.
+__device__ __forceinline__ void mma_chunk_staged(float (&acc)[1][4], const uint8_t* stage, const uint8_t* zeros, int M,
+                                                 uint32_t exps, int g, int t) {
+  using R = Ring<kQ4_K>;
+  const Chunk c = chunk_at(stage, exps, g);
+  const uint8_t* x = (g < M ? stage + R::kStageBytes + g * kXRowBytes : zeros) + 16 * t;
+  float dot[1][4] = {}, msum[4] = {};
+  staged_step<0>(dot, msum, c, x, t);
+  staged_step<1>(dot, msum, c, x, t);
+  staged_step<2>(dot, msum, c, x, t);
+  staged_step<3>(dot, msum, c, x, t);
   // C fragment: dot[i] is row g (i < 2) or g + 8, x row 2t + (i & 1)
   const float* inv = reinterpret_cast<const float*>(stage + R::kStageBytes + M * kXRowBytes);
   const float d[2] = {f16_at(c.row_a), f16_at(c.row_b)}, dmin[2] = {f16_at(c.row_a + 2), f16_at(c.row_b + 2)};
   const float s[2] = {2 * t < M ? inv[2 * t] : 0.f, 2 * t + 1 < M ? inv[2 * t + 1] : 0.f};
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    acc[i] = __fmaf_rn(d[i >> 1] * s[i & 1], dot[i], __fmaf_rn(-dmin[i >> 1] * s[i & 1], msum[i], acc[i]));
+    acc[0][i] = __fmaf_rn(d[i >> 1] * s[i & 1], dot[0][i], __fmaf_rn(-dmin[i >> 1] * s[i & 1], msum[i], acc[0][i]));
 }
 
-// qlinear_kernel's loop for Q4_K, written for M <= 8 and launched at M = 1: staging x costs a chunk ~40
-// instructions a row, so that from M = 2 on the kernel loses to qlinear_kernel on some shapes (H100, us:
-// 2 x 28672 x 4096 42.7 against 39.1, 8 x 4096 x 4096 14.1 against 10.1). The first stages' x follow
-// griddep_wait in one group of their own.
+// Written for M <= 8, launched at M = 1. The first stages' x follow griddep_wait in one group of their own.
 // S stages a warp: 3 (three CTAs an SM), or 4 where the grid is at most 2 CTAs an SM (two H100 runs, us:
 // 1 x 4096 x 14336 23.0 -> 16.9, 1 x 4096 x 4096 8.1 -> 7.4).
 template <typename T, int S>
-__global__ void __launch_bounds__(kThreads, S == 3 ? 3 : 2) kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, S == 3 ? 3 : 2) staged_kernel(const Args a) {
   using R = Ring<kQ4_K>;
-  static_assert(S == 3 || S == 4, "q4k::kernel: the waits below count S - 1 weight groups, then x's");
+  static_assert(S == 3 || S == 4, "q4k::staged_kernel: the waits below count S - 1 weight groups, then x's");
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][stage_bytes(M)], then 512 zero bytes
   const int stage = stage_bytes(a.M);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -535,7 +723,7 @@ __global__ void __launch_bounds__(kThreads, S == 3 ? 3 : 2) kernel(const Args a)
     uint8_t* st = ring + (i % S) * stage;
     stage_x<T>(st + R::kStageBytes, a.M, lane);
     __syncwarp();
-    mma_chunk(acc[0], st, zeros, a.M, a.pair_exps, g, t);
+    mma_chunk_staged(acc, st, zeros, a.M, a.pair_exps, g, t);
     __syncwarp();  // every lane is done with the stage before it is refilled
   }
   cp_async_wait<0>();
@@ -555,25 +743,62 @@ void launch(const Args& a, cudaStream_t stream) {
   launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), Ring<QT>::kSmem, stream, a);
 }
 
-template <typename T, int S>
-void launch_q4k_stages(const Args& a, cudaStream_t stream) {
-  auto kernel = q4k::kernel<T, S>;
-  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in; sized for M = 8
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kWarps * S * q4k::stage_bytes(8) + q4k::kXRowBytes));
+template <typename T, int NT, int S>
+void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream) {
+  auto kernel = q4k::rows_kernel<T, NT, S>;
+  constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes;
+  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)attr;
-  const int smem = kWarps * S * q4k::stage_bytes(a.M) + q4k::kXRowBytes;
-  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a);
+  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a, records);
 }
 
+template <typename T, int S>
+void launch_q4k_staged(const Args& a, cudaStream_t stream) {
+  auto kernel = q4k::staged_kernel<T, S>;
+  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kWarps * S * q4k::stage_bytes(1) + q4k::kXRowBytes));
+    return true;
+  }();
+  (void)attr;
+  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), kWarps * S * q4k::stage_bytes(1) + q4k::kXRowBytes,
+             stream, a);
+}
+
+// Whether Q4_K at M rows takes prepare_x + rows_kernel (else staged_kernel): from M = 2 on, and at M = 1 on
+// grids past 3 CTAs an SM. There, rows_kernel runs 2 CTAs an SM in waves where staged_kernel runs 3 (H100, us,
+// staged / rows: 1 x 28672 x 4096 35.7 / 32.0, 1 x 128256 x 4096 160 / 121); on grids of one such wave
+// staged_kernel, with no second launch, is as fast or faster (1 x 4096 x 14336 16.9 / 18.4, 1 x 5120 x 4096
+// 9.0 / 10.0; 1 x 4096 x 4096 7.33 / 6.78).
+inline bool q4k_rows(const Args& a, int sms) { return a.M > 1 || (a.N + 15) / 16 > 3 * sms; }
+
+// Q4_K at M <= 16. rows_kernel after prepare_x_kernel, which writes x's records (uint8 [M, K / 256 *
+// kRecord], from the caching allocator): 4 stages a warp where the grid is at most 2 CTAs an SM, else 3.
+// 3 CTAs an SM (80 registers) spilled ~100 bytes at NT = 1 and lost to 2 (H100, us, 1 x 28672 x 4096
+// 40.7 / 32.0, 8 x 28672 x 4096 47.7 / 35.4, 1 x 128256 x 4096 160 / 121).
 template <typename T>
-void launch_q4k(const Args& a, cudaStream_t stream, int sms) {
-  if ((a.N + 15) / 16 <= 2 * sms)
-    launch_q4k_stages<T, 4>(a, stream);
+void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  if (!q4k_rows(a, sms)) {
+    if ((a.N + 15) / 16 <= 2 * sms)
+      launch_q4k_staged<T, 4>(a, stream);
+    else
+      launch_q4k_staged<T, 3>(a, stream);
+    return;
+  }
+  const auto records = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
+  const uint8_t* r = records.data_ptr<uint8_t>();
+  const int64_t warps = int64_t(a.M) * (a.K / 256);
+  launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream,
+             static_cast<const T*>(a.x), records.data_ptr<uint8_t>(), a.M, a.K);
+  if (a.M > 8)
+    launch_q4k_rows<T, 2, 3>(a, r, stream);
+  else if ((a.N + 15) / 16 <= 2 * sms)
+    launch_q4k_rows<T, 1, 4>(a, r, stream);
   else
-    launch_q4k_stages<T, 3>(a, stream);
+    launch_q4k_rows<T, 1, 3>(a, r, stream);
 }
 
 }  // namespace
@@ -610,8 +835,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
       // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
-      if (QT == qgemm::kQ4_K && a.M == 1)  // from 2 rows on staging x costs more than it saves
-        qgemm::launch_q4k<scalar_t>(a, stream, sm_count(x.get_device()));
+      if (QT == qgemm::kQ4_K && a.M <= 16)
+        qgemm::launch_q4k<scalar_t>(a, x, sm_count(x.get_device()), stream);
       else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && (a.N + 15) / 16 <= 2 * sm_count(x.get_device()))
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
       else if (a.M <= 8)
