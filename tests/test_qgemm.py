@@ -93,12 +93,13 @@ def test_qlinear(kind, m, dtype):
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_large_grid(kind):
     """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernels without
-    x loaded ahead, 3 stages a warp; past 3 an SM, Q4_K at M = 1 on prepared x. 276 rows past each (4500 and
-    6612 on 132 SMs) end in a partial tile."""
+    x loaded ahead, 3 stages a warp, and Q4_K at M > 8 in CTAs of two tiles; past 3 an SM, Q4_K at M = 1 on
+    prepared x. 276 rows past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's
+    two 16-row tiles holds 4 rows)."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):
-        for m in (1, 5):
+        for m in (1, 5, 13):
             w, x, b, ref64, torch_out = _product_case(kind, m, n, KS[kind][0], torch.bfloat16, seed=m)
             ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, KS[kind][0], b, False)
             _check(ours, torch_out, ref64, torch.bfloat16)

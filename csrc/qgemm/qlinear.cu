@@ -565,58 +565,78 @@ __device__ __forceinline__ void load_frags(XFrags<NT>& xf, const uint8_t* chunk0
   }
 }
 
-// acc += W[n0 .. n0 + 15, chunk] . x[:, chunk]^T from the stage and the chunk's x fragments.
-template <int NT, int kAhead>
-__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, XFrags<NT>& xf, int M,
+// acc[tile] += W[n0 + 16 tile .. + 15, chunk] . x[:, chunk]^T from the stage (kTiles tiles of 16 rows, one
+// after another) and the chunk's x fragments, which every tile uses.
+template <int NT, int kAhead, int kTiles>
+__device__ __forceinline__ void mma_chunk(float (&acc)[kTiles][NT][4], const uint8_t* stage, XFrags<NT>& xf, int M,
                                           uint32_t exps, int g, int t) {
-  const Chunk c = chunk_at(stage, exps, g);
-  float dot[NT][4] = {};
+  Chunk c[kTiles];
+#pragma unroll
+  for (int w = 0; w < kTiles; ++w) c[w] = chunk_at(stage + w * Ring<kQ4_K>::kStageBytes, exps, g);
+  float dot[kTiles][NT][4] = {};
   // step P's x is loaded kAhead steps before it
   if constexpr (kAhead < 4) load_step<kAhead>(xf, M, g, t);
-  mma_step<0, NT>(dot, c, xf.v[0][0], xf.v[0][1], t);
-  if constexpr (kAhead + 1 < 4) load_step<kAhead + 1>(xf, M, g, t);
-  mma_step<1, NT>(dot, c, xf.v[1][0], xf.v[1][1], t);
-  if constexpr (kAhead + 2 < 4) load_step<kAhead + 2>(xf, M, g, t);
-  mma_step<2, NT>(dot, c, xf.v[2][0], xf.v[2][1], t);
-  mma_step<3, NT>(dot, c, xf.v[3][0], xf.v[3][1], t);
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) finish(acc[nt], dot[nt], c, xf.sums[nt][0], xf.sums[nt][1], xf.inv[nt], t);
+  for (int w = 0; w < kTiles; ++w) mma_step<0, NT>(dot[w], c[w], xf.v[0][0], xf.v[0][1], t);
+  if constexpr (kAhead + 1 < 4) load_step<kAhead + 1>(xf, M, g, t);
+#pragma unroll
+  for (int w = 0; w < kTiles; ++w) mma_step<1, NT>(dot[w], c[w], xf.v[1][0], xf.v[1][1], t);
+  if constexpr (kAhead + 2 < 4) load_step<kAhead + 2>(xf, M, g, t);
+#pragma unroll
+  for (int w = 0; w < kTiles; ++w) mma_step<2, NT>(dot[w], c[w], xf.v[2][0], xf.v[2][1], t);
+#pragma unroll
+  for (int w = 0; w < kTiles; ++w) mma_step<3, NT>(dot[w], c[w], xf.v[3][0], xf.v[3][1], t);
+#pragma unroll
+  for (int w = 0; w < kTiles; ++w)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      finish(acc[w][nt], dot[w][nt], c[w], xf.sums[nt][0], xf.sums[nt][1], xf.inv[nt], t);
 }
 
 // x prepared once a call (prepare_x_kernel, launched just before; staged in every CTA, x cost ~40
 // instructions a row and chunk, which lost to qlinear_kernel from M = 2 on). NT tiles of 8 x rows (M <= 8,
-// 16); the weights stream through S stages a warp, two CTAs an SM.
-template <typename T, int NT, int S>
-__global__ void __launch_bounds__(kThreads, 2) rows_kernel(const Args a, const uint8_t* records) {
+// 16); a CTA owns kTiles tiles of 16 W rows (x read once for all of them), whose weights stream through S
+// stages a warp, 2 CTAs an SM (1 with 2 tiles: 220 registers, and their stages fill shared memory).
+template <typename T, int NT, int S, int kTiles>
+__global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(const Args a, const uint8_t* records) {
   using R = Ring<kQ4_K>;
-  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes]
+  constexpr int kStage = kTiles * R::kStageBytes;
+  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kTiles][kStageBytes]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * 16, chunks = a.K / 256;
+  const int n0 = blockIdx.x * 16 * kTiles, chunks = a.K / 256;
   const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
-  uint8_t* ring = smem + warp * S * R::kStageBytes;
+  uint8_t* ring = smem + warp * S * kStage;
   griddep_launch_dependents();
   if (!a.static_weight) griddep_wait();
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < mine) load_chunk<kQ4_K, true>(ring + i * R::kStageBytes, a, n0, warp + kWarps * i, lane);
+    if (i < mine)
+#pragma unroll
+      for (int w = 0; w < kTiles; ++w)
+        load_chunk<kQ4_K, true>(ring + i * kStage + w * R::kStageBytes, a, n0 + 16 * w, warp + kWarps * i, lane);
     cp_async_commit();
   }
   if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
-  float acc[NT][4] = {};
+  float acc[kTiles][NT][4] = {};
   for (int i = 0; i < mine; ++i) {
     const int ahead = i + S - 1;  // refills the stage that chunk i - 1 left
-    if (ahead < mine) load_chunk<kQ4_K, true>(ring + (ahead % S) * R::kStageBytes, a, n0, warp + kWarps * ahead, lane);
+    if (ahead < mine)
+#pragma unroll
+      for (int w = 0; w < kTiles; ++w)
+        load_chunk<kQ4_K, true>(ring + (ahead % S) * kStage + w * R::kStageBytes, a, n0 + 16 * w,
+                                warp + kWarps * ahead, lane);
     cp_async_commit();
     const int c = warp + kWarps * i;
     XFrags<NT> xf;
     load_frags<NT, kAheadSteps<NT>>(xf, records + int64_t(c) * kRecord, int64_t(chunks) * kRecord, a.M, g, t);
     cp_async_wait<S - 1>();  // chunk i's group is done (for this lane) ...
     __syncwarp();            // ... and for every lane
-    mma_chunk<NT, kAheadSteps<NT>>(acc, ring + (i % S) * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
+    mma_chunk<NT, kAheadSteps<NT>, kTiles>(acc, ring + (i % S) * kStage, xf, a.M, a.pair_exps, g, t);
     __syncwarp();  // every lane is done with the stage before it is refilled
   }
   cp_async_wait<0>();
-  reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
+#pragma unroll
+  for (int w = 0; w < kTiles; ++w) reduce_store<T, NT>(acc[w], smem, a, n0 + 16 * w, warp, lane);
 }
 
 // ---- M = 1 on grids that fit at 3 CTAs an SM: x staged in each CTA, no prepare_x launch ----
@@ -743,16 +763,17 @@ void launch(const Args& a, cudaStream_t stream) {
   launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), Ring<QT>::kSmem, stream, a);
 }
 
-template <typename T, int NT, int S>
+template <typename T, int NT, int S, int kTiles = 1>
 void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream) {
-  auto kernel = q4k::rows_kernel<T, NT, S>;
-  constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes;
+  auto kernel = q4k::rows_kernel<T, NT, S, kTiles>;
+  constexpr int smem = S * kWarps * kTiles * Ring<kQ4_K>::kStageBytes;
   static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)attr;
-  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a, records);
+  launch_pdl(kernel, dim3((unsigned)((a.N + 16 * kTiles - 1) / (16 * kTiles))), dim3(kThreads), smem, stream, a,
+             records);
 }
 
 template <typename T, int S>
@@ -778,7 +799,10 @@ inline bool q4k_rows(const Args& a, int sms) { return a.M > 1 || (a.N + 15) / 16
 // Q4_K at M <= 16. rows_kernel after prepare_x_kernel, which writes x's records (uint8 [M, K / 256 *
 // kRecord], from the caching allocator): 4 stages a warp where the grid is at most 2 CTAs an SM, else 3.
 // 3 CTAs an SM (80 registers) spilled ~100 bytes at NT = 1 and lost to 2 (H100, us, 1 x 28672 x 4096
-// 40.7 / 32.0, 8 x 28672 x 4096 47.7 / 35.4, 1 x 128256 x 4096 160 / 121).
+// 40.7 / 32.0, 8 x 28672 x 4096 47.7 / 35.4, 1 x 128256 x 4096 160 / 121). At M > 8 a CTA of 32 rows reads
+// x's records once for both of its tiles, which pays where it keeps every SM busy or its warps take many
+// chunks (H100, us, 16 rows / 32: 16 x 4096 x 14336 32.3 / 29.8, 16 x 28672 x 4096 60.8 / 57.5, 16 x 128256
+// x 4096 261 / 234, 16 x 5120 x 4096 16.2 / 15.9; 16 x 4096 x 4096, 128 CTAs of 32 rows, 9.9 / 10.6).
 template <typename T>
 void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
   if (!q4k_rows(a, sms)) {
@@ -793,7 +817,9 @@ void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t str
   const int64_t warps = int64_t(a.M) * (a.K / 256);
   launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream,
              static_cast<const T*>(a.x), records.data_ptr<uint8_t>(), a.M, a.K);
-  if (a.M > 8)
+  if (a.M > 8 && ((a.N + 31) / 32 >= sms || a.K >= 8192))  // 32 rows a CTA: see launch_q4k's comment
+    launch_q4k_rows<T, 2, 3, 2>(a, r, stream);
+  else if (a.M > 8)
     launch_q4k_rows<T, 2, 3>(a, r, stream);
   else if ((a.N + 15) / 16 <= 2 * sms)
     launch_q4k_rows<T, 1, 4>(a, r, stream);
