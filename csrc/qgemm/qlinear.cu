@@ -860,9 +860,9 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
-      // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
       if (QT == qgemm::kQ4_K && a.M <= 16)
         qgemm::launch_q4k<scalar_t>(a, x, sm_count(x.get_device()), stream);
+      // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
       else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && (a.N + 15) / 16 <= 2 * sm_count(x.get_device()))
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
       else if (a.M <= 8)
