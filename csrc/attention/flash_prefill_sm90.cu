@@ -51,6 +51,7 @@
 #include "common/dispatch.h"
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
+#include "common/vec.h"
 
 namespace minfer::attn {
 
@@ -427,15 +428,13 @@ bool is_hopper() {
   return major == 9;
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim, bool causal, int batch, int heads,
                         cudaStream_t stream) {
   if (p.cu_seqlens_q != nullptr || p.paged.block_table != nullptr) return false;  // ragged / paged: sm80 kernel
   if (dtype != at::kHalf && dtype != at::kBFloat16) return false;
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v)) return false;
+  if (!is_aligned16(p.q) || !is_aligned16(p.k) || !is_aligned16(p.v)) return false;
   if ((p.seq_q + kBM - 1) / kBM > 65535 || batch > 65535) return false;
   if (!is_hopper()) return false;
   return MINFER_DISPATCH_HALF(dtype, "flash prefill", [&] {

@@ -779,14 +779,13 @@ void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream)
 template <typename T, int S>
 void launch_q4k_staged(const Args& a, cudaStream_t stream) {
   auto kernel = q4k::staged_kernel<T, S>;
+  constexpr int smem = kWarps * S * q4k::stage_bytes(1) + q4k::kXRowBytes;
   static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kWarps * S * q4k::stage_bytes(1) + q4k::kXRowBytes));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)attr;
-  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), kWarps * S * q4k::stage_bytes(1) + q4k::kXRowBytes,
-             stream, a);
+  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a);
 }
 
 // Whether Q4_K at M rows takes prepare_x + rows_kernel (else staged_kernel): from M = 2 on, and at M = 1 on
