@@ -304,6 +304,8 @@ def test_bad_inputs(cuda):
         ops.fused_add_rms_norm(x, randn(5, 64, dtype=dt), w, EPS)
     with pytest.raises(RuntimeError, match=r"x_weight must be a contiguous \[hidden\]"):
         ops.fused_add_rms_norm(x, x.clone(), w, EPS, norm_weight(63, dt))
+    with pytest.raises(RuntimeError, match=r"x_weight must be a contiguous \[hidden\]"):
+        ops.fused_add_rms_norm(x, x.clone(), w, EPS, norm_weight(64, torch.float32))
     for op in ACT_AND_MUL:
         with pytest.raises(RuntimeError, match=f"{op}: x's last dim must be even"):
             getattr(ops, op)(randn(4, 63, dtype=dt))
@@ -327,6 +329,9 @@ def test_bad_inputs(cuda):
         ops.rope(q, k, positions, cos_sin, True, norm_weight(64, dt), None, EPS)
     with pytest.raises(RuntimeError, match=r"k_weight must be a contiguous \[head_dim\]"):
         ops.rope(q, k, positions, cos_sin, True, norm_weight(64, dt), norm_weight(64, torch.float32), EPS)
+    _, q63, k63, pos63, cos_sin62 = rope_inputs(4, 4, 2, 63, 62, dt, False, torch.int64)
+    with pytest.raises(RuntimeError, match="q/k norms with GPT-J pairs need an even head_dim"):
+        ops.rope(q63, k63, pos63, cos_sin62, False, norm_weight(63, dt), norm_weight(63, dt), EPS)
 
     k_cache = randn(1, 8, 2, 64, dtype=dt)
     kv = randn(1, 2, 2, 64, dtype=dt)
