@@ -8,6 +8,8 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/launch.h"
+#include "common/ptx.cuh"
 #include "common/vec.h"
 
 namespace minfer {
@@ -32,6 +34,8 @@ __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter
                                    int64_t x_stride, int inter, int64_t tokens) {
   using P = Pack<T, W>;
   const Act act;
+  ptx::griddep_launch_dependents();  // launched early: x may be the previous kernel's
+  ptx::griddep_wait();
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= inter / W) return;
   for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
@@ -50,8 +54,7 @@ void launch_act_and_mul(T* out, const T* x, int64_t x_stride, int inter, int64_t
   const int packs = inter / W;
   const int threads = std::min(256, round_up(packs, 32));
   const dim3 grid((packs + threads - 1) / threads, static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
-  act_and_mul_kernel<Act, T, W><<<grid, threads, 0, stream>>>(out, x, x_stride, inter, tokens);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_pdl(act_and_mul_kernel<Act, T, W>, grid, dim3(threads), 0, stream, out, x, x_stride, inter, tokens);
 }
 
 // The launcher of both ops; `name` prefixes its error messages.

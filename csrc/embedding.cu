@@ -7,6 +7,8 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/launch.h"
+#include "common/ptx.cuh"
 #include "common/vec.h"
 
 namespace minfer {
@@ -21,6 +23,8 @@ __global__ void embedding_kernel(T* __restrict__ out,              // [tokens, h
   constexpr int kUnroll = 4;
   using P = Pack<T, W>;
   const int64_t token = blockIdx.x;
+  ptx::griddep_launch_dependents();  // launched early: ids may be the previous kernel's
+  ptx::griddep_wait();
   const int64_t id = static_cast<int64_t>(ids[token]);
   T* dst = out + token * hidden;
   if (id < 0 || id >= vocab) {
@@ -74,9 +78,11 @@ torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight) {
       // About two packs per thread; the kernel unrolls by four beyond that.
       const int threads = std::min<int64_t>(256, round_up((packs + 1) / 2, 32));
       if (wide)
-        embedding_kernel<scalar_t, N, index_t><<<tokens, threads, 0, stream>>>(o, ids.data_ptr<index_t>(), w, vocab, hidden);
+        launch_pdl(embedding_kernel<scalar_t, N, index_t>, dim3(tokens), dim3(threads), 0, stream, o,
+                   ids.data_ptr<index_t>(), w, vocab, hidden);
       else
-        embedding_kernel<scalar_t, 1, index_t><<<tokens, threads, 0, stream>>>(o, ids.data_ptr<index_t>(), w, vocab, hidden);
+        launch_pdl(embedding_kernel<scalar_t, 1, index_t>, dim3(tokens), dim3(threads), 0, stream, o,
+                   ids.data_ptr<index_t>(), w, vocab, hidden);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

@@ -14,6 +14,7 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/launch.h"
 #include "common/ptx.cuh"
 #include "common/reduce.h"
 #include "common/vec.h"
@@ -67,6 +68,10 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
     ptx::prefetch_l2(reinterpret_cast<const char*>(weight) + l * 128);
     if constexpr (kNormX) ptx::prefetch_l2(reinterpret_cast<const char*>(x_weight) + l * 128);
   }
+  // Launched early (programmatic dependent launch): the weights are static, everything else may be the
+  // previous kernel's. The next kernel (a linear) may start now and stream its first weights meanwhile.
+  ptx::griddep_launch_dependents();
+  ptx::griddep_wait();
 
   float ss = 0.f;
   if constexpr (kCached) {
@@ -209,17 +214,16 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
     const int tpr = next_pow2(threads_needed);
     const dim3 block(tpr, kGroupBlock / tpr);
     const int64_t grid = (rows + block.y - 1) / block.y;
-    rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true><<<grid, block, 0, stream>>>(
-        out, out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
+    launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true>, dim3(grid), block, 0, stream, out, out_stride,
+             residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
   } else if (threads_needed <= 1024) {
     const int tpr = round_up(threads_needed, 32);
-    rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true><<<rows, tpr, 0, stream>>>(
-        out, out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
+    launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true>, dim3(rows), dim3(tpr), 0, stream, out,
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
   } else {
-    rms_norm_kernel<T, W, VPT, kFused, kNormX, false, false><<<rows, 1024, 0, stream>>>(
-        out, out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
+    launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, false>, dim3(rows), dim3(1024), 0, stream, out,
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void check_norm_args(const torch::Tensor& x, const torch::Tensor& weight, const char* op) {

@@ -16,6 +16,8 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/launch.h"
+#include "common/ptx.cuh"
 #include "common/reduce.h"
 #include "common/vec.h"
 
@@ -73,6 +75,8 @@ __global__ void rope_kernel(T* q, int64_t q_stride,                 // [tokens, 
                             int64_t max_position, int heads, int kv_heads, int head_dim, int rot) {
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
+  ptx::griddep_launch_dependents();  // launched early: q, k and positions may be the previous kernel's
+  ptx::griddep_wait();
   load_cos_sin(cs, cos_sin, positions[token], max_position, rot);
   __syncthreads();
 
@@ -97,6 +101,8 @@ __global__ void qk_norm_rope_kernel(T* q, int64_t q_stride,                 // [
                                     float eps, int64_t max_position, int heads, int kv_heads, int head_dim, int rot) {
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
+  ptx::griddep_launch_dependents();  // launched early: q, k and positions may be the previous kernel's
+  ptx::griddep_wait();
   load_cos_sin(cs, cos_sin, positions[token], max_position, rot);
   __syncthreads();
 
@@ -135,16 +141,15 @@ void launch_rope(T* q, int64_t q_stride, T* k, int64_t k_stride, const index_t* 
                  int kv_heads, int head_dim, int rot, cudaStream_t stream) {
   if (q_weight != nullptr) {
     const int threads = 32 * std::min(heads + kv_heads, 16);  // a warp a head
-    qk_norm_rope_kernel<T, W, kNeox, index_t><<<tokens, threads, rot * sizeof(float), stream>>>(
-        q, q_stride, k, k_stride, positions, cos_sin, q_weight, k_weight, eps, max_position, heads, kv_heads, head_dim,
-        rot);
+    launch_pdl(qk_norm_rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q,
+             q_stride, k, k_stride, positions, cos_sin, q_weight, k_weight, eps, max_position, heads, kv_heads,
+             head_dim, rot);
   } else {
     const int items = (heads + kv_heads) * ((kNeox ? rot / 2 : rot) / W);
     const int threads = std::min(256, round_up(items, 32));
-    rope_kernel<T, W, kNeox, index_t><<<tokens, threads, rot * sizeof(float), stream>>>(
-        q, q_stride, k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot);
+    launch_pdl(rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q, q_stride,
+             k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void check_heads(const torch::Tensor& t, const char* name) {
