@@ -35,6 +35,8 @@ TORCH_LIBRARY(minfer, m) {
   m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype) -> ()");
   m.def("qlinear(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, bool static_weight=False) -> Tensor");
+  m.def("qlinear_into(Tensor(a!) out, Tensor x, Tensor blocks, int qtype, Tensor? bias=None, bool static_weight=False) "
+        "-> ()");
   m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
@@ -67,6 +69,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("dequantize", &minfer::dequantize);
   m.impl("dequantize_into", &minfer::dequantize_into);
   m.impl("qlinear", &minfer::qlinear);
+  m.impl("qlinear_into", &minfer::qlinear_into);
   m.impl("qembedding", &minfer::qembedding);
   // ---- baselines (teaching API) ----
   m.impl("gemm", &minfer::gemm);

@@ -37,6 +37,8 @@ torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, 
 void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype);
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                       const std::optional<torch::Tensor>& bias, bool static_weight);
+void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
+                  const std::optional<torch::Tensor>& bias, bool static_weight);
 torch::Tensor qembedding(const torch::Tensor& ids, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                          at::ScalarType dtype);
 // ---- baselines (teaching API): baselines/gemm.cpp, baselines/attention.cpp ----

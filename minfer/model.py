@@ -59,11 +59,17 @@ def fuse(parts: list[Weight]) -> Weight | list[Weight]:
 
 
 def fused_linear(ops: Backend, x: torch.Tensor, w: Weight | list[Weight], bias: torch.Tensor | None = None):
-    """x [tokens, in] @ w^T (+ bias) -> [tokens, out] for a weight from fuse()."""
+    """x [tokens, in] @ w^T (+ bias) -> [tokens, out] for a weight from fuse(); a list's parts write their
+    columns of one output."""
     if not isinstance(w, list):
         return ops.linear(x, w, bias, static_weight=True)
-    out = torch.cat([ops.linear(x, part, static_weight=True) for part in w], dim=-1)  # [tokens, out]
-    return out if bias is None else out + bias
+    out = x.new_empty(x.shape[0], sum(part.shape[0] for part in w))  # [tokens, out]
+    n0 = 0
+    for part in w:
+        n = part.shape[0]
+        ops.linear(x, part, None if bias is None else bias[n0:n0 + n], static_weight=True, out=out[:, n0:n0 + n])
+        n0 += n
+    return out
 
 
 class Transformer:

@@ -136,6 +136,22 @@ def test_qlinear_static_weight_and_no_bias(kind):
     assert torch.equal(ours, again)
 
 
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_qlinear_into_a_slice(kind):
+    """qlinear_into writes columns [3, 3 + n) of a wider, NaN-poisoned output (the columns of a fused q|k|v whose
+    parts differ in format) with qlinear's values, and nothing else. n past 3 CTAs of 16 rows an SM takes every
+    kernel: Q4_K's 32-row CTAs at M = 13 and its prepared x at M = 1 and 5."""
+    q = _q()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k = 16 * 3 * sms + 276, KS[kind][0]
+    for m in (1, 5, 13):
+        w, x, b, _, _ = _product_case(kind, m, n, k, torch.bfloat16, seed=m)
+        wide = torch.full((m, n + 8), float("nan"), device=DEV, dtype=torch.bfloat16)
+        torch.ops.minfer.qlinear_into(wide[:, 3:3 + n], x, w.blocks, q.QTYPE[kind], b, False)
+        assert torch.equal(wide[:, 3:3 + n], torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False))
+        assert wide[:, :3].isnan().all() and wide[:, 3 + n:].isnan().all(), "qlinear_into wrote outside its slice"
+
+
 # ---- prefill: dequantize into a scratch, then the dense linear ----
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -185,6 +201,7 @@ def test_opcheck(kind):
     torch.library.opcheck(ops.dequantize.default, (w.blocks, qt, n, k, torch.bfloat16))
     torch.library.opcheck(ops.dequantize_into.default, (out, w.blocks, qt))
     torch.library.opcheck(ops.qlinear.default, (x, w.blocks, qt, n, k, bias, True))
+    torch.library.opcheck(ops.qlinear_into.default, (x.new_empty(5, n + 3)[:, 1:1 + n], x, w.blocks, qt, bias, True))
     torch.library.opcheck(ops.qembedding.default, (ids, w.blocks, qt, n, k, torch.float16))
 
 
@@ -221,5 +238,14 @@ def test_bad_inputs_raise():
         ops.qlinear(x, w.blocks, qt, n, k, torch.zeros(n + 1, device=DEV, dtype=torch.float16), False)
     with pytest.raises(RuntimeError, match="out must be float16 or bfloat16"):
         ops.dequantize_into(torch.empty(n, k, device=DEV), w.blocks, qt)
+    wide = torch.empty(2, n + 8, device=DEV, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="out must have x's 2 rows"):
+        ops.qlinear_into(wide[:1, :n], x, w.blocks, qt, None, False)
+    with pytest.raises(RuntimeError, match="out must have contiguous rows"):
+        ops.qlinear_into(torch.empty(n, 2, device=DEV, dtype=torch.float16).t(), x, w.blocks, qt, None, False)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.qlinear_into(wide[:, :n].float(), x, w.blocks, qt, None, False)
+    with pytest.raises(RuntimeError, match="blocks must have shape"):
+        ops.qlinear_into(wide[:, :n + 1], x, w.blocks, qt, None, False)
     with pytest.raises(RuntimeError, match="ids must be int32 or int64"):
         ops.qembedding(torch.zeros(3, device=DEV), w.blocks, qt, n, k, torch.float16)

@@ -54,3 +54,22 @@ def test_quantized_weight_checks_its_shape():
         quant.QuantizedWeight("Q8_0", torch.zeros(3, 33, dtype=torch.uint8), (3, 32))
     with pytest.raises(MinferError, match="multiple of 256"):
         quant.QuantizedWeight("Q6_K", torch.zeros(3, 210, dtype=torch.uint8), (3, 200))
+
+
+def test_fused_linear_over_formats():
+    """A fused q|k|v whose parts differ in format (Q4_K_M keeps v in Q6_K) runs each stack into its columns of
+    one output: the same as the linear of the dequantized rows stacked, bias included."""
+    from minfer.model import fuse, fused_linear
+    from minfer.ops import get_backend
+
+    k = 256
+    parts = []
+    for i, (kind, n) in enumerate([("Q4_K", 32), ("Q4_K", 16), ("Q6_K", 16)]):
+        raw = torch.from_numpy(random_blocks(kind, n * k // quant.BLOCK_ELEMS[kind], seed=i).copy())
+        parts.append(quant.QuantizedWeight(kind, raw.view(n, -1), (n, k)))
+    fused = fuse(parts)
+    assert [w.kind for w in fused] == ["Q4_K", "Q6_K"]
+    x, bias = torch.randn(3, k) / k, torch.randn(64)
+    dense = torch.cat([w.dequantize(torch.float32) for w in parts])  # [64, k]
+    ours = fused_linear(get_backend("ref", "cpu"), x, fused, bias)
+    torch.testing.assert_close(ours, torch.nn.functional.linear(x, dense, bias), rtol=1e-5, atol=1e-6)

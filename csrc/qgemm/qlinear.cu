@@ -18,6 +18,8 @@
 // Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
 // Q4_K up to M = 16 takes its own kernels (q4k below): the sub-block scales folded into fp16 quants.
 //
+// qlinear_into writes a row-strided out (a fused output's columns: Q4_K_M's q|k in Q4_K beside v in Q6_K).
+//
 // Programmatic dependent launch (Hopper): with static_weight (no kernel that may still run writes W),
 // the first stages of W are in flight before griddep_wait; x, bias and out only after it.
 #include <c10/cuda/CUDAGuard.h>
@@ -69,6 +71,7 @@ struct Args {
   // q4k::byte_pair's exponent bytes (0x64, 0x54), as an argument: as constants, ptxas made them PRMT's
   // immediate and its selector a register, reloaded ~32 times a chunk.
   uint32_t pair_exps;
+  int64_t out_stride;  // elements between rows of out (a slice of a wider tensor when qlinear_into)
 };
 
 // Where row n0 + r's chunk c starts in W (bytes): the stage holds it from offset start & 15.
@@ -262,7 +265,7 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t*
     for (int w = 0; w < kWarps; ++w) sum += red[(w * NT * 4 + i) * 32 + lane];
     // acc[nt][2h + e]: out[m = 8 nt + 2t + e][n = n0 + g + 8h] (the C fragment layout)
     const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
-    if (m < a.M && n < a.N) out[int64_t(m) * a.N + n] = from_float<T>(bias ? sum + to_float(bias[n]) : sum);
+    if (m < a.M && n < a.N) out[int64_t(m) * a.out_stride + n] = from_float<T>(bias ? sum + to_float(bias[n]) : sum);
   }
 }
 
@@ -831,31 +834,33 @@ void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t str
 
 namespace minfer {
 
-torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                      const std::optional<torch::Tensor>& bias, bool static_weight) {
-  const int64_t row_bytes = qgemm::check_blocks("qlinear", blocks, qtype, n, k);
+namespace {
+
+// out [M, n] = x [M, k] @ W^T (+ bias), out's rows possibly strided (qlinear_into's slice). op names the caller.
+void run_qlinear(const char* op, const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks,
+                 int64_t qtype, int64_t n, int64_t k, const std::optional<torch::Tensor>& bias, bool static_weight) {
+  const int64_t row_bytes = qgemm::check_blocks(op, blocks, qtype, n, k);
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_SAME_DEVICE(x, blocks);
   MINFER_CHECK_DIM(x, 2);
-  qgemm::check_half_dtype("qlinear", "x", x.scalar_type());
-  MINFER_CHECK(x.size(1) == k, "qlinear: x must have k = ", k, " columns, got shape ", x.sizes());
-  MINFER_CHECK(x.size(0) <= 32, "qlinear: x must have at most 32 rows (decode; dequantize + linear for more), got ",
+  qgemm::check_half_dtype(op, "x", x.scalar_type());
+  MINFER_CHECK(x.size(1) == k, op, ": x must have k = ", k, " columns, got shape ", x.sizes());
+  MINFER_CHECK(x.size(0) <= 32, op, ": x must have at most 32 rows (decode; dequantize + linear for more), got ",
                x.size(0));
   MINFER_CHECK_CONTIGUOUS(x);
-  MINFER_CHECK(is_aligned16(x.data_ptr()), "qlinear: x must be 16-byte aligned");
+  MINFER_CHECK(is_aligned16(x.data_ptr()), op, ": x must be 16-byte aligned");
   if (bias) {
     MINFER_CHECK_SAME_DEVICE(x, *bias);
     MINFER_CHECK_SAME_DTYPE(x, *bias);
-    MINFER_CHECK(bias->dim() == 1 && bias->size(0) == n, "qlinear: bias must have shape [", n, "], got ", bias->sizes());
-    MINFER_CHECK(bias->is_contiguous(), "qlinear: bias must be contiguous");
+    MINFER_CHECK(bias->dim() == 1 && bias->size(0) == n, op, ": bias must have shape [", n, "], got ", bias->sizes());
+    MINFER_CHECK(bias->is_contiguous(), op, ": bias must be contiguous");
   }
+  if (x.size(0) == 0 || n == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
-  auto out = torch::empty({x.size(0), n}, x.options());  // [M, n]
-  if (x.size(0) == 0 || n == 0) return out;
   const qgemm::Args a{blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
                       (int)x.size(0),             (int)n,         (int)k,                             row_bytes,
                       static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31),
-                      0x5464u};
+                      0x5464u,                    out.stride(0)};
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
@@ -872,7 +877,31 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64
         qgemm::launch<QT, scalar_t, 4>(a, stream);
     });
   });
+}
+
+}  // namespace
+
+torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                      const std::optional<torch::Tensor>& bias, bool static_weight) {
+  MINFER_CHECK_DIM(x, 2);
+  auto out = torch::empty({x.size(0), n}, x.options());  // [M, n]
+  run_qlinear("qlinear", out, x, blocks, qtype, n, k, bias, static_weight);
   return out;
+}
+
+void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
+                  const std::optional<torch::Tensor>& bias, bool static_weight) {
+  MINFER_CHECK_CUDA(out);
+  MINFER_CHECK_DIM(out, 2);
+  MINFER_CHECK_DIM(x, 2);
+  MINFER_CHECK_SAME_DEVICE(x, out);
+  MINFER_CHECK_SAME_DTYPE(x, out);
+  MINFER_CHECK(out.size(0) == x.size(0), "qlinear_into: out must have x's ", x.size(0), " rows, got shape ",
+               out.sizes());
+  MINFER_CHECK(out.stride(1) == 1 && out.stride(0) >= out.size(1),
+               "qlinear_into: out must have contiguous rows (stride(1) == 1, stride(0) >= n), got strides ",
+               out.strides());
+  run_qlinear("qlinear_into", out, x, blocks, qtype, out.size(1), x.size(1), bias, static_weight);
 }
 
 }  // namespace minfer

@@ -149,33 +149,38 @@ def _scratch_view(x: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return view
 
 
-def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, static_weight: bool):
+def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, static_weight: bool,
+                      out: torch.Tensor | None = None):
     n, k = w.shape
     if x.dtype == torch.float32:  # the kernels take fp16/bf16
-        return reference.linear(x, w, bias)
+        return reference.linear(x, w, bias, out=out)
     if x.shape[0] <= quantized.QLINEAR_MAX_ROWS:
-        return quantized.linear(x, w, bias, static_weight)
+        return quantized.linear(x, w, bias, static_weight, out=out)
     if n * k <= SCRATCH_VALUES:  # the whole weight at once (every layer matrix of an 8B model)
-        return quantized.linear(x, w, bias, False, _scratch_view(x, n, k))
+        return quantized.linear(x, w, bias, False, _scratch_view(x, n, k), out=out)
     rows = max(16, SCRATCH_VALUES // k // 16 * 16)  # slices start on 16-byte boundaries (the kernels' loads)
     outs = []
     for n0 in range(0, n, rows):
         part = QuantizedWeight(w.kind, w.blocks[n0:n0 + rows], (min(rows, n - n0), k), w.dtype)
         scratch = _scratch_view(x, *part.shape)
         outs.append(quantized.linear(x, part, None if bias is None else bias[n0:n0 + rows], False, scratch))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+    y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+    return y if out is None else out.copy_(y)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
-           static_weight: bool = False) -> torch.Tensor:
+           static_weight: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, in] (last dim contiguous), weight [out, in] dense or quantized, bias [out] -> [tokens, out]
     # static_weight=True promises that no kernel just ahead of this one in the stream writes weight (a
     # model's weights): the gemv kernels then start reading it while the previous kernel still runs.
     if x.stride(-1) != 1:
         x = x.contiguous()
+    # out: a [tokens, out] view to write into (quantized weights at decode rows write it in place; otherwise
+    # a copy).
     if isinstance(weight, QuantizedWeight):
-        return _quantized_linear(x, weight, bias, static_weight)
-    return _ops.linear(x, weight, bias, "auto", static_weight)
+        return _quantized_linear(x, weight, bias, static_weight, out)
+    y = _ops.linear(x, weight, bias, "auto", static_weight)
+    return y if out is None else out.copy_(y)
 
 
 # ---- attention family (csrc/attention/) ----

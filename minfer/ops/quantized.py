@@ -37,6 +37,11 @@ def _qlinear_fake(x, blocks, qtype, n, k, bias=None, static_weight=False):
     return x.new_empty((x.shape[0], n))
 
 
+@torch.library.register_fake("minfer::qlinear_into")
+def _qlinear_into_fake(out, x, blocks, qtype, bias=None, static_weight=False):
+    return None
+
+
 @torch.library.register_fake("minfer::qembedding")
 def _qembedding_fake(ids, blocks, qtype, n, k, dtype):
     return blocks.new_empty((*ids.shape, k), dtype=dtype)
@@ -54,21 +59,27 @@ def dequantize(w: QuantizedWeight, dtype: torch.dtype, out: torch.Tensor | None 
 
 
 def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None, static_weight: bool = True,
-           scratch: torch.Tensor | None = None) -> torch.Tensor:
+           scratch: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., k] @ W^T (+ bias) -> [..., n]. Up to 32 rows: qlinear; more: W dequantized (into `scratch`,
     a contiguous [n, k] of x's dtype, when given) and the dense linear. static_weight: no kernel that may
-    still be running writes w (as for the engine's weights; see README)."""
+    still be running writes w (as for the engine's weights; see README). out: a [rows, n] view to write into
+    (rows contiguous, e.g. columns of a wider tensor), 2-D x only."""
     n, k = w.shape
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     if x2.shape[0] <= QLINEAR_MAX_ROWS:
         x2 = x2.contiguous()
         if x2.data_ptr() % 16:  # qlinear reads x in 16-byte loads
             x2 = x2.clone()
-        out = _ops.qlinear(x2, w.blocks, QTYPE[w.kind], n, k, bias, static_weight)
+        if out is not None:
+            _ops.qlinear_into(out, x2, w.blocks, QTYPE[w.kind], bias, static_weight)
+            return out
+        y = _ops.qlinear(x2, w.blocks, QTYPE[w.kind], n, k, bias, static_weight)
     else:
         dense = dequantize(w, x.dtype, scratch)
-        out = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before
-    return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
+        y = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before
+        if out is not None:
+            return out.copy_(y)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 
 def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:

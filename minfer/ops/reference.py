@@ -166,11 +166,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
-           static_weight: bool = False) -> torch.Tensor:
-    # x [tokens, in], weight [out, in] (HF layout), bias [out] -> [tokens, out]
+           static_weight: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    # x [tokens, in], weight [out, in] (HF layout), bias [out] -> [tokens, out], into `out` when given (a
+    # [tokens, out] view, e.g. columns of a wider tensor).
     # In the input dtype: on a GPU this is cuBLAS with fp32 accumulation, the baseline to beat.
     # static_weight is a scheduling promise for the CUDA kernels (see ops/cuda.py); no effect here.
     # A quantized weight is dequantized to x's dtype first.
     if isinstance(weight, QuantizedWeight):
         weight = weight.dequantize(x.dtype)
-    return F.linear(x, weight, bias)
+    y = F.linear(x, weight, bias)
+    return y if out is None else out.copy_(y)
