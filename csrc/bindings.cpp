@@ -14,9 +14,11 @@ TORCH_LIBRARY(minfer, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   // x_weight: x is RMS-normalised by it before the add (a sandwich norm)
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, Tensor? x_weight=None) -> ()");
-  // q_weight, k_weight: each head RMS-normalised over head_dim (eps) before the rotation (q/k norms)
+  // q_weight, k_weight: each head RMS-normalised over head_dim (eps) before the rotation (q/k norms);
+  // v, k_cache, v_cache, slot_mapping: then k and v written to the paged cache (paged_kv_cache_write)
   m.def("rope(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin, bool is_neox, Tensor? q_weight=None, "
-        "Tensor? k_weight=None, float eps=0.0) -> ()");
+        "Tensor? k_weight=None, float eps=0.0, Tensor? v=None, Tensor(c!)? k_cache=None, Tensor(d!)? v_cache=None, "
+        "Tensor? slot_mapping=None) -> ()");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("gelu_tanh_and_mul(Tensor x) -> Tensor");
   m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");

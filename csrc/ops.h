@@ -14,7 +14,9 @@ void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, c
                         double eps, const std::optional<torch::Tensor>& x_weight);
 void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& positions,
           const torch::Tensor& cos_sin, bool is_neox, const std::optional<torch::Tensor>& q_weight,
-          const std::optional<torch::Tensor>& k_weight, double eps);
+          const std::optional<torch::Tensor>& k_weight, double eps, const std::optional<torch::Tensor>& v,
+          const std::optional<torch::Tensor>& k_cache, const std::optional<torch::Tensor>& v_cache,
+          const std::optional<torch::Tensor>& slot_mapping);
 torch::Tensor silu_and_mul(const torch::Tensor& x);
 torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x);
 void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& k,

@@ -11,6 +11,9 @@
 // head_dim (rounded to the storage dtype, as a separate rms_norm's output), then rotated: one warp a head,
 // a pass for the sum of squares, one that writes the normalised head, and the rotation, which reads
 // the pairs back (other lanes wrote them: L1-hot, ordered by __syncwarp).
+// With a paged cache (k_cache, v_cache, slot_mapping), the block then copies its token's rotated k row and
+// its v row to cache row slot_mapping[token] (skipped outside the pool), so that the decode step needs no
+// separate cache-write launch.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -32,6 +35,37 @@ __device__ __forceinline__ void load_cos_sin(float* cs, const float* cos_sin, in
   const int64_t pos = static_cast<int64_t>(position);
   const bool ok = pos >= 0 && pos < max_position;
   for (int i = threadIdx.x; i < rot; i += blockDim.x) cs[i] = ok ? cos_sin[pos * rot + i] : nan_f();
+}
+
+// The paged cache write folded into rope: k_cache == nullptr means none.
+template <typename T>
+struct CacheRows {
+  T* k_cache;         // [slots, kv_heads, head_dim]: the pool's pages seen as rows
+  T* v_cache;         // same
+  const T* v;         // [tokens, kv_heads, head_dim], token stride v_stride
+  int64_t v_stride;
+  const int64_t* slots;  // [tokens]
+  int64_t num_slots;
+};
+
+// After the rotation: the token's k row (rotated in place by the block's threads) and its v row to
+// cache row slots[token]. Every thread of the block reaches it (it holds a barrier).
+template <typename T, int W>
+__device__ __forceinline__ void write_cache_rows(const CacheRows<T>& c, const T* k_row, int64_t token, int row) {
+  if (c.k_cache == nullptr) return;
+  __syncthreads();  // other threads rotated k's packs; global writes are visible to the block after it
+  const int64_t slot = c.slots[token];
+  if (slot < 0 || slot >= c.num_slots) return;
+  constexpr int CW = W * sizeof(T) == 16 ? W : 1;  // the launcher checked 16-byte rows for the wide form only
+  using P = Pack<T, CW>;
+  const T* v_row = c.v + token * c.v_stride;
+  for (int p = threadIdx.x; p < row / CW; p += blockDim.x) {
+    P kp, vp;
+    kp.load(k_row + p * CW);
+    vp.load(v_row + p * CW);
+    kp.store(c.k_cache + slot * row + p * CW);
+    vp.store(c.v_cache + slot * row + p * CW);
+  }
 }
 
 // Rotates item p of one head: NeoX, packs p of both halves; GPT-J, pack p (W / 2 pairs).
@@ -72,7 +106,8 @@ __global__ void rope_kernel(T* q, int64_t q_stride,                 // [tokens, 
                             T* k, int64_t k_stride,                 // [tokens, kv_heads, head_dim]
                             const index_t* __restrict__ positions,  // [tokens]
                             const float* __restrict__ cos_sin,      // [max_position, rot]
-                            int64_t max_position, int heads, int kv_heads, int head_dim, int rot) {
+                            int64_t max_position, int heads, int kv_heads, int head_dim, int rot,
+                            CacheRows<T> cache) {
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
   ptx::griddep_launch_dependents();  // launched early: q, k and positions may be the previous kernel's
@@ -88,6 +123,7 @@ __global__ void rope_kernel(T* q, int64_t q_stride,                 // [tokens, 
                         : k + token * k_stride + static_cast<int64_t>(h - heads) * head_dim;
     rotate_item<T, W, kNeox>(head, p, cs, rot / 2);
   }
+  write_cache_rows<T, W>(cache, k + token * k_stride, token, kv_heads * head_dim);
 }
 
 // q/k norm, then rope: one warp a head (see the top).
@@ -98,7 +134,8 @@ __global__ void qk_norm_rope_kernel(T* q, int64_t q_stride,                 // [
                                     const float* __restrict__ cos_sin,      // [max_position, rot]
                                     const T* __restrict__ q_weight,         // [head_dim]
                                     const T* __restrict__ k_weight,         // [head_dim]
-                                    float eps, int64_t max_position, int heads, int kv_heads, int head_dim, int rot) {
+                                    float eps, int64_t max_position, int heads, int kv_heads, int head_dim, int rot,
+                                    CacheRows<T> cache) {
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
   ptx::griddep_launch_dependents();  // launched early: q, k and positions may be the previous kernel's
@@ -133,22 +170,23 @@ __global__ void qk_norm_rope_kernel(T* q, int64_t q_stride,                 // [
     for (int p = lane; p < per_head; p += 32) rotate_item<T, W, kNeox>(head, p, cs, rot / 2);
     __syncwarp();  // the lanes start the next head together (heads are disjoint: no data hazard)
   }
+  write_cache_rows<T, W>(cache, k + token * k_stride, token, kv_heads * head_dim);
 }
 
 template <typename T, int W, bool kNeox, typename index_t>
 void launch_rope(T* q, int64_t q_stride, T* k, int64_t k_stride, const index_t* positions, const float* cos_sin,
                  const T* q_weight, const T* k_weight, float eps, int64_t max_position, int64_t tokens, int heads,
-                 int kv_heads, int head_dim, int rot, cudaStream_t stream) {
+                 int kv_heads, int head_dim, int rot, const CacheRows<T>& cache, cudaStream_t stream) {
   if (q_weight != nullptr) {
     const int threads = 32 * std::min(heads + kv_heads, 16);  // a warp a head
     launch_pdl(qk_norm_rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q,
              q_stride, k, k_stride, positions, cos_sin, q_weight, k_weight, eps, max_position, heads, kv_heads,
-             head_dim, rot);
+             head_dim, rot, cache);
   } else {
     const int items = (heads + kv_heads) * ((kNeox ? rot / 2 : rot) / W);
     const int threads = std::min(256, round_up(items, 32));
     launch_pdl(rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q, q_stride,
-             k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot);
+             k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot, cache);
   }
 }
 
@@ -161,11 +199,40 @@ void check_heads(const torch::Tensor& t, const char* name) {
               "strides ", t.strides());
 }
 
+// The paged cache write's arguments: v [tokens, kv_heads, head_dim] like k, the caches [num_pages,
+// page_size, kv_heads, head_dim] contiguous in k's dtype, slot_mapping [tokens] int64.
+void check_cache_rows(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_cache,
+                      const torch::Tensor& v_cache, const torch::Tensor& slot_mapping) {
+  MINFER_CHECK_SAME_DEVICE(k, v);
+  MINFER_CHECK_SAME_DEVICE(k, k_cache);
+  MINFER_CHECK_SAME_DEVICE(k, v_cache);
+  MINFER_CHECK_SAME_DEVICE(k, slot_mapping);
+  MINFER_CHECK_SAME_DTYPE(k, v);
+  MINFER_CHECK_SAME_DTYPE(k, k_cache);
+  MINFER_CHECK_SAME_DTYPE(k, v_cache);
+  check_heads(v, "v");
+  MINFER_CHECK(v.sizes() == k.sizes(), "rope: v must have k's shape ", k.sizes(), ", got ", v.sizes());
+  MINFER_CHECK(k_cache.dim() == 4 && k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2),
+               "rope: k_cache must be [num_pages, page_size, kv_heads, head_dim] = [*, *, ", k.size(1), ", ", k.size(2),
+               "], got shape ", k_cache.sizes());
+  MINFER_CHECK(v_cache.sizes() == k_cache.sizes(), "rope: v_cache must have k_cache's shape ", k_cache.sizes(),
+               ", got ", v_cache.sizes());
+  MINFER_CHECK_CONTIGUOUS(k_cache);
+  MINFER_CHECK_CONTIGUOUS(v_cache);
+  MINFER_CHECK(slot_mapping.scalar_type() == at::kLong, "rope: slot_mapping must be int64, got ",
+               slot_mapping.scalar_type());
+  MINFER_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0), "rope: slot_mapping must be [tokens] = [",
+               k.size(0), "], got shape ", slot_mapping.sizes());
+  MINFER_CHECK_CONTIGUOUS(slot_mapping);
+}
+
 }  // namespace
 
 void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& positions,
           const torch::Tensor& cos_sin, bool is_neox, const std::optional<torch::Tensor>& q_weight,
-          const std::optional<torch::Tensor>& k_weight, double eps) {
+          const std::optional<torch::Tensor>& k_weight, double eps, const std::optional<torch::Tensor>& v,
+          const std::optional<torch::Tensor>& k_cache, const std::optional<torch::Tensor>& v_cache,
+          const std::optional<torch::Tensor>& slot_mapping) {
   MINFER_CHECK_CUDA(q);
   MINFER_CHECK_CUDA(k);
   MINFER_CHECK_CUDA(positions);
@@ -203,6 +270,10 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
   }
   MINFER_CHECK(!q_weight || is_neox || head_dim % 2 == 0,
                "rope: q/k norms with GPT-J pairs need an even head_dim, got ", head_dim);
+  const int cache_args = v.has_value() + k_cache.has_value() + v_cache.has_value() + slot_mapping.has_value();
+  MINFER_CHECK(cache_args == 0 || cache_args == 4, "rope: v, k_cache, v_cache and slot_mapping come together (the "
+               "paged cache write), got ", cache_args, " of them");
+  if (cache_args) check_cache_rows(k, *v, *k_cache, *v_cache, *slot_mapping);
   const int64_t heads = q.size(1), kv_heads = k.size(1);
   if (tokens == 0 || heads + kv_heads == 0) return;
   MINFER_CHECK(heads + kv_heads <= (1 << 16), "rope: too many heads (", heads, " + ", kv_heads, ")");
@@ -218,17 +289,27 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
       const auto* qw = q_weight ? reinterpret_cast<const scalar_t*>(q_weight->data_ptr()) : nullptr;
       const auto* kw = k_weight ? reinterpret_cast<const scalar_t*>(k_weight->data_ptr()) : nullptr;
       const float e = static_cast<float>(eps);
+      CacheRows<scalar_t> cache{};
+      if (k_cache) {
+        cache = {reinterpret_cast<scalar_t*>(k_cache->data_ptr()), reinterpret_cast<scalar_t*>(v_cache->data_ptr()),
+                 reinterpret_cast<const scalar_t*>(v->data_ptr()), v->stride(0), slot_mapping->data_ptr<int64_t>(),
+                 k_cache->size(0) * k_cache->size(1)};
+      }
+      const int64_t row = kv_heads * head_dim;
       // 16-byte packs need every pack start aligned: base pointers, token strides, head_dim, and the
       // rotated span ((rot/2) for NeoX's second half, rot for GPT-J) a multiple of the pack.
       const bool wide = rows_aligned16(qp, head_dim, q.stride(0), sizeof(scalar_t)) &&
                         rows_aligned16(kp, head_dim, k.stride(0), sizeof(scalar_t)) &&
                         (is_neox ? (rot / 2) % N == 0 : rot % N == 0) &&
-                        (!qw || (is_aligned16(qw) && is_aligned16(kw)));
+                        (!qw || (is_aligned16(qw) && is_aligned16(kw))) &&
+                        (!cache.k_cache || (rows_aligned16(cache.v, row, cache.v_stride, sizeof(scalar_t)) &&
+                                            rows_aligned16(cache.k_cache, row, row, sizeof(scalar_t)) &&
+                                            rows_aligned16(cache.v_cache, row, row, sizeof(scalar_t))));
       const int h = static_cast<int>(heads), kvh = static_cast<int>(kv_heads);
       const int hd = static_cast<int>(head_dim), r = static_cast<int>(rot);
       auto launch = [&](auto w, auto neox) {
         launch_rope<scalar_t, decltype(w)::value, decltype(neox)::value, index_t>(
-            qp, q.stride(0), kp, k.stride(0), pos, cs, qw, kw, e, max_position, tokens, h, kvh, hd, r, stream);
+            qp, q.stride(0), kp, k.stride(0), pos, cs, qw, kw, e, max_position, tokens, h, kvh, hd, r, cache, stream);
       };
       using Neox = std::true_type;
       using GptJ = std::false_type;

@@ -76,7 +76,7 @@ class PagedKVCache:
 
 @dataclass
 class AttentionMetadata:
-    """Where one step's tokens sit in the paged cache: what paged_kv_cache_write and paged_attention read.
+    """Where one step's tokens sit in the paged cache: what rope (its paged cache write) and paged_attention read.
     The step's tokens are the sequences' new tokens back to back, sequence by sequence."""
     positions: torch.Tensor  # [tokens] int32: position of each token in its sequence
     slot_mapping: torch.Tensor  # [tokens] int64: page * page_size + row where each token's K and V go

@@ -136,7 +136,10 @@ class Transformer:
             cache.check_fits(end)
             self._check_positions(end)
 
+        flat_positions = positions.reshape(-1)  # [tokens]
+
         def attend(i, q, k, v):
+            self._rope(i, q, k, flat_positions)
             ops.kv_cache_write(cache.k[i], cache.v[i], k.view(batch, seq, kv_heads, hd),
                                v.view(batch, seq, kv_heads, hd), positions)
             # The cache rows before start_pos were written by earlier forward calls, and nothing here
@@ -145,7 +148,7 @@ class Transformer:
                                  stable_prefix=True, window=self.windows[i])
             return attn.reshape(batch * seq, heads * hd)
 
-        x = self._layers(ids.reshape(-1), positions.reshape(-1), attend).view(batch, seq, -1)  # [batch, seq, hidden]
+        x = self._layers(ids.reshape(-1), attend).view(batch, seq, -1)  # [batch, seq, hidden]
         if logit_index is not None:
             x = x[torch.arange(batch, device=x.device), logit_index]  # [batch, hidden]
         logits = self._logits(x.reshape(-1, x.shape[-1]))
@@ -170,7 +173,7 @@ class Transformer:
             local = self.windows[i] is not None and meta.local_block_table is not None
             slots, table = (meta.local_slot_mapping, meta.local_block_table) if local else \
                 (meta.slot_mapping, meta.block_table)
-            ops.paged_kv_cache_write(cache.k[i], cache.v[i], k, v, slots)
+            self._rope(i, q, k, meta.positions, v=v, k_cache=cache.k[i], v_cache=cache.v[i], slot_mapping=slots)
             d = meta.num_decodes
             if d:  # decodes on the decode kernel, then the prompt chunks
                 attn = torch.cat([
@@ -186,7 +189,7 @@ class Transformer:
                                            stable_prefix=decode)  # [tokens, heads, hd]
             return attn.reshape(-1, heads * hd)
 
-        x = self._layers(ids, meta.positions, attend)[logit_index]  # [rows, hidden]
+        x = self._layers(ids, attend)[logit_index]  # [rows, hidden]
         return self._logits(x)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -199,9 +202,16 @@ class Transformer:
         if end > self.cos_sin.shape[0]:
             raise MinferError(f"position {end - 1} is past the {self.cos_sin.shape[0]} positions the model was built for")
 
-    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
-        """ids, positions [tokens] -> the final-normed hidden states [tokens, hidden]. attend(layer, q, k, v)
-        writes k, v to the cache and returns the attention output [tokens, heads * hd]."""
+    def _rope(self, i: int, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, **paged_write) -> None:
+        """Layer i's rotation of q and k in place, after the per-head q/k RMSNorms (Qwen3, Gemma 3) where the
+        model has them, in one launch; paged_write (v, k_cache, v_cache, slot_mapping): k and v to the pages too."""
+        layer = self.layers[i]
+        self.ops.rope(q, k, positions, self.rope_tables[i], True, layer.get("q_norm"), layer.get("k_norm"),
+                      self.cfg.rms_norm_eps, **paged_write)
+
+    def _layers(self, ids: torch.Tensor, attend) -> torch.Tensor:
+        """ids [tokens] -> the final-normed hidden states [tokens, hidden]. attend(layer, q, k, v) rotates q and
+        k (_rope), writes k, v to the cache and returns the attention output [tokens, heads * hd]."""
         cfg, ops = self.cfg, self.ops
         heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         residual = ops.embedding(ids, self.embed, cfg.embed_scale)  # [tokens, hidden]
@@ -213,9 +223,6 @@ class Transformer:
             q = q.reshape(-1, heads, hd)  # [tokens, heads, hd]; views, no copies
             k = k.reshape(-1, kv_heads, hd)
             v = v.reshape(-1, kv_heads, hd)
-            # the per-head q/k RMSNorms (Qwen3, Gemma 3), where the model has them, in the rope op's launch
-            ops.rope(q, k, positions, self.rope_tables[i], True, layer.get("q_norm"), layer.get("k_norm"),
-                     cfg.rms_norm_eps)
             x = ops.linear(attend(i, q, k, v), layer["o"], static_weight=True)  # [tokens, hidden]
             # the sandwich norm after attention (Gemma) is in the add's launch
             ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps, layer.get("attn_out_norm"))

@@ -203,6 +203,54 @@ def test_rope_position_out_of_range_gives_nan(cuda):
     assert_close(k[ok], k_ok)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox,head_dim,rot", [(True, 64, 64), (True, 10, 10), (False, 5, 4), (True, 256, 256)])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_rope_writes_paged_cache(cuda, dtype, is_neox, head_dim, rot, qk_norm, tokens):
+    # The continuous engine's call: q, k, v views of one qkv row, k rotated and then, with v, written to
+    # pool rows slot_mapping[t] of [num_pages, page_size, kv_heads, head_dim] caches in the same launch.
+    # head_dim 10 and 5 take the scalar forms (rows not 16-byte multiples; (5, 4) GPT-J pairs of 2, copies of 1).
+    heads, kv_heads, page, pages = 4, 2, 16, 8
+    qkv, q, k, positions, cos_sin = rope_inputs(tokens, heads, kv_heads, head_dim, rot, dtype, True, torch.int64)
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    weights = (norm_weight(head_dim, dtype), norm_weight(head_dim, dtype), EPS) if qk_norm else ()
+    slots = torch.randperm(pages * page, device="cuda")[:tokens]
+    if tokens > 2:
+        slots[1], slots[2] = -1, pages * page  # outside the pool: skipped
+    nan_pool = torch.full((pages, page, kv_heads, head_dim), float("nan"), device="cuda", dtype=dtype)
+    k_cache, v_cache = nan_pool.clone(), nan_pool.clone()
+    q_ref, k_ref = q.clone(), k.clone()
+    ref.rope(q_ref, k_ref, positions, cos_sin, is_neox, *weights)
+    cuda.rope(q, k, positions, cos_sin, is_neox, *(weights or (None, None, 0.0)), v, k_cache, v_cache, slots)
+    assert_close(q, q_ref)
+    assert_close(k, k_ref)
+    # the pool rows hold the kernel's rotated k and v bit for bit; every other row keeps its NaN
+    keep = (slots >= 0) & (slots < pages * page)
+    want_k, want_v = nan_pool.clone(), nan_pool.clone()
+    ref.paged_kv_cache_write(want_k, want_v, k[keep], v[keep], slots[keep])
+    assert torch.equal(k_cache.nan_to_num(7.0), want_k.nan_to_num(7.0))
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+
+
+def test_rope_paged_write_reference_equals_two_ops():
+    # the reference's rope with the cache arguments is rope, then paged_kv_cache_write
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(5, (4 + 2 + 2) * 8, generator=g)
+    q, k, v = (t.view(5, -1, 8) for t in qkv.split([32, 16, 16], dim=-1))
+    positions, cos_sin = torch.tensor([0, 3, 1, 7, 2]), torch.randn(8, 8, generator=g)
+    slots = torch.tensor([9, 0, 4, 15, 6])
+    got_k, got_v = torch.zeros(2, 8, 2, 8), torch.zeros(2, 8, 2, 8)
+    q1, k1 = q.clone(), k.clone()
+    ref.rope(q1, k1, positions, cos_sin, True, v=v, k_cache=got_k, v_cache=got_v, slot_mapping=slots)
+    q2, k2, want_k, want_v = q.clone(), k.clone(), torch.zeros(2, 8, 2, 8), torch.zeros(2, 8, 2, 8)
+    ref.rope(q2, k2, positions, cos_sin, True)
+    ref.paged_kv_cache_write(want_k, want_v, k2, v, slots)
+    assert torch.equal(q1, q2) and torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    with pytest.raises(ValueError, match="come together"):
+        ref.rope(q1, k1, positions, cos_sin, True, v=v)
+
+
 # ---- kv_cache_write ----
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -278,6 +326,9 @@ def test_opcheck_all(cuda):
     _, q, k, positions, cos_sin = rope_inputs(7, 4, 2, 64, 64, dt, False, torch.int64)
     torch.library.opcheck(ops.rope, (q, k, positions, cos_sin, True))
     torch.library.opcheck(ops.rope, (q, k, positions, cos_sin, True, norm_weight(64, dt), norm_weight(64, dt), EPS))
+    pool, slots = randn(4, 16, 2, 64, dtype=dt), torch.tensor([3, 17, 40, 2, 63, 0, 9], device="cuda")
+    torch.library.opcheck(ops.rope, (q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool, pool.clone(),
+                                     slots))
     k_cache, v_cache = randn(2, 16, 2, 64, dtype=dt), randn(2, 16, 2, 64, dtype=dt)
     kv, vv = randn(2, 3, 2, 64, dtype=dt), randn(2, 3, 2, 64, dtype=dt)
     positions = torch.tensor([[0, 1, 2], [5, 6, 7]], device="cuda")
@@ -325,6 +376,24 @@ def test_bad_inputs(cuda):
         ops.rope(q, k, positions.float(), cos_sin, True)
     with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
         ops.rope(q.cpu(), k.cpu(), positions.cpu(), cos_sin.cpu(), True)
+    pool, slots = randn(4, 16, 2, 64, dtype=dt), torch.arange(4, device="cuda")
+    with pytest.raises(RuntimeError, match="v, k_cache, v_cache and slot_mapping come together"):
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool, None, slots)
+    with pytest.raises(RuntimeError, match="slot_mapping must be int64"):
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool, pool.clone(), slots.int())
+    with pytest.raises(RuntimeError, match=r"slot_mapping must be \[tokens\]"):
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool, pool.clone(), slots[:3])
+    with pytest.raises(RuntimeError, match=r"k_cache must be \[num_pages, page_size, kv_heads, head_dim\]"):
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool[..., :32], pool[..., :32], slots)
+    with pytest.raises(RuntimeError, match="v_cache must have k_cache's shape"):
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool, pool[:2], slots)
+    with pytest.raises(RuntimeError, match="v must have k's shape"):
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k[:, :1].clone(), pool, pool.clone(), slots)
+    with pytest.raises(RuntimeError, match="k_cache must be contiguous"):
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool.transpose(0, 1), pool.clone(),
+                 slots)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool.float(), pool.float(), slots)
     with pytest.raises(RuntimeError, match="q_weight and k_weight come together"):
         ops.rope(q, k, positions, cos_sin, True, norm_weight(64, dt), None, EPS)
     with pytest.raises(RuntimeError, match=r"k_weight must be a contiguous \[head_dim\]"):

@@ -13,10 +13,11 @@ import torch
 from . import reference
 
 # Ops the model uses; each backend provides every one of them. kv_cache_write and attention work on the
-# static engine's dense cache, the paged_ ones on the continuous engine's pages (ops/reference.py).
+# static engine's dense cache, paged_attention on the continuous engine's pages, which rope writes
+# (ops/reference.py).
 DENSE_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "kv_cache_write",
              "attention", "linear")
-PAGED_OPS = ("paged_kv_cache_write", "paged_attention")
+PAGED_OPS = ("paged_attention",)
 # Ops only some models use (Gemma's GeGLU): a missing kernel joins `fallbacks` once a model needs it.
 OPTIONAL_OPS = ("gelu_tanh_and_mul",)
 MODEL_OPS = DENSE_OPS + PAGED_OPS

@@ -35,7 +35,8 @@ def _fused_add_rms_norm_fake(x, residual, weight, eps, x_weight=None):
 
 
 @torch.library.register_fake("minfer::rope")
-def _rope_fake(q, k, positions, cos_sin, is_neox, q_weight=None, k_weight=None, eps=0.0):
+def _rope_fake(q, k, positions, cos_sin, is_neox, q_weight=None, k_weight=None, eps=0.0, v=None, k_cache=None,
+               v_cache=None, slot_mapping=None):
     return None
 
 
@@ -98,11 +99,17 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool,
-         q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
+         q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0,
+         v: torch.Tensor | None = None, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+         slot_mapping: torch.Tensor | None = None) -> None:
     # In place on q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] (any token stride);
     # positions [tokens] int32/int64; cos_sin [max_position, rotary_dim] fp32 = cos | sin. q_weight, k_weight
-    # [head_dim]: each head rms_norm'd (eps) before the rotation.
-    _ops.rope(q, k, positions.contiguous(), cos_sin.contiguous(), is_neox, q_weight, k_weight, eps)
+    # [head_dim]: each head rms_norm'd (eps) before the rotation. v, k_cache, v_cache, slot_mapping: then
+    # paged_kv_cache_write of k and v, in the same launch (int64 slots; a slot outside the pool is skipped).
+    if slot_mapping is not None:
+        slot_mapping = slot_mapping.contiguous()
+    _ops.rope(q, k, positions.contiguous(), cos_sin.contiguous(), is_neox, q_weight, k_weight, eps, v, k_cache, v_cache,
+              slot_mapping)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -213,15 +220,6 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     if q.dtype == torch.float32:
         return reference.attention(q, k_cache, v_cache, start_pos, scale, window=window)
     return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix, _window(window))
-
-
-def paged_kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         slot_mapping: torch.Tensor) -> None:
-    # The dense kernel on the pool seen as one sequence of num_pages * page_size rows: slot s is its row s.
-    # k_cache, v_cache [num_pages, page_size, kv_heads, head_dim]; k, v [tokens, kv_heads, head_dim].
-    def pool(c):
-        return c.view(1, -1, *c.shape[2:])  # [1, slots, kv_heads, head_dim]
-    _ops.kv_cache_write(pool(k_cache), pool(v_cache), k.unsqueeze(0), v.unsqueeze(0), slot_mapping.view(1, -1))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

@@ -43,13 +43,19 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool,
-         q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
+         q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0,
+         v: torch.Tensor | None = None, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+         slot_mapping: torch.Tensor | None = None) -> None:
     # In place on q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim].
     # positions [tokens]; cos_sin [max_position, rotary_dim] fp32 = cos | sin halves.
     # is_neox: rotate-half pairs (i, i + rot/2); else interleaved pairs (2i, 2i + 1).
     # q_weight, k_weight [head_dim]: each head rms_norm'd (rounded to the dtype) before the rotation.
+    # v, k_cache, v_cache, slot_mapping: then paged_kv_cache_write(k_cache, v_cache, k, v, slot_mapping).
     if (q_weight is None) != (k_weight is None):
         raise ValueError("rope: q_weight and k_weight come together")
+    cache_args = (v, k_cache, v_cache, slot_mapping)
+    if any(a is None for a in cache_args) != all(a is None for a in cache_args):
+        raise ValueError("rope: v, k_cache, v_cache and slot_mapping come together (the paged cache write)")
     if q_weight is not None:
         for t, w in ((q, q_weight), (k, k_weight)):
             t.copy_(rms_norm(t.reshape(-1, t.shape[-1]), w, eps).view(t.shape))
@@ -65,6 +71,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: tor
             x1, x2 = x[..., 0::2], x[..., 1::2]
             out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
         t[..., :rot] = out.to(t.dtype)
+    if k_cache is not None:
+        paged_kv_cache_write(k_cache, v_cache, k, v, slot_mapping)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
