@@ -204,13 +204,13 @@ def test_rope_position_out_of_range_gives_nan(cuda):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("is_neox,head_dim,rot", [(True, 64, 64), (True, 10, 10), (False, 5, 4), (True, 256, 256)])
+@pytest.mark.parametrize("is_neox,head_dim,rot", [(True, 64, 64), (True, 10, 10), (False, 6, 4), (True, 256, 256)])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("tokens", [1, 37])
 def test_rope_writes_paged_cache(cuda, dtype, is_neox, head_dim, rot, qk_norm, tokens):
     # The continuous engine's call: q, k, v views of one qkv row, k rotated and then, with v, written to
     # pool rows slot_mapping[t] of [num_pages, page_size, kv_heads, head_dim] caches in the same launch.
-    # head_dim 10 and 5 take the scalar forms (rows not 16-byte multiples; (5, 4) GPT-J pairs of 2, copies of 1).
+    # head_dim 10 and 6 take the scalar forms (rows not 16-byte multiples; (6, 4) GPT-J pairs of 2, copies of 1).
     heads, kv_heads, page, pages = 4, 2, 16, 8
     qkv, q, k, positions, cos_sin = rope_inputs(tokens, heads, kv_heads, head_dim, rot, dtype, True, torch.int64)
     v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
@@ -390,7 +390,7 @@ def test_bad_inputs(cuda):
     with pytest.raises(RuntimeError, match="v must have k's shape"):
         ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k[:, :1].clone(), pool, pool.clone(), slots)
     with pytest.raises(RuntimeError, match="k_cache must be contiguous"):
-        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool.transpose(0, 1), pool.clone(),
+        ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool.transpose(0, 1), pool.transpose(0, 1),
                  slots)
     with pytest.raises(RuntimeError, match="same dtype"):
         ops.rope(q, k, positions, cos_sin, True, None, None, 0.0, k.clone(), pool.float(), pool.float(), slots)
