@@ -233,24 +233,6 @@ def test_rope_writes_paged_cache(cuda, dtype, is_neox, head_dim, rot, qk_norm, t
     assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
 
 
-def test_rope_paged_write_reference_equals_two_ops():
-    # the reference's rope with the cache arguments is rope, then paged_kv_cache_write
-    g = torch.Generator().manual_seed(0)
-    qkv = torch.randn(5, (4 + 2 + 2) * 8, generator=g)
-    q, k, v = (t.view(5, -1, 8) for t in qkv.split([32, 16, 16], dim=-1))
-    positions, cos_sin = torch.tensor([0, 3, 1, 7, 2]), torch.randn(8, 8, generator=g)
-    slots = torch.tensor([9, 0, 4, 15, 6])
-    got_k, got_v = torch.zeros(2, 8, 2, 8), torch.zeros(2, 8, 2, 8)
-    q1, k1 = q.clone(), k.clone()
-    ref.rope(q1, k1, positions, cos_sin, True, v=v, k_cache=got_k, v_cache=got_v, slot_mapping=slots)
-    q2, k2, want_k, want_v = q.clone(), k.clone(), torch.zeros(2, 8, 2, 8), torch.zeros(2, 8, 2, 8)
-    ref.rope(q2, k2, positions, cos_sin, True)
-    ref.paged_kv_cache_write(want_k, want_v, k2, v, slots)
-    assert torch.equal(q1, q2) and torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
-    with pytest.raises(ValueError, match="come together"):
-        ref.rope(q1, k1, positions, cos_sin, True, v=v)
-
-
 # ---- kv_cache_write ----
 
 @pytest.mark.parametrize("dtype", DTYPES)

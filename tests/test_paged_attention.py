@@ -38,6 +38,24 @@ def case(q_lens, starts, heads=4, kv_heads=2, hd=16, num_pages=64, seed=0, page=
     return q, k_dense, v_dense, k_pool, v_pool, table, torch.tensor(lens, dtype=torch.int32), cu
 
 
+def test_rope_paged_write_reference_equals_two_ops():
+    # the reference's rope with the cache arguments is rope, then paged_kv_cache_write
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(5, (4 + 2 + 2) * 8, generator=g)
+    q, k, v = (t.view(5, -1, 8) for t in qkv.split([32, 16, 16], dim=-1))
+    positions, cos_sin = torch.tensor([0, 3, 1, 7, 2]), torch.randn(8, 8, generator=g)
+    slots = torch.tensor([9, 0, 4, 15, 6])
+    got_k, got_v = torch.zeros(2, 8, 2, 8), torch.zeros(2, 8, 2, 8)
+    q1, k1 = q.clone(), k.clone()
+    reference.rope(q1, k1, positions, cos_sin, True, v=v, k_cache=got_k, v_cache=got_v, slot_mapping=slots)
+    q2, k2, want_k, want_v = q.clone(), k.clone(), torch.zeros(2, 8, 2, 8), torch.zeros(2, 8, 2, 8)
+    reference.rope(q2, k2, positions, cos_sin, True)
+    reference.paged_kv_cache_write(want_k, want_v, k2, v, slots)
+    assert torch.equal(q1, q2) and torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    with pytest.raises(ValueError, match="come together"):
+        reference.rope(q1, k1, positions, cos_sin, True, v=v)
+
+
 @pytest.mark.parametrize("q_lens,starts", [([1, 1, 1], [0, 7, 12]),  # decode
                                            ([5, 9], [0, 0]),  # prefill from 0
                                            ([3, 1, 6, 1], [4, 10, 9, 0])])  # chunks at any start, mixed with decodes
