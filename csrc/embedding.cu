@@ -83,7 +83,6 @@ torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight) {
       else
         launch_pdl(embedding_kernel<scalar_t, 1, index_t>, dim3(tokens), dim3(threads), 0, stream, o,
                    ids.data_ptr<index_t>(), w, vocab, hidden);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
   return out;

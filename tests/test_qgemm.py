@@ -166,6 +166,21 @@ def test_linear_prefill(kind, m, dtype):
     _check(ours, torch_out, ref64, dtype)
 
 
+def test_linear_prefill_in_row_slices(monkeypatch):
+    """A weight wider than the scratch (a 128k-vocabulary lm_head) runs in slices of rows, each written into its
+    columns of the output: here 200 rows in slices of 64, into a fresh output and into a NaN-poisoned slice."""
+    from minfer.ops import cuda
+    k = KS["Q4_K"][1]
+    monkeypatch.setattr(cuda, "SCRATCH_VALUES", 64 * k)
+    monkeypatch.setattr(cuda, "_scratch", {})  # a buffer of the patched size, dropped after the test
+    w, x, b, ref64, torch_out = _product_case("Q4_K", 113, 200, k, torch.bfloat16, seed=3)
+    _check(cuda.linear(x, w, b), torch_out, ref64, torch.bfloat16)
+    wide = torch.full((113, 205), float("nan"), device=DEV, dtype=torch.bfloat16)
+    cuda.linear(x, w, b, out=wide[:, 2:202])
+    _check(wide[:, 2:202], torch_out, ref64, torch.bfloat16)
+    assert wide[:, :2].isnan().all() and wide[:, 202:].isnan().all(), "a slice was written outside its columns"
+
+
 # ---- qembedding ----
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -220,6 +235,8 @@ def test_bad_inputs_raise():
         ops.dequantize(w.blocks[:, :100].contiguous(), qt, n, k, torch.float16)
     with pytest.raises(RuntimeError, match="blocks must have shape"):
         ops.qlinear(x, w.blocks, qt, n + 1, k, None, False)
+    with pytest.raises(RuntimeError, match="n must be in"):
+        ops.qlinear(x, w.blocks, qt, -1, k, None, False)
     with pytest.raises(RuntimeError, match="qtype"):
         ops.dequantize(w.blocks, 99, n, k, torch.float16)
     with pytest.raises(RuntimeError, match="qtype"):

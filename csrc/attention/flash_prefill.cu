@@ -30,6 +30,7 @@
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
+#include "attention/softmax.cuh"
 #include "common/dispatch.h"
 #include "common/launch.h"
 #include "common/ptx.cuh"
@@ -309,19 +310,19 @@ __global__ void __launch_bounds__(kThreads) prefill_combine_kernel(const FlashPa
   const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;  // token * heads + head
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
-  float m = -INFINITY;
-  for (int s = 0; s < p.kv_splits; ++s) m = fmaxf(m, p.part_ml[2 * (s * rows + row)]);
-  float o[D / 32] = {}, l = 0.f;
-  if (m != -INFINITY) {
+  SoftmaxState st{-INFINITY, 0.f};
+  for (int s = 0; s < p.kv_splits; ++s) st.m = fmaxf(st.m, p.part_ml[2 * (s * rows + row)]);
+  float o[D / 32] = {};
+  if (st.m != -INFINITY) {
     for (int s = 0; s < p.kv_splits; ++s) {
       const int64_t at = s * rows + row;
-      const float w = exp2f(p.part_ml[2 * at] - m);
-      l += w * p.part_ml[2 * at + 1];
+      const float w = st.weight(p.part_ml[2 * at]);
+      st.add(p.part_ml[2 * at + 1], w);
 #pragma unroll
       for (int j = 0; j < D / 32; ++j) o[j] += w * p.part_o[at * D + j * 32 + lane];
     }
   }
-  const float inv = l > 0.f ? 1.f / l : 0.f;
+  const float inv = st.l > 0.f ? 1.f / st.l : 0.f;
   T* out = reinterpret_cast<T*>(p.o) + (row / heads) * p.o_ss + (row % heads) * p.o_hs;
 #pragma unroll
   for (int j = 0; j < D / 32; ++j) out[j * 32 + lane] = from_float<T>(o[j] * inv);

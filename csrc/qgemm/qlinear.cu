@@ -815,10 +815,10 @@ void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t str
     return;
   }
   const auto records = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
-  const uint8_t* r = records.data_ptr<uint8_t>();
+  uint8_t* r = records.data_ptr<uint8_t>();
   const int64_t warps = int64_t(a.M) * (a.K / 256);
   launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream,
-             static_cast<const T*>(a.x), records.data_ptr<uint8_t>(), a.M, a.K);
+             static_cast<const T*>(a.x), r, a.M, a.K);
   if (a.M > 8 && ((a.N + 31) / 32 >= sms || a.K >= 8192))  // 32 rows a CTA: see launch_q4k's comment
     launch_q4k_rows<T, 2, 3, 2>(a, r, stream);
   else if (a.M > 8)
@@ -836,9 +836,9 @@ namespace minfer {
 
 namespace {
 
-// out [M, n] = x [M, k] @ W^T (+ bias), out's rows possibly strided (qlinear_into's slice). op names the caller.
-void run_qlinear(const char* op, const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks,
-                 int64_t qtype, int64_t n, int64_t k, const std::optional<torch::Tensor>& bias, bool static_weight) {
+// Validates x [M, k], blocks (W [n, k]) and bias [n] for op; returns W's row bytes.
+int64_t check_qlinear(const char* op, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n,
+                      int64_t k, const std::optional<torch::Tensor>& bias) {
   const int64_t row_bytes = qgemm::check_blocks(op, blocks, qtype, n, k);
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_SAME_DEVICE(x, blocks);
@@ -855,6 +855,13 @@ void run_qlinear(const char* op, const torch::Tensor& out, const torch::Tensor& 
     MINFER_CHECK(bias->dim() == 1 && bias->size(0) == n, op, ": bias must have shape [", n, "], got ", bias->sizes());
     MINFER_CHECK(bias->is_contiguous(), op, ": bias must be contiguous");
   }
+  return row_bytes;
+}
+
+// out [M, n] = x [M, k] @ W^T (+ bias), out's rows possibly strided (qlinear_into's slice); arguments checked.
+void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
+                 int64_t n, int64_t k, int64_t row_bytes, const std::optional<torch::Tensor>& bias,
+                 bool static_weight) {
   if (x.size(0) == 0 || n == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   const qgemm::Args a{blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
@@ -883,9 +890,9 @@ void run_qlinear(const char* op, const torch::Tensor& out, const torch::Tensor& 
 
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                       const std::optional<torch::Tensor>& bias, bool static_weight) {
-  MINFER_CHECK_DIM(x, 2);
+  const int64_t row_bytes = check_qlinear("qlinear", x, blocks, qtype, n, k, bias);
   auto out = torch::empty({x.size(0), n}, x.options());  // [M, n]
-  run_qlinear("qlinear", out, x, blocks, qtype, n, k, bias, static_weight);
+  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight);
   return out;
 }
 
@@ -901,7 +908,9 @@ void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch:
   MINFER_CHECK(out.stride(1) == 1 && out.stride(0) >= out.size(1),
                "qlinear_into: out must have contiguous rows (stride(1) == 1, stride(0) >= n), got strides ",
                out.strides());
-  run_qlinear("qlinear_into", out, x, blocks, qtype, out.size(1), x.size(1), bias, static_weight);
+  const int64_t n = out.size(1), k = x.size(1);
+  const int64_t row_bytes = check_qlinear("qlinear_into", x, blocks, qtype, n, k, bias);
+  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight);
 }
 
 }  // namespace minfer
