@@ -31,11 +31,10 @@ struct GeluTanh {
 template <typename Act, typename T, int W>
 __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter], contiguous
                                    const T* __restrict__ x,    // [tokens, 2 * inter], row stride x_stride
-                                   int64_t x_stride, int inter, int64_t tokens) {
+                                   int64_t x_stride, int inter, int64_t tokens, bool early) {
   using P = Pack<T, W>;
   const Act act;
-  ptx::griddep_launch_dependents();  // launched early: x may be the previous kernel's
-  ptx::griddep_wait();
+  ptx::griddep_enter(early);  // launched early: x may be the previous kernel's
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= inter / W) return;
   for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
@@ -54,7 +53,8 @@ void launch_act_and_mul(T* out, const T* x, int64_t x_stride, int inter, int64_t
   const int packs = inter / W;
   const int threads = std::min(256, round_up(packs, 32));
   const dim3 grid((packs + threads - 1) / threads, static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
-  launch_pdl(act_and_mul_kernel<Act, T, W>, grid, dim3(threads), 0, stream, out, x, x_stride, inter, tokens);
+  launch_pdl(act_and_mul_kernel<Act, T, W>, grid, dim3(threads), 0, stream, out, x, x_stride, inter, tokens,
+             pdl_early(tokens));
 }
 
 // The launcher of both ops; `name` prefixes its error messages.

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
                     const T* in, int64_t in_stride,     // [rows, hidden]
                     const T* __restrict__ weight,       // [hidden]
                     const T* __restrict__ x_weight,     // [hidden], kNormX only
-                    int hidden, int64_t rows, float eps) {
+                    int hidden, int64_t rows, float eps, bool early) {
   static_assert(kFused || !kNormX, "x_weight comes with the residual add");
   using P = Pack<T, W>;
   const int packs = hidden / W;
@@ -70,8 +70,7 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
   }
   // Launched early (programmatic dependent launch): the weights are static, everything else may be the
   // previous kernel's. The next kernel (a linear) may start now and stream its first weights meanwhile.
-  ptx::griddep_launch_dependents();
-  ptx::griddep_wait();
+  ptx::griddep_enter(early);
 
   float ss = 0.f;
   if constexpr (kCached) {
@@ -215,14 +214,14 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
     const dim3 block(tpr, kGroupBlock / tpr);
     const int64_t grid = (rows + block.y - 1) / block.y;
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true>, dim3(grid), block, 0, stream, out, out_stride,
-             residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
+             residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps, pdl_early(rows));
   } else if (threads_needed <= 1024) {
     const int tpr = round_up(threads_needed, 32);
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true>, dim3(rows), dim3(tpr), 0, stream, out,
-             out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps, pdl_early(rows));
   } else {
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, false>, dim3(rows), dim3(1024), 0, stream, out,
-             out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps);
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps, pdl_early(rows));
   }
 }
 

@@ -107,11 +107,10 @@ __global__ void rope_kernel(T* q, int64_t q_stride,                 // [tokens, 
                             const index_t* __restrict__ positions,  // [tokens]
                             const float* __restrict__ cos_sin,      // [max_position, rot]
                             int64_t max_position, int heads, int kv_heads, int head_dim, int rot,
-                            CacheRows<T> cache) {
+                            CacheRows<T> cache, bool early) {
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
-  ptx::griddep_launch_dependents();  // launched early: q, k and positions may be the previous kernel's
-  ptx::griddep_wait();
+  ptx::griddep_enter(early);  // launched early: q, k and positions may be the previous kernel's
   load_cos_sin(cs, cos_sin, positions[token], max_position, rot);
   __syncthreads();
 
@@ -135,11 +134,10 @@ __global__ void qk_norm_rope_kernel(T* q, int64_t q_stride,                 // [
                                     const T* __restrict__ q_weight,         // [head_dim]
                                     const T* __restrict__ k_weight,         // [head_dim]
                                     float eps, int64_t max_position, int heads, int kv_heads, int head_dim, int rot,
-                                    CacheRows<T> cache) {
+                                    CacheRows<T> cache, bool early) {
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
-  ptx::griddep_launch_dependents();  // launched early: q, k and positions may be the previous kernel's
-  ptx::griddep_wait();
+  ptx::griddep_enter(early);  // launched early: q, k and positions may be the previous kernel's
   load_cos_sin(cs, cos_sin, positions[token], max_position, rot);
   __syncthreads();
 
@@ -181,12 +179,13 @@ void launch_rope(T* q, int64_t q_stride, T* k, int64_t k_stride, const index_t* 
     const int threads = 32 * std::min(heads + kv_heads, 16);  // a warp a head
     launch_pdl(qk_norm_rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q,
              q_stride, k, k_stride, positions, cos_sin, q_weight, k_weight, eps, max_position, heads, kv_heads,
-             head_dim, rot, cache);
+             head_dim, rot, cache, pdl_early(tokens));
   } else {
     const int items = (heads + kv_heads) * ((kNeox ? rot / 2 : rot) / W);
     const int threads = std::min(256, round_up(items, 32));
     launch_pdl(rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q, q_stride,
-             k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot, cache);
+             k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot, cache,
+             pdl_early(tokens));
   }
 }
 

@@ -212,6 +212,14 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// The entry of a small kernel launched as a programmatic dependent: it waits for the previous grid and lets
+// the next one launch, before its wait (early: the next kernel's CTAs may start beside the previous grid's)
+// or after it. The host chooses (common/launch.h, pdl_early).
+__device__ __forceinline__ void griddep_enter(bool early) {
+  if (early) griddep_launch_dependents();
+  griddep_wait();
+  if (!early) griddep_launch_dependents();
+}
 
 // ---- mbarriers (sm_90) ----
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
