@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
     if constexpr (kNormX) ptx::prefetch_l2(reinterpret_cast<const char*>(x_weight) + l * 128);
   }
   // Launched early (programmatic dependent launch): the weights are static, everything else may be the
-  // previous kernel's. The next kernel (a linear) may start now and stream its first weights meanwhile.
+  // previous kernel's. At one row the next kernel (a linear) may start now and stream its first weights
+  // meanwhile; at more, once the previous kernel is done (pdl_early).
   ptx::griddep_enter(early);
 
   float ss = 0.f;
