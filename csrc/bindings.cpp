@@ -15,7 +15,7 @@ TORCH_LIBRARY(minfer, m) {
   // x_weight: x is RMS-normalised by it before the add (a sandwich norm)
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, Tensor? x_weight=None) -> ()");
   // q_weight, k_weight: each head RMS-normalised over head_dim (eps) before the rotation (q/k norms);
-  // v, k_cache, v_cache, slot_mapping: then k and v written to the paged cache (paged_kv_cache_write)
+  // v, k_cache, v_cache, slot_mapping: then k and v copied to cache row slot_mapping[token] of the paged pool
   m.def("rope(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin, bool is_neox, Tensor? q_weight=None, "
         "Tensor? k_weight=None, float eps=0.0, Tensor? v=None, Tensor(c!)? k_cache=None, Tensor(d!)? v_cache=None, "
         "Tensor? slot_mapping=None) -> ()");

@@ -23,8 +23,7 @@ __global__ void embedding_kernel(T* __restrict__ out,              // [tokens, h
   constexpr int kUnroll = 4;
   using P = Pack<T, W>;
   const int64_t token = blockIdx.x;
-  ptx::griddep_launch_dependents();  // launched early: ids may be the previous kernel's
-  ptx::griddep_wait();
+  ptx::griddep_enter(true);  // launched early: ids may be the previous kernel's; first in a step, it releases at entry
   const int64_t id = static_cast<int64_t>(ids[token]);
   T* dst = out + token * hidden;
   if (id < 0 || id >= vocab) {
