@@ -161,6 +161,8 @@ PLANS = [
     (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (16, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"),
     (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
     (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M"), (4097, 576, 1536, "sm90"),
+    (144, 2048, 8192, "sm90 small-M"), (192, 28672, 4096, "sm90 small-M"), (144, 16384, 2048, "sm90"),
+    (160, 6144, 4096, "sm90"), (193, 4096, 14336, "sm90"),
 ]
 
 
@@ -229,8 +231,13 @@ def test_pdl_chained_dependencies(m, n, path):
 # Each linear's X is the previous linear's output, so an X read early would be stale (the NaN fill
 # right before the chain would show). M = 1 and 3 on gemv: the row-pair kernel and the tiles; 16 x 30000
 # x 1032: the many-tile stream; 1 x 17008 x 4104: the rings, filled before the wait.
-@pytest.mark.parametrize("m, n, k", [(1, 2056, 2056), (3, 1032, 1032), (16, 30000, 1032), (1, 17008, 4104)])
-def test_static_weight_chain(m, n, k):
+# sm90 small-M (M = 40 and 144): the first stages' W halves load before the wait.
+@pytest.mark.parametrize("m, n, k, path", [(1, 2056, 2056, "gemv"), (3, 1032, 1032, "gemv"), (16, 30000, 1032, "gemv"),
+                                           (1, 17008, 4104, "gemv"), (40, 2056, 2056, "sm90"),
+                                           (144, 4104, 4104, "sm90")])
+def test_static_weight_chain(m, n, k, path):
+    if path == "sm90" and not _hopper():
+        pytest.skip("sm90 path needs Hopper")
     ops, dtype = _ops(), torch.float16
     ws = [_rand(n, k, dtype=dtype) / k ** 0.5, _rand(k, n, dtype=dtype) / n ** 0.5]  # [out, in] pairs
     x0 = _rand(m, k, dtype=dtype)
@@ -241,7 +248,7 @@ def test_static_weight_chain(m, n, k):
         x = x0.clone()
         for i in range(4):
             _nan_next(m, ws[i % 2].shape[0], dtype)
-            x = ops.linear(x, ws[i % 2], None, "gemv", True)
+            x = ops.linear(x, ws[i % 2], None, path, True)
         tol = dict(atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
         torch.testing.assert_close(x.double(), ref, **tol)
 
@@ -274,16 +281,18 @@ def test_sm90_tails_persistent_epilogue(mnk, dtype):
     _check(ours, torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5), 0.5 * prod64 + 1.5 * c.double(), dtype)
 
 
-# sm90 at M <= 128: 128-row tiles of W against BN = 8..128 activation rows (the smallest >= M), the
-# tiles x K-steps iteration space split evenly over min(iterations, SMs) CTAs. On 132 SMs: 200 x 8200
-# is 2 tiles of 129 steps, each summed from ~66 CTAs' partials; 4100 x 4104 is 33 x 65 (ranges cross
-# tile boundaries; an N tail of 4 rows); 28680 x 136 is 225 x 3 (K tail; whole and shared tiles mixed);
-# 1000 x 40 is 8 tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's square.
+# sm90 at M <= 128, and up to 192 where K is long: 128-row tiles of W against BN = 8..128,
+# 144 or 192 activation rows (the smallest >= M), the tiles x K-steps iteration space split evenly over
+# min(iterations, SMs) CTAs. On 132 SMs: 200 x 8200 is 2 tiles of 129 steps, each summed from ~66 CTAs'
+# partials (200 x 20488 the same above M = 128); 4100 x 4104 is 33 x 65 (ranges cross tile boundaries;
+# an N tail of 4 rows); 28680 x 136 is 225 x 3 (K tail; whole and shared tiles mixed); 1000 x 40 is 8
+# tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's square. Above M = 128 the
+# shorter K take the persistent kernel.
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="sm90 path needs Hopper")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("nk", [(200, 8200), (4100, 4104), (28680, 136), (1000, 40), (576, 576)])
-@pytest.mark.parametrize("m", [1, 8, 9, 17, 64, 65, 128])
+@pytest.mark.parametrize("nk", [(200, 8200), (200, 20488), (4100, 4104), (28680, 136), (1000, 40), (576, 576)])
+@pytest.mark.parametrize("m", [1, 8, 9, 17, 64, 65, 128, 129, 144, 145, 192])
 def test_sm90_small_m_stream_k(m, nk, dtype):
     ops = _ops()
     n, k = nk

@@ -123,10 +123,12 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define MINFER_WGMMA_D72 MINFER_WGMMA_D64 ", " "%64, %65, %66, %67, %68, %69, %70, %71"
-#define MINFER_WGMMA_D128 \
+#define MINFER_WGMMA_D96 \
   MINFER_WGMMA_D64 ", " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define MINFER_WGMMA_D128 \
+  MINFER_WGMMA_D96 ", " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 // The "+f" constraints of accumulators d[i] .. d[i + 7], and of the first R of them.
@@ -140,9 +142,11 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   MINFER_WGMMA_ACC32(d), MINFER_WGMMA_ACC8_AT(d, 32), MINFER_WGMMA_ACC8_AT(d, 40), MINFER_WGMMA_ACC8_AT(d, 48), \
       MINFER_WGMMA_ACC8_AT(d, 56)
 #define MINFER_WGMMA_ACC72(d) MINFER_WGMMA_ACC64(d), MINFER_WGMMA_ACC8_AT(d, 64)
+#define MINFER_WGMMA_ACC96(d) \
+  MINFER_WGMMA_ACC72(d), MINFER_WGMMA_ACC8_AT(d, 72), MINFER_WGMMA_ACC8_AT(d, 80), MINFER_WGMMA_ACC8_AT(d, 88)
 #define MINFER_WGMMA_ACC128(d) \
-  MINFER_WGMMA_ACC72(d), MINFER_WGMMA_ACC8_AT(d, 72), MINFER_WGMMA_ACC8_AT(d, 80), MINFER_WGMMA_ACC8_AT(d, 88), \
-      MINFER_WGMMA_ACC8_AT(d, 96), MINFER_WGMMA_ACC8_AT(d, 104), MINFER_WGMMA_ACC8_AT(d, 112), MINFER_WGMMA_ACC8_AT(d, 120)
+  MINFER_WGMMA_ACC96(d), MINFER_WGMMA_ACC8_AT(d, 96), MINFER_WGMMA_ACC8_AT(d, 104), MINFER_WGMMA_ACC8_AT(d, 112), \
+      MINFER_WGMMA_ACC8_AT(d, 120)
 
 // D[64 x N] (= or +=) A[64 x 16] . B[N x 16]^T, A and B K-major in shared memory; scale_d = 0 overwrites D.
 template <typename T, int N>

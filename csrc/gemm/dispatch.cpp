@@ -67,7 +67,7 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
     const bool gemv_wins = p.M <= 16 || (p.M <= 64 && row_blocks * p.N * p.K <= (int64_t(1) << 24));
     const bool sm90_small_m_wins = p.M >= 32 && int64_t(p.N) * p.K >= (int64_t(1) << 22);
     if (aligned && major >= 8 && gemv_wins) path = Path::kGemv;
-    else if (aligned && major == 9 && (p.M > kSm90SmallM || sm90_small_m_wins)) path = Path::kSm90;
+    else if (aligned && major == 9 && (p.M > 128 || sm90_small_m_wins)) path = Path::kSm90;
     else if (aligned && major >= 8) path = Path::kSm80;
     else path = Path::kWmma;
   }
@@ -103,13 +103,13 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       {
         const int sms = sm_count(device.index());
         if (plan) {
-          *plan = p.M <= kSm90SmallM ? "sm90 small-M" : "sm90";
+          *plan = sm90_small_m(p.M, p.N, p.K) ? "sm90 small-M" : "sm90";
           return;
         }
         torch::Tensor ws, own_counters;
         float* ws_ptr = nullptr;
         int* counters = nullptr;
-        if (p.M <= kSm90SmallM) {
+        if (sm90_small_m(p.M, p.N, p.K)) {
           const Sm90SmallM plan = sm90_small_m_plan(p.M, p.N, p.K, sms);
           ws = torch::empty({plan.ws_floats}, torch::TensorOptions().dtype(at::kFloat).device(device));
           ws_ptr = ws.data_ptr<float>();
@@ -194,7 +194,7 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
 
 // y = x W^T + bias. x [tokens, in] (last dim contiguous), weight [out, in], bias [out] -> [tokens, out].
 // static_weight: no kernel that may still be running when this one starts writes weight (a model's
-// weights); the gemv kernels then start reading it before they wait for the previous kernel.
+// weights); the gemv and sm90 small-M kernels then start reading it before they wait for the previous kernel.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
                      const std::string& path, bool static_weight) {
   return gemm_impl::linear_or_plan(x, weight, bias, path, static_weight, nullptr);

@@ -25,7 +25,7 @@ struct Params {
   float alpha, beta;
   int M, N, K;
   // B is not written by any kernel that may still be running when this one starts (a model's weights):
-  // the gemv kernels then start loading it before griddepcontrol.wait.
+  // the gemv and sm90 small-M kernels then start loading it before griddepcontrol.wait.
   bool static_b = false;
 };
 
@@ -38,12 +38,14 @@ int sm80_split_k(int M, int N, int K, int sms);
 void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      // K % 16 == 0, 16B rows
 // sak = sbk = 1, 16B rows. plan != nullptr: nothing runs; *plan says which kernel and configuration would.
 template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* plan = nullptr);
-// sm90, sak = sbk = 1, 16B rows. M > kSm90SmallM: persistent, min(tiles, sms) CTAs. M <= kSm90SmallM:
-// W as the wgmma M operand, stream-K over min(iters, sms) CTAs, with the fp32 workspace and the
-// zeroed per-tile counters that sm90_small_m_plan sizes (ws and counters are unused above it).
-constexpr int kSm90SmallM = 128;
+// sm90, sak = sbk = 1, 16B rows. Where sm90_small_m: W as the wgmma M operand, stream-K over min(iters,
+// sms) CTAs, with the fp32 workspace and the zeroed per-tile counters that sm90_small_m_plan sizes;
+// elsewhere persistent, min(tiles, sms) CTAs (ws and counters unused).
+constexpr int kSm90SmallM = 192;
+// Whether launch_sm90 runs the small-M kernel: M <= 128, or M <= 192 where K is long (see there).
+bool sm90_small_m(int M, int N, int K);
 struct Sm90SmallM {
-  int bn;              // activation rows per tile: the smallest of 8, 16, 32, 64, 128 >= M
+  int bn;              // activation rows per tile: the smallest of 8, 16, 32, 64, 128, 144, 192 >= M
   int grid;            // CTAs, one per SM at most
   int64_t tiles;       // 128-row tiles of W: the counters needed
   int64_t ws_floats;   // workspace: grid x 2 partial tiles of 128 x bn

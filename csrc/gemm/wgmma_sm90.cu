@@ -18,8 +18,9 @@
 // shared buffer per consumer warpgroup (not the pipeline stages, which the producer is already
 // refilling) and leave as coalesced 16-byte stores.
 // Out-of-bounds rows/columns are zero-filled by TMA; the epilogue stores with bounds checks.
-// M <= 128 (decode batches, short prompts) runs small_m_kernel instead: the same pipeline with the
-// weight as the wgmma M operand and the iteration space split over the SMs along K (see there).
+// M <= 128 (decode batches, short prompts), and M <= 192 on long K (sm90_small_m), runs small_m_kernel
+// instead: the same pipeline with the weight as the wgmma M operand and the iteration space split over
+// the SMs along K (see there).
 // Requirements (checked by the dispatcher): K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases.
 #include "common/checks.h"
 #include <cuda.h>
@@ -85,8 +86,9 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr) { return desc_sw128
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 144 || N == 256);
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 144 || N == 192 || N == 256);
   if constexpr (N == 256) { MINFER_GEMM_WGMMA("m64n256k16", MINFER_WGMMA_D128, "%128, %129", "%130", MINFER_WGMMA_ACC128(d)); }
+  else if constexpr (N == 192) { MINFER_GEMM_WGMMA("m64n192k16", MINFER_WGMMA_D96, "%96, %97", "%98", MINFER_WGMMA_ACC96(d)); }
   else if constexpr (N == 144) { MINFER_GEMM_WGMMA("m64n144k16", MINFER_WGMMA_D72, "%72, %73", "%74", MINFER_WGMMA_ACC72(d)); }
   else if constexpr (N == 128) { MINFER_GEMM_WGMMA("m64n128k16", MINFER_WGMMA_D64, "%64, %65", "%66", MINFER_WGMMA_ACC64(d)); }
   else if constexpr (N == 64) { MINFER_GEMM_WGMMA("m64n64k16", MINFER_WGMMA_D32, "%32, %33", "%34", MINFER_WGMMA_ACC32(d)); }
@@ -241,10 +243,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 
-// ---- Small M (M <= 128): the weight is the wgmma M operand, split over the SMs along K ----
+// ---- Small M (M <= 128, or <= 192 on long K): W is the wgmma M operand, split over the SMs along K ----
 // D^T [N, M] = W [N, K] . X [M, K]^T: a tile is 128 rows of W (64 per consumer warpgroup, as above)
-// against all BN >= M activation rows (BN = 8 .. 128, the wgmma N), so W is read once and the tensor
-// cores do BN / M times the useful work, which at these M is still far below their rate. A few tiles
+// against all BN >= M activation rows (BN = 8 .. 128, 144 or 192, the wgmma N), so W is read once and
+// the tensor cores do BN / M times the useful work, which at these M is still far below their rate. A few tiles
 // cannot fill 132 SMs, so the work is the iteration space tiles x K steps, cut into one contiguous,
 // equal range per CTA (stream-K): a CTA runs across tile boundaries with one ring, stores the tiles it
 // covers whole, and writes the fp32 partial sums of a tile it shares (at most its first and its last)
@@ -261,7 +263,8 @@ template <int BN>
 constexpr int small_m_stage_bytes() {
   return kATileBytes + BN * kBK * 2;  // W 128 x 64 (16 KB) + X BN x 64
 }
-// As many stages as ~200 KB holds: 11 at BN = 8 and 16 (~176 KB of W in flight), 8 at 64, 6 at 128.
+// As many stages as ~200 KB holds: 11 at BN = 8 and 16 (~176 KB of W in flight), 8 at 64, 6 at 128, 5 at
+// 144 and 192. Past BN = 128 setmaxnreg moves the producer's registers to the consumers, as in wgmma_kernel.
 template <int BN>
 constexpr int small_m_stages() {
   return std::min(16, 200 * 1024 / small_m_stage_bytes<BN>());
@@ -301,26 +304,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   // Launched as a programmatic dependent (launch_small_m): the previous kernel may still run, so read
-  // or write nothing before griddep_wait. (An L2 prefetch of the first W stages here cost 1-3 us per
-  // call on H200: the loads then ask for lines already in flight.)
+  // or write nothing it may write before griddep_wait. A static W (p.static_b) is no such thing: the
+  // producer fills the first stages' W halves while that kernel finishes, and their X after the wait.
+  // (An L2 prefetch of W here instead cost 1-3 us per call on H200.)
+  const int64_t early = p.static_b ? min(int64_t(S), end - begin) : 0;
+  if (threadIdx.x == 0)
+    for (int64_t i = begin; i < begin + early; ++i) {
+      const uint32_t bar = smem_addr(&full[i - begin]);
+      mbar_expect_tx(bar, kStage);  // the whole stage: the phase completes once X has landed too
+      tma_load_2d(base + (i - begin) * kStage, &map_w, bar, int(i % sk.k_steps) * kBK, int(i / sk.k_steps) * kBM);
+    }
   griddep_wait();
   griddep_launch_dependents();
   __syncthreads();
 
   if (wg == 0) {  // producer: one thread walks the CTA's range with TMA
+    if constexpr (BN > 128) setmaxnreg_dec<kProducerRegs>();
     if (tid_wg == 0) {
       Ring<S> ring;
       for (int64_t i = begin; i < end; ++i, ring.next()) {
         const int tile = int(i / sk.k_steps), kt = int(i % sk.k_steps);
-        mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
         const uint32_t bar = smem_addr(&full[ring.s]), sa = base + ring.s * kStage;
-        mbar_expect_tx(bar, kStage);  // whole boxes, zero-filled rows (M < BN, the N and K tails) too
-        tma_load_2d(sa, &map_w, bar, kt * kBK, tile * kBM);
+        if (i >= begin + early) {
+          mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
+          mbar_expect_tx(bar, kStage);  // whole boxes, zero-filled rows (M < BN, the N and K tails) too
+          tma_load_2d(sa, &map_w, bar, kt * kBK, tile * kBM);
+        }
         tma_load_2d(sa + kATileBytes, &map_x, bar, kt * kBK, 0);
       }
     }
     return;
   }
+  if constexpr (BN > 128) setmaxnreg_inc<kConsumerRegs>();  // 72 or 96 accumulators a thread
 
   // Consumers: warpgroup c owns W rows [64 c, 64 c + 64) of the tile; tc numbers the 256 threads.
   const int c = wg - 1, tc = threadIdx.x - 128;
@@ -450,10 +465,20 @@ void launch_small_m(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM
 
 }  // namespace
 
+// M 129-192 pads the persistent kernel's second 128-row tile; the small-M kernel (BN 144 or 192) wins
+// where K is long enough to spread (H200, one run, us, persistent / small-M: 144 x 4096 x 14336 81.4 / 52.5,
+// 192 x 4096 x 14336 80.2 / 58.1, 144 x 2048 x 8192 43.1 / 25.4, 144 x 28672 x 4096 108.9 / 86.0, 144 x 6144
+// x 4096 33.4 / 27.3, 192 x 28672 x 4096 110.6 / 96.7) and loses at K = 2048 (144 x 16384 x 2048 28.6 /
+// 32.8) and on narrow W past 144 rows (192 x 6144 x 4096 30.9 / 34.8).
+bool sm90_small_m(int M, int N, int K) {
+  return M <= 128 || (M <= kSm90SmallM && (K >= 8192 || (K >= 4096 && (M <= 144 || N >= 16384))));
+}
+
 Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
   Sm90SmallM plan{};
   plan.bn = 8;
-  while (plan.bn < M && plan.bn < kSm90SmallM) plan.bn *= 2;
+  while (plan.bn < M && plan.bn < 128) plan.bn *= 2;
+  if (M > 128) plan.bn = M <= 144 ? 144 : 192;
   plan.tiles = (int64_t(N) + kBM - 1) / kBM;
   const int64_t k_steps = std::max<int64_t>(1, (int64_t(K) + kBK - 1) / kBK);
   plan.grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(plan.tiles * k_steps, sms)));
@@ -463,14 +488,16 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
 
 template <typename T>
 void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, float* ws, int* counters) {
-  if (p.M <= kSm90SmallM) {
+  if (sm90_small_m(p.M, p.N, p.K)) {
     const Sm90SmallM plan = sm90_small_m_plan(p.M, p.N, p.K, sms);
     switch (plan.bn) {
       case 8: return launch_small_m<T, 8>(p, stream, plan, ws, counters);
       case 16: return launch_small_m<T, 16>(p, stream, plan, ws, counters);
       case 32: return launch_small_m<T, 32>(p, stream, plan, ws, counters);
       case 64: return launch_small_m<T, 64>(p, stream, plan, ws, counters);
-      default: return launch_small_m<T, 128>(p, stream, plan, ws, counters);
+      case 128: return launch_small_m<T, 128>(p, stream, plan, ws, counters);
+      case 144: return launch_small_m<T, 144>(p, stream, plan, ws, counters);
+      default: return launch_small_m<T, 192>(p, stream, plan, ws, counters);
     }
   }
   // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
