@@ -3,7 +3,8 @@
 Default sweep: squares 1024..8192, Llama-3-8B's linear shapes at M in {1, 8, 64, 512, 4096}, and
 SmolLM2-135M's at M in {1, 4096}. Everything in ALL_SHAPES can be run with --shape M,N,K.
 gemm_decode: every model's linear shapes at M in {1, 8, 16} (the gemv path's range).
-gemm_batch: Llama-3-8B's linear shapes at M in {32, 64, 128, 256} (batched decode), bf16.
+gemm_batch: Llama-3-8B's linear shapes at M in {32, 64, 128, 144, 192, 256} (batched decode; 144 is 16
+decodes beside a 128-token prompt chunk), bf16.
 --path wmma|sm80|sm90|gemv forces one kernel path.
 Baselines (the seed's teaching API, minfer/ops/baselines.py), on squares: gemm_baseline (gemm, auto path;
 ref: torch.mm), tensor_core_gemm (WMMA, fp16 -> fp32; ref: torch.mm in fp16) and gemm_int8 (int8 -> int32;
@@ -37,7 +38,7 @@ def model_shapes(name: str, tokens=TOKENS) -> list[tuple]:
 SQUARES = [(s, s, s) for s in (512, 1024, 2048, 4096, 8192)]
 ALL_SHAPES = SQUARES + [s for name in MODELS for s in model_shapes(name)]
 DECODE = [s for name in MODELS for s in model_shapes(name, (1, 8, 16))]
-BATCH = model_shapes("llama-3-8b", (32, 64, 128, 256))
+BATCH = model_shapes("llama-3-8b", (32, 64, 128, 144, 192, 256))
 DEFAULT = [(s, s, s) for s in (1024, 2048, 4096, 8192)] + model_shapes("llama-3-8b") + \
     model_shapes("smollm2-135m", (1, 4096))
 
