@@ -283,15 +283,17 @@ def test_sm90_tails_persistent_epilogue(mnk, dtype):
 
 # sm90 at M <= 128, and up to 192 where K is long: 128-row tiles of W against BN = 8..128,
 # 144 or 192 activation rows (the smallest >= M), the tiles x K-steps iteration space split evenly over
-# min(iterations, SMs) CTAs. On 132 SMs: 200 x 8200 is 2 tiles of 129 steps, each summed from ~66 CTAs'
-# partials (200 x 20488 the same above M = 128); 4100 x 4104 is 33 x 65 (ranges cross tile boundaries;
-# an N tail of 4 rows); 28680 x 136 is 225 x 3 (K tail; whole and shared tiles mixed); 1000 x 40 is 8
-# tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's square. Above M = 128 the
-# shorter K take the persistent kernel.
+# at most one CTA an SM, S a tile where that fills 9/10 of them (split-K). On 132 SMs: 200 x 8200 is 2
+# tiles of 129 steps, each summed from 66 CTAs' partials (200 x 20488 the same above M = 128); 4100 x 4104
+# is 33 x 65, 4 CTAs a tile (ranges of 16 and 17 steps; an N tail of 4 rows); 12000 x 1032 is 94 x 17 over
+# 132 CTAs (ranges cross tile boundaries; an N tail); 28680 x 136 is 225 x 3 (K tail; whole and shared
+# tiles mixed); 1000 x 40 is 8 tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's
+# square. Above M = 128 the shorter K take the persistent kernel.
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="sm90 path needs Hopper")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("nk", [(200, 8200), (200, 20488), (4100, 4104), (28680, 136), (1000, 40), (576, 576)])
+@pytest.mark.parametrize("nk", [(200, 8200), (200, 20488), (4100, 4104), (12000, 1032), (28680, 136), (1000, 40),
+                                (576, 576)])
 @pytest.mark.parametrize("m", [1, 8, 9, 17, 64, 65, 128, 129, 144, 145, 192])
 def test_sm90_small_m_stream_k(m, nk, dtype):
     ops = _ops()

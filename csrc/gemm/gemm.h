@@ -38,8 +38,8 @@ int sm80_split_k(int M, int N, int K, int sms);
 void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      // K % 16 == 0, 16B rows
 // sak = sbk = 1, 16B rows. plan != nullptr: nothing runs; *plan says which kernel and configuration would.
 template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* plan = nullptr);
-// sm90, sak = sbk = 1, 16B rows. Where sm90_small_m: W as the wgmma M operand, stream-K over min(iters,
-// sms) CTAs, with the fp32 workspace and the zeroed per-tile counters that sm90_small_m_plan sizes;
+// sm90, sak = sbk = 1, 16B rows. Where sm90_small_m: W as the wgmma M operand, stream-K (or split-K) over
+// at most sms CTAs, with the fp32 workspace and the zeroed per-tile counters that sm90_small_m_plan sizes;
 // elsewhere persistent, min(tiles, sms) CTAs (ws and counters unused).
 constexpr int kSm90SmallM = 192;
 // Whether launch_sm90 runs the small-M kernel: M <= 128, or M <= 192 where K is long (see there).
