@@ -18,7 +18,9 @@ most --max-num-batched-tokens tokens a step (less the decodes; --long-prefill-to
 into their decode steps. Each running request's inter-token latency (ITL: the time between the steps that give
 it a token) is compared before the prompt and from its arrival to its first token. The scenario runs twice, and the second is reported: the
 first pays the chunk shapes' first-call costs. It prints the mean wall time of a step during the prefill and
-the GPU's busy time in it (CUDA events); --profile adds those steps' kernels (up to 16 steps of the first round).
+the GPU's busy time in it (CUDA events); --profile adds those steps' kernels (up to 16 steps of the first round),
+from the prompt's first chunk on, or from chunk --profile-from K on (the attention of a later chunk reads K
+chunks more of the prompt's keys).
 
 --decode-batch B[,B...] times the engine's decode step instead: B requests of --input-len random ids
 are prefilled, then --decode-steps steps of B decodes are timed (wall time a step, GPU time from CUDA events),
@@ -103,9 +105,14 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
     chunk = max(1, args.max_num_batched_tokens - len(reqs))
     chunk = min(chunk, args.long_prefill_token_threshold or chunk)
     chunk_steps = -(-args.long_prompt_len // chunk)
+    if args.profile_from and args.profile_from >= chunk_steps - 1:
+        raise SystemExit(f"--profile-from {args.profile_from}: the prompt takes {chunk_steps} chunks of {chunk} tokens; "
+                         f"give at most {chunk_steps - 2}")
     n_out = args.itl_steps + 16 + 2 * chunk_steps
     cuda = engine.device.type == "cuda"
     kernels = None
+    # the first round's steps from chunk --profile-from on that cannot reach the prompt's end
+    n_profile = min(16, (chunk_steps - args.profile_from) // 2) if args.profile else 0
     for last in (False, True):
         running = {engine.add_request(ids, SamplingParams(temperature=0.0, ignore_eos=True,
                                                           max_tokens=min(n_out, engine.max_context - len(ids)))): []
@@ -125,6 +132,8 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
                     st["t_first"] = t
             if st["long_id"] is not None:
                 st["after"] += 1
+                if not last and n_profile and kernels is None and st["after"] == args.profile_from > 0:
+                    kernels = (profile_steps(step, n_profile, cuda), n_profile)
             elif min(map(len, running.values())) >= 2:  # every request decodes
                 st["t_steady"] = st["t_steady"] or t
                 st["before"] += 1
@@ -135,9 +144,8 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
                     st["t_add"] = time.perf_counter()
                     if last:  # the GPU's busy time in each step from here (CUDA events)
                         engine.timeline = [] if cuda else None
-                    elif args.profile and chunk_steps >= 4:  # where a mixed step's time goes, in the first round
-                        n = min(16, chunk_steps // 2)  # steps that cannot reach the prompt's end
-                        kernels = (profile_steps(step, n, cuda), n)
+                    elif n_profile and args.profile_from == 0:  # where a mixed step's time goes, in the first round
+                        kernels = (profile_steps(step, n_profile, cuda), n_profile)
 
         while st["t_first"] is None:
             step()
@@ -162,7 +170,8 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
                 itl_during_p99_ms=pct(itl_during, 99), itl_during_max_ms=pct(itl_during, 100),
                 itl_ratio_p50=p50_during / p50_before, itl_ratio_max=pct(itl_during, 100) / p50_before,
                 step_ms_during=step_ms, gpu_ms_during=gpu_ms,
-                kernels=kernels[0] if kernels else None, profiled_steps=kernels[1] if kernels else None)
+                kernels=kernels[0] if kernels else None, profiled_steps=kernels[1] if kernels else None,
+                profiled_from=args.profile_from if kernels else None)
 
 
 def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | None) -> dict:
@@ -259,6 +268,8 @@ def main(argv=None) -> int:
     p.add_argument("--decode-batch", help="time the decode step at these batch sizes (comma-separated) instead")
     p.add_argument("--decode-steps", type=int, default=32, help="with --decode-batch: steps timed (default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="with --decode-batch or --long-prompt-len: also print the steps' kernels")
+    p.add_argument("--profile-from", type=int, default=0, metavar="K",
+                   help="with --long-prompt-len --profile: profile from the prompt's chunk K on (default: %(default)s)")
     p.add_argument("--json", help="append one JSON line per engine to this file")
     args = p.parse_args(argv)
     if args.shape and args.checkpoint:
@@ -267,6 +278,8 @@ def main(argv=None) -> int:
         p.error(f"--decode-batch needs one context length, --input-len N (not {args.input_len!r})")
     if args.decode_batch and not all(b.isdigit() and int(b) >= 1 for b in args.decode_batch.split(",")):
         p.error(f"--decode-batch: give batch sizes of at least 1, comma-separated (not {args.decode_batch!r})")
+    if args.profile_from < 0 or (args.profile_from and not (args.profile and args.long_prompt_len)):
+        p.error("--profile-from K needs K >= 0, --profile and --long-prompt-len")
     if args.long_prompt_len < 0 or args.itl_steps < 2 or args.decode_steps < 1:
         p.error("--long-prompt-len must be >= 0, --itl-steps >= 2 (an inter-token gap needs two steps), "
                 "--decode-steps >= 1")
@@ -319,7 +332,8 @@ def main(argv=None) -> int:
         gpu = "" if row["gpu_ms_during"] is None else f", the GPU busy {row['gpu_ms_during']:.2f} ms of them"
         print(f"  steps during its prefill: {row['step_ms_during']:.2f} ms each{gpu}", flush=True)
         if row["kernels"]:
-            print(f"  kernels of {row['profiled_steps']} steps of its prefill (the first round), per step:")
+            print(f"  kernels of {row['profiled_steps']} steps of its prefill from chunk {row['profiled_from']} "
+                  f"(the first round), per step:")
             print_breakdown(row["kernels"], None)
         append_json(args.json, row)
         return 0

@@ -303,6 +303,22 @@ def test_bench_throughput_long_prompt_on_cpu(tmp_path):
     assert row["itl_before_p50_ms"] > 0 and row["itl_during_p50_ms"] > 0 and row["long_ttft_ms"] > 0
 
 
+def test_bench_throughput_profiles_a_later_chunk_on_cpu(tmp_path, capsys):
+    """--profile-from K profiles the long prompt's steps from chunk K on (their torch ops on the CPU); a K the
+    prompt does not reach is a one-line error."""
+    out = tmp_path / "t.jsonl"
+    common = ["--backend", "ref", "--device", "cpu", "--num-requests", "2", "--input-len", "5", "--block-size", "4",
+              "--long-prompt-len", "64", "--long-prefill-token-threshold", "8", "--itl-steps", "3",
+              "--num-pages", "64", "--profile"]
+    assert load_bench_throughput().main(common + ["--profile-from", "3", "--json", str(out)]) == 0
+    import json
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["profiled_from"] == 3 and row["profiled_steps"] == 2  # (8 chunks - 3) // 2
+    assert row["kernels"] and "kernels of 2 steps of its prefill from chunk 3" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--profile-from 7: the prompt takes 8 chunks of 8 tokens; give at most 6"):
+        load_bench_throughput().main(common + ["--profile-from", "7"])
+
+
 # ---- async scheduling ----
 
 MIXED = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
