@@ -16,9 +16,10 @@ appends them to a file as JSON lines.
 decode alone for --itl-steps steps, then a prompt of N random ids arrives and is prefilled in chunks of at
 most --max-num-batched-tokens tokens a step (less the decodes; --long-prefill-token-threshold at most), mixed
 into their decode steps. Each running request's inter-token latency (ITL: the time between the steps that give
-it a token) is compared before the prompt and from its arrival to its first token. The scenario runs twice, and the second is reported: the
-first pays the chunk shapes' first-call costs. It prints the mean wall time of a step during the prefill and
-the GPU's busy time in it (CUDA events); --profile adds those steps' kernels (up to 16 steps of the first round),
+it a token) is compared before the prompt and from its arrival to its first token. The scenario runs 1 +
+--rounds times: the first pays the chunk shapes' first-call costs, and of the others the round with the median
+p50 ratio is reported (with every round's ratio). It prints the mean wall time of a step during the prefill
+and the GPU's busy time in it (CUDA events); --profile adds those steps' kernels (up to 16 steps of the first round),
 from the prompt's first chunk on, or from chunk --profile-from K on (the attention of a later chunk reads K
 chunks more of the prompt's keys).
 
@@ -113,7 +114,8 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
     kernels = None
     # the first round's steps from chunk --profile-from on that cannot reach the prompt's end
     n_profile = min(16, (chunk_steps - args.profile_from) // 2) if args.profile else 0
-    for last in (False, True):
+    rounds = []  # the measured rounds' figures
+    for r in range(1 + args.rounds):  # round 0 pays the chunk shapes' first-call costs
         running = {engine.add_request(ids, SamplingParams(temperature=0.0, ignore_eos=True,
                                                           max_tokens=min(n_out, engine.max_context - len(ids)))): []
                    for ids, _ in reqs}
@@ -132,7 +134,7 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
                     st["t_first"] = t
             if st["long_id"] is not None:
                 st["after"] += 1
-                if not last and n_profile and kernels is None and st["after"] == args.profile_from > 0:
+                if r == 0 and n_profile and kernels is None and st["after"] == args.profile_from > 0:
                     kernels = (profile_steps(step, n_profile, cuda), n_profile)
             elif min(map(len, running.values())) >= 2:  # every request decodes
                 st["t_steady"] = st["t_steady"] or t
@@ -142,7 +144,7 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
                     st["long_id"] = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1,
                                                                               ignore_eos=True))
                     st["t_add"] = time.perf_counter()
-                    if last:  # the GPU's busy time in each step from here (CUDA events)
+                    if r > 0:  # the GPU's busy time in each step from here (CUDA events)
                         engine.timeline = [] if cuda else None
                     elif n_profile and args.profile_from == 0:  # where a mixed step's time goes, in the first round
                         kernels = (profile_steps(step, n_profile, cuda), n_profile)
@@ -150,28 +152,35 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
         while st["t_first"] is None:
             step()
         timeline, engine.timeline = engine.timeline, None
+        if r > 0:
+            rounds.append(itl_figures(running, st, timeline))
         for rid in running:
             engine.abort_request(rid)
         while engine.has_unfinished():  # an in-flight step's ids
             engine.step()
-        engine.block_manager.reset_prefix_cache()  # the second round's prompts are the same
+        engine.block_manager.reset_prefix_cache()  # the next round's prompts are the same
+    median = sorted(rounds, key=lambda f: f["itl_ratio_p50"])[(len(rounds) - 1) // 2]
+    return dict(engine="long prompt", long_prompt_len=args.long_prompt_len, running=len(reqs),
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                long_prefill_token_threshold=args.long_prefill_token_threshold, **median,
+                itl_ratio_p50_rounds=[f["itl_ratio_p50"] for f in rounds],
+                kernels=kernels[0] if kernels else None, profiled_steps=kernels[1] if kernels else None,
+                profiled_from=args.profile_from if kernels else None)
+
+
+def itl_figures(running: dict, st: dict, timeline) -> dict:
+    """One round of run_long_prompt: the running requests' ITL (each request's gaps between the steps that gave
+    it a token, split by where each gap ends) before the prompt arrived and from then to its first token."""
     t_steady, t_add, t_first, after = st["t_steady"], st["t_add"], st["t_first"], st["after"]
-    # a request's ITLs: the gaps between its tokens' steps, split by where each gap ends
     itl_before = [b - a for ts in running.values() for a, b in zip(ts, ts[1:]) if t_steady <= a and b <= t_add]
     itl_during = [b - a for ts in running.values() for a, b in zip(ts, ts[1:]) if t_add < b <= t_first]
     p50_before, p50_during = pct(itl_before, 50), pct(itl_during, 50)
-    step_ms = 1e3 * (t_first - t_add) / after
     gpu_ms = sum(b.elapsed_time(e) for _, b, e in timeline) / len(timeline) if timeline else None
-    return dict(engine="long prompt", long_prompt_len=args.long_prompt_len, running=len(running),
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                long_prefill_token_threshold=args.long_prefill_token_threshold, steps_during=after,
-                long_ttft_ms=1e3 * (t_first - t_add), itl_before_p50_ms=p50_before,
+    return dict(steps_during=after, long_ttft_ms=1e3 * (t_first - t_add), itl_before_p50_ms=p50_before,
                 itl_before_p99_ms=pct(itl_before, 99), itl_during_p50_ms=p50_during,
                 itl_during_p99_ms=pct(itl_during, 99), itl_during_max_ms=pct(itl_during, 100),
                 itl_ratio_p50=p50_during / p50_before, itl_ratio_max=pct(itl_during, 100) / p50_before,
-                step_ms_during=step_ms, gpu_ms_during=gpu_ms,
-                kernels=kernels[0] if kernels else None, profiled_steps=kernels[1] if kernels else None,
-                profiled_from=args.profile_from if kernels else None)
+                step_ms_during=1e3 * (t_first - t_add) / after, gpu_ms_during=gpu_ms)
 
 
 def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | None) -> dict:
@@ -265,6 +274,8 @@ def main(argv=None) -> int:
     p.add_argument("--long-prompt-len", type=int, default=0,
                    help="measure the requests' decode latency while a prompt of this many tokens prefills")
     p.add_argument("--itl-steps", type=int, default=32, help="with --long-prompt-len: decode steps before it")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --long-prompt-len: rounds measured after the first; the median one is reported")
     p.add_argument("--decode-batch", help="time the decode step at these batch sizes (comma-separated) instead")
     p.add_argument("--decode-steps", type=int, default=32, help="with --decode-batch: steps timed (default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="with --decode-batch or --long-prompt-len: also print the steps' kernels")
@@ -280,9 +291,9 @@ def main(argv=None) -> int:
         p.error(f"--decode-batch: give batch sizes of at least 1, comma-separated (not {args.decode_batch!r})")
     if args.profile_from < 0 or (args.profile_from and not (args.profile and args.long_prompt_len)):
         p.error("--profile-from K needs K >= 0, --profile and --long-prompt-len")
-    if args.long_prompt_len < 0 or args.itl_steps < 2 or args.decode_steps < 1:
+    if args.long_prompt_len < 0 or args.itl_steps < 2 or args.decode_steps < 1 or args.rounds < 1:
         p.error("--long-prompt-len must be >= 0, --itl-steps >= 2 (an inter-token gap needs two steps), "
-                "--decode-steps >= 1")
+                "--decode-steps >= 1, --rounds >= 1")
 
     make_kwargs = dict(dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                        backend=args.backend)
@@ -331,6 +342,9 @@ def main(argv=None) -> int:
               f"(p50), {row['itl_ratio_max']:.2f}x (max)", flush=True)
         gpu = "" if row["gpu_ms_during"] is None else f", the GPU busy {row['gpu_ms_during']:.2f} ms of them"
         print(f"  steps during its prefill: {row['step_ms_during']:.2f} ms each{gpu}", flush=True)
+        if args.rounds > 1:
+            print(f"  the median of {args.rounds} rounds; their p50 ratios: "
+                  + ", ".join(f"{x:.2f}x" for x in row["itl_ratio_p50_rounds"]), flush=True)
         if row["kernels"]:
             print(f"  kernels of {row['profiled_steps']} steps of its prefill from chunk {row['profiled_from']} "
                   f"(the first round), per step:")

@@ -301,6 +301,21 @@ def test_bench_throughput_long_prompt_on_cpu(tmp_path):
     assert row["engine"] == "long prompt" and row["running"] == 3
     assert row["steps_during"] >= 5  # 40 tokens, 8 a step
     assert row["itl_before_p50_ms"] > 0 and row["itl_during_p50_ms"] > 0 and row["long_ttft_ms"] > 0
+    assert row["itl_ratio_p50_rounds"] == [row["itl_ratio_p50"]]
+
+
+def test_bench_throughput_long_prompt_rounds_on_cpu(tmp_path, capsys):
+    """--rounds 3: three measured rounds after the first; the row is the one with the median p50 ratio."""
+    out = tmp_path / "t.jsonl"
+    assert load_bench_throughput().main(
+        ["--backend", "ref", "--device", "cpu", "--num-requests", "2", "--input-len", "5", "--block-size", "4",
+         "--long-prompt-len", "24", "--long-prefill-token-threshold", "8", "--itl-steps", "3",
+         "--num-pages", "64", "--rounds", "3", "--json", str(out)]) == 0
+    import json
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    ratios = row["itl_ratio_p50_rounds"]
+    assert len(ratios) == 3 and row["itl_ratio_p50"] == sorted(ratios)[1]
+    assert "the median of 3 rounds" in capsys.readouterr().out
 
 
 def test_bench_throughput_profiles_a_later_chunk_on_cpu(tmp_path, capsys):
