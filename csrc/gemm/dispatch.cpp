@@ -67,7 +67,7 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
     const bool gemv_wins = p.M <= 16 || (p.M <= 64 && row_blocks * p.N * p.K <= (int64_t(1) << 24));
     const bool sm90_small_m_wins = p.M >= 32 && int64_t(p.N) * p.K >= (int64_t(1) << 22);
     if (aligned && major >= 8 && gemv_wins) path = Path::kGemv;
-    else if (aligned && major == 9 && (p.M > 128 || sm90_small_m_wins)) path = Path::kSm90;
+    else if (aligned && major == 9 && (p.M > kSm90SmallMAll || sm90_small_m_wins)) path = Path::kSm90;
     else if (aligned && major >= 8) path = Path::kSm80;
     else path = Path::kWmma;
   }

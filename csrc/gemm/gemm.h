@@ -41,8 +41,9 @@ template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s, in
 // sm90, sak = sbk = 1, 16B rows. Where sm90_small_m: W as the wgmma M operand, stream-K (or split-K) over
 // at most sms CTAs, with the fp32 workspace and the zeroed per-tile counters that sm90_small_m_plan sizes;
 // elsewhere persistent, min(tiles, sms) CTAs (ws and counters unused).
-constexpr int kSm90SmallM = 192;
-// Whether launch_sm90 runs the small-M kernel: M <= 128, or M <= 192 where K is long (see there).
+constexpr int kSm90SmallMAll = 128, kSm90SmallM = 192;
+// Whether launch_sm90 runs the small-M kernel: every M <= kSm90SmallMAll, and M <= kSm90SmallM where K is
+// long (see there).
 bool sm90_small_m(int M, int N, int K);
 struct Sm90SmallM {
   int bn;              // activation rows per tile: the smallest of 8, 16, 32, 64, 128, 144, 192 >= M

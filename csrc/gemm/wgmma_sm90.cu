@@ -472,14 +472,14 @@ void launch_small_m(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM
 // x 4096 33.4 / 27.3, 192 x 28672 x 4096 110.6 / 96.7) and loses at K = 2048 (144 x 16384 x 2048 28.6 /
 // 32.8) and on narrow W past 144 rows (192 x 6144 x 4096 30.9 / 34.8).
 bool sm90_small_m(int M, int N, int K) {
-  return M <= 128 || (M <= kSm90SmallM && (K >= 8192 || (K >= 4096 && (M <= 144 || N >= 16384))));
+  return M <= kSm90SmallMAll || (M <= kSm90SmallM && (K >= 8192 || (K >= 4096 && (M <= 144 || N >= 16384))));
 }
 
 Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
   Sm90SmallM plan{};
   plan.bn = 8;
-  while (plan.bn < M && plan.bn < 128) plan.bn *= 2;
-  if (M > 128) plan.bn = M <= 144 ? 144 : 192;
+  while (plan.bn < M && plan.bn < kSm90SmallMAll) plan.bn *= 2;
+  if (M > kSm90SmallMAll) plan.bn = M <= 144 ? 144 : 192;
   plan.tiles = (int64_t(N) + kBM - 1) / kBM;
   const int64_t k_steps = std::max<int64_t>(1, (int64_t(K) + kBK - 1) / kBK);
   plan.grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(plan.tiles * k_steps, sms)));
