@@ -105,6 +105,23 @@ def test_qlinear_large_grid(kind):
             _check(ours, torch_out, ref64, torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [2, 8, 9, 16])
+def test_qlinear_q4k_tiles_split_over_k(m, dtype):
+    """Q4_K at M 2-16 runs 128-row CTAs whose grid splits K where the tiles leave SMs idle: the last CTA of a
+    tile to arrive adds the splits' sums. 200 rows (a tile whose last three warps hold no row, one a partial
+    16), 17 chunks in 8 splits of 2-3; 4120 x 1024 (33 tiles, 2 splits); 2 tiles a SM and more (one split,
+    a partial last tile). Called twice: the arrival counters are left zero for the next call."""
+    q = _q()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, k in [(200, 4352), (4120, 1024), (256 * sms + 40, 512)]:
+        w, x, b, ref64, torch_out = _product_case("Q4_K", m, n, k, dtype, seed=m + n)
+        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE["Q4_K"], n, k, b, False)
+        _check(ours, torch_out, ref64, dtype)
+        again = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE["Q4_K"], n, k, b, True)
+        assert torch.equal(ours, again)
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
 def test_qlinear_rows_far_apart_in_scale(kind):
     """x rows at 2^13, 2^-66 and 1 (Q4_K carries x in fp16 scaled per row and chunk), together and one by one

@@ -25,12 +25,14 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/launch.h"
 #include "common/ptx.cuh"
+#include "common/split_counters.h"
 #include "common/vec.h"
 #include "ops.h"
 #include "qgemm/checks.h"
@@ -244,6 +246,19 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
   }
 }
 
+// out[:, n0 .. n0 + 15] (+ bias) from a warp's sums (C fragments: acc[4 nt + 2h + e] is x row 8 nt + 2t + e,
+// W row n0 + g + 8h).
+template <typename T, int NT>
+__device__ __forceinline__ void store_rows(const float (&acc)[NT * 4], const Args& a, int n0, int g, int t) {
+  const T* bias = static_cast<const T*>(a.bias);
+  T* out = static_cast<T*>(a.out);
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) {
+    const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
+    if (m < a.M && n < a.N) out[int64_t(m) * a.out_stride + n] = from_float<T>(bias ? acc[i] + to_float(bias[n]) : acc[i]);
+  }
+}
+
 // out[:, n0 .. n0 + 15] (+ bias) from the warps' partial sums acc (C fragments), met through the (now idle)
 // rings: red[warp][i][lane]. Every cp.async of the CTA must be complete.
 template <typename T, int NT>
@@ -256,17 +271,14 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t*
   for (int i = 0; i < NT * 4; ++i) red[(warp * NT * 4 + i) * 32 + lane] = acc[i / 4][i % 4];
   __syncthreads();
   if (warp != 0) return;
-  const T* bias = static_cast<const T*>(a.bias);
-  T* out = static_cast<T*>(a.out);
+  float sum[NT * 4];
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) {
-    float sum = 0.f;
+    sum[i] = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += red[(w * NT * 4 + i) * 32 + lane];
-    // acc[nt][2h + e]: out[m = 8 nt + 2t + e][n = n0 + g + 8h] (the C fragment layout)
-    const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
-    if (m < a.M && n < a.N) out[int64_t(m) * a.out_stride + n] = from_float<T>(bias ? sum + to_float(bias[n]) : sum);
+    for (int w = 0; w < kWarps; ++w) sum[i] += red[(w * NT * 4 + i) * 32 + lane];
   }
+  store_rows<T, NT>(sum, a, n0, g, t);
 }
 
 // No minimum of CTAs an SM: the compiler's choice (an explicit 1 lets it take up to 255 registers: Q4_K
@@ -536,17 +548,21 @@ struct XFrags {
 template <int NT>
 constexpr int kAheadSteps = NT == 1 ? 2 : 1;
 
-template <int P, int NT>
+// kShared: the records sit in shared memory (tile_kernel), rows past M read as row 0 (their sums are never
+// stored); else in global memory, read as zeros past M.
+template <int P, int NT, bool kShared>
 __device__ __forceinline__ void load_step(XFrags<NT>& xf, int M, int g, int t) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      xf.v[P][h][nt] = ld_nc_v4(reinterpret_cast<const uint4*>(xf.row[nt] + 128 * P + 64 * h + 16 * t), 8 * nt + g < M);
+    for (int h = 0; h < 2; ++h) {
+      const uint4* p = reinterpret_cast<const uint4*>(xf.row[nt] + 128 * P + 64 * h + 16 * t);
+      xf.v[P][h][nt] = kShared ? *p : ld_nc_v4(p, 8 * nt + g < M);
+    }
 }
 
 // chunk0: row 0's record of this chunk; stride: a row's records.
-template <int NT, int kAhead>
+template <int NT, int kAhead, bool kShared = false>
 __device__ __forceinline__ void load_frags(XFrags<NT>& xf, const uint8_t* chunk0, int64_t stride, int M, int g,
                                            int t) {
 #pragma unroll
@@ -554,23 +570,25 @@ __device__ __forceinline__ void load_frags(XFrags<NT>& xf, const uint8_t* chunk0
     const int m = 8 * nt + g;
     xf.row[nt] = chunk0 + (m < M ? m : 0) * stride;
   }
-  load_step<0>(xf, M, g, t);
-  if constexpr (kAhead == 2) load_step<1>(xf, M, g, t);  // the steps ahead of the wait
+  load_step<0, NT, kShared>(xf, M, g, t);
+  if constexpr (kAhead == 2) load_step<1, NT, kShared>(xf, M, g, t);  // the steps ahead of the wait
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const uint2 sums = ld_nc_v2(reinterpret_cast<const uint2*>(xf.row[nt] + kSumsAt + 8 * t), 8 * nt + g < M);
+    const uint2* sums_at = reinterpret_cast<const uint2*>(xf.row[nt] + kSumsAt + 8 * t);
+    const uint2 sums = kShared ? *sums_at : ld_nc_v2(sums_at, 8 * nt + g < M);
     xf.sums[nt][0] = sums.x, xf.sums[nt][1] = sums.y;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int mi = 8 * nt + 2 * t + e;
-      xf.inv[nt][e] = ld_nc_f32(reinterpret_cast<const float*>(chunk0 + (mi < M ? mi : 0) * stride + kInvAt), mi < M);
+      const float* inv_at = reinterpret_cast<const float*>(chunk0 + (mi < M ? mi : 0) * stride + kInvAt);
+      xf.inv[nt][e] = kShared ? *inv_at : ld_nc_f32(inv_at, mi < M);
     }
   }
 }
 
 // acc[tile] += W[n0 + 16 tile .. + 15, chunk] . x[:, chunk]^T from the stage (kTiles tiles of 16 rows, one
 // after another) and the chunk's x fragments, which every tile uses.
-template <int NT, int kAhead, int kTiles>
+template <int NT, int kAhead, int kTiles, bool kShared = false>
 __device__ __forceinline__ void mma_chunk(float (&acc)[kTiles][NT][4], const uint8_t* stage, XFrags<NT>& xf, int M,
                                           uint32_t exps, int g, int t) {
   Chunk c[kTiles];
@@ -578,13 +596,13 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[kTiles][NT][4], const uin
   for (int w = 0; w < kTiles; ++w) c[w] = chunk_at(stage + w * Ring<kQ4_K>::kStageBytes, exps, g);
   float dot[kTiles][NT][4] = {};
   // step P's x is loaded kAhead steps before it
-  if constexpr (kAhead < 4) load_step<kAhead>(xf, M, g, t);
+  if constexpr (kAhead < 4) load_step<kAhead, NT, kShared>(xf, M, g, t);
 #pragma unroll
   for (int w = 0; w < kTiles; ++w) mma_step<0, NT>(dot[w], c[w], xf.v[0][0], xf.v[0][1], t);
-  if constexpr (kAhead + 1 < 4) load_step<kAhead + 1>(xf, M, g, t);
+  if constexpr (kAhead + 1 < 4) load_step<kAhead + 1, NT, kShared>(xf, M, g, t);
 #pragma unroll
   for (int w = 0; w < kTiles; ++w) mma_step<1, NT>(dot[w], c[w], xf.v[1][0], xf.v[1][1], t);
-  if constexpr (kAhead + 2 < 4) load_step<kAhead + 2>(xf, M, g, t);
+  if constexpr (kAhead + 2 < 4) load_step<kAhead + 2, NT, kShared>(xf, M, g, t);
 #pragma unroll
   for (int w = 0; w < kTiles; ++w) mma_step<2, NT>(dot[w], c[w], xf.v[2][0], xf.v[2][1], t);
 #pragma unroll
@@ -640,6 +658,109 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
   cp_async_wait<0>();
 #pragma unroll
   for (int w = 0; w < kTiles; ++w) reduce_store<T, NT>(acc[w], smem, a, n0 + 16 * w, warp, lane);
+}
+
+// ---- M 2-16 in CTAs of 128 rows: each chunk's records read into shared memory once a CTA ----
+// rows_kernel's warps split K, so each warp reads its own chunks' records from L2: M x 560 bytes against its
+// 2304 bytes of weights, 3.9x them at M = 16. Here warp w owns rows 16 w .. 16 w + 15 of a 128-row tile and
+// all 8 walk the same chunks, whose records come into shared memory once for the CTA (0.5x the weights at
+// M = 16). Where the tiles alone leave SMs idle, the grid's y splits the chunks: each CTA writes its fp32
+// sums to ws, and the last of a tile's CTAs to arrive adds them in split order and stores.
+constexpr int kXStride = 576;  // a record in shared memory, padded: rows g and g + 1 of a 16-byte fragment
+                               // load fall in different banks
+
+__host__ __device__ constexpr int tile_smem(int nt, int stages) {
+  return stages * kWarps * Ring<kQ4_K>::kStageBytes + (stages + 1) * 8 * nt * kXStride;
+}
+
+// Chunk c's records of x rows 0 .. M - 1 into xs (cp.async, every thread of the CTA).
+__device__ __forceinline__ void load_records(uint8_t* xs, const uint8_t* records, int M, int c, int chunks) {
+  constexpr int kPieces = kRecord / 16;
+  for (int i = threadIdx.x; i < M * kPieces; i += kThreads) {
+    const int m = i / kPieces, p = i % kPieces;
+    cp_async16(smem_addr(xs + m * kXStride + 16 * p), records + (int64_t(m) * chunks + c) * kRecord + 16 * p, 16);
+  }
+}
+
+// Grid (tiles of 128 rows, splits of the chunks); ws: [tiles][splits][kWarps][NT * 4][32] floats where
+// splits > 1, counters: one a tile, zero at entry and left zero. S stages of weights a warp, S + 1 of records
+// (the one a warp refills was read two chunks before, before the last barrier).
+template <typename T, int NT, int S>
+__global__ void __launch_bounds__(kThreads, 2)
+    tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters) {
+  using R = Ring<kQ4_K>;
+  static_assert(S == 3 || S == 4, "q4k::tile_kernel: the waits below count S - 1 weight groups, then x's");
+  constexpr int kXStage = 8 * NT * kXStride;
+  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
+  __shared__ int s_last;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * 16 * kWarps + 16 * warp, chunks = a.K / 256;
+  const int c0 = int(int64_t(blockIdx.y) * chunks / gridDim.y);
+  const int mine = int(int64_t(blockIdx.y + 1) * chunks / gridDim.y) - c0;
+  const bool has_rows = n0 < a.N;
+  uint8_t* ring = smem + warp * S * R::kStageBytes;
+  uint8_t* xs = smem + kWarps * S * R::kStageBytes;
+  griddep_launch_dependents();
+  if (!a.static_weight) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (has_rows && i < mine) load_chunk<kQ4_K, true>(ring + i * R::kStageBytes, a, n0, c0 + i, lane);
+    cp_async_commit();
+  }
+  if (a.static_weight) griddep_wait();  // the records, bias, out and ws may be the previous kernels'
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i)
+    if (i < mine) load_records(xs + i * kXStage, records, a.M, c0 + i, chunks);
+  cp_async_commit();
+  float acc[1][NT][4] = {};
+  for (int i = 0; i < mine; ++i) {
+    const int ahead = i + S - 1;
+    if (ahead < mine) {
+      if (has_rows) load_chunk<kQ4_K, true>(ring + (ahead % S) * R::kStageBytes, a, n0, c0 + ahead, lane);
+      load_records(xs + (ahead % (S + 1)) * kXStage, records, a.M, c0 + ahead, chunks);
+    }
+    cp_async_commit();
+    // groups: weights 0 .. S - 2, their records, then one a chunk (as staged_kernel's)
+    if (i == 0)
+      cp_async_wait<1>();
+    else if (S == 4 && i == 1)
+      cp_async_wait<2>();
+    else
+      cp_async_wait<S - 1>();
+    __syncthreads();  // chunk i's records (every thread's copies) have landed; chunk i - 2's are free
+    if (has_rows) {
+      XFrags<NT> xf;
+      load_frags<NT, kAheadSteps<NT>, true>(xf, xs + (i % (S + 1)) * kXStage, kXStride, a.M, g, t);
+      mma_chunk<NT, kAheadSteps<NT>, 1, true>(acc, ring + (i % S) * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
+    }
+    __syncwarp();  // every lane is done with the stage before it is refilled
+  }
+  float sum[NT * 4];
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) sum[i] = acc[0][i / 4][i % 4];
+  if (gridDim.y > 1) {
+    // Writers fence before the count, the last one after it; it reads the partials from L2 (__ldcg).
+    constexpr int kWarpFloats = NT * 4 * 32;
+    const int64_t tile0 = int64_t(blockIdx.x) * gridDim.y * kWarps * kWarpFloats + warp * kWarpFloats + lane;
+    float* mine_ws = ws + tile0 + int64_t(blockIdx.y) * kWarps * kWarpFloats;
+#pragma unroll
+    for (int i = 0; i < NT * 4; ++i) __stcg(mine_ws + 32 * i, sum[i]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      s_last = atomicAdd(counters + blockIdx.x, 1) == int(gridDim.y) - 1;
+      if (s_last) atomicExch(counters + blockIdx.x, 0);  // every split has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < NT * 4; ++i) sum[i] = 0.f;
+    for (int s = 0; s < int(gridDim.y); ++s)  // split order, this CTA's own included
+#pragma unroll
+      for (int i = 0; i < NT * 4; ++i) sum[i] += __ldcg(ws + tile0 + int64_t(s) * kWarps * kWarpFloats + 32 * i);
+  }
+  store_rows<T, NT>(sum, a, n0, g, t);
 }
 
 // ---- M = 1 on grids that fit at 3 CTAs an SM: x staged in each CTA, no prepare_x launch ----
@@ -779,6 +900,45 @@ void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream)
              records);
 }
 
+// The tile kernel's splits of K: until the tiles fill 2 CTAs an SM, at least 2 chunks a CTA.
+inline int q4k_tile_splits(const Args& a, int sms) {
+  const int tiles = (a.N + 16 * kWarps - 1) / (16 * kWarps), chunks = a.K / 256;
+  return std::max(1, std::min(chunks / 2, 2 * sms / tiles));
+}
+
+// Whether Q4_K at M 2-16 takes tile_kernel (after prepare_x_kernel) rather than rows_kernel: where the tiles
+// fill the SMs alone, or past M = 4 where its CTAs take more than 2 chunks each. H200, one build, two
+// rounds, us, rows / tile: 16 x 28672 x 4096 56.5 / 41.5, 16 x 4096 x 14336 25.5 / 22.5, 16 x 5120 x 4096
+// 15.7 / 12.1, 16 x 6144 x 4096 15.8 / 13.5, 2 x 28672 x 4096 32.4 / 28.8; 2 chunks a CTA lose (16 x 4096 x
+// 4096 9.6 / 11.8, 8 x 4096 x 4096 7.4 / 9.2, 16 x 1024 x 4096 7.5 / 8.7), and so do M = 2 on narrow
+// grids (2 x 5120 x 4096 9.7 / 10.1, 2 x 6144 x 4096 10.3 / 10.9).
+inline bool q4k_tile(const Args& a, int sms) {
+  const int splits = q4k_tile_splits(a, sms);
+  return splits == 1 || (a.M > 4 && 2 * (a.K / 256) > 5 * splits);
+}
+
+template <typename T, int NT, int S>
+void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  auto kernel = q4k::tile_kernel<T, NT, S>;
+  constexpr int smem = q4k::tile_smem(NT, S);
+  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr;
+  const int tiles = (a.N + 16 * kWarps - 1) / (16 * kWarps), splits = q4k_tile_splits(a, sms);
+  torch::Tensor ws, own_counters;
+  float* ws_ptr = nullptr;
+  int* counters = nullptr;
+  if (splits > 1) {
+    ws = torch::empty({int64_t(tiles) * splits * kWarps * NT * 4 * 32}, x.options().dtype(torch::kFloat));
+    ws_ptr = ws.data_ptr<float>();
+    counters = split_counters(tiles, x.get_device(), stream, x.options(), own_counters);
+  }
+  launch_pdl(kernel, dim3((unsigned)tiles, (unsigned)splits), dim3(kThreads), smem, stream, a, records, ws_ptr,
+             counters);
+}
+
 template <typename T, int S>
 void launch_q4k_staged(const Args& a, cudaStream_t stream) {
   auto kernel = q4k::staged_kernel<T, S>;
@@ -798,8 +958,9 @@ void launch_q4k_staged(const Args& a, cudaStream_t stream) {
 // 9.0 / 10.0; 1 x 4096 x 4096 7.33 / 6.78).
 inline bool q4k_rows(const Args& a, int sms) { return a.M > 1 || (a.N + 15) / 16 > 3 * sms; }
 
-// Q4_K at M <= 16. rows_kernel after prepare_x_kernel, which writes x's records (uint8 [M, K / 256 *
-// kRecord], from the caching allocator): 4 stages a warp where the grid is at most 2 CTAs an SM, else 3.
+// Q4_K at M <= 16. rows_kernel or tile_kernel (q4k_tile) after prepare_x_kernel, which writes x's records
+// (uint8 [M, K / 256 * kRecord], from the caching allocator). rows_kernel: 4 stages a warp where the grid is
+// at most 2 CTAs an SM, else 3.
 // 3 CTAs an SM (80 registers) spilled ~100 bytes at NT = 1 and lost to 2 (H100, us, 1 x 28672 x 4096
 // 40.7 / 32.0, 8 x 28672 x 4096 47.7 / 35.4, 1 x 128256 x 4096 160 / 121). At M > 8 a CTA of 32 rows reads
 // x's records once for both of its tiles, which pays where it keeps every SM busy or its warps take many
@@ -819,6 +980,13 @@ void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t str
   const int64_t warps = int64_t(a.M) * (a.K / 256);
   launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream,
              static_cast<const T*>(a.x), r, a.M, a.K);
+  if (a.M > 1 && q4k_tile(a, sms)) {
+    if (a.M > 8)
+      launch_q4k_tile<T, 2, 3>(a, r, x, sms, stream);
+    else
+      launch_q4k_tile<T, 1, 4>(a, r, x, sms, stream);
+    return;
+  }
   if (a.M > 8 && ((a.N + 31) / 32 >= sms || a.K >= 8192))  // 32 rows a CTA: see launch_q4k's comment
     launch_q4k_rows<T, 2, 3, 2>(a, r, stream);
   else if (a.M > 8)
