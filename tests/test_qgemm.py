@@ -122,6 +122,22 @@ def test_qlinear_q4k_tiles_split_over_k(m, dtype):
         assert torch.equal(ours, again)
 
 
+@pytest.mark.parametrize("m", [9, 16])
+@pytest.mark.parametrize("kind", ["Q6_K", "Q8_0"])
+def test_qlinear_tiles_split_over_k(kind, m):
+    """Q6_K and Q8_0 at M 9-16 on W of 4096 x 4096 and more run 128-row CTAs (qtile_kernel): 4100 x 4352 (33
+    tiles, the last of 4 rows; 17 chunks in 8 splits of 2-3) and 256 x SMs + 40 rows x 4096 (one split).
+    Called twice: the arrival counters are left zero for the next call."""
+    q = _q()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, k in [(4100, 4352), (256 * sms + 40, 4096)]:
+        w, x, b, ref64, torch_out = _product_case(kind, m, n, k, torch.bfloat16, seed=m + n)
+        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)
+        _check(ours, torch_out, ref64, torch.bfloat16)
+        again = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True)
+        assert torch.equal(ours, again)
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
 def test_qlinear_rows_far_apart_in_scale(kind):
     """x rows at 2^13, 2^-66 and 1 (Q4_K carries x in fp16 scaled per row and chunk), together and one by one

@@ -17,6 +17,8 @@
 //
 // Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
 // Q4_K up to M = 16 takes its own kernels (q4k below): the sub-block scales folded into fp16 quants.
+// At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel) run CTAs of 128 rows whose
+// warps walk the same chunks, reading each chunk's x into shared memory once a CTA.
 //
 // qlinear_into writes a row-strided out (a fused output's columns: Q4_K_M's q|k in Q4_K beside v in Q6_K).
 //
@@ -195,10 +197,18 @@ __device__ __forceinline__ void load_x_ahead(XAhead<QT, NT, kAhead>& xa, const A
       }
 }
 
-// acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage.
-template <int QT, typename T, int NT, bool kAhead>
+// qtile_kernel's x stage: 8 NT rows of a chunk of x (2-byte values), each padded by 32 bytes so that the 8-byte
+// loads of rows g .. g + 3 fall in different banks.
+template <int QT>
+struct XTile {
+  static constexpr int kRow = Ring<QT>::kChunk * 2 + 32;
+};
+
+// acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage; with kSharedX, x's chunk from xs (an
+// XTile stage; rows past M read as row 0, whose sums are never stored).
+template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const XAhead<QT, NT, kAhead>& xa,
-                                          const Args& a, int n0, int c, int g, int t) {
+                                          const Args& a, int n0, int c, int g, int t, const uint8_t* xs = nullptr) {
   using R = Ring<QT>;
   constexpr int kRuns = kScalePer16<QT> ? 2 : 1;  // scale runs a step
   constexpr uint32_t kOnes = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;
@@ -208,6 +218,10 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
   const T* x = static_cast<const T*>(a.x) + int64_t(c) * R::kChunk + 4 * t;
   const int steps = (a.K - c * R::kChunk < R::kChunk ? a.K - c * R::kChunk : R::kChunk) / 32;  // K % 32 == 0
   const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+  const uint8_t* xrow[NT];
+  if constexpr (kSharedX)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xrow[nt] = xs + (8 * nt + g < a.M ? 8 * nt + g : 0) * XTile<QT>::kRow + 8 * t;
 #pragma unroll
   for (int s = 0; s < R::kChunk / 32; ++s) {
     if (Format<QT>::kElems == 32 && s >= steps) break;  // a super-block's chunk is always whole
@@ -215,9 +229,16 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        xp[nt][j] = x_pairs(kAhead ? xa.v[s][nt][j] : x_raw<false>(x + int64_t(8 * nt + g) * a.K + 32 * s + 16 * j,
-                                                                     8 * nt + g < a.M));
+      for (int j = 0; j < 2; ++j) {
+        uint2 v;
+        if constexpr (kAhead)
+          v = xa.v[s][nt][j];
+        else if constexpr (kSharedX)
+          v = *reinterpret_cast<const uint2*>(xrow[nt] + 2 * (32 * s + 16 * j));
+        else
+          v = x_raw<false>(x + int64_t(8 * nt + g) * a.K + 32 * s + 16 * j, 8 * nt + g < a.M);
+        xp[nt][j] = x_pairs(v);
+      }
     uint32_t qa[2], qb[2];
     float sa[2], sb[2], ma[2], mb[2];  // rows g and g + 8: scale and min of each run
     step_quants<QT>(row_a, s, t, head_a, qa, sa, ma);
@@ -257,6 +278,36 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NT * 4], const Arg
     const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
     if (m < a.M && n < a.N) out[int64_t(m) * a.out_stride + n] = from_float<T>(bias ? acc[i] + to_float(bias[n]) : acc[i]);
   }
+}
+
+// Split-K over the grid's y (tile_kernel, qtile_kernel): every CTA writes its warps' sums (fp32) to ws
+// [tiles][splits][kWarps][NT * 4][32] and counts itself in (counters: one a tile, zero at entry and left zero);
+// the last of a tile's CTAs to arrive adds them in split order into sum and returns true, the others false.
+// Writers fence before the count, the last one after it; it reads the partials from L2 (__ldcg).
+template <int NT>
+__device__ __forceinline__ bool sum_splits(float (&sum)[NT * 4], float* ws, int* counters, int warp, int lane) {
+  if (gridDim.y == 1) return true;
+  __shared__ int s_last;
+  constexpr int kWarpFloats = NT * 4 * 32;
+  const int64_t tile0 = int64_t(blockIdx.x) * gridDim.y * kWarps * kWarpFloats + warp * kWarpFloats + lane;
+  float* mine = ws + tile0 + int64_t(blockIdx.y) * kWarps * kWarpFloats;
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) __stcg(mine + 32 * i, sum[i]);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s_last = atomicAdd(counters + blockIdx.x, 1) == int(gridDim.y) - 1;
+    if (s_last) atomicExch(counters + blockIdx.x, 0);  // every split has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!s_last) return false;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) sum[i] = 0.f;
+  for (int s = 0; s < int(gridDim.y); ++s)  // split order, this CTA's own included
+#pragma unroll
+    for (int i = 0; i < NT * 4; ++i) sum[i] += __ldcg(ws + tile0 + int64_t(s) * kWarps * kWarpFloats + 32 * i);
+  return true;
 }
 
 // out[:, n0 .. n0 + 15] (+ bias) from the warps' partial sums acc (C fragments), met through the (now idle)
@@ -320,6 +371,84 @@ __global__ void __launch_bounds__(kThreads)
   }
   cp_async_wait<0>();
   reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
+}
+
+// ---- Q6_K and Q8_0 at M 9-16 in CTAs of 128 rows: x's chunk read into shared memory once a CTA ----
+// qlinear_kernel's warps split K and each reads its chunks' x from L2: at M = 16, 16 rows x 512 bytes against a
+// Q6_K warp's 3.4 KB of weights a chunk. Here warp w owns rows 16 w .. 16 w + 15 of a 128-row tile and all 8
+// walk the same chunks, whose x comes into shared memory once for the CTA; narrow W splits K over the grid's y.
+template <int QT>
+constexpr int qtile_smem(int nt, int stages) {
+  return stages * kWarps * Ring<QT>::kStageBytes + (stages + 1) * 8 * nt * XTile<QT>::kRow;
+}
+// The most weight stages (2-4) that keep 2 CTAs an SM.
+template <int QT, int NT>
+constexpr int kQTileStages = qtile_smem<QT>(NT, 4) <= 110 * 1024 ? 4 : qtile_smem<QT>(NT, 3) <= 110 * 1024 ? 3 : 2;
+
+// Chunk c of x's rows 0 .. M - 1 into xs (cp.async, every thread of the CTA; zeros past K).
+template <int QT, typename T>
+__device__ __forceinline__ void load_x_chunk(uint8_t* xs, const Args& a, int c) {
+  constexpr int kPieces = Ring<QT>::kChunk / 8;
+  const T* x = static_cast<const T*>(a.x);
+  for (int i = threadIdx.x; i < a.M * kPieces; i += kThreads) {
+    const int m = i / kPieces, p = i % kPieces, k = c * Ring<QT>::kChunk + 8 * p;
+    const bool ok = k < a.K;  // K % 32 == 0: a piece lies wholly before K or past it
+    cp_async16(smem_addr(xs + m * XTile<QT>::kRow + 16 * p), ok ? x + int64_t(m) * a.K + k : x, ok ? 16 : 0);
+  }
+}
+
+template <int QT, typename T, int NT, int S>
+__global__ void __launch_bounds__(kThreads, 2) qtile_kernel(const Args a, float* ws, int* counters) {
+  using R = Ring<QT>;
+  static_assert(S >= 2 && S <= 4, "qtile_kernel: the waits below count S - 1 weight groups, then x's");
+  constexpr int kXStage = 8 * NT * XTile<QT>::kRow;
+  constexpr bool kOffsets = kOffsetsFormat<QT>;
+  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes], then [S + 1][8 NT][XTile::kRow]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * 16 * kWarps + 16 * warp, chunks = (a.K + R::kChunk - 1) / R::kChunk;
+  const int c0 = int(int64_t(blockIdx.y) * chunks / gridDim.y);
+  const int mine = int(int64_t(blockIdx.y + 1) * chunks / gridDim.y) - c0;
+  const bool has_rows = n0 < a.N;
+  uint8_t* ring = smem + warp * S * R::kStageBytes;
+  uint8_t* xs = smem + kWarps * S * R::kStageBytes;
+  griddep_launch_dependents();
+  if (!a.static_weight) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (has_rows && i < mine) load_chunk<QT, kOffsets>(ring + i * R::kStageBytes, a, n0, c0 + i, lane);
+    cp_async_commit();
+  }
+  if (a.static_weight) griddep_wait();  // x, bias, out and ws may be the previous kernels'
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i)
+    if (i < mine) load_x_chunk<QT, T>(xs + i * kXStage, a, c0 + i);
+  cp_async_commit();
+  float acc[NT][4] = {};
+  const XAhead<QT, NT, false> none{};
+  for (int i = 0; i < mine; ++i) {
+    const int ahead = i + S - 1;
+    if (ahead < mine) {
+      if (has_rows) load_chunk<QT, kOffsets>(ring + (ahead % S) * R::kStageBytes, a, n0, c0 + ahead, lane);
+      load_x_chunk<QT, T>(xs + (ahead % (S + 1)) * kXStage, a, c0 + ahead);
+    }
+    cp_async_commit();
+    // groups: weights 0 .. S - 2, their x, then one a chunk: chunk i is done with min(i + 1, S - 1) pending
+    if (i == 0)
+      cp_async_wait<1>();
+    else if (S == 4 && i == 1)
+      cp_async_wait<2>();
+    else
+      cp_async_wait<S - 1>();
+    __syncthreads();  // chunk i's x (every thread's copies) has landed; chunk i - 2's stage is free
+    if (has_rows)
+      mma_chunk<QT, T, NT, false, true>(acc, ring + (i % S) * R::kStageBytes, none, a, n0, c0 + i, g, t,
+                                        xs + (i % (S + 1)) * kXStage);
+    __syncwarp();  // every lane is done with the stage before it is refilled
+  }
+  float sum[NT * 4];
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) sum[i] = acc[i / 4][i % 4];
+  if (sum_splits<NT>(sum, ws, counters, warp, lane)) store_rows<T, NT>(sum, a, n0, g, t);
 }
 
 // ---- Q4_K at M <= 16: each sub-block's scale folded into its quants, in fp16 ----
@@ -682,9 +811,9 @@ __device__ __forceinline__ void load_records(uint8_t* xs, const uint8_t* records
   }
 }
 
-// Grid (tiles of 128 rows, splits of the chunks); ws: [tiles][splits][kWarps][NT * 4][32] floats where
-// splits > 1, counters: one a tile, zero at entry and left zero. S stages of weights a warp, S + 1 of records
-// (the one a warp refills was read two chunks before, before the last barrier).
+// Grid (tiles of 128 rows, splits of the chunks); ws and counters as sum_splits takes them where splits > 1.
+// S stages of weights a warp, S + 1 of records (the one a warp refills was read two chunks before, before the
+// last barrier).
 template <typename T, int NT, int S>
 __global__ void __launch_bounds__(kThreads, 2)
     tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters) {
@@ -692,7 +821,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(S == 3 || S == 4, "q4k::tile_kernel: the waits below count S - 1 weight groups, then x's");
   constexpr int kXStage = 8 * NT * kXStride;
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
-  __shared__ int s_last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16 * kWarps + 16 * warp, chunks = a.K / 256;
   const int c0 = int(int64_t(blockIdx.y) * chunks / gridDim.y);
@@ -738,29 +866,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float sum[NT * 4];
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) sum[i] = acc[0][i / 4][i % 4];
-  if (gridDim.y > 1) {
-    // Writers fence before the count, the last one after it; it reads the partials from L2 (__ldcg).
-    constexpr int kWarpFloats = NT * 4 * 32;
-    const int64_t tile0 = int64_t(blockIdx.x) * gridDim.y * kWarps * kWarpFloats + warp * kWarpFloats + lane;
-    float* mine_ws = ws + tile0 + int64_t(blockIdx.y) * kWarps * kWarpFloats;
-#pragma unroll
-    for (int i = 0; i < NT * 4; ++i) __stcg(mine_ws + 32 * i, sum[i]);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      s_last = atomicAdd(counters + blockIdx.x, 1) == int(gridDim.y) - 1;
-      if (s_last) atomicExch(counters + blockIdx.x, 0);  // every split has arrived: ready for the next launch
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-#pragma unroll
-    for (int i = 0; i < NT * 4; ++i) sum[i] = 0.f;
-    for (int s = 0; s < int(gridDim.y); ++s)  // split order, this CTA's own included
-#pragma unroll
-      for (int i = 0; i < NT * 4; ++i) sum[i] += __ldcg(ws + tile0 + int64_t(s) * kWarps * kWarpFloats + 32 * i);
-  }
-  store_rows<T, NT>(sum, a, n0, g, t);
+  if (sum_splits<NT>(sum, ws, counters, warp, lane)) store_rows<T, NT>(sum, a, n0, g, t);
 }
 
 // ---- M = 1 on grids that fit at 3 CTAs an SM: x staged in each CTA, no prepare_x launch ----
@@ -887,6 +993,35 @@ void launch(const Args& a, cudaStream_t stream) {
   launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), Ring<QT>::kSmem, stream, a);
 }
 
+// qtile_kernel's (and q4k::tile_kernel's) splits of K: until the tiles fill 2 CTAs an SM, at least 2 chunks a CTA.
+inline int tile_splits(int N, int chunks, int sms) {
+  const int tiles = (N + 16 * kWarps - 1) / (16 * kWarps);
+  return std::max(1, std::min(chunks / 2, 2 * sms / tiles));
+}
+
+template <int QT, typename T, int NT>
+void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  constexpr int S = kQTileStages<QT, NT>;
+  auto kernel = qtile_kernel<QT, T, NT, S>;
+  constexpr int smem = qtile_smem<QT>(NT, S);
+  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr;
+  const int tiles = (a.N + 16 * kWarps - 1) / (16 * kWarps);
+  const int splits = tile_splits(a.N, (a.K + Ring<QT>::kChunk - 1) / Ring<QT>::kChunk, sms);
+  torch::Tensor ws, own_counters;
+  float* ws_ptr = nullptr;
+  int* counters = nullptr;
+  if (splits > 1) {
+    ws = torch::empty({int64_t(tiles) * splits * kWarps * NT * 4 * 32}, x.options().dtype(torch::kFloat));
+    ws_ptr = ws.data_ptr<float>();
+    counters = split_counters(tiles, x.get_device(), stream, x.options(), own_counters);
+  }
+  launch_pdl(kernel, dim3((unsigned)tiles, (unsigned)splits), dim3(kThreads), smem, stream, a, ws_ptr, counters);
+}
+
 template <typename T, int NT, int S, int kTiles = 1>
 void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream) {
   auto kernel = q4k::rows_kernel<T, NT, S, kTiles>;
@@ -900,12 +1035,6 @@ void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream)
              records);
 }
 
-// The tile kernel's splits of K: until the tiles fill 2 CTAs an SM, at least 2 chunks a CTA.
-inline int q4k_tile_splits(const Args& a, int sms) {
-  const int tiles = (a.N + 16 * kWarps - 1) / (16 * kWarps), chunks = a.K / 256;
-  return std::max(1, std::min(chunks / 2, 2 * sms / tiles));
-}
-
 // Whether Q4_K at M 2-16 takes tile_kernel (after prepare_x_kernel) rather than rows_kernel: where the tiles
 // fill the SMs alone, or past M = 4 where its CTAs take more than 2 chunks each. H200, one build, two
 // rounds, us, rows / tile: 16 x 28672 x 4096 56.5 / 41.5, 16 x 4096 x 14336 25.5 / 22.5, 16 x 5120 x 4096
@@ -913,7 +1042,7 @@ inline int q4k_tile_splits(const Args& a, int sms) {
 // 4096 9.6 / 11.8, 8 x 4096 x 4096 7.4 / 9.2, 16 x 1024 x 4096 7.5 / 8.7), and so do M = 2 on narrow
 // grids (2 x 5120 x 4096 9.7 / 10.1, 2 x 6144 x 4096 10.3 / 10.9).
 inline bool q4k_tile(const Args& a, int sms) {
-  const int splits = q4k_tile_splits(a, sms);
+  const int splits = tile_splits(a.N, a.K / 256, sms);
   return splits == 1 || (a.M > 4 && 2 * (a.K / 256) > 5 * splits);
 }
 
@@ -926,7 +1055,7 @@ void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor&
     return true;
   }();
   (void)attr;
-  const int tiles = (a.N + 16 * kWarps - 1) / (16 * kWarps), splits = q4k_tile_splits(a, sms);
+  const int tiles = (a.N + 16 * kWarps - 1) / (16 * kWarps), splits = tile_splits(a.N, a.K / 256, sms);
   torch::Tensor ws, own_counters;
   float* ws_ptr = nullptr;
   int* counters = nullptr;
@@ -997,6 +1126,23 @@ void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t str
     launch_q4k_rows<T, 1, 3>(a, r, stream);
 }
 
+// Whether qlinear at M 9-16 takes qtile_kernel: Q6_K and Q8_0 from 4096 x 4096 on. H200, one run, us,
+// qlinear_kernel / qtile_kernel: Q8_0 16 x 28672 x 4096 88.4 / 58.6, 16 x 4096 x 14336 49.7 / 29.3, 16 x 6144 x
+// 4096 26.7 / 16.1, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x 4096 x 14336 34.4 / 29.6, 16 x 128256 x 4096 262.7 /
+// 233.2, 16 x 6144 x 4096 21.5 / 16.0. Smaller W lost (Q6_K 16 x 1024 x 4096 9.1 / 9.6; Q4_1 at SmolLM2's
+// shapes, 2-3 chunks a CTA, 2.6-4.4 / 5.1-7.1).
+// Launches qtile_kernel where it takes the call; whether it did.
+template <int QT, typename T>
+bool launch_if_qtile(const Args& a, const torch::Tensor& x, cudaStream_t stream) {
+  if constexpr (QT == kQ6_K || QT == kQ8_0) {
+    if (a.M > 8 && a.M <= 16 && a.N >= 4096 && a.K >= 4096) {
+      launch_qtile<QT, T, 2>(a, x, sm_count(x.get_device()), stream);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 }  // namespace minfer::qgemm
 
@@ -1046,6 +1192,8 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
       else if (a.M <= 8)
         qgemm::launch<QT, scalar_t, 1>(a, stream);
+      else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, stream))
+        return;
       else if (a.M <= 16)
         qgemm::launch<QT, scalar_t, 2>(a, stream);
       else
