@@ -108,13 +108,14 @@ def test_qlinear_large_grid(kind):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [2, 8, 9, 16])
 def test_qlinear_q4k_tiles_split_over_k(m, dtype):
-    """Q4_K at M 2-16 runs 128-row CTAs whose grid splits K where the tiles leave SMs idle: the last CTA of a
-    tile to arrive adds the splits' sums. 200 rows (a tile whose last three warps hold no row, one a partial
-    16), 17 chunks in 8 splits of 2-3; 4120 x 1024 (33 tiles, 2 splits); 2 tiles a SM and more (one split,
-    a partial last tile). Called twice: the arrival counters are left zero for the next call."""
+    """Q4_K at M 2-16 runs 128-row CTAs (tile_kernel) where the tiles fill 2 CTAs an SM, and past M = 4 where
+    a CTA takes more than 2 chunks; narrow W splits K over the grid, and the last CTA of a tile to arrive adds
+    the splits' sums. 4100 x 5376 (33 tiles, the last of 4 rows: warps with no row; 21 chunks in 8 splits of
+    2-3; rows_kernel at M = 2) and 256 x SMs + 40 rows x 512 (one split, a partial last tile). Called twice:
+    the arrival counters are left zero for the next call."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for n, k in [(200, 4352), (4120, 1024), (256 * sms + 40, 512)]:
+    for n, k in [(4100, 5376), (256 * sms + 40, 512)]:
         w, x, b, ref64, torch_out = _product_case("Q4_K", m, n, k, dtype, seed=m + n)
         ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE["Q4_K"], n, k, b, False)
         _check(ours, torch_out, ref64, dtype)
