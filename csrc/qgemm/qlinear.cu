@@ -1130,8 +1130,7 @@ void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t str
 // qlinear_kernel / qtile_kernel: Q8_0 16 x 28672 x 4096 88.4 / 58.6, 16 x 4096 x 14336 49.7 / 29.3, 16 x 6144 x
 // 4096 26.7 / 16.1, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x 4096 x 14336 34.4 / 29.6, 16 x 128256 x 4096 262.7 /
 // 233.2, 16 x 6144 x 4096 21.5 / 16.0. Smaller W lost (Q6_K 16 x 1024 x 4096 9.1 / 9.6; Q4_1 at SmolLM2's
-// shapes, 2-3 chunks a CTA, 2.6-4.4 / 5.1-7.1).
-// Launches qtile_kernel where it takes the call; whether it did.
+// shapes, 2-3 chunks a CTA, 2.6-4.4 / 5.1-7.1). Returns whether it launched it.
 template <int QT, typename T>
 bool launch_if_qtile(const Args& a, const torch::Tensor& x, cudaStream_t stream) {
   if constexpr (QT == kQ6_K || QT == kQ8_0) {
