@@ -373,6 +373,45 @@ __global__ void __launch_bounds__(kThreads)
   reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
 }
 
+// The tile kernels' pipeline (qtile_kernel, q4k::tile_kernel) over a CTA's chunks 0 .. mine - 1: S weight
+// stages a warp, S + 1 x slots, one barrier a chunk (the slot a refill takes was read two chunks before, before
+// the last barrier). load_w(stage, i): chunk i's weights (this warp's cp.async); load_x(slot, i): chunk i's x
+// (every thread's); mma(stage, slot, i): consumes them. Weights stream before griddep_wait where static.
+template <int S, typename LoadW, typename LoadX, typename Mma>
+__device__ __forceinline__ void tile_pipeline(int mine, bool static_weight, LoadW load_w, LoadX load_x, Mma mma) {
+  static_assert(S >= 2 && S <= 4, "tile_pipeline: the waits below count S - 1 weight groups, then x's");
+  griddep_launch_dependents();
+  if (!static_weight) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < mine) load_w(i, i);
+    cp_async_commit();
+  }
+  if (static_weight) griddep_wait();  // x, bias, out and ws may be the previous kernels'
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i)
+    if (i < mine) load_x(i, i);
+  cp_async_commit();
+  for (int i = 0; i < mine; ++i) {
+    const int ahead = i + S - 1;
+    if (ahead < mine) {
+      load_w(ahead % S, ahead);
+      load_x(ahead % (S + 1), ahead);
+    }
+    cp_async_commit();
+    // groups: weights 0 .. S - 2, their x, then one a chunk: chunk i is done with min(i + 1, S - 1) pending
+    if (i == 0)
+      cp_async_wait<1>();
+    else if (S == 4 && i == 1)
+      cp_async_wait<2>();
+    else
+      cp_async_wait<S - 1>();
+    __syncthreads();  // chunk i's x (every thread's copies) has landed
+    mma(i % S, i % (S + 1), i);
+    __syncwarp();  // every lane is done with the stage before it is refilled
+  }
+}
+
 // ---- Q6_K and Q8_0 at M 9-16 in CTAs of 128 rows: x's chunk read into shared memory once a CTA ----
 // qlinear_kernel's warps split K and each reads its chunks' x from L2: at M = 16, 16 rows x 512 bytes against a
 // Q6_K warp's 3.4 KB of weights a chunk. Here warp w owns rows 16 w .. 16 w + 15 of a 128-row tile and all 8
@@ -400,7 +439,6 @@ __device__ __forceinline__ void load_x_chunk(uint8_t* xs, const Args& a, int c) 
 template <int QT, typename T, int NT, int S>
 __global__ void __launch_bounds__(kThreads, 2) qtile_kernel(const Args a, float* ws, int* counters) {
   using R = Ring<QT>;
-  static_assert(S >= 2 && S <= 4, "qtile_kernel: the waits below count S - 1 weight groups, then x's");
   constexpr int kXStage = 8 * NT * XTile<QT>::kRow;
   constexpr bool kOffsets = kOffsetsFormat<QT>;
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes], then [S + 1][8 NT][XTile::kRow]
@@ -411,40 +449,19 @@ __global__ void __launch_bounds__(kThreads, 2) qtile_kernel(const Args a, float*
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   uint8_t* xs = smem + kWarps * S * R::kStageBytes;
-  griddep_launch_dependents();
-  if (!a.static_weight) griddep_wait();
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (has_rows && i < mine) load_chunk<QT, kOffsets>(ring + i * R::kStageBytes, a, n0, c0 + i, lane);
-    cp_async_commit();
-  }
-  if (a.static_weight) griddep_wait();  // x, bias, out and ws may be the previous kernels'
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i)
-    if (i < mine) load_x_chunk<QT, T>(xs + i * kXStage, a, c0 + i);
-  cp_async_commit();
   float acc[NT][4] = {};
   const XAhead<QT, NT, false> none{};
-  for (int i = 0; i < mine; ++i) {
-    const int ahead = i + S - 1;
-    if (ahead < mine) {
-      if (has_rows) load_chunk<QT, kOffsets>(ring + (ahead % S) * R::kStageBytes, a, n0, c0 + ahead, lane);
-      load_x_chunk<QT, T>(xs + (ahead % (S + 1)) * kXStage, a, c0 + ahead);
-    }
-    cp_async_commit();
-    // groups: weights 0 .. S - 2, their x, then one a chunk: chunk i is done with min(i + 1, S - 1) pending
-    if (i == 0)
-      cp_async_wait<1>();
-    else if (S == 4 && i == 1)
-      cp_async_wait<2>();
-    else
-      cp_async_wait<S - 1>();
-    __syncthreads();  // chunk i's x (every thread's copies) has landed; chunk i - 2's stage is free
-    if (has_rows)
-      mma_chunk<QT, T, NT, false, true>(acc, ring + (i % S) * R::kStageBytes, none, a, n0, c0 + i, g, t,
-                                        xs + (i % (S + 1)) * kXStage);
-    __syncwarp();  // every lane is done with the stage before it is refilled
-  }
+  tile_pipeline<S>(
+      mine, a.static_weight,
+      [&](int stage, int i) {
+        if (has_rows) load_chunk<QT, kOffsets>(ring + stage * R::kStageBytes, a, n0, c0 + i, lane);
+      },
+      [&](int slot, int i) { load_x_chunk<QT, T>(xs + slot * kXStage, a, c0 + i); },
+      [&](int stage, int slot, int i) {
+        if (has_rows)
+          mma_chunk<QT, T, NT, false, true>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
+                                            xs + slot * kXStage);
+      });
   float sum[NT * 4];
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) sum[i] = acc[i / 4][i % 4];
@@ -818,7 +835,6 @@ template <typename T, int NT, int S>
 __global__ void __launch_bounds__(kThreads, 2)
     tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters) {
   using R = Ring<kQ4_K>;
-  static_assert(S == 3 || S == 4, "q4k::tile_kernel: the waits below count S - 1 weight groups, then x's");
   constexpr int kXStage = 8 * NT * kXStride;
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -828,41 +844,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   uint8_t* xs = smem + kWarps * S * R::kStageBytes;
-  griddep_launch_dependents();
-  if (!a.static_weight) griddep_wait();
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (has_rows && i < mine) load_chunk<kQ4_K, true>(ring + i * R::kStageBytes, a, n0, c0 + i, lane);
-    cp_async_commit();
-  }
-  if (a.static_weight) griddep_wait();  // the records, bias, out and ws may be the previous kernels'
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i)
-    if (i < mine) load_records(xs + i * kXStage, records, a.M, c0 + i, chunks);
-  cp_async_commit();
   float acc[1][NT][4] = {};
-  for (int i = 0; i < mine; ++i) {
-    const int ahead = i + S - 1;
-    if (ahead < mine) {
-      if (has_rows) load_chunk<kQ4_K, true>(ring + (ahead % S) * R::kStageBytes, a, n0, c0 + ahead, lane);
-      load_records(xs + (ahead % (S + 1)) * kXStage, records, a.M, c0 + ahead, chunks);
-    }
-    cp_async_commit();
-    // groups: weights 0 .. S - 2, their records, then one a chunk (as staged_kernel's)
-    if (i == 0)
-      cp_async_wait<1>();
-    else if (S == 4 && i == 1)
-      cp_async_wait<2>();
-    else
-      cp_async_wait<S - 1>();
-    __syncthreads();  // chunk i's records (every thread's copies) have landed; chunk i - 2's are free
-    if (has_rows) {
-      XFrags<NT> xf;
-      load_frags<NT, kAheadSteps<NT>, true>(xf, xs + (i % (S + 1)) * kXStage, kXStride, a.M, g, t);
-      mma_chunk<NT, kAheadSteps<NT>, 1, true>(acc, ring + (i % S) * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
-    }
-    __syncwarp();  // every lane is done with the stage before it is refilled
-  }
+  tile_pipeline<S>(
+      mine, a.static_weight,
+      [&](int stage, int i) {
+        if (has_rows) load_chunk<kQ4_K, true>(ring + stage * R::kStageBytes, a, n0, c0 + i, lane);
+      },
+      [&](int slot, int i) { load_records(xs + slot * kXStage, records, a.M, c0 + i, chunks); },
+      [&](int stage, int slot, int i) {
+        if (!has_rows) return;
+        XFrags<NT> xf;
+        load_frags<NT, kAheadSteps<NT>, true>(xf, xs + slot * kXStage, kXStride, a.M, g, t);
+        mma_chunk<NT, kAheadSteps<NT>, 1, true>(acc, ring + stage * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
+      });
   float sum[NT * 4];
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) sum[i] = acc[0][i / 4][i % 4];
@@ -999,6 +993,23 @@ inline int tile_splits(int N, int chunks, int sms) {
   return std::max(1, std::min(chunks / 2, 2 * sms / tiles));
 }
 
+// A tile kernel's grid (tiles of 128 rows, tile_splits of the chunks) and, where it splits, sum_splits' fp32
+// workspace (from the caching allocator) and arrival counters.
+struct TileGrid {
+  dim3 dims;
+  torch::Tensor ws_tensor, own_counters;
+  float* ws = nullptr;
+  int* counters = nullptr;
+  TileGrid(int N, int chunks, int nt, int sms, const torch::Tensor& x, cudaStream_t stream) {
+    const int tiles = (N + 16 * kWarps - 1) / (16 * kWarps), splits = tile_splits(N, chunks, sms);
+    dims = dim3((unsigned)tiles, (unsigned)splits);
+    if (splits == 1) return;
+    ws_tensor = torch::empty({int64_t(tiles) * splits * kWarps * nt * 4 * 32}, x.options().dtype(torch::kFloat));
+    ws = ws_tensor.data_ptr<float>();
+    counters = split_counters(tiles, x.get_device(), stream, x.options(), own_counters);
+  }
+};
+
 template <int QT, typename T, int NT>
 void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
   constexpr int S = kQTileStages<QT, NT>;
@@ -1009,17 +1020,8 @@ void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t s
     return true;
   }();
   (void)attr;
-  const int tiles = (a.N + 16 * kWarps - 1) / (16 * kWarps);
-  const int splits = tile_splits(a.N, (a.K + Ring<QT>::kChunk - 1) / Ring<QT>::kChunk, sms);
-  torch::Tensor ws, own_counters;
-  float* ws_ptr = nullptr;
-  int* counters = nullptr;
-  if (splits > 1) {
-    ws = torch::empty({int64_t(tiles) * splits * kWarps * NT * 4 * 32}, x.options().dtype(torch::kFloat));
-    ws_ptr = ws.data_ptr<float>();
-    counters = split_counters(tiles, x.get_device(), stream, x.options(), own_counters);
-  }
-  launch_pdl(kernel, dim3((unsigned)tiles, (unsigned)splits), dim3(kThreads), smem, stream, a, ws_ptr, counters);
+  TileGrid grid(a.N, (a.K + Ring<QT>::kChunk - 1) / Ring<QT>::kChunk, NT, sms, x, stream);
+  launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, grid.ws, grid.counters);
 }
 
 template <typename T, int NT, int S, int kTiles = 1>
@@ -1055,17 +1057,8 @@ void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor&
     return true;
   }();
   (void)attr;
-  const int tiles = (a.N + 16 * kWarps - 1) / (16 * kWarps), splits = tile_splits(a.N, a.K / 256, sms);
-  torch::Tensor ws, own_counters;
-  float* ws_ptr = nullptr;
-  int* counters = nullptr;
-  if (splits > 1) {
-    ws = torch::empty({int64_t(tiles) * splits * kWarps * NT * 4 * 32}, x.options().dtype(torch::kFloat));
-    ws_ptr = ws.data_ptr<float>();
-    counters = split_counters(tiles, x.get_device(), stream, x.options(), own_counters);
-  }
-  launch_pdl(kernel, dim3((unsigned)tiles, (unsigned)splits), dim3(kThreads), smem, stream, a, records, ws_ptr,
-             counters);
+  TileGrid grid(a.N, a.K / 256, NT, sms, x, stream);
+  launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, records, grid.ws, grid.counters);
 }
 
 template <typename T, int S>
