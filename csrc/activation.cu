@@ -3,6 +3,8 @@
 //   gelu_tanh_and_mul (GeGLU):  act(a) = 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))
 // One kernel over an activation functor. Grid x walks packs of one row, grid y walks tokens (looping when
 // there are more than 65535). Each thread moves one pack of the gate, one of the up half, and writes one pack.
+// With records, the output is also written as the Q4_K linears' x records (qgemm/q4k_x.cuh): with 16-byte
+// packs and inter a multiple of 256, each warp's 32 packs are one 256-element chunk of a row.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -11,6 +13,7 @@
 #include "common/launch.h"
 #include "common/ptx.cuh"
 #include "common/vec.h"
+#include "qgemm/q4k_x.cuh"
 
 namespace minfer {
 
@@ -31,6 +34,7 @@ struct GeluTanh {
 template <typename Act, typename T, int W>
 __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter], contiguous
                                    const T* __restrict__ x,    // [tokens, 2 * inter], row stride x_stride
+                                   uint8_t* __restrict__ records,  // [tokens, inter / 256 * kRecord] or null
                                    int64_t x_stride, int inter, int64_t tokens, bool early) {
   using P = Pack<T, W>;
   const Act act;
@@ -45,21 +49,27 @@ __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter
 #pragma unroll
     for (int e = 0; e < W; ++e) o.v[e] = from_float<T>(act(to_float(g.v[e])) * to_float(u.v[e]));
     o.store(out + t * inter + p * W);
+    if constexpr (sizeof(T) == 2 && W == 8) {
+      if (records != nullptr)  // warp-uniform (inter / W packs a row, a multiple of 32)
+        q4k_x::write_record<T>(*reinterpret_cast<const uint4*>(o.v), threadIdx.x % 32,
+                               records + (t * (inter / 256) + p / 32) * q4k_x::kRecord);
+    }
   }
 }
 
 template <typename Act, typename T, int W>
-void launch_act_and_mul(T* out, const T* x, int64_t x_stride, int inter, int64_t tokens, cudaStream_t stream) {
+void launch_act_and_mul(T* out, const T* x, uint8_t* records, int64_t x_stride, int inter, int64_t tokens,
+                        cudaStream_t stream) {
   const int packs = inter / W;
   const int threads = std::min(256, round_up(packs, 32));
   const dim3 grid((packs + threads - 1) / threads, static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
-  launch_pdl(act_and_mul_kernel<Act, T, W>, grid, dim3(threads), 0, stream, out, x, x_stride, inter, tokens,
+  launch_pdl(act_and_mul_kernel<Act, T, W>, grid, dim3(threads), 0, stream, out, x, records, x_stride, inter, tokens,
              pdl_early(tokens));
 }
 
 // The launcher of both ops; `name` prefixes its error messages.
 template <typename Act>
-torch::Tensor act_and_mul(const torch::Tensor& x, const char* name) {
+torch::Tensor act_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records, const char* name) {
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_FLOAT(x);
   MINFER_CHECK(x.dim() == 2, name, ": x must be [tokens, 2 * inter], got shape ", x.sizes());
@@ -77,18 +87,28 @@ torch::Tensor act_and_mul(const torch::Tensor& x, const char* name) {
     const auto* in = reinterpret_cast<const scalar_t*>(x.data_ptr());
     // inter % N == 0 also puts the up half (offset inter) on a 16-byte boundary.
     const bool wide = rows_aligned16(in, inter, x.stride(0), sizeof(scalar_t)) && is_aligned16(o);
+    uint8_t* r = nullptr;
+    if (records) {
+      q4k_x::check_records(name, *records, out);
+      MINFER_CHECK(wide, name, ": records need x 16-byte aligned (rows in 16-byte packs)");
+      r = records->data_ptr<uint8_t>();
+    }
     if (wide)
-      launch_act_and_mul<Act, scalar_t, N>(o, in, x.stride(0), static_cast<int>(inter), tokens, stream);
+      launch_act_and_mul<Act, scalar_t, N>(o, in, r, x.stride(0), static_cast<int>(inter), tokens, stream);
     else
-      launch_act_and_mul<Act, scalar_t, 1>(o, in, x.stride(0), static_cast<int>(inter), tokens, stream);
+      launch_act_and_mul<Act, scalar_t, 1>(o, in, nullptr, x.stride(0), static_cast<int>(inter), tokens, stream);
   });
   return out;
 }
 
 }  // namespace
 
-torch::Tensor silu_and_mul(const torch::Tensor& x) { return act_and_mul<Silu>(x, "silu_and_mul"); }
+torch::Tensor silu_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records) {
+  return act_and_mul<Silu>(x, records, "silu_and_mul");
+}
 
-torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x) { return act_and_mul<GeluTanh>(x, "gelu_tanh_and_mul"); }
+torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records) {
+  return act_and_mul<GeluTanh>(x, records, "gelu_tanh_and_mul");
+}
 
 }  // namespace minfer

@@ -11,16 +11,18 @@ TORCH_LIBRARY(minfer, m) {
   // ---- engine ops ----
   m.def("embedding(Tensor ids, Tensor weight) -> Tensor");
   // memory-bound kernels
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  // records: the output also written as the Q4_K linears' x records (csrc/qgemm/q4k_x.cuh), sparing them a launch
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? records=None) -> Tensor");
   // x_weight: x is RMS-normalised by it before the add (a sandwich norm)
-  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, Tensor? x_weight=None) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, Tensor? x_weight=None, "
+        "Tensor(c!)? records=None) -> ()");
   // q_weight, k_weight: each head RMS-normalised over head_dim (eps) before the rotation (q/k norms);
   // v, k_cache, v_cache, slot_mapping: then k and v copied to cache row slot_mapping[token] of the paged pool
   m.def("rope(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin, bool is_neox, Tensor? q_weight=None, "
         "Tensor? k_weight=None, float eps=0.0, Tensor? v=None, Tensor(c!)? k_cache=None, Tensor(d!)? v_cache=None, "
         "Tensor? slot_mapping=None) -> ()");
-  m.def("silu_and_mul(Tensor x) -> Tensor");
-  m.def("gelu_tanh_and_mul(Tensor x) -> Tensor");
+  m.def("silu_and_mul(Tensor x, Tensor(a!)? records=None) -> Tensor");
+  m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!)? records=None) -> Tensor");
   m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");
   // gemm family (csrc/gemm/): path = auto | wmma | sm80 | sm90 | gemv | simt
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\", bool static_weight=False) -> Tensor");
@@ -36,9 +38,11 @@ TORCH_LIBRARY(minfer, m) {
   // type id (minfer/ops/quantized.py)
   m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype) -> ()");
-  m.def("qlinear(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, bool static_weight=False) -> Tensor");
-  m.def("qlinear_into(Tensor(a!) out, Tensor x, Tensor blocks, int qtype, Tensor? bias=None, bool static_weight=False) "
-        "-> ()");
+  // x_records: x already as records (from rms_norm / fused_add_rms_norm / the activations), read by Q4_K
+  m.def("qlinear(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, bool static_weight=False, "
+        "Tensor? x_records=None) -> Tensor");
+  m.def("qlinear_into(Tensor(a!) out, Tensor x, Tensor blocks, int qtype, Tensor? bias=None, bool static_weight=False, "
+        "Tensor? x_records=None) -> ()");
   m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "

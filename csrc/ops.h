@@ -9,16 +9,18 @@ namespace minfer {
 torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight);
 
 // memory-bound kernels: rmsnorm.cu, rope.cu, activation.cu, kv_cache.cu
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                       const std::optional<torch::Tensor>& records);
 void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
-                        double eps, const std::optional<torch::Tensor>& x_weight);
+                        double eps, const std::optional<torch::Tensor>& x_weight,
+                        const std::optional<torch::Tensor>& records);
 void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& positions,
           const torch::Tensor& cos_sin, bool is_neox, const std::optional<torch::Tensor>& q_weight,
           const std::optional<torch::Tensor>& k_weight, double eps, const std::optional<torch::Tensor>& v,
           const std::optional<torch::Tensor>& k_cache, const std::optional<torch::Tensor>& v_cache,
           const std::optional<torch::Tensor>& slot_mapping);
-torch::Tensor silu_and_mul(const torch::Tensor& x);
-torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x);
+torch::Tensor silu_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records);
+torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records);
 void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& k,
                     const torch::Tensor& v, const torch::Tensor& positions);
 // gemm family (gemm/dispatch.cpp)
@@ -38,9 +40,11 @@ std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k
 torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype);
 void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype);
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                      const std::optional<torch::Tensor>& bias, bool static_weight);
+                      const std::optional<torch::Tensor>& bias, bool static_weight,
+                      const std::optional<torch::Tensor>& x_records);
 void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
-                  const std::optional<torch::Tensor>& bias, bool static_weight);
+                  const std::optional<torch::Tensor>& bias, bool static_weight,
+                  const std::optional<torch::Tensor>& x_records);
 torch::Tensor qembedding(const torch::Tensor& ids, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                          at::ScalarType dtype);
 // ---- baselines (teaching API): baselines/gemm.cpp, baselines/attention.cpp ----

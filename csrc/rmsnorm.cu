@@ -9,6 +9,8 @@
 // handled by lane groups (several rows per block, shuffle-only reduction); longer rows get a block
 // each. Rows too long for the registers fall back to a second read (L2-resident for any real hidden).
 // W = 16 bytes of elements when the rows allow it, else 1 (any hidden, any alignment).
+// With records, the output is also written as the Q4_K linears' x records (qgemm/q4k_x.cuh): a warp holds
+// whole 256-element chunks there when hidden is a multiple of 256 and a row has at least 32 threads.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -18,6 +20,7 @@
 #include "common/ptx.cuh"
 #include "common/reduce.h"
 #include "common/vec.h"
+#include "qgemm/q4k_x.cuh"
 
 namespace minfer {
 
@@ -49,6 +52,7 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
                     const T* in, int64_t in_stride,     // [rows, hidden]
                     const T* __restrict__ weight,       // [hidden]
                     const T* __restrict__ x_weight,     // [hidden], kNormX only
+                    uint8_t* records,                   // [rows, hidden / 256 * kRecord] or null
                     int hidden, int64_t rows, float eps, bool early) {
   static_assert(kFused || !kNormX, "x_weight comes with the residual add");
   using P = Pack<T, W>;
@@ -146,6 +150,11 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
 #pragma unroll
         for (int e = 0; e < W; ++e) o.v[e] = from_float<T>(to_float(v[i].v[e]) * scale * to_float(w.v[e]));
         o.store(out_row + p * W);
+        if constexpr (sizeof(T) == 2 && W == 8) {
+          if (records != nullptr)  // warp-uniform: the warp's 32 packs are one chunk of this row
+            q4k_x::write_record<T>(*reinterpret_cast<const uint4*>(o.v), threadIdx.x % 32,
+                                   records + (row * (hidden / 256) + p / 32) * q4k_x::kRecord);
+        }
       }
     }
   } else {
@@ -206,7 +215,8 @@ int next_pow2(int x) {
 // Picks the layout from hidden: lane groups, block per row (cached), or block per row (two reads).
 template <typename T, int W, bool kFused, bool kNormX = false>
 void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride, const T* in, int64_t in_stride,
-                     const T* weight, const T* x_weight, int hidden, int64_t rows, float eps, cudaStream_t stream) {
+                     const T* weight, const T* x_weight, uint8_t* records, int hidden, int64_t rows, float eps,
+                     cudaStream_t stream) {
   constexpr int VPT = W > 1 ? 4 : 8;  // packs per thread kept in registers
   const int packs = hidden / W;
   const int threads_needed = (packs + VPT - 1) / VPT;
@@ -215,14 +225,17 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
     const dim3 block(tpr, kGroupBlock / tpr);
     const int64_t grid = (rows + block.y - 1) / block.y;
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true>, dim3(grid), block, 0, stream, out, out_stride,
-             residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps, pdl_early(rows));
+             residual, res_stride, in, in_stride, weight, x_weight, records, hidden, rows, eps,
+             pdl_early(rows));
   } else if (threads_needed <= 1024) {
     const int tpr = round_up(threads_needed, 32);
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true>, dim3(rows), dim3(tpr), 0, stream, out,
-             out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps, pdl_early(rows));
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, hidden, rows, eps,
+             pdl_early(rows));
   } else {
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, false>, dim3(rows), dim3(1024), 0, stream, out,
-             out_stride, residual, res_stride, in, in_stride, weight, x_weight, hidden, rows, eps, pdl_early(rows));
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, hidden, rows, eps,
+             pdl_early(rows));
   }
 }
 
@@ -242,9 +255,21 @@ void check_norm_args(const torch::Tensor& x, const torch::Tensor& weight, const 
   MINFER_CHECK(x.size(0) < (int64_t(1) << 31), op, ": too many rows (", x.size(0), ")");
 }
 
+// records (q4k_x.cuh) for the [rows, hidden] output: checked, and the layout that writes them (16-byte packs,
+// >= 32 threads a row, registers) must be the one taken. Returns their pointer, or null.
+uint8_t* norm_records(const std::optional<torch::Tensor>& records, const torch::Tensor& x, bool wide, const char* op) {
+  if (!records) return nullptr;
+  q4k_x::check_records(op, *records, x);
+  const int64_t hidden = x.size(1);
+  MINFER_CHECK(wide, op, ": records need x, residual and the weights 16-byte aligned (rows in 16-byte packs)");
+  MINFER_CHECK(hidden >= 768 && hidden <= 32768, op, ": records need hidden in [768, 32768], got ", hidden);
+  return records->data_ptr<uint8_t>();
+}
+
 }  // namespace
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                       const std::optional<torch::Tensor>& records) {
   check_norm_args(x, weight, "rms_norm");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), hidden = x.size(1);
@@ -257,18 +282,20 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
     auto* in = reinterpret_cast<const scalar_t*>(x.data_ptr());
     auto* w = reinterpret_cast<const scalar_t*>(weight.data_ptr());
     const bool wide = rows_aligned16(in, hidden, x.stride(0), sizeof(scalar_t)) && is_aligned16(o) && is_aligned16(w);
+    uint8_t* r = norm_records(records, x, wide, "rms_norm");
     if (wide)
-      launch_rms_norm<scalar_t, N, false>(o, hidden, nullptr, 0, in, x.stride(0), w, nullptr, hidden, rows, eps,
+      launch_rms_norm<scalar_t, N, false>(o, hidden, nullptr, 0, in, x.stride(0), w, nullptr, r, hidden, rows, eps,
                                           stream);
     else
-      launch_rms_norm<scalar_t, 1, false>(o, hidden, nullptr, 0, in, x.stride(0), w, nullptr, hidden, rows, eps,
-                                          stream);
+      launch_rms_norm<scalar_t, 1, false>(o, hidden, nullptr, 0, in, x.stride(0), w, nullptr, nullptr, hidden, rows,
+                                          eps, stream);
   });
   return out;
 }
 
 void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
-                        double eps, const std::optional<torch::Tensor>& x_weight) {
+                        double eps, const std::optional<torch::Tensor>& x_weight,
+                        const std::optional<torch::Tensor>& records) {
   check_norm_args(x, weight, "fused_add_rms_norm");
   if (x_weight) {
     MINFER_CHECK(x_weight->device() == x.device() && x_weight->scalar_type() == x.scalar_type() &&
@@ -298,14 +325,15 @@ void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, c
     const bool wide = rows_aligned16(xp, hidden, x.stride(0), sizeof(scalar_t)) &&
                       rows_aligned16(rp, hidden, residual.stride(0), sizeof(scalar_t)) && is_aligned16(w) &&
                       (!xw || is_aligned16(xw));
+    uint8_t* r = norm_records(records, x, wide, "fused_add_rms_norm");
     auto launch = [&](auto norm_x) {
       constexpr bool kNormX = decltype(norm_x)::value;
       if (wide)
-        launch_rms_norm<scalar_t, N, true, kNormX>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, xw,
+        launch_rms_norm<scalar_t, N, true, kNormX>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, xw, r,
                                                    hidden, rows, eps, stream);
       else
         launch_rms_norm<scalar_t, 1, true, kNormX>(xp, x.stride(0), rp, residual.stride(0), xp, x.stride(0), w, xw,
-                                                   hidden, rows, eps, stream);
+                                                   nullptr, hidden, rows, eps, stream);
     };
     if (xw)
       launch(std::true_type{});

@@ -58,16 +58,18 @@ def fuse(parts: list[Weight]) -> Weight | list[Weight]:
     return stacked[0] if len(stacked) == 1 else stacked
 
 
-def fused_linear(ops: Backend, x: torch.Tensor, w: Weight | list[Weight], bias: torch.Tensor | None = None):
+def fused_linear(ops: Backend, x: torch.Tensor, w: Weight | list[Weight], bias: torch.Tensor | None = None,
+                 x_records: torch.Tensor | None = None):
     """x [tokens, in] @ w^T (+ bias) -> [tokens, out] for a weight from fuse(); a list's parts write their
-    columns of one output."""
+    columns of one output. x_records: x's records from the kernel that wrote x (ops.records_for)."""
     if not isinstance(w, list):
-        return ops.linear(x, w, bias, static_weight=True)
+        return ops.linear(x, w, bias, static_weight=True, x_records=x_records)
     out = x.new_empty(x.shape[0], sum(part.shape[0] for part in w))  # [tokens, out]
     n0 = 0
     for part in w:
         n = part.shape[0]
-        ops.linear(x, part, None if bias is None else bias[n0:n0 + n], static_weight=True, out=out[:, n0:n0 + n])
+        ops.linear(x, part, None if bias is None else bias[n0:n0 + n], static_weight=True, out=out[:, n0:n0 + n],
+                   x_records=x_records)
         n0 += n
     return out
 
@@ -215,19 +217,28 @@ class Transformer:
         cfg, ops = self.cfg, self.ops
         heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         residual = ops.embedding(ids, self.embed, cfg.embed_scale)  # [tokens, hidden]
-        x = ops.rms_norm(residual, self.layers[0]["attn_norm"], cfg.rms_norm_eps)
+        # records: at decode rows the norms and the activation also write x as the Q4_K linears after them
+        # read it (ops.records_for), sparing each of those linears a conversion launch
+        records = ops.records_for(residual, self.layers[0]["qkv"])
+        x = ops.rms_norm(residual, self.layers[0]["attn_norm"], cfg.rms_norm_eps, records=records)
         for i, layer in enumerate(self.layers):
             # static_weight: no kernel writes the weights, so the gemv kernels start reading them early
-            qkv = fused_linear(ops, x, layer["qkv"], layer["qkv_bias"])  # [tokens, (heads + 2 kvh) hd]
+            qkv = fused_linear(ops, x, layer["qkv"], layer["qkv_bias"], records)  # [tokens, (heads + 2 kvh) hd]
             q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
             q = q.reshape(-1, heads, hd)  # [tokens, heads, hd]; views, no copies
             k = k.reshape(-1, kv_heads, hd)
             v = v.reshape(-1, kv_heads, hd)
             x = ops.linear(attend(i, q, k, v), layer["o"], static_weight=True)  # [tokens, hidden]
             # the sandwich norm after attention (Gemma) is in the add's launch
-            ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps, layer.get("attn_out_norm"))
-            gate_up = fused_linear(ops, x, layer["gate_up"])  # [tokens, 2 intermediate]
-            x = ops.linear(self.act(gate_up), layer["down"], static_weight=True)
-            next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
-            ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps, layer.get("mlp_out_norm"))
+            records = ops.records_for(x, layer["gate_up"])
+            ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps, layer.get("attn_out_norm"),
+                                   records=records)
+            gate_up = fused_linear(ops, x, layer["gate_up"], x_records=records)  # [tokens, 2 intermediate]
+            records = ops.records_for(x, layer["down"])
+            x = ops.linear(self.act(gate_up, records=records), layer["down"], static_weight=True, x_records=records)
+            last = i + 1 == len(self.layers)
+            next_norm = self.final_norm if last else self.layers[i + 1]["attn_norm"]
+            records = None if last else ops.records_for(x, self.layers[i + 1]["qkv"])
+            ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps, layer.get("mlp_out_norm"),
+                                   records=records)
         return x

@@ -234,6 +234,89 @@ def test_qembedding(kind, dtype):
     assert torch.isnan(bad[1:3]).all(), "an out-of-range id must give a NaN row"
 
 
+# ---- x records written by the norms and the activations ----
+
+def _poisoned_records(rows, k):
+    """Room for x's records, every byte 0xFF (NaN as fp16 or fp32): a byte left unwritten shows."""
+    return torch.full((rows, k // 256 * _q().Q4K_RECORD_BYTES), 0xFF, dtype=torch.uint8, device=DEV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_records_from_norms_and_activations(m, dtype):
+    """rms_norm, fused_add_rms_norm, silu_and_mul and gelu_tanh_and_mul given records write x's records beside
+    their output, as the Q4_K linears read them: the Q4_K product on those records is bit for bit the one on
+    qlinear's own conversion, and the ops' outputs are those without records. Widths 768 (a norm row on one
+    lane group), 4352 (17 chunks) and 14336; n = 16 x 3 SMs + 16 rows, past staged_kernel's grids, so that
+    M = 1 takes rows_kernel both ways; and 96 rows, where M = 1 on records takes rows_kernel and on x
+    staged_kernel: against the reference there."""
+    q, ops = _q(), torch.ops.minfer
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, eps = 16 * 3 * sms + 16, 1e-5
+    gen = torch.Generator(device=DEV).manual_seed(m)
+    for k in (768, 4352, 14336):
+        w, small = _weight("Q4_K", n, k, seed=k), _weight("Q4_K", 96, k, seed=k + 1)
+        scale = 1 / (w.dequantize(torch.float32).abs().mean().item() * k ** 0.5)  # outputs O(1)
+        small32 = small.dequantize(torch.float32)
+
+        def product_check(x, records):
+            ours = ops.qlinear(x, w.blocks, q.QTYPE["Q4_K"], n, k, None, True, records)
+            assert not torch.isnan(ours).any()
+            assert torch.equal(ours, ops.qlinear(x, w.blocks, q.QTYPE["Q4_K"], n, k, None, True))
+            ours = ops.qlinear(x, small.blocks, q.QTYPE["Q4_K"], 96, k, None, True, records)
+            _check(ours, F.linear(x, small32.to(dtype)), x.double() @ small32.double().t(), dtype)
+
+        x = torch.randn(m, k, device=DEV, generator=gen).to(dtype)
+        norm_w = (torch.randn(k, device=DEV, generator=gen) * scale).to(dtype)
+        rec = _poisoned_records(m, k)
+        out = ops.rms_norm(x, norm_w, eps, rec)
+        assert torch.equal(out, ops.rms_norm(x, norm_w, eps))
+        product_check(out, rec)
+
+        residual = torch.randn(m, k, device=DEV, generator=gen).to(dtype)
+        x1, r1, x2, r2 = x.clone(), residual.clone(), x.clone(), residual.clone()
+        rec = _poisoned_records(m, k)
+        ops.fused_add_rms_norm(x1, r1, norm_w, eps, None, rec)
+        ops.fused_add_rms_norm(x2, r2, norm_w, eps, None)
+        assert torch.equal(x1, x2) and torch.equal(r1, r2)
+        product_check(x1, rec)
+
+        gate_up = (torch.randn(m, 2 * k, device=DEV, generator=gen) * scale ** 0.5).to(dtype)
+        for act in (ops.silu_and_mul, ops.gelu_tanh_and_mul):
+            rec = _poisoned_records(m, k)
+            out = act(gate_up, rec)
+            assert torch.equal(out, act(gate_up))
+            product_check(out, rec)
+
+
+def test_records_bad_inputs_raise():
+    ops = torch.ops.minfer
+    q = _q()
+    k = 1024
+    x = torch.randn(2, k, device=DEV, dtype=torch.bfloat16)
+    nw = torch.ones(k, device=DEV, dtype=torch.bfloat16)
+    rec = _poisoned_records(2, k)
+    with pytest.raises(RuntimeError, match="records must have shape"):
+        ops.rms_norm(x, nw, 1e-5, rec[:1])
+    with pytest.raises(RuntimeError, match="records must be uint8"):
+        ops.rms_norm(x, nw, 1e-5, rec.view(torch.int8))
+    with pytest.raises(RuntimeError, match="records must be contiguous"):
+        ops.fused_add_rms_norm(x, x.clone(), nw, 1e-5, None, _poisoned_records(4, k)[::2])
+    with pytest.raises(RuntimeError, match="records are written for float16 or bfloat16"):
+        ops.rms_norm(x.float(), nw.float(), 1e-5, rec)
+    with pytest.raises(RuntimeError, match="records need hidden in"):
+        ops.rms_norm(x[:, :512].contiguous(), nw[:512].contiguous(), 1e-5, _poisoned_records(2, 512))
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        ops.silu_and_mul(torch.randn(2, 2 * 640, device=DEV, dtype=torch.bfloat16), _poisoned_records(2, 512))
+    with pytest.raises(RuntimeError, match="records must have shape"):
+        ops.silu_and_mul(torch.randn(2, 2 * k, device=DEV, dtype=torch.bfloat16), _poisoned_records(3, k))
+    w = _weight("Q4_K", 32, k)
+    with pytest.raises(RuntimeError, match="records must have shape"):
+        ops.qlinear(x, w.blocks, q.QTYPE["Q4_K"], 32, k, None, False, _poisoned_records(2, 768))
+    with pytest.raises(RuntimeError, match="records must be on"):
+        ops.qlinear(x, w.blocks, q.QTYPE["Q4_K"], 32, k, None, False, _poisoned_records(2, k).cpu())
+
+
 # ---- the ops' registration (fakes, schemas) ----
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q4_0"])
@@ -252,6 +335,16 @@ def test_opcheck(kind):
     torch.library.opcheck(ops.qlinear.default, (x, w.blocks, qt, n, k, bias, True))
     torch.library.opcheck(ops.qlinear_into.default, (x.new_empty(5, n + 3)[:, 1:1 + n], x, w.blocks, qt, bias, True))
     torch.library.opcheck(ops.qembedding.default, (ids, w.blocks, qt, n, k, torch.float16))
+    if kind == "Q4_K":  # x's records, written by the norms and the activations, read by qlinear
+        x = torch.randn(5, 1024, device=DEV, dtype=torch.bfloat16)
+        w = _weight(kind, n, 1024)
+        nw = torch.ones(1024, device=DEV, dtype=torch.bfloat16)
+        rec = _poisoned_records(5, 1024)
+        torch.library.opcheck(ops.rms_norm.default, (x, nw, 1e-5, rec))
+        torch.library.opcheck(ops.fused_add_rms_norm.default, (x.clone(), x.clone(), nw, 1e-5, None, rec))
+        torch.library.opcheck(ops.silu_and_mul.default, (torch.cat([x, x], 1), rec))
+        xn = ops.rms_norm(x, nw, 1e-5, rec)  # opcheck runs on copies: the records qlinear reads, written here
+        torch.library.opcheck(ops.qlinear.default, (xn, w.blocks, qt, n, 1024, None, True, rec))
 
 
 # ---- bad inputs raise, naming the argument ----

@@ -376,3 +376,41 @@ def test_errors_are_one_line(tmp_path, capsys):
     Tokenizer(models.WordLevel({"a": 0}, unk_token="a")).save(str(src / "tokenizer.json"))
     assert "supported: byte-level BPE" in error([src, tmp_path / "y.gguf", "--type", "Q8_0"])
     assert not os.path.exists(tmp_path / "y.gguf")
+
+
+@pytest.mark.gpu
+def test_q4_k_m_decode_on_records_equals_own_conversion(tmp_path):
+    """On the cuda backend at decode rows, the norms and the activation write x's records for the Q4_K linears
+    after them (ops.records_for): the logits are those of each linear converting x itself (hidden 1024, inter
+    1536: every linear's input in the records' range); bit for bit at batch 5, where both take the same
+    kernels, and within bf16 rounding at batch 1, where q|k|v on records takes rows_kernel for staged_kernel."""
+    from minfer import loader
+    from minfer.kv_cache import KVCache
+    from minfer.model import Transformer
+    from minfer.ops import get_backend, reference
+
+    src = tmp_path / "hf"
+    build_llama(src, hidden=1024, inter=1536)
+    out = tmp_path / "model.Q4_K_M.gguf"
+    quantize_cli([src, out, "--type", "Q4_K_M"])
+    cfg, weights, _ = loader.load(str(out), torch.bfloat16, "cuda")
+    assert weights["model.layers.0.mlp.gate_proj.weight"].kind == "Q4_K"
+    for batch in (1, 5):
+        ids = torch.randint(0, VOCAB, (batch, 9), generator=torch.Generator().manual_seed(batch)).cuda()
+        logits = []
+        for own_conversion in (False, True):
+            ops = get_backend("cuda", "cuda")
+            if own_conversion:
+                ops.records_for = reference.records_for
+            model = Transformer(cfg, weights, ops, 64)
+            assert (ops.records_for(ids.new_empty(batch, 1024, dtype=torch.bfloat16), model.layers[0]["gate_up"])
+                    is None) == own_conversion
+            cache = KVCache(cfg.num_layers, batch, 64, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cuda")
+            start = torch.zeros(batch, dtype=torch.int32, device="cuda")
+            model.forward(ids[:, :8], start, cache)  # prefill: 8 rows (records) and 40 (none)
+            logits.append(model.forward(ids[:, 8:], start + 8, cache))  # decode: batch rows
+        assert not torch.isnan(logits[0]).any()
+        if batch == 1:
+            torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0.02 * logits[1].abs().max().item())
+        else:
+            assert torch.equal(logits[0], logits[1])

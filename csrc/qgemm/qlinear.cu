@@ -39,6 +39,7 @@
 #include "ops.h"
 #include "qgemm/checks.h"
 #include "qgemm/formats.cuh"
+#include "qgemm/q4k_x.cuh"
 
 namespace minfer::qgemm {
 namespace {
@@ -483,10 +484,7 @@ __global__ void __launch_bounds__(kThreads, 2) qtile_kernel(const Args a, float*
 // x5 x7] a lane).
 namespace q4k {
 
-// An x row's chunk (256 k) in the form rows_kernel's mma takes (a record): 256 fp16 values scaled by 2^e in
-// the fragment order, the 8 sub-block sums / 32 as fp16 hi + lo pairs (sub-blocks 2t, 2t + 1's his, then their
-// los: the min's B fragment of lane t), then 2^-e (f32), padded to 16 bytes.
-constexpr int kSumsAt = 512, kInvAt = 544, kRecord = 560;
+using namespace ::minfer::q4k_x;
 
 __device__ __forceinline__ uint32_t h2_add(uint32_t a, uint32_t b) {
   uint32_t r;
@@ -522,60 +520,6 @@ __device__ __forceinline__ uint32_t byte_pair(uint32_t w, uint32_t exp) {
   return h2_add(r, kHigh ? 0xD400D400u : 0xE400E400u);
 }
 
-// A warp's x row chunk in fp16, 8 elements a lane: v = elements 8 lane .. 8 lane + 7 (T, as loaded) times 2^e
-// into f (fp32, exact) and h (fp16, in the fragment order); returns e. e puts the chunk's largest |x| in
-// [2^14, 2^15): bf16's 8-bit significands are then exact down to 2^-38 of it. fp16 and bf16 magnitudes order
-// as their bits.
-template <typename T>
-__device__ __forceinline__ int to_fp16(uint4 v, float (&f)[8], uint4& h) {
-  constexpr bool kHalf = std::is_same_v<T, __half>;
-  constexpr uint32_t kAbs = 0x7FFF7FFFu;
-  uint32_t mx = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
-  mx = __reduce_max_sync(0xFFFFFFFFu, max(mx & 0xFFFFu, mx >> 16));
-  // 2^(E - bias) 2^e = 2^14 for the top exponent E
-  const int e = min(max(kHalf ? 29 - int(mx >> 10) : 141 - int(mx >> 7), -126), 126);
-  const float s = __int_as_float((127 + e) << 23);
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (kHalf) {
-      const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-      f[2 * i] = pair.x * s, f[2 * i + 1] = pair.y * s;
-    } else {
-      f[2 * i] = __uint_as_float(w[i] << 16) * s, f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u) * s;
-    }
-  }
-  uint32_t p[4];
-  const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2 pair = __floats2half2_rn(f[order[2 * i]], f[order[2 * i + 1]]);
-    p[i] = *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  h = make_uint4(p[0], p[1], p[2], p[3]);
-  return e;
-}
-
-// One lane's part of a record from v (as to_fp16): its 16 bytes of fp16, (lanes 4s) sub-block s's sum,
-// (lane 0) 2^-e. The sums (< 2^20, / 32) fit fp16 as hi + lo (to ~2^-22 of them).
-template <typename T>
-__device__ __forceinline__ void convert(uint4 v, int lane, uint8_t* record) {
-  float f[8];
-  uint4 h;
-  const int e = to_fp16<T>(v, f, h);
-  *reinterpret_cast<uint4*>(record + 16 * lane) = h;
-  float sum = ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
-  sum *= 1.f / 32;
-  const __half hi = __float2half_rn(sum), lo = __float2half_rn(sum - __half2float(hi));
-  if (lane % 4 == 0) {  // sub-block s at [s / 2][hi, lo][s % 2]: the min's B fragment of lane s / 2, 8 bytes
-    __half* sums = reinterpret_cast<__half*>(record + kSumsAt) + 4 * (lane / 8) + (lane / 4) % 2;
-    sums[0] = hi, sums[2] = lo;
-  }
-  if (lane == 0) *reinterpret_cast<float*>(record + kInvAt) = __int_as_float((127 - e) << 23);
-}
-
 // x [M, K] (T) -> records [M][K / 256]: one warp a row's chunk.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) prepare_x_kernel(const T* x, uint8_t* records, int M, int K) {
@@ -585,7 +529,7 @@ __global__ void __launch_bounds__(kThreads) prepare_x_kernel(const T* x, uint8_t
   const int64_t i = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // m * chunks + c
   if (i >= int64_t(M) * chunks) return;
   const uint4 v = ld_nc_v4(reinterpret_cast<const uint4*>(x + i * 256 + 8 * lane), true);
-  convert<T>(v, lane, records + i * kRecord);
+  write_record<T>(v, lane, records + i * kRecord);
 }
 
 // The weights of a chunk: rows g and g + 8 of the stage, their packed 6-bit scales and mins, and the
@@ -1073,35 +1017,41 @@ void launch_q4k_staged(const Args& a, cudaStream_t stream) {
   launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a);
 }
 
-// Whether Q4_K at M rows takes prepare_x + rows_kernel (else staged_kernel): from M = 2 on, and at M = 1 on
-// grids past 3 CTAs an SM. There, rows_kernel runs 2 CTAs an SM in waves where staged_kernel runs 3 (H100, us,
-// staged / rows: 1 x 28672 x 4096 35.7 / 32.0, 1 x 128256 x 4096 160 / 121); on grids of one such wave
-// staged_kernel, with no second launch, is as fast or faster (1 x 4096 x 14336 16.9 / 18.4, 1 x 5120 x 4096
-// 9.0 / 10.0; 1 x 4096 x 4096 7.33 / 6.78).
+// Whether Q4_K at M rows with no records given takes prepare_x + rows_kernel (else staged_kernel): from M = 2
+// on, and at M = 1 on grids past 3 CTAs an SM. There, rows_kernel runs 2 CTAs an SM in waves where
+// staged_kernel runs 3 (H100, us, staged / rows: 1 x 28672 x 4096 35.7 / 32.0, 1 x 128256 x 4096 160 / 121); on
+// grids of one such wave staged_kernel, with no second launch, is as fast or faster (1 x 4096 x 14336 16.9 /
+// 18.4, 1 x 5120 x 4096 9.0 / 10.0; 1 x 4096 x 4096 7.33 / 6.78). With records given rows_kernel takes every M:
+// no second launch either way (H200, the 8B Q4_K_M batch-1 step 3.22 ms with staged_kernel on records, 3.07
+// with rows_kernel).
 inline bool q4k_rows(const Args& a, int sms) { return a.M > 1 || (a.N + 15) / 16 > 3 * sms; }
 
-// Q4_K at M <= 16. rows_kernel or tile_kernel (q4k_tile) after prepare_x_kernel, which writes x's records
-// (uint8 [M, K / 256 * kRecord], from the caching allocator). rows_kernel: 4 stages a warp where the grid is
-// at most 2 CTAs an SM, else 3.
+// Q4_K at M <= 16. rows_kernel or tile_kernel (q4k_tile) on x's records (uint8 [M, K / 256 * kRecord]): those
+// given (written by the kernel before, q4k_x.cuh), or prepare_x_kernel's into the caching allocator.
+// rows_kernel: 4 stages a warp where the grid is at most 2 CTAs an SM, else 3.
 // 3 CTAs an SM (80 registers) spilled ~100 bytes at NT = 1 and lost to 2 (H100, us, 1 x 28672 x 4096
 // 40.7 / 32.0, 8 x 28672 x 4096 47.7 / 35.4, 1 x 128256 x 4096 160 / 121). At M > 8 a CTA of 32 rows reads
 // x's records once for both of its tiles, which pays where it keeps every SM busy or its warps take many
 // chunks (H100, us, 16 rows / 32: 16 x 4096 x 14336 32.3 / 29.8, 16 x 28672 x 4096 60.8 / 57.5, 16 x 128256
 // x 4096 261 / 234, 16 x 5120 x 4096 16.2 / 15.9; 16 x 4096 x 4096, 128 CTAs of 32 rows, 9.9 / 10.6).
 template <typename T>
-void launch_q4k(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  if (!q4k_rows(a, sms)) {
+void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  if (records == nullptr && !q4k_rows(a, sms)) {
     if ((a.N + 15) / 16 <= 2 * sms)
       launch_q4k_staged<T, 4>(a, stream);
     else
       launch_q4k_staged<T, 3>(a, stream);
     return;
   }
-  const auto records = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
-  uint8_t* r = records.data_ptr<uint8_t>();
-  const int64_t warps = int64_t(a.M) * (a.K / 256);
-  launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream,
-             static_cast<const T*>(a.x), r, a.M, a.K);
+  torch::Tensor own;
+  const uint8_t* r = records;
+  if (r == nullptr) {
+    own = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
+    const int64_t warps = int64_t(a.M) * (a.K / 256);
+    launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream,
+               static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K);
+    r = own.data_ptr<uint8_t>();
+  }
   if (a.M > 1 && q4k_tile(a, sms)) {
     if (a.M > 8)
       launch_q4k_tile<T, 2, 3>(a, r, x, sms, stream);
@@ -1142,9 +1092,10 @@ namespace minfer {
 
 namespace {
 
-// Validates x [M, k], blocks (W [n, k]) and bias [n] for op; returns W's row bytes.
+// Validates x [M, k], blocks (W [n, k]), bias [n] and x's records for op; returns W's row bytes.
 int64_t check_qlinear(const char* op, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n,
-                      int64_t k, const std::optional<torch::Tensor>& bias) {
+                      int64_t k, const std::optional<torch::Tensor>& bias,
+                      const std::optional<torch::Tensor>& x_records) {
   const int64_t row_bytes = qgemm::check_blocks(op, blocks, qtype, n, k);
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_SAME_DEVICE(x, blocks);
@@ -1161,14 +1112,17 @@ int64_t check_qlinear(const char* op, const torch::Tensor& x, const torch::Tenso
     MINFER_CHECK(bias->dim() == 1 && bias->size(0) == n, op, ": bias must have shape [", n, "], got ", bias->sizes());
     MINFER_CHECK(bias->is_contiguous(), op, ": bias must be contiguous");
   }
+  if (x_records) q4k_x::check_records(op, *x_records, x);
   return row_bytes;
 }
 
 // out [M, n] = x [M, k] @ W^T (+ bias), out's rows possibly strided (qlinear_into's slice); arguments checked.
 void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
                  int64_t n, int64_t k, int64_t row_bytes, const std::optional<torch::Tensor>& bias,
-                 bool static_weight) {
+                 bool static_weight, const std::optional<torch::Tensor>& x_records) {
   if (x.size(0) == 0 || n == 0) return;
+  // x's records (q4k_x.cuh) spare the Q4_K kernels that read records their prepare_x launch; others ignore them
+  const uint8_t* records = x_records ? x_records->data_ptr<uint8_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   const qgemm::Args a{blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
                       (int)x.size(0),             (int)n,         (int)k,                             row_bytes,
@@ -1178,7 +1132,7 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
       if (QT == qgemm::kQ4_K && a.M <= 16)
-        qgemm::launch_q4k<scalar_t>(a, x, sm_count(x.get_device()), stream);
+        qgemm::launch_q4k<scalar_t>(a, records, x, sm_count(x.get_device()), stream);
       // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
       else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && (a.N + 15) / 16 <= 2 * sm_count(x.get_device()))
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
@@ -1197,15 +1151,17 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
 }  // namespace
 
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                      const std::optional<torch::Tensor>& bias, bool static_weight) {
-  const int64_t row_bytes = check_qlinear("qlinear", x, blocks, qtype, n, k, bias);
+                      const std::optional<torch::Tensor>& bias, bool static_weight,
+                      const std::optional<torch::Tensor>& x_records) {
+  const int64_t row_bytes = check_qlinear("qlinear", x, blocks, qtype, n, k, bias, x_records);
   auto out = torch::empty({x.size(0), n}, x.options());  // [M, n]
-  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight);
+  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
   return out;
 }
 
 void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
-                  const std::optional<torch::Tensor>& bias, bool static_weight) {
+                  const std::optional<torch::Tensor>& bias, bool static_weight,
+                  const std::optional<torch::Tensor>& x_records) {
   MINFER_CHECK_CUDA(out);
   MINFER_CHECK_DIM(out, 2);
   MINFER_CHECK_DIM(x, 2);
@@ -1217,8 +1173,8 @@ void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch:
                "qlinear_into: out must have contiguous rows (stride(1) == 1, stride(0) >= n), got strides ",
                out.strides());
   const int64_t n = out.size(1), k = x.size(1);
-  const int64_t row_bytes = check_qlinear("qlinear_into", x, blocks, qtype, n, k, bias);
-  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight);
+  const int64_t row_bytes = check_qlinear("qlinear_into", x, blocks, qtype, n, k, bias, x_records);
+  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
 }
 
 }  // namespace minfer

@@ -16,11 +16,13 @@ from . import reference
 # static engine's dense cache, paged_attention on the continuous engine's pages, which rope writes
 # (ops/reference.py).
 DENSE_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "kv_cache_write",
-             "attention", "linear")
+             "attention", "linear", "records_for")
 PAGED_OPS = ("paged_attention",)
 # Ops only some models use (Gemma's GeGLU): a missing kernel joins `fallbacks` once a model needs it.
 OPTIONAL_OPS = ("gelu_tanh_and_mul",)
 MODEL_OPS = DENSE_OPS + PAGED_OPS
+# Ops that write the Q4_K linears' x records (records_for) on the cuda backend.
+RECORD_WRITERS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_tanh_and_mul")
 
 
 class Backend:
@@ -44,6 +46,8 @@ class Backend:
         print(f"minfer: {op} runs on the reference backend: {why}", file=sys.stderr)
         setattr(self, op, getattr(reference, op))
         self.fallbacks.append(op)
+        if op in RECORD_WRITERS:  # the Q4_K linears then convert x themselves
+            self.records_for = reference.records_for
 
     def __repr__(self) -> str:
         return f"Backend({self.name}, fallbacks={self.fallbacks})"

@@ -25,12 +25,12 @@ def _embedding_fake(ids, weight):
 
 # memory-bound kernels (csrc/rmsnorm.cu, rope.cu, activation.cu, kv_cache.cu)
 @torch.library.register_fake("minfer::rms_norm")
-def _rms_norm_fake(x, weight, eps):
+def _rms_norm_fake(x, weight, eps, records=None):
     return x.new_empty(x.shape)  # contiguous [tokens, hidden]
 
 
 @torch.library.register_fake("minfer::fused_add_rms_norm")
-def _fused_add_rms_norm_fake(x, residual, weight, eps, x_weight=None):
+def _fused_add_rms_norm_fake(x, residual, weight, eps, x_weight=None, records=None):
     return None
 
 
@@ -41,12 +41,12 @@ def _rope_fake(q, k, positions, cos_sin, is_neox, q_weight=None, k_weight=None, 
 
 
 @torch.library.register_fake("minfer::silu_and_mul")
-def _silu_and_mul_fake(x):
+def _silu_and_mul_fake(x, records=None):
     return x.new_empty((x.shape[0], x.shape[1] // 2))
 
 
 @torch.library.register_fake("minfer::gelu_tanh_and_mul")
-def _gelu_tanh_and_mul_fake(x):
+def _gelu_tanh_and_mul_fake(x, records=None):
     return x.new_empty((x.shape[0], x.shape[1] // 2))
 
 
@@ -83,19 +83,21 @@ def check_ids(ids: torch.Tensor, vocab: int) -> None:
 
 
 # memory-bound kernels
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+# records (from records_for): the output is also written as the Q4_K linears' x records, which the linear after
+# takes as x_records instead of converting x in a launch of its own.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, hidden] (rows may be strided; other leading dims are flattened), weight [hidden]
     if x.dim() == 2:
-        return _ops.rms_norm(x, weight, eps)
-    out = _ops.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps)
+        return _ops.rms_norm(x, weight, eps, records)
+    out = _ops.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps, records)
     return out.view(x.shape)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                       x_weight: torch.Tensor | None = None) -> None:
+                       x_weight: torch.Tensor | None = None, records: torch.Tensor | None = None) -> None:
     # In place: residual <- residual + x (x first rms_norm'd by x_weight if given); x <- rms_norm(residual) * weight.
     # x, residual [tokens, hidden].
-    _ops.fused_add_rms_norm(x, residual, weight, eps, x_weight)
+    _ops.fused_add_rms_norm(x, residual, weight, eps, x_weight, records)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool,
@@ -112,14 +114,28 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: tor
               slot_mapping)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, 2 * inter] = gate | up -> [tokens, inter]
-    return _ops.silu_and_mul(x)
+    return _ops.silu_and_mul(x, records)
 
 
-def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+def gelu_tanh_and_mul(x: torch.Tensor, records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, 2 * inter] = gate | up -> [tokens, inter]: GeLU (tanh approximation) of gate, times up
-    return _ops.gelu_tanh_and_mul(x)
+    return _ops.gelu_tanh_and_mul(x, records)
+
+
+def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
+    """Room for x's records ahead of a linear on weight (a list: fuse()'s parts) whose x, [rows, in] like `like`,
+    the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * 560]
+    where a Q4_K weight takes them (decode rows, fp16/bf16, in within the norms' [768, 32768]), else None."""
+    parts = weight if isinstance(weight, list) else [weight]
+    if not any(isinstance(w, QuantizedWeight) and w.kind == "Q4_K" for w in parts):
+        return None
+    k = parts[0].shape[1]
+    if not (1 <= like.shape[0] <= quantized.Q4K_RECORD_ROWS and like.dtype in (torch.float16, torch.bfloat16)
+            and 768 <= k <= 32768):
+        return None
+    return torch.empty((like.shape[0], k // 256 * quantized.Q4K_RECORD_BYTES), dtype=torch.uint8, device=like.device)
 
 
 def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -157,12 +173,12 @@ def _scratch_view(x: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, static_weight: bool,
-                      out: torch.Tensor | None = None):
+                      out: torch.Tensor | None = None, x_records: torch.Tensor | None = None):
     n, k = w.shape
     if x.dtype == torch.float32:  # the kernels take fp16/bf16
         return reference.linear(x, w, bias, out=out)
     if x.shape[0] <= quantized.QLINEAR_MAX_ROWS:
-        return quantized.linear(x, w, bias, static_weight, out=out)
+        return quantized.linear(x, w, bias, static_weight, out=out, x_records=x_records)
     if n * k <= SCRATCH_VALUES:  # the whole weight at once (every layer matrix of an 8B model)
         return quantized.linear(x, w, bias, False, _scratch_view(x, n, k), out=out)
     rows = max(16, SCRATCH_VALUES // k // 16 * 16)  # slices start on 16-byte boundaries (the kernels' loads)
@@ -176,16 +192,18 @@ def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | 
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
-           static_weight: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+           static_weight: bool = False, out: torch.Tensor | None = None,
+           x_records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, in] (last dim contiguous), weight [out, in] dense or quantized, bias [out] -> [tokens, out]
     # static_weight=True promises that no kernel just ahead of this one in the stream writes weight (a
     # model's weights): the gemv kernels then start reading it while the previous kernel still runs.
+    # x_records: x's records, written by the kernel before (records_for); read by the Q4_K kernels.
     if x.stride(-1) != 1:
         x = x.contiguous()
     # out: a [tokens, out] view to write into (quantized weights at decode rows write it in place; otherwise
     # a copy).
     if isinstance(weight, QuantizedWeight):
-        return _quantized_linear(x, weight, bias, static_weight, out)
+        return _quantized_linear(x, weight, bias, static_weight, out, x_records)
     y = _ops.linear(x, weight, bias, "auto", static_weight)
     return y if out is None else out.copy_(y)
 

@@ -18,6 +18,9 @@ _ops = torch.ops.minfer
 # ggml's type ids, the kernels' qtype (csrc/qgemm/formats.cuh).
 QTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 QLINEAR_MAX_ROWS = 32  # qlinear's range; more rows take dequantize + linear
+# x records (csrc/qgemm/q4k_x.cuh): the Q4_K kernels' form of x, a record of this many bytes a row and 256-k
+# chunk, read up to this many rows
+Q4K_RECORD_BYTES, Q4K_RECORD_ROWS = 560, 16
 
 
 # ---- fake implementations: shapes and dtypes only ----
@@ -33,12 +36,12 @@ def _dequantize_into_fake(out, blocks, qtype):
 
 
 @torch.library.register_fake("minfer::qlinear")
-def _qlinear_fake(x, blocks, qtype, n, k, bias=None, static_weight=False):
+def _qlinear_fake(x, blocks, qtype, n, k, bias=None, static_weight=False, x_records=None):
     return x.new_empty((x.shape[0], n))
 
 
 @torch.library.register_fake("minfer::qlinear_into")
-def _qlinear_into_fake(out, x, blocks, qtype, bias=None, static_weight=False):
+def _qlinear_into_fake(out, x, blocks, qtype, bias=None, static_weight=False, x_records=None):
     return None
 
 
@@ -59,11 +62,13 @@ def dequantize(w: QuantizedWeight, dtype: torch.dtype, out: torch.Tensor | None 
 
 
 def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None, static_weight: bool = True,
-           scratch: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           scratch: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           x_records: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., k] @ W^T (+ bias) -> [..., n]. Up to 32 rows: qlinear; more: W dequantized (into `scratch`,
     a contiguous [n, k] of x's dtype, when given) and the dense linear. static_weight: no kernel that may
     still be running writes w (as for the engine's weights; see README). out: a [rows, n] view to write into
-    (rows contiguous, e.g. columns of a wider tensor), 2-D x only."""
+    (rows contiguous, e.g. columns of a wider tensor), 2-D x only. x_records: x's records from the kernel
+    before (ops.cuda.records_for), read by Q4_K at up to 16 rows in place of its own conversion launch."""
     n, k = w.shape
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     if x2.shape[0] <= QLINEAR_MAX_ROWS:
@@ -71,9 +76,9 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
         if x2.data_ptr() % 16:  # qlinear reads x in 16-byte loads
             x2 = x2.clone()
         if out is not None:
-            _ops.qlinear_into(out, x2, w.blocks, QTYPE[w.kind], bias, static_weight)
+            _ops.qlinear_into(out, x2, w.blocks, QTYPE[w.kind], bias, static_weight, x_records)
             return out
-        y = _ops.qlinear(x2, w.blocks, QTYPE[w.kind], n, k, bias, static_weight)
+        y = _ops.qlinear(x2, w.blocks, QTYPE[w.kind], n, k, bias, static_weight, x_records)
     else:
         dense = dequantize(w, x.dtype, scratch)
         y = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before

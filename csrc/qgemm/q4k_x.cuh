@@ -1,0 +1,91 @@
+// x in the form the Q4_K decode kernels take (csrc/qgemm/qlinear.cu, q4k): per row and 256-k chunk a record,
+// written by one warp whose lane l holds elements 8l .. 8l + 7 of the chunk. qlinear's prepare_x_kernel writes
+// them, and so do RMSNorm and the gated activations beside their output (the records argument), which spares
+// the Q4_K linear after them a launch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <torch/all.h>
+
+#include <type_traits>
+
+#include "common/checks.h"
+
+namespace minfer::q4k_x {
+
+// An x row's chunk (256 k) in the form rows_kernel's mma takes (a record): 256 fp16 values scaled by 2^e in
+// the fragment order, the 8 sub-block sums / 32 as fp16 hi + lo pairs (sub-blocks 2t, 2t + 1's his, then their
+// los: the min's B fragment of lane t), then 2^-e (f32), padded to 16 bytes.
+constexpr int kSumsAt = 512, kInvAt = 544, kRecord = 560;
+
+// A warp's x row chunk in fp16, 8 elements a lane: v = elements 8 lane .. 8 lane + 7 (T, as loaded) times 2^e
+// into f (fp32, exact) and h (fp16, in the fragment order); returns e. e puts the chunk's largest |x| in
+// [2^14, 2^15): bf16's 8-bit significands are then exact down to 2^-38 of it. fp16 and bf16 magnitudes order
+// as their bits.
+template <typename T>
+__device__ __forceinline__ int to_fp16(uint4 v, float (&f)[8], uint4& h) {
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  constexpr uint32_t kAbs = 0x7FFF7FFFu;
+  uint32_t mx = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
+  mx = __reduce_max_sync(0xFFFFFFFFu, max(mx & 0xFFFFu, mx >> 16));
+  // 2^(E - bias) 2^e = 2^14 for the top exponent E
+  const int e = min(max(kHalf ? 29 - int(mx >> 10) : 141 - int(mx >> 7), -126), 126);
+  const float s = __int_as_float((127 + e) << 23);
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kHalf) {
+      const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      f[2 * i] = pair.x * s, f[2 * i + 1] = pair.y * s;
+    } else {
+      f[2 * i] = __uint_as_float(w[i] << 16) * s, f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u) * s;
+    }
+  }
+  uint32_t p[4];
+  const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2 pair = __floats2half2_rn(f[order[2 * i]], f[order[2 * i + 1]]);
+    p[i] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  h = make_uint4(p[0], p[1], p[2], p[3]);
+  return e;
+}
+
+// One lane's part of a record from v (as to_fp16): its 16 bytes of fp16, (lanes 4s) sub-block s's sum,
+// (lane 0) 2^-e. The sums (< 2^20, / 32) fit fp16 as hi + lo (to ~2^-22 of them).
+template <typename T>
+__device__ __forceinline__ void write_record(uint4 v, int lane, uint8_t* record) {
+  float f[8];
+  uint4 h;
+  const int e = to_fp16<T>(v, f, h);
+  *reinterpret_cast<uint4*>(record + 16 * lane) = h;
+  float sum = ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+  sum *= 1.f / 32;
+  const __half hi = __float2half_rn(sum), lo = __float2half_rn(sum - __half2float(hi));
+  if (lane % 4 == 0) {  // sub-block s at [s / 2][hi, lo][s % 2]: the min's B fragment of lane s / 2, 8 bytes
+    __half* sums = reinterpret_cast<__half*>(record + kSumsAt) + 4 * (lane / 8) + (lane / 4) % 2;
+    sums[0] = hi, sums[2] = lo;
+  }
+  if (lane == 0) *reinterpret_cast<float*>(record + kInvAt) = __int_as_float((127 - e) << 23);
+}
+
+// Host: records for x [rows, k] (fp16/bf16, k a multiple of 256): uint8 [rows, k / 256 * kRecord], contiguous,
+// on x's device.
+inline void check_records(const char* op, const torch::Tensor& records, const torch::Tensor& x) {
+  MINFER_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, op,
+               ": records are written for float16 or bfloat16 x, got ", x.scalar_type());
+  MINFER_CHECK(x.size(-1) % 256 == 0, op, ": records need a width that is a multiple of 256, got ", x.size(-1));
+  MINFER_CHECK(records.device() == x.device(), op, ": records must be on x's device ", x.device(), ", got ",
+               records.device());
+  MINFER_CHECK(records.scalar_type() == at::kByte, op, ": records must be uint8, got ", records.scalar_type());
+  MINFER_CHECK(records.dim() == 2 && records.size(0) == x.size(0) && records.size(1) == x.size(-1) / 256 * kRecord,
+               op, ": records must have shape [", x.size(0), ", ", x.size(-1) / 256 * kRecord, "] (rows, width / 256 * ",
+               kRecord, "), got ", records.sizes());
+  MINFER_CHECK(records.is_contiguous(), op, ": records must be contiguous");
+}
+
+}  // namespace minfer::q4k_x
