@@ -28,14 +28,14 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight, scale: 
 
 
 # records, x_records, records_for: the cuda backend's Q4_K x records (ops/cuda.py); none here.
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, records: None = None) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, hidden], weight [hidden] -> [tokens, hidden]
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                       x_weight: torch.Tensor | None = None, records: None = None) -> None:
+                       x_weight: torch.Tensor | None = None, records: torch.Tensor | None = None) -> None:
     # In place: residual <- residual + x (x first rms_norm'd by x_weight if given); x <- rms_norm(residual) * weight.
     summed = residual.float() + (x if x_weight is None else rms_norm(x, x_weight, eps)).float()
     residual.copy_(summed)
@@ -76,19 +76,19 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: tor
         paged_kv_cache_write(k_cache, v_cache, k, v, slot_mapping)
 
 
-def silu_and_mul(x: torch.Tensor, records: None = None) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, 2 * inter] = gate | up -> [tokens, inter]
     gate, up = x.float().chunk(2, dim=-1)
     return (F.silu(gate) * up).to(x.dtype)
 
 
-def gelu_tanh_and_mul(x: torch.Tensor, records: None = None) -> torch.Tensor:
+def gelu_tanh_and_mul(x: torch.Tensor, records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, 2 * inter] = gate | up -> [tokens, inter]: GeLU (tanh approximation) of gate, times up
     gate, up = x.float().chunk(2, dim=-1)
     return (F.gelu(gate, approximate="tanh") * up).to(x.dtype)
 
 
-def records_for(like: torch.Tensor, weight) -> None:
+def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     return None
 
 
@@ -179,7 +179,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
-           static_weight: bool = False, out: torch.Tensor | None = None, x_records: None = None) -> torch.Tensor:
+           static_weight: bool = False, out: torch.Tensor | None = None,
+           x_records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, in], weight [out, in] (HF layout), bias [out] -> [tokens, out], into `out` when given (a
     # [tokens, out] view, e.g. columns of a wider tensor).
     # In the input dtype: on a GPU this is cuBLAS with fp32 accumulation, the baseline to beat.
