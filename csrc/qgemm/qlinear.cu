@@ -374,6 +374,18 @@ __global__ void __launch_bounds__(kThreads)
   reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
 }
 
+// In a pipeline of S stages that commits chunks 0 .. S - 2's weights one group each, then their x in one group,
+// then one group a chunk (chunk S - 1 on): waits until chunk i has landed, min(i + 1, S - 1) groups pending.
+template <int S>
+__device__ __forceinline__ void wait_for_chunk(int i) {
+  if (i == 0)
+    cp_async_wait<1>();
+  else if (S == 4 && i == 1)
+    cp_async_wait<2>();
+  else
+    cp_async_wait<S - 1>();
+}
+
 // The tile kernels' pipeline (qtile_kernel, q4k::tile_kernel) over a CTA's chunks 0 .. mine - 1: S weight
 // stages a warp, S + 1 x slots, one barrier a chunk (the slot a refill takes was read two chunks before, before
 // the last barrier). load_w(stage, i): chunk i's weights (this warp's cp.async); load_x(slot, i): chunk i's x
@@ -400,13 +412,7 @@ __device__ __forceinline__ void tile_pipeline(int mine, bool static_weight, Load
       load_x(ahead % (S + 1), ahead);
     }
     cp_async_commit();
-    // groups: weights 0 .. S - 2, their x, then one a chunk: chunk i is done with min(i + 1, S - 1) pending
-    if (i == 0)
-      cp_async_wait<1>();
-    else if (S == 4 && i == 1)
-      cp_async_wait<2>();
-    else
-      cp_async_wait<S - 1>();
+    wait_for_chunk<S>(i);
     __syncthreads();  // chunk i's x (every thread's copies) has landed
     mma(i % S, i % (S + 1), i);
     __syncwarp();  // every lane is done with the stage before it is refilled
@@ -899,14 +905,7 @@ __global__ void __launch_bounds__(kThreads, S == 3 ? 3 : 2) staged_kernel(const 
       load_x<T>(st + R::kStageBytes, a, warp + kWarps * ahead, lane);
     }
     cp_async_commit();
-    // groups: weights 0 .. S - 2, their x, then one a chunk from S - 1 on: chunk i is done with min(i + 1,
-    // S - 1) groups pending
-    if (i == 0)
-      cp_async_wait<1>();
-    else if (S == 4 && i == 1)
-      cp_async_wait<2>();
-    else
-      cp_async_wait<S - 1>();
+    wait_for_chunk<S>(i);
     __syncwarp();
     uint8_t* st = ring + (i % S) * stage;
     stage_x<T>(st + R::kStageBytes, a.M, lane);
