@@ -82,9 +82,10 @@ inline void check_records(const char* op, const torch::Tensor& records, const to
   MINFER_CHECK(records.device() == x.device(), op, ": records must be on x's device ", x.device(), ", got ",
                records.device());
   MINFER_CHECK(records.scalar_type() == at::kByte, op, ": records must be uint8, got ", records.scalar_type());
-  MINFER_CHECK(records.dim() == 2 && records.size(0) == x.size(0) && records.size(1) == x.size(-1) / 256 * kRecord,
-               op, ": records must have shape [", x.size(0), ", ", x.size(-1) / 256 * kRecord, "] (rows, width / 256 * ",
-               kRecord, "), got ", records.sizes());
+  const int64_t width = x.size(-1) / 256 * kRecord;
+  MINFER_CHECK(records.dim() == 2 && records.size(0) == x.size(0) && records.size(1) == width, op,
+               ": records must have shape [", x.size(0), ", ", width, "] (rows, width / 256 * ", kRecord, "), got ",
+               records.sizes());
   MINFER_CHECK(records.is_contiguous(), op, ": records must be contiguous");
 }
 

@@ -482,12 +482,12 @@ __global__ void __launch_bounds__(kThreads, 2) qtile_kernel(const Args a, float*
 // the min's term sum mn X_s comes from x's sub-block sums X_s in one mma, and the chunk ends with
 // acc += 2^-e (d dot - dmin msum).
 //
-// The mma takes fp16 x, which prepare_x_kernel writes once a call, per row and chunk: fp16 times 2^e, e
-// putting the largest |x| in [2^14, 2^15) (bf16 values, 8-bit significands, are then exact down to 2^-38 of
-// it), with the sub-block sums. Lane t takes elements 8t .. 8t + 7 of a sub-block: the low nibbles of its 8
-// quant bytes for sub-block 2p, the high ones for 2p + 1; the fragment pair "k 2t, 2t + 1" of mma j holds
-// elements 8t + 4j + {0, 2}, "2t + 8, 2t + 9" + {1, 3}, and x is stored in that order ([x0 x2 x1 x3 x4 x6
-// x5 x7] a lane).
+// The mma takes fp16 x as records (q4k_x.cuh), written once a call per row and chunk by prepare_x_kernel or by
+// the kernel before (RMSNorm, the activations): fp16 times 2^e, e putting the largest |x| in [2^14, 2^15)
+// (bf16 values, 8-bit significands, are then exact down to 2^-38 of it), with the sub-block sums. Lane t
+// takes elements 8t .. 8t + 7 of a sub-block: the low nibbles of its 8 quant bytes for sub-block 2p, the high
+// ones for 2p + 1; the fragment pair "k 2t, 2t + 1" of mma j holds elements 8t + 4j + {0, 2}, "2t + 8, 2t + 9"
+// + {1, 3}, and x is stored in that order ([x0 x2 x1 x3 x4 x6 x5 x7] a lane).
 namespace q4k {
 
 using namespace ::minfer::q4k_x;
