@@ -35,6 +35,7 @@ template <typename Act, typename T, int W>
 __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter], contiguous
                                    const T* __restrict__ x,    // [tokens, 2 * inter], row stride x_stride
                                    uint8_t* __restrict__ records,  // [tokens, inter / 256 * kRecord] or null
+                                   bool i8,                        // records in the int8 form (q4k_x::int8_form)
                                    int64_t x_stride, int inter, int64_t tokens, bool early) {
   using P = Pack<T, W>;
   const Act act;
@@ -52,7 +53,7 @@ __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter
     if constexpr (sizeof(T) == 2 && W == 8) {
       if (records != nullptr)  // warp-uniform (inter / W packs a row, a multiple of 32)
         q4k_x::write_record<T>(*reinterpret_cast<const uint4*>(o.v), threadIdx.x % 32,
-                               records + (t * (inter / 256) + p / 32) * q4k_x::kRecord);
+                               records + (t * (inter / 256) + p / 32) * q4k_x::kRecord, i8);
     }
   }
 }
@@ -63,8 +64,8 @@ void launch_act_and_mul(T* out, const T* x, uint8_t* records, int64_t x_stride, 
   const int packs = inter / W;
   const int threads = std::min(256, round_up(packs, 32));
   const dim3 grid((packs + threads - 1) / threads, static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
-  launch_pdl(act_and_mul_kernel<Act, T, W>, grid, dim3(threads), 0, stream, out, x, records, x_stride, inter, tokens,
-             pdl_early(tokens));
+  launch_pdl(act_and_mul_kernel<Act, T, W>, grid, dim3(threads), 0, stream, out, x, records, q4k_x::int8_form(tokens),
+             x_stride, inter, tokens, pdl_early(tokens));
 }
 
 // The launcher of both ops; `name` prefixes its error messages.

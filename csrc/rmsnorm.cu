@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
                     const T* __restrict__ weight,       // [hidden]
                     const T* __restrict__ x_weight,     // [hidden], kNormX only
                     uint8_t* records,                   // [rows, hidden / 256 * kRecord] or null
+                    bool i8,                            // records in the int8 form (q4k_x::int8_form)
                     int hidden, int64_t rows, float eps, bool early) {
   static_assert(kFused || !kNormX, "x_weight comes with the residual add");
   using P = Pack<T, W>;
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
         if constexpr (sizeof(T) == 2 && W == 8) {
           if (records != nullptr)  // warp-uniform: the warp's 32 packs are one chunk of this row
             q4k_x::write_record<T>(*reinterpret_cast<const uint4*>(o.v), threadIdx.x % 32,
-                                   records + (row * (hidden / 256) + p / 32) * q4k_x::kRecord);
+                                   records + (row * (hidden / 256) + p / 32) * q4k_x::kRecord, i8);
         }
       }
     }
@@ -225,16 +226,16 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
     const dim3 block(tpr, kGroupBlock / tpr);
     const int64_t grid = (rows + block.y - 1) / block.y;
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true>, dim3(grid), block, 0, stream, out, out_stride,
-             residual, res_stride, in, in_stride, weight, x_weight, records, hidden, rows, eps,
+             residual, res_stride, in, in_stride, weight, x_weight, records, q4k_x::int8_form(rows), hidden, rows, eps,
              pdl_early(rows));
   } else if (threads_needed <= 1024) {
     const int tpr = round_up(threads_needed, 32);
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true>, dim3(rows), dim3(tpr), 0, stream, out,
-             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, hidden, rows, eps,
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, q4k_x::int8_form(rows), hidden, rows, eps,
              pdl_early(rows));
   } else {
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, false>, dim3(rows), dim3(1024), 0, stream, out,
-             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, hidden, rows, eps,
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, q4k_x::int8_form(rows), hidden, rows, eps,
              pdl_early(rows));
   }
 }

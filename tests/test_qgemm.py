@@ -93,8 +93,7 @@ def test_qlinear(kind, m, dtype):
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_large_grid(kind):
     """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernels without
-    x loaded ahead, 3 stages a warp, and Q4_K at M > 8 in CTAs of two tiles; past 3 an SM, Q4_K at M = 1 on
-    prepared x. 276 rows past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's
+    x loaded ahead, 3 stages a warp, and Q4_K at M > 8 in CTAs of two tiles. 276 rows past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's
     two 16-row tiles holds 4 rows)."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -141,9 +140,8 @@ def test_qlinear_tiles_split_over_k(kind, m):
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
 def test_qlinear_rows_far_apart_in_scale(kind):
-    """x rows at 2^13, 2^-66 and 1 (Q4_K carries x in fp16 scaled per row and chunk), together and one by one
-    (Q4_K: x prepared once a call, and staged in each CTA at M = 1): each row's output, scaled back by its
-    factor, meets the rule on its own."""
+    """x rows at 2^13, 2^-66 and 1 (Q4_K carries x scaled per row and chunk: in fp16 together, as 22-bit integers
+    alone), together and one by one: each row's output, scaled back by its factor, meets the rule on its own."""
     q = _q()
     n, k = 64, KS[kind][1]
     w, x, _, _, _ = _product_case(kind, 3, n, k, torch.bfloat16, seed=3, bias=False)
@@ -247,9 +245,8 @@ def test_records_from_norms_and_activations(m, dtype):
     """rms_norm, fused_add_rms_norm, silu_and_mul and gelu_tanh_and_mul given records write x's records beside
     their output, as the Q4_K linears read them: the Q4_K product on those records is bit for bit the one on
     qlinear's own conversion, and the ops' outputs are those without records. Widths 768 (a norm row on one
-    lane group), 4352 (17 chunks) and 14336; n = 16 x 3 SMs + 16 rows, past staged_kernel's grids, so that
-    M = 1 takes rows_kernel both ways; and 96 rows, where M = 1 on records takes rows_kernel and on x
-    staged_kernel: against the reference there."""
+    lane group), 4352 (17 chunks) and 14336; n = 16 x 3 SMs + 16 rows, and 96 rows against the reference.
+    M = 1 writes and reads the int8 form, M 3 and 16 the fp16 one."""
     q, ops = _q(), torch.ops.minfer
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n, eps = 16 * 3 * sms + 16, 1e-5
@@ -287,6 +284,19 @@ def test_records_from_norms_and_activations(m, dtype):
             out = act(gate_up, rec)
             assert torch.equal(out, act(gate_up))
             product_check(out, rec)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_qlinear_q4k_non_finite_x(m):
+    """An inf in x makes every output of its row non-finite, as in the reference (at M = 1 the int8 form carries
+    it as a NaN scale: rounded to an integer it would vanish); the other rows stay finite."""
+    q = _q()
+    n, k = 64, 512
+    w, x, _, _, _ = _product_case("Q4_K", m, n, k, torch.bfloat16, seed=5, bias=False)
+    x[0, 300] = float("inf")
+    ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE["Q4_K"], n, k, None, False)
+    assert not torch.isfinite(ours[0]).any()
+    assert torch.isfinite(ours[1:]).all()
 
 
 def test_records_bad_inputs_raise():

@@ -4,7 +4,7 @@
 //   async copy     cp_async16(dst, src, src_bytes | pred), cp_async_commit(), cp_async_wait<N>()
 //   ldmatrix       ldmatrix_x4(r, addr | ptr), ldmatrix_x4_trans(r, addr | ptr)
 //   mma.sync       mma_m16n8k16<T>(d, a, b0, b1 | b[2]) (T = __half / __nv_bfloat16, fp32 accumulate),
-//                  mma_m16n8k32_s8(d, a, b) (int8, int32 accumulate)
+//                  mma_m16n8k32_s8(d, a, b) (int8, int32 accumulate), mma_m16n8k32_u8s8 (u8 A, s8 B)
 //   loads          ld_nc_stream_v4(p, pred) (read once: no L1 allocation, 256-byte L2 fetch),
 //                  ld_nc_v4 / ld_nc_v2 / ld_nc_f32(p, pred) (read-only, L1-resident; v2 and f32 volatile),
 //                  ld_cg_v4f32_if(p, pred, fallback),
@@ -98,6 +98,15 @@ __device__ __forceinline__ void mma_m16n8k32_s8(int (&d)[4], const uint32_t (&a)
       "{%0, %1, %2, %3};\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// u8 A against s8 B (Q4_K's quants against int8 x), exact int32 accumulation.
+__device__ __forceinline__ void mma_m16n8k32_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // ---- loads and stores ----

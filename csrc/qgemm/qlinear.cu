@@ -16,7 +16,8 @@
 // in shared memory at the end (NT x 4 KB, within every format's rings).
 //
 // Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
-// Q4_K up to M = 16 takes its own kernels (q4k below): the sub-block scales folded into fp16 quants.
+// Q4_K up to M = 16 takes its own kernels (q4k below): at M = 1 the quants as they are against x as 22-bit
+// integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants.
 // At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel) run CTAs of 128 rows whose
 // warps walk the same chunks, reading each chunk's x into shared memory once a CTA.
 //
@@ -528,14 +529,14 @@ __device__ __forceinline__ uint32_t byte_pair(uint32_t w, uint32_t exp) {
 
 // x [M, K] (T) -> records [M][K / 256]: one warp a row's chunk.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) prepare_x_kernel(const T* x, uint8_t* records, int M, int K) {
+__global__ void __launch_bounds__(kThreads) prepare_x_kernel(const T* x, uint8_t* records, int M, int K, bool i8) {
   griddep_launch_dependents();  // the qlinear after it streams its first weights meanwhile
   griddep_wait();
   const int chunks = K / 256, lane = threadIdx.x % 32;
   const int64_t i = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // m * chunks + c
   if (i >= int64_t(M) * chunks) return;
   const uint4 v = ld_nc_v4(reinterpret_cast<const uint4*>(x + i * 256 + 8 * lane), true);
-  write_record<T>(v, lane, records + i * kRecord);
+  write_record<T>(v, lane, records + i * kRecord, i8);
 }
 
 // The weights of a chunk: rows g and g + 8 of the stage, their packed 6-bit scales and mins, and the
@@ -579,23 +580,14 @@ __device__ __forceinline__ void row_quants(uint2 q, const uint32_t (&sc)[2], uin
 
 // Sub-blocks 2P and 2P + 1 of the chunk: dot[nt] += sc q . x of x row tile nt, whose lane parts of the two
 // sub-blocks are x_lo[nt] and x_hi[nt] (a record's 16 bytes at 128 P and 128 P + 64).
-// With msum (staged_kernel, NT = 1), also msum += mn . x: the min's A holds sub-block 2P's mn at k 2t, 2t + 1
-// and 2P + 1's at 2t + 8, 2t + 9, against x of 2P and 2P + 1 there.
 template <int P, int NT>
 __device__ __forceinline__ void mma_step(float (&dot)[NT][4], const Chunk& c, const uint4 (&x_lo)[NT],
-                                         const uint4 (&x_hi)[NT], int t, float (*msum)[4] = nullptr) {
+                                         const uint4 (&x_hi)[NT], int t) {
   const uint2 qa = *reinterpret_cast<const uint2*>(c.row_a + 16 + 32 * P + 8 * t);
   const uint2 qb = *reinterpret_cast<const uint2*>(c.row_b + 16 + 32 * P + 8 * t);
   uint32_t lo_a[2][2], hi_a[2][2], lo_b[2][2], hi_b[2][2];
   row_quants<P>(qa, c.sc_a, c.exp_lo, c.exp_hi, lo_a, hi_a);
   row_quants<P>(qb, c.sc_b, c.exp_lo, c.exp_hi, lo_b, hi_b);
-  uint32_t mins[4] = {};
-  if (msum) {
-    mins[0] = byte_pair<(2 * P) % 4, false>(c.mn_a[P / 2], c.exp_lo);
-    mins[1] = byte_pair<(2 * P) % 4, false>(c.mn_b[P / 2], c.exp_lo);
-    mins[2] = byte_pair<(2 * P + 1) % 4, false>(c.mn_a[P / 2], c.exp_lo);
-    mins[3] = byte_pair<(2 * P + 1) % 4, false>(c.mn_b[P / 2], c.exp_lo);
-  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const uint32_t xl[4] = {x_lo[nt].x, x_lo[nt].y, x_lo[nt].z, x_lo[nt].w};
@@ -604,10 +596,6 @@ __device__ __forceinline__ void mma_step(float (&dot)[NT][4], const Chunk& c, co
     for (int j = 0; j < 2; ++j) {
       mma_m16n8k16<__half>(dot[nt], {lo_a[j][0], lo_b[j][0], lo_a[j][1], lo_b[j][1]}, xl[2 * j], xl[2 * j + 1]);
       mma_m16n8k16<__half>(dot[nt], {hi_a[j][0], hi_b[j][0], hi_a[j][1], hi_b[j][1]}, xh[2 * j], xh[2 * j + 1]);
-      if (msum)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          mma_m16n8k16<__half>(*msum, mins, xl[2 * j + e], xh[2 * j + e]);
     }
   }
 }
@@ -710,12 +698,79 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[kTiles][NT][4], const uin
       finish(acc[w][nt], dot[w][nt], c[w], xf.sums[nt][0], xf.sums[nt][1], xf.inv[nt], t);
 }
 
+// ---- M = 1 on x's int8 records: the quants as they are, on m16n8k32 (u8 x s8) ----
+// Lane (g, t) takes bytes 8t .. 8t + 7 of each 32-byte quant group p of rows g and g + 8: their low nibbles
+// are sub-block 2p's elements 8t .. 8t + 7 (A's k 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3), their high
+// nibbles, kept in place as 16 q (one LOP3 a word), sub-block 2p + 1's. B column n holds x's his, mids and los
+// (n = 0, 1, 2; the int8 form, q4k_x.cuh): C's columns 0, 1 (lane t = 0) and 2 (t = 1), to which each
+// sub-block's scale applies in int32, exactly. ncu on 1 x 28672 x 4096 (H200): rows_kernel on the fp16 form
+// issues ~590 instructions a chunk and warp, at 2.5 an SM and cycle.
+struct I8X {
+  uint32_t v[16];             // this lane's part of x: sub-block s at v[2s], v[2s + 1]
+  uint32_t sums_hi, sums_lo;  // the min's B fragment
+  float inv;                  // 2^-e
+};
+
+__device__ __forceinline__ I8X load_i8x(const uint8_t* record, int g, int t) {
+  I8X x;
+  const uint4* p = reinterpret_cast<const uint4*>(record + 256 * min(g, 2) + 64 * t);  // g > 2: columns unread
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint4 w = ld_nc_v4(p + j, true);
+    x.v[4 * j] = w.x, x.v[4 * j + 1] = w.y, x.v[4 * j + 2] = w.z, x.v[4 * j + 3] = w.w;
+  }
+  const uint2 sums = ld_nc_v2(reinterpret_cast<const uint2*>(record + kI8SumsAt + 8 * t), true);
+  x.sums_hi = sums.x, x.sums_lo = sums.y;
+  x.inv = ld_nc_f32(reinterpret_cast<const float*>(record + kI8InvAt), true);
+  return x;
+}
+
+// Byte s % 4 of w[s / 4] as an int: a 6-bit scale.
+__device__ __forceinline__ int scale_at(const uint32_t (&w)[2], int s) { return __byte_perm(w[s / 4], 0, 0x4440 | (s % 4)); }
+
+// acc += W[n0 .. n0 + 15, chunk] . x[0, chunk] in lane t = 0 (acc[0]: row g, acc[2]: row g + 8; the other
+// lanes' and [1], [3] are x rows past M). Per part P of v (hi, mid, lo): sum_s sc_s (q . P)_s = (16 E + O) / 16,
+// E summing sc_s dot_s over the even sub-blocks (quants q), O over the odd ones (16 q): |16 E + O| < 2^29.
+__device__ __forceinline__ void mma_chunk_i8(float (&acc)[4], const uint8_t* stage, const I8X& x, uint32_t exps, int g,
+                                             int t) {
+  const Chunk c = chunk_at(stage, exps, g);
+  int even[4] = {}, odd[4] = {};
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const uint2 qa = *reinterpret_cast<const uint2*>(c.row_a + 16 + 32 * p + 8 * t);
+    const uint2 qb = *reinterpret_cast<const uint2*>(c.row_b + 16 + 32 * p + 8 * t);
+    int lo[4] = {}, hi[4] = {};
+    mma_m16n8k32_u8s8(lo, {qa.x & 0x0F0F0F0Fu, qb.x & 0x0F0F0F0Fu, qa.y & 0x0F0F0F0Fu, qb.y & 0x0F0F0F0Fu}, x.v[4 * p],
+                      x.v[4 * p + 1]);
+    mma_m16n8k32_u8s8(hi, {qa.x & 0xF0F0F0F0u, qb.x & 0xF0F0F0F0u, qa.y & 0xF0F0F0F0u, qb.y & 0xF0F0F0F0u},
+                      x.v[4 * p + 2], x.v[4 * p + 3]);
+    const int sa = scale_at(c.sc_a, 2 * p), sb = scale_at(c.sc_b, 2 * p);
+    const int sa1 = scale_at(c.sc_a, 2 * p + 1), sb1 = scale_at(c.sc_b, 2 * p + 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      even[i] += (i < 2 ? sa : sb) * lo[i];
+      odd[i] += (i < 2 ? sa1 : sb1) * hi[i];
+    }
+  }
+  float part[4];  // 16 sum_s sc_s (q . P)_s: columns 2t, 2t + 1 of rows g, g + 8
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[i] = float(16 * even[i] + odd[i]);
+  const float lo_a = __shfl_down_sync(0xFFFFFFFFu, part[0], 1), lo_b = __shfl_down_sync(0xFFFFFFFFu, part[2], 1);
+  // v = 2^14 hi + 2^7 mid + lo; finish's inv (2^-e) also scales the min's sums (v's / 2^12): 2^-12 here
+  const float dot_a = (16384.f * part[0] + 128.f * part[1] + lo_a) * (1.f / (16 * 128));
+  const float dot_b = (16384.f * part[2] + 128.f * part[3] + lo_b) * (1.f / (16 * 128));
+  const float inv = x.inv * 128;
+  finish(acc, {dot_a, dot_a, dot_b, dot_b}, c, x.sums_hi, x.sums_lo, {inv, inv}, t);
+}
+
 // x prepared once a call (prepare_x_kernel, launched just before; staged in every CTA, x cost ~40
 // instructions a row and chunk, which lost to qlinear_kernel from M = 2 on). NT tiles of 8 x rows (M <= 8,
 // 16); a CTA owns kTiles tiles of 16 W rows (x read once for all of them), whose weights stream through S
 // stages a warp, 2 CTAs an SM (1 with 2 tiles: 220 registers, and their stages fill shared memory).
-template <typename T, int NT, int S, int kTiles>
+// kI8 (M = 1, NT = 1, one tile): the records are in the int8 form (mma_chunk_i8).
+template <typename T, int NT, int S, int kTiles, bool kI8 = false>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(const Args a, const uint8_t* records) {
+  static_assert(!kI8 || (NT == 1 && kTiles == 1), "q4k::rows_kernel: the int8 form is read at M = 1, one tile");
   using R = Ring<kQ4_K>;
   constexpr int kStage = kTiles * R::kStageBytes;
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kTiles][kStageBytes]
@@ -744,11 +799,18 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
                                 warp + kWarps * ahead, lane);
     cp_async_commit();
     const int c = warp + kWarps * i;
-    XFrags<NT> xf;
-    load_frags<NT, kAheadSteps<NT>>(xf, records + int64_t(c) * kRecord, int64_t(chunks) * kRecord, a.M, g, t);
-    cp_async_wait<S - 1>();  // chunk i's group is done (for this lane) ...
-    __syncwarp();            // ... and for every lane
-    mma_chunk<NT, kAheadSteps<NT>, kTiles>(acc, ring + (i % S) * kStage, xf, a.M, a.pair_exps, g, t);
+    if constexpr (kI8) {
+      const I8X xf = load_i8x(records + int64_t(c) * kRecord, g, t);  // before the wait: the latencies overlap
+      cp_async_wait<S - 1>();
+      __syncwarp();
+      mma_chunk_i8(acc[0][0], ring + (i % S) * kStage, xf, a.pair_exps, g, t);
+    } else {
+      XFrags<NT> xf;
+      load_frags<NT, kAheadSteps<NT>>(xf, records + int64_t(c) * kRecord, int64_t(chunks) * kRecord, a.M, g, t);
+      cp_async_wait<S - 1>();  // chunk i's group is done (for this lane) ...
+      __syncwarp();            // ... and for every lane
+      mma_chunk<NT, kAheadSteps<NT>, kTiles>(acc, ring + (i % S) * kStage, xf, a.M, a.pair_exps, g, t);
+    }
     __syncwarp();  // every lane is done with the stage before it is refilled
   }
   cp_async_wait<0>();
@@ -771,7 +833,7 @@ __host__ __device__ constexpr int tile_smem(int nt, int stages) {
 
 // Chunk c's records of x rows 0 .. M - 1 into xs (cp.async, every thread of the CTA).
 __device__ __forceinline__ void load_records(uint8_t* xs, const uint8_t* records, int M, int c, int chunks) {
-  constexpr int kPieces = kRecord / 16;
+  constexpr int kPieces = kF16Bytes / 16;  // the fp16 form
   for (int i = threadIdx.x; i < M * kPieces; i += kThreads) {
     const int m = i / kPieces, p = i % kPieces;
     cp_async16(smem_addr(xs + m * kXStride + 16 * p), records + (int64_t(m) * chunks + c) * kRecord + 16 * p, 16);
@@ -811,110 +873,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) sum[i] = acc[0][i / 4][i % 4];
   if (sum_splits<NT>(sum, ws, counters, warp, lane)) store_rows<T, NT>(sum, a, n0, g, t);
-}
-
-// ---- M = 1 on grids that fit at 3 CTAs an SM: x staged in each CTA, no prepare_x launch ----
-// Each stage carries the chunk's x row (cp.async beside the weights), converted in place by to_fp16; the
-// min's term takes 16 mma a chunk against x itself (its sums would cost the staging more than they save:
-// H100, us, 1 x 28672 x 4096 35.6 -> 37.0, 1 x 128256 x 4096 141 -> 151).
-constexpr int kXRowBytes = 256 * 2;  // one chunk of an x row, 2-byte values
-
-// The stage: the weights (Ring's), then x [M][256] (fp16 after stage_x), then 1 / 2^e for each x row.
-__host__ __device__ constexpr int stage_bytes(int m) { return Ring<kQ4_K>::kStageBytes + m * kXRowBytes + 32; }
-
-// x [:, chunk c] into the stage's x rows, 16 bytes a lane and row.
-template <typename T>
-__device__ __forceinline__ void load_x(uint8_t* xs, const Args& a, int c, int lane) {
-  const T* x = static_cast<const T*>(a.x) + 256 * c + 8 * lane;
-  for (int m = 0; m < a.M; ++m) cp_async16(smem_addr(xs + m * kXRowBytes + 16 * lane), x + int64_t(m) * a.K, 16);
-}
-
-// The stage's x rows, in place; inv[m] = 2^-e.
-template <typename T>
-__device__ __forceinline__ void stage_x(uint8_t* xs, int M, int lane) {
-  float* inv = reinterpret_cast<float*>(xs + M * kXRowBytes);
-  for (int m = 0; m < M; ++m) {
-    uint4* p = reinterpret_cast<uint4*>(xs + m * kXRowBytes) + lane;
-    float f[8];
-    const int e = to_fp16<T>(*p, f, *p);
-    if (lane == 0) inv[m] = __int_as_float((127 - e) << 23);
-  }
-}
-
-template <int P>
-__device__ __forceinline__ void staged_step(float (&dot)[1][4], float (&msum)[4], const Chunk& c, const uint8_t* x,
-                                            int t) {
-  const uint4 x_lo = *reinterpret_cast<const uint4*>(x + 128 * P), x_hi = *reinterpret_cast<const uint4*>(x + 128 * P + 64);
-  mma_step<P, 1>(dot, c, {x_lo}, {x_hi}, t, &msum);
-}
-
-// acc += W[n0 .. n0 + 15, chunk] . x[:, chunk]^T from a stage whose x is staged; zeros: 512 zero bytes.
-__device__ __forceinline__ void mma_chunk_staged(float (&acc)[1][4], const uint8_t* stage, const uint8_t* zeros, int M,
-                                                 uint32_t exps, int g, int t) {
-  using R = Ring<kQ4_K>;
-  const Chunk c = chunk_at(stage, exps, g);
-  const uint8_t* x = (g < M ? stage + R::kStageBytes + g * kXRowBytes : zeros) + 16 * t;
-  float dot[1][4] = {}, msum[4] = {};
-  staged_step<0>(dot, msum, c, x, t);
-  staged_step<1>(dot, msum, c, x, t);
-  staged_step<2>(dot, msum, c, x, t);
-  staged_step<3>(dot, msum, c, x, t);
-  // C fragment: dot[i] is row g (i < 2) or g + 8, x row 2t + (i & 1)
-  const float* inv = reinterpret_cast<const float*>(stage + R::kStageBytes + M * kXRowBytes);
-  const float d[2] = {f16_at(c.row_a), f16_at(c.row_b)}, dmin[2] = {f16_at(c.row_a + 2), f16_at(c.row_b + 2)};
-  const float s[2] = {2 * t < M ? inv[2 * t] : 0.f, 2 * t + 1 < M ? inv[2 * t + 1] : 0.f};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    acc[0][i] = __fmaf_rn(d[i >> 1] * s[i & 1], dot[0][i], __fmaf_rn(-dmin[i >> 1] * s[i & 1], msum[i], acc[0][i]));
-}
-
-// Written for M <= 8, launched at M = 1. The first stages' x follow griddep_wait in one group of their own.
-// S stages a warp: 3 (three CTAs an SM), or 4 where the grid is at most 2 CTAs an SM (two H100 runs, us:
-// 1 x 4096 x 14336 23.0 -> 16.9, 1 x 4096 x 4096 8.1 -> 7.4).
-template <typename T, int S>
-__global__ void __launch_bounds__(kThreads, S == 3 ? 3 : 2) staged_kernel(const Args a) {
-  using R = Ring<kQ4_K>;
-  static_assert(S == 3 || S == 4, "q4k::staged_kernel: the waits below count S - 1 weight groups, then x's");
-  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][stage_bytes(M)], then 512 zero bytes
-  const int stage = stage_bytes(a.M);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * 16, chunks = a.K / 256;
-  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
-  uint8_t* ring = smem + warp * S * stage;
-  uint8_t* zeros = smem + kWarps * S * stage;  // x for the fragment columns past M
-  if (threadIdx.x < kXRowBytes / 16) reinterpret_cast<uint4*>(zeros)[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-  griddep_launch_dependents();
-  if (!a.static_weight) griddep_wait();
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (i < mine) load_chunk<kQ4_K, true>(ring + i * stage, a, n0, warp + kWarps * i, lane);
-    cp_async_commit();
-  }
-  if (a.static_weight) griddep_wait();  // x, bias and out may be the previous kernel's
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i)
-    if (i < mine) load_x<T>(ring + i * stage + R::kStageBytes, a, warp + kWarps * i, lane);
-  cp_async_commit();
-  float acc[1][4] = {};
-  for (int i = 0; i < mine; ++i) {
-    const int ahead = i + S - 1;  // refills the stage that chunk i - 1 left
-    if (ahead < mine) {
-      uint8_t* st = ring + (ahead % S) * stage;
-      load_chunk<kQ4_K, true>(st, a, n0, warp + kWarps * ahead, lane);
-      load_x<T>(st + R::kStageBytes, a, warp + kWarps * ahead, lane);
-    }
-    cp_async_commit();
-    wait_for_chunk<S>(i);
-    __syncwarp();
-    uint8_t* st = ring + (i % S) * stage;
-    stage_x<T>(st + R::kStageBytes, a.M, lane);
-    __syncwarp();
-    mma_chunk_staged(acc, st, zeros, a.M, a.pair_exps, g, t);
-    __syncwarp();  // every lane is done with the stage before it is refilled
-  }
-  cp_async_wait<0>();
-  reduce_store<T, 1>(acc, smem, a, n0, warp, lane);
 }
 
 }  // namespace q4k
@@ -967,9 +925,9 @@ void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t s
   launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, grid.ws, grid.counters);
 }
 
-template <typename T, int NT, int S, int kTiles = 1>
+template <typename T, int NT, int S, int kTiles = 1, bool kI8 = false>
 void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream) {
-  auto kernel = q4k::rows_kernel<T, NT, S, kTiles>;
+  auto kernel = q4k::rows_kernel<T, NT, S, kTiles, kI8>;
   constexpr int smem = S * kWarps * kTiles * Ring<kQ4_K>::kStageBytes;
   static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1004,30 +962,13 @@ void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor&
   launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, records, grid.ws, grid.counters);
 }
 
-template <typename T, int S>
-void launch_q4k_staged(const Args& a, cudaStream_t stream) {
-  auto kernel = q4k::staged_kernel<T, S>;
-  constexpr int smem = kWarps * S * q4k::stage_bytes(1) + q4k::kXRowBytes;
-  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attr;
-  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a);
-}
-
-// Whether Q4_K at M rows with no records given takes prepare_x + rows_kernel (else staged_kernel): from M = 2
-// on, and at M = 1 on grids past 3 CTAs an SM. There, rows_kernel runs 2 CTAs an SM in waves where
-// staged_kernel runs 3 (H100, us, staged / rows: 1 x 28672 x 4096 35.7 / 32.0, 1 x 128256 x 4096 160 / 121); on
-// grids of one such wave staged_kernel, with no second launch, is as fast or faster (1 x 4096 x 14336 16.9 /
-// 18.4, 1 x 5120 x 4096 9.0 / 10.0; 1 x 4096 x 4096 7.33 / 6.78). With records given rows_kernel takes every M:
-// no second launch either way (H200, the 8B Q4_K_M batch-1 step 3.22 ms with staged_kernel on records, 3.07
-// with rows_kernel).
-inline bool q4k_rows(const Args& a, int sms) { return a.M > 1 || (a.N + 15) / 16 > 3 * sms; }
-
-// Q4_K at M <= 16. rows_kernel or tile_kernel (q4k_tile) on x's records (uint8 [M, K / 256 * kRecord]): those
-// given (written by the kernel before, q4k_x.cuh), or prepare_x_kernel's into the caching allocator.
-// rows_kernel: 4 stages a warp where the grid is at most 2 CTAs an SM, else 3.
+// Q4_K at M <= 16: rows_kernel (at M = 1 on the int8 form) or tile_kernel (q4k_tile) on x's records (uint8 [M,
+// K / 256 * kRecord]): those given (written by the kernel before, q4k_x.cuh), or prepare_x_kernel's into the
+// caching allocator. rows_kernel: 4 stages a warp where the grid is at most 2 CTAs an SM, else 3.
+// At M = 1 the int8 form against the fp16 one (H200, one build, a switch, two rounds, us; the fp16 form's
+// staged_kernel, which converted x in each CTA, on grids of one 3-CTA wave): 1 x 4096 x 4096 6.97 -> 5.77 (with
+// its prepare_x launch), 1 x 6144 x 4096 9.95 -> 8.71, 1 x 28672 x 4096 29.75 -> 27.1, 1 x 4096 x 14336 16.25 ->
+// 14.34, 1 x 128256 x 4096 123 -> 104.
 // 3 CTAs an SM (80 registers) spilled ~100 bytes at NT = 1 and lost to 2 (H100, us, 1 x 28672 x 4096
 // 40.7 / 32.0, 8 x 28672 x 4096 47.7 / 35.4, 1 x 128256 x 4096 160 / 121). At M > 8 a CTA of 32 rows reads
 // x's records once for both of its tiles, which pays where it keeps every SM busy or its warps take many
@@ -1035,21 +976,22 @@ inline bool q4k_rows(const Args& a, int sms) { return a.M > 1 || (a.N + 15) / 16
 // x 4096 261 / 234, 16 x 5120 x 4096 16.2 / 15.9; 16 x 4096 x 4096, 128 CTAs of 32 rows, 9.9 / 10.6).
 template <typename T>
 void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  if (records == nullptr && !q4k_rows(a, sms)) {
-    if ((a.N + 15) / 16 <= 2 * sms)
-      launch_q4k_staged<T, 4>(a, stream);
-    else
-      launch_q4k_staged<T, 3>(a, stream);
-    return;
-  }
+  const bool i8 = q4k_x::int8_form(a.M);
   torch::Tensor own;
   const uint8_t* r = records;
   if (r == nullptr) {
     own = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
     const int64_t warps = int64_t(a.M) * (a.K / 256);
     launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream,
-               static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K);
+               static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K, i8);
     r = own.data_ptr<uint8_t>();
+  }
+  if (i8) {
+    if ((a.N + 15) / 16 <= 2 * sms)
+      launch_q4k_rows<T, 1, 4, 1, true>(a, r, stream);
+    else
+      launch_q4k_rows<T, 1, 3, 1, true>(a, r, stream);
+    return;
   }
   if (a.M > 1 && q4k_tile(a, sms)) {
     if (a.M > 8)

@@ -20,7 +20,7 @@ QTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_
 QLINEAR_MAX_ROWS = 32  # qlinear's range; more rows take dequantize + linear
 # x records (csrc/qgemm/q4k_x.cuh): the Q4_K kernels' form of x, a record of this many bytes a row and 256-k
 # chunk, read up to this many rows
-Q4K_RECORD_BYTES, Q4K_RECORD_ROWS = 560, 16
+Q4K_RECORD_BYTES, Q4K_RECORD_ROWS = 816, 16
 
 
 # ---- fake implementations: shapes and dtypes only ----
