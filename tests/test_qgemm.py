@@ -331,6 +331,8 @@ def test_records_bad_inputs_raise():
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q4_0"])
 def test_opcheck(kind):
+    import minfer.ops.cuda  # noqa: F401  (registers the norms' and the activations' fake implementations)
+
     q = _q()
     qt = q.QTYPE[kind]
     n, k = 40, KS[kind][0]
