@@ -800,7 +800,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
     cp_async_commit();
     const int c = warp + kWarps * i;
     if constexpr (kI8) {
-      const I8X xf = load_i8x(records + int64_t(c) * kRecord, g, t);  // before the wait: the latencies overlap
+      const I8X xf = load_i8x(records + int64_t(c) * kRecord, g, t);  // ptxas issues these after the wait (SASS)
       cp_async_wait<S - 1>();
       __syncwarp();
       mma_chunk_i8(acc[0][0], ring + (i % S) * kStage, xf, a.pair_exps, g, t);
