@@ -220,22 +220,22 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
                      cudaStream_t stream) {
   constexpr int VPT = W > 1 ? 4 : 8;  // packs per thread kept in registers
   const int packs = hidden / W;
+  const bool i8 = q4k_x::int8_form(rows);
   const int threads_needed = (packs + VPT - 1) / VPT;
   if (threads_needed <= 32) {
     const int tpr = next_pow2(threads_needed);
     const dim3 block(tpr, kGroupBlock / tpr);
     const int64_t grid = (rows + block.y - 1) / block.y;
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true>, dim3(grid), block, 0, stream, out, out_stride,
-             residual, res_stride, in, in_stride, weight, x_weight, records, q4k_x::int8_form(rows), hidden, rows, eps,
-             pdl_early(rows));
+             residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps, pdl_early(rows));
   } else if (threads_needed <= 1024) {
     const int tpr = round_up(threads_needed, 32);
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true>, dim3(rows), dim3(tpr), 0, stream, out,
-             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, q4k_x::int8_form(rows), hidden, rows, eps,
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps,
              pdl_early(rows));
   } else {
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, false>, dim3(rows), dim3(1024), 0, stream, out,
-             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, q4k_x::int8_form(rows), hidden, rows, eps,
+             out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps,
              pdl_early(rows));
   }
 }

@@ -61,6 +61,11 @@ __device__ __forceinline__ float byte_f(const uint32_t (&q)[2], int i, float bia
   return __int_as_float(__byte_perm(q[i >> 2], 0x4B000000u, 0x7440 + (i & 3))) - (8388608.f + bias);
 }
 
+// Byte i (0..7) of q as an int.
+__device__ __forceinline__ int byte_i(const uint32_t (&q)[2], int i) {
+  return __byte_perm(q[i >> 2], 0, 0x4440 + (i & 3));
+}
+
 // Bits 0..3 of h to bit 4 of bytes 0..3 (the 5th bit of 4 elements): the product moves bit i to bit 8i
 // (sums of distinct bits, no carries), the mask keeps those.
 __device__ __forceinline__ uint32_t bit4_of_bytes(uint32_t h) { return (((h & 0xF) * 0x00204081u) & 0x01010101u) << 4; }

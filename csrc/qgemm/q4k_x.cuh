@@ -110,7 +110,8 @@ __device__ __forceinline__ void write_record(uint4 v, int lane, uint8_t* record,
     sums[0] = hi, sums[2] = lo;
   }
   const float inv = __int_as_float((127 - e) << 23) * (i8 ? 1.f / 64 : 1.f);  // 2^-e, 2^-(e + 6)
-  if (lane == 0) *reinterpret_cast<float*>(record + (i8 ? kI8InvAt : kInvAt)) = finite ? inv : __int_as_float(0x7FC00000);
+  if (lane == 0)
+    *reinterpret_cast<float*>(record + (i8 ? kI8InvAt : kInvAt)) = finite ? inv : __int_as_float(0x7FC00000);
 }
 
 // Host: records for x [rows, k] (fp16/bf16, k a multiple of 256): uint8 [rows, k / 256 * kRecord], contiguous,

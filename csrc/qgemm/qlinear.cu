@@ -725,9 +725,6 @@ __device__ __forceinline__ I8X load_i8x(const uint8_t* record, int g, int t) {
   return x;
 }
 
-// Byte s % 4 of w[s / 4] as an int: a 6-bit scale.
-__device__ __forceinline__ int scale_at(const uint32_t (&w)[2], int s) { return __byte_perm(w[s / 4], 0, 0x4440 | (s % 4)); }
-
 // acc += W[n0 .. n0 + 15, chunk] . x[0, chunk] in lane t = 0 (acc[0]: row g, acc[2]: row g + 8; the other
 // lanes' and [1], [3] are x rows past M). Per part P of v (hi, mid, lo): sum_s sc_s (q . P)_s = (16 E + O) / 16,
 // E summing sc_s dot_s over the even sub-blocks (quants q), O over the odd ones (16 q): |16 E + O| < 2^29.
@@ -744,8 +741,8 @@ __device__ __forceinline__ void mma_chunk_i8(float (&acc)[4], const uint8_t* sta
                       x.v[4 * p + 1]);
     mma_m16n8k32_u8s8(hi, {qa.x & 0xF0F0F0F0u, qb.x & 0xF0F0F0F0u, qa.y & 0xF0F0F0F0u, qb.y & 0xF0F0F0F0u},
                       x.v[4 * p + 2], x.v[4 * p + 3]);
-    const int sa = scale_at(c.sc_a, 2 * p), sb = scale_at(c.sc_b, 2 * p);
-    const int sa1 = scale_at(c.sc_a, 2 * p + 1), sb1 = scale_at(c.sc_b, 2 * p + 1);
+    const int sa = byte_i(c.sc_a, 2 * p), sb = byte_i(c.sc_b, 2 * p);  // the 6-bit scales
+    const int sa1 = byte_i(c.sc_a, 2 * p + 1), sb1 = byte_i(c.sc_b, 2 * p + 1);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       even[i] += (i < 2 ? sa : sb) * lo[i];

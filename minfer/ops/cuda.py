@@ -126,7 +126,7 @@ def gelu_tanh_and_mul(x: torch.Tensor, records: torch.Tensor | None = None) -> t
 
 def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     """Room for x's records ahead of a linear on weight (a list: fuse()'s parts) whose x, [rows, in] like `like`,
-    the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * 816]
+    the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * record bytes]
     where a Q4_K weight takes them (decode rows, fp16/bf16, in within the norms' [768, 32768]), else None."""
     parts = weight if isinstance(weight, list) else [weight]
     if not any(isinstance(w, QuantizedWeight) and w.kind == "Q4_K" for w in parts):
