@@ -18,7 +18,7 @@ namespace minfer::q4k_x {
 // - fp16 (M > 1: rows_kernel, tile_kernel; the first kF16Bytes): 256 fp16 values scaled by 2^e in the fragment
 //   order, then the 8 sub-block sums / 32 as fp16 hi + lo pairs (sub-blocks 2t, 2t + 1's his, then their los:
 //   the min's B fragment of lane t) at kSumsAt, and 2^-e (f32) at kInvAt;
-// - int8 (M = 1: rows_kernel<kI8>): v = x 2^e rounded to a 22-bit integer 2^14 hi + 2^7 mid + lo (hi in
+// - int8 (M = 1: i8_kernel): v = x 2^e rounded to a 22-bit integer 2^14 hi + 2^7 mid + lo (hi in
 //   [-128, 127], mid and lo in [0, 127]), e putting the chunk's largest |x| in [2^20, 2^21); the 256 his, mids
 //   and los as int8, each in the order lane t of the mma reads them (element 32 s + 8 t + i at 64 t + 8 s + i),
 //   then the sub-block sums of v / 2^12 as above at kI8SumsAt, and 2^-e at kI8InvAt (NaN where x is not finite).

@@ -123,6 +123,36 @@ __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0
   }
 }
 
+// A warp's S stages of Q4_K chunks filled by bulk copies (TMA), each stage's bytes counted on its mbarrier: lane
+// r < 16 copies row n0 + r's chunk (144 bytes, 16-byte aligned: a Q4_K row is a multiple of 144 = 9 x 16 bytes)
+// into the row's slot. A refill is one instruction a lane, where load_chunk's cp.async takes 5 16-byte pieces a
+// lane, each with its 64-bit address. Rows past N are left as they are: their sums are never stored.
+template <int S>
+struct BulkRing {
+  using R = Ring<kQ4_K>;
+  uint32_t bar0, dst;  // the stages' mbarriers; this lane's row slot in stage 0
+  const uint8_t* row;  // this lane's row of W
+  int rows, lane;      // the rows of W in this CTA's 16
+
+  // bars: S mbarriers (8 bytes each) of this warp; initialized here.
+  __device__ BulkRing(uint8_t* ring, uint64_t* bars, const Args& a, int n0, int lane_) : lane(lane_) {
+    rows = min(16, a.N - n0);
+    bar0 = smem_addr(bars), dst = smem_addr(ring) + lane * R::kRowStride;
+    row = a.w + int64_t(n0 + min(lane, rows - 1)) * a.row_bytes;
+    if (lane < S) mbar_init(bar0 + 8 * lane, 1);
+    mbar_init_fence();
+    __syncwarp();
+  }
+  // Chunk c into stage i % S. A refill: every lane must be done reading what that stage held (__syncwarp),
+  // then fence_proxy_async (those reads, generic proxy, before the copy's writes, async proxy).
+  __device__ __forceinline__ void load(int i, int c) const {
+    const uint32_t bar = bar0 + 8 * (i % S);
+    if (lane == 0) mbar_expect_tx(bar, rows * R::kBytes);
+    if (lane < rows) bulk_load(dst + (i % S) * R::kStageBytes, row + int64_t(c) * R::kBytes, R::kBytes, bar);
+  }
+  __device__ __forceinline__ void wait(int i) const { mbar_wait(bar0 + 8 * (i % S), (i / S) & 1); }
+};
+
 // T pairs (lo: bytes 0 and 2 of q, hi: bytes 1 and 3) of each byte minus kOffset, exactly. fp16 holds
 // 1024 + b as the bits 0x6400 | b (b < 1024), bf16 128 + b as 0x4300 | b (b < 128): one LOP3 and one
 // subtraction a pair. bf16 with bytes up to 255 (Q8_0) goes through fp32 2^23 + b instead, whose high
@@ -764,10 +794,8 @@ __device__ __forceinline__ void mma_chunk_i8(float (&acc)[4], const uint8_t* sta
 // instructions a row and chunk, which lost to qlinear_kernel from M = 2 on). NT tiles of 8 x rows (M <= 8,
 // 16); a CTA owns kTiles tiles of 16 W rows (x read once for all of them), whose weights stream through S
 // stages a warp, 2 CTAs an SM (1 with 2 tiles: 220 registers, and their stages fill shared memory).
-// kI8 (M = 1, NT = 1, one tile): the records are in the int8 form (mma_chunk_i8).
-template <typename T, int NT, int S, int kTiles, bool kI8 = false>
+template <typename T, int NT, int S, int kTiles>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(const Args a, const uint8_t* records) {
-  static_assert(!kI8 || (NT == 1 && kTiles == 1), "q4k::rows_kernel: the int8 form is read at M = 1, one tile");
   using R = Ring<kQ4_K>;
   constexpr int kStage = kTiles * R::kStageBytes;
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kTiles][kStageBytes]
@@ -795,24 +823,48 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
         load_chunk<kQ4_K, true>(ring + (ahead % S) * kStage + w * R::kStageBytes, a, n0 + 16 * w,
                                 warp + kWarps * ahead, lane);
     cp_async_commit();
-    const int c = warp + kWarps * i;
-    if constexpr (kI8) {
-      const I8X xf = load_i8x(records + int64_t(c) * kRecord, g, t);  // ptxas issues these after the wait (SASS)
-      cp_async_wait<S - 1>();
-      __syncwarp();
-      mma_chunk_i8(acc[0][0], ring + (i % S) * kStage, xf, a.pair_exps, g, t);
-    } else {
-      XFrags<NT> xf;
-      load_frags<NT, kAheadSteps<NT>>(xf, records + int64_t(c) * kRecord, int64_t(chunks) * kRecord, a.M, g, t);
-      cp_async_wait<S - 1>();  // chunk i's group is done (for this lane) ...
-      __syncwarp();            // ... and for every lane
-      mma_chunk<NT, kAheadSteps<NT>, kTiles>(acc, ring + (i % S) * kStage, xf, a.M, a.pair_exps, g, t);
-    }
+    XFrags<NT> xf;
+    load_frags<NT, kAheadSteps<NT>>(xf, records + int64_t(warp + kWarps * i) * kRecord, int64_t(chunks) * kRecord,
+                                    a.M, g, t);
+    cp_async_wait<S - 1>();  // chunk i's group is done (for this lane) ...
+    __syncwarp();            // ... and for every lane
+    mma_chunk<NT, kAheadSteps<NT>, kTiles>(acc, ring + (i % S) * kStage, xf, a.M, a.pair_exps, g, t);
     __syncwarp();  // every lane is done with the stage before it is refilled
   }
   cp_async_wait<0>();
 #pragma unroll
   for (int w = 0; w < kTiles; ++w) reduce_store<T, NT>(acc[w], smem, a, n0 + 16 * w, warp, lane);
+}
+
+// M = 1 on the int8 form, the weights by bulk copies (BulkRing; a Q4_K row is a multiple of 144 = 9 x 16 bytes).
+template <typename T, int S, int kCTAs = 2>
+__global__ void __launch_bounds__(kThreads, kCTAs) i8_kernel(const Args a, const uint8_t* records) {
+  using R = Ring<kQ4_K>;
+  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes]
+  __shared__ __align__(8) uint64_t bars[kWarps][S];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * 16, chunks = a.K / 256;
+  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
+  uint8_t* ring = smem + warp * S * R::kStageBytes;
+  BulkRing<S> bulk(ring, bars[warp], a, n0, lane);
+  griddep_launch_dependents();
+  if (!a.static_weight) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i)
+    if (i < mine) bulk.load(i, warp + kWarps * i);
+  if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
+  float acc[1][4] = {};
+  for (int i = 0; i < mine; ++i) {
+    if (i + S - 1 < mine) {  // the stage chunk i - 1 left
+      fence_proxy_async();
+      bulk.load(i + S - 1, warp + kWarps * (i + S - 1));
+    }
+    const I8X xf = load_i8x(records + int64_t(warp + kWarps * i) * kRecord, g, t);
+    bulk.wait(i);
+    mma_chunk_i8(acc[0], ring + (i % S) * R::kStageBytes, xf, a.pair_exps, g, t);
+    __syncwarp();
+  }
+  reduce_store<T, 1>(acc, smem, a, n0, warp, lane);
 }
 
 // ---- M 2-16 in CTAs of 128 rows: each chunk's records read into shared memory once a CTA ----
@@ -922,9 +974,9 @@ void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t s
   launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, grid.ws, grid.counters);
 }
 
-template <typename T, int NT, int S, int kTiles = 1, bool kI8 = false>
+template <typename T, int NT, int S, int kTiles = 1>
 void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream) {
-  auto kernel = q4k::rows_kernel<T, NT, S, kTiles, kI8>;
+  auto kernel = q4k::rows_kernel<T, NT, S, kTiles>;
   constexpr int smem = S * kWarps * kTiles * Ring<kQ4_K>::kStageBytes;
   static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -933,6 +985,18 @@ void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream)
   (void)attr;
   launch_pdl(kernel, dim3((unsigned)((a.N + 16 * kTiles - 1) / (16 * kTiles))), dim3(kThreads), smem, stream, a,
              records);
+}
+
+template <typename T, int S, int kCTAs = 2>
+void launch_q4k_i8(const Args& a, const uint8_t* records, cudaStream_t stream) {
+  auto kernel = q4k::i8_kernel<T, S, kCTAs>;
+  constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes;
+  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr;
+  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a, records);
 }
 
 // Whether Q4_K at M 2-16 takes tile_kernel (after prepare_x_kernel) rather than rows_kernel: where the tiles
@@ -959,7 +1023,7 @@ void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor&
   launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, records, grid.ws, grid.counters);
 }
 
-// Q4_K at M <= 16: rows_kernel (at M = 1 on the int8 form) or tile_kernel (q4k_tile) on x's records (uint8 [M,
+// Q4_K at M <= 16: i8_kernel at M = 1 (the int8 form), else rows_kernel or tile_kernel (q4k_tile) on x's records (uint8 [M,
 // K / 256 * kRecord]): those given (written by the kernel before, q4k_x.cuh), or prepare_x_kernel's into the
 // caching allocator. rows_kernel: 4 stages a warp where the grid is at most 2 CTAs an SM, else 3.
 // At M = 1 the int8 form against the fp16 one (H200, one build, a switch, two rounds, us; the fp16 form's
@@ -983,11 +1047,11 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
                static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K, i8);
     r = own.data_ptr<uint8_t>();
   }
-  if (i8) {
+  if (i8) {  // 3 CTAs an SM (71 registers) where the grid fills more than 2
     if ((a.N + 15) / 16 <= 2 * sms)
-      launch_q4k_rows<T, 1, 4, 1, true>(a, r, stream);
+      launch_q4k_i8<T, 4>(a, r, stream);
     else
-      launch_q4k_rows<T, 1, 3, 1, true>(a, r, stream);
+      launch_q4k_i8<T, 3, 3>(a, r, stream);
     return;
   }
   if (a.M > 1 && q4k_tile(a, sms)) {
