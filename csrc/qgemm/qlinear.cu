@@ -123,34 +123,63 @@ __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0
   }
 }
 
-// A warp's S stages of Q4_K chunks filled by bulk copies (TMA), each stage's bytes counted on its mbarrier: lane
-// r < 16 copies row n0 + r's chunk (144 bytes, 16-byte aligned: a Q4_K row is a multiple of 144 = 9 x 16 bytes)
-// into the row's slot. A refill is one instruction a lane, where load_chunk's cp.async takes 5 16-byte pieces a
-// lane, each with its 64-bit address. Rows past N are left as they are: their sums are never stored.
+// A warp's S stages of Q4_K chunks. On sm_90 bulk copies (TMA) fill them, each stage's bytes counted on its
+// mbarrier: lane r < 16 copies row n0 + r's chunk (144 bytes, 16-byte aligned: a Q4_K row is a multiple of
+// 144 = 9 x 16 bytes) into the row's slot, one instruction a lane where load_chunk's cp.async takes 5 16-byte
+// pieces a lane, each with its 64-bit address. Rows past N are left as they are: their sums are never stored.
+// The sm_80 build takes load_chunk, one cp.async group a chunk.
 template <int S>
-struct BulkRing {
+struct ChunkRing {
   using R = Ring<kQ4_K>;
-  uint32_t bar0, dst;  // the stages' mbarriers; this lane's row slot in stage 0
+  uint8_t* stages;     // [S][kStageBytes]
   const uint8_t* row;  // this lane's row of W
-  int rows, lane;      // the rows of W in this CTA's 16
+  uint32_t bar0, dst;  // the stages' mbarriers; this lane's row slot in stage 0
+  int n0, rows, lane;  // rows: those of W in this CTA's 16
 
   // bars: S mbarriers (8 bytes each) of this warp; initialized here.
-  __device__ BulkRing(uint8_t* ring, uint64_t* bars, const Args& a, int n0, int lane_) : lane(lane_) {
+  __device__ ChunkRing(uint8_t* ring, uint64_t* bars, const Args& a, int n0_, int lane_)
+      : stages(ring), n0(n0_), lane(lane_) {
     rows = min(16, a.N - n0);
     bar0 = smem_addr(bars), dst = smem_addr(ring) + lane * R::kRowStride;
     row = a.w + int64_t(n0 + min(lane, rows - 1)) * a.row_bytes;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (lane < S) mbar_init(bar0 + 8 * lane, 1);
     mbar_init_fence();
     __syncwarp();
+#endif
   }
-  // Chunk c into stage i % S. A refill: every lane must be done reading what that stage held (__syncwarp),
-  // then fence_proxy_async (those reads, generic proxy, before the copy's writes, async proxy).
-  __device__ __forceinline__ void load(int i, int c) const {
+  // Chunk c into stage i % S, empty so far.
+  __device__ __forceinline__ void load(int i, int c, const Args& a) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t bar = bar0 + 8 * (i % S);
     if (lane == 0) mbar_expect_tx(bar, rows * R::kBytes);
     if (lane < rows) bulk_load(dst + (i % S) * R::kStageBytes, row + int64_t(c) * R::kBytes, R::kBytes, bar);
+#else
+    load_chunk<kQ4_K, true>(stages + (i % S) * R::kStageBytes, a, n0, c, lane);
+    cp_async_commit();
+#endif
   }
-  __device__ __forceinline__ void wait(int i) const { mbar_wait(bar0 + 8 * (i % S), (i / S) & 1); }
+  // Chunk c into stage i % S, whose chunk every lane has read (__syncwarp since).
+  __device__ __forceinline__ void refill(int i, int c, const Args& a) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    fence_proxy_async();  // those reads (generic proxy) before the copy's writes (async proxy)
+#endif
+    load(i, c, a);
+  }
+  // Waits for chunk i, of the `loaded` chunks whose loads were issued in order.
+  __device__ __forceinline__ void wait(int i, int loaded) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    (void)loaded;
+    mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
+#else
+    const int later = loaded - i - 1;  // groups that may stay in flight
+    if (later >= 3) cp_async_wait<3>();
+    else if (later == 2) cp_async_wait<2>();
+    else if (later == 1) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    __syncwarp();
+#endif
+  }
 };
 
 // T pairs (lo: bytes 0 and 2 of q, hi: bytes 1 and 3) of each byte minus kOffset, exactly. fp16 holds
@@ -836,7 +865,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
   for (int w = 0; w < kTiles; ++w) reduce_store<T, NT>(acc[w], smem, a, n0 + 16 * w, warp, lane);
 }
 
-// M = 1 on the int8 form, the weights by bulk copies (BulkRing; a Q4_K row is a multiple of 144 = 9 x 16 bytes).
+// M = 1 on the int8 form, the weights through ChunkRing (bulk copies on sm_90).
 template <typename T, int S, int kCTAs = 2>
 __global__ void __launch_bounds__(kThreads, kCTAs) i8_kernel(const Args a, const uint8_t* records) {
   using R = Ring<kQ4_K>;
@@ -846,21 +875,19 @@ __global__ void __launch_bounds__(kThreads, kCTAs) i8_kernel(const Args a, const
   const int n0 = blockIdx.x * 16, chunks = a.K / 256;
   const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
   uint8_t* ring = smem + warp * S * R::kStageBytes;
-  BulkRing<S> bulk(ring, bars[warp], a, n0, lane);
+  static_assert(S <= 4, "i8_kernel: ChunkRing's sm_80 wait keeps at most 3 groups in flight");
+  const ChunkRing<S> stages(ring, bars[warp], a, n0, lane);
   griddep_launch_dependents();
   if (!a.static_weight) griddep_wait();
 #pragma unroll
   for (int i = 0; i < S - 1; ++i)
-    if (i < mine) bulk.load(i, warp + kWarps * i);
+    if (i < mine) stages.load(i, warp + kWarps * i, a);
   if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
   float acc[1][4] = {};
   for (int i = 0; i < mine; ++i) {
-    if (i + S - 1 < mine) {  // the stage chunk i - 1 left
-      fence_proxy_async();
-      bulk.load(i + S - 1, warp + kWarps * (i + S - 1));
-    }
+    if (i + S - 1 < mine) stages.refill(i + S - 1, warp + kWarps * (i + S - 1), a);  // the stage chunk i - 1 left
     const I8X xf = load_i8x(records + int64_t(warp + kWarps * i) * kRecord, g, t);
-    bulk.wait(i);
+    stages.wait(i, min(mine, i + S));
     mma_chunk_i8(acc[0], ring + (i % S) * R::kStageBytes, xf, a.pair_exps, g, t);
     __syncwarp();
   }
