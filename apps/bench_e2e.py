@@ -5,7 +5,8 @@
 
 Each batch size runs Engine.generate (greedy, EOS ignored, random prompt ids) once to warm up, then
 --reps times; the medians are reported. --profile then prints where a decode step's GPU time goes: 20 steps
-at the mean context under torch.profiler, kernels grouped by name. The roofline is the bytes one decode step must read (every
+at the mean context under torch.profiler, kernels grouped by name, each with its tail (µs past the kernels that
+started before it: overlaps counted once; bench/step_profile.py). The roofline is the bytes one decode step must read (every
 weight once, plus the KV cache at the mean context, windowed layers only their window) over the device-to-device copy bandwidth measured
 in the same run. Load time and peak GPU memory are the engine's own.
 """

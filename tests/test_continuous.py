@@ -287,6 +287,11 @@ def test_bench_throughput_decode_step_on_cpu(tmp_path, capsys):
     assert short_name("void minfer::attn::flash_decode_kernel<__nv_bfloat16, 64, (bool)0>(minfer::P)") == \
         "flash_decode_kernel"
     assert short_name("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_nn") == "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_nn"
+    from bench.step_profile import tails
+    # norm starts early beside the gemv (a programmatic dependent) and waits: only its 2 µs past the gemv count;
+    # the small op inside the gemv's span counts nothing; a gap counts nothing; the tails add to the busy time
+    spans = [("norm", 8.0, 12.0), ("gemv", 0.0, 10.0), ("tiny", 3.0, 4.0), ("gemv", 20.0, 25.0)]
+    assert tails(spans) == {"gemv": 15.0, "tiny": 0.0, "norm": 2.0}
 
 
 def test_bench_throughput_long_prompt_on_cpu(tmp_path):
