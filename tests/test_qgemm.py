@@ -93,8 +93,9 @@ def test_qlinear(kind, m, dtype):
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_large_grid(kind):
     """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernels without
-    x loaded ahead, 3 stages a warp, and Q4_K at M > 8 in CTAs of two tiles. 276 rows past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's
-    two 16-row tiles holds 4 rows)."""
+    x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM and at M > 8 in CTAs of two tiles. 276 rows
+    past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
+    rows; at M = 1 a tile of 4 rows, whose other 12 are never copied)."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):

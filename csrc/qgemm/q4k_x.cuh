@@ -26,7 +26,8 @@ constexpr int kSumsAt = 512, kInvAt = 544, kF16Bytes = 560;
 constexpr int kI8SumsAt = 768, kI8InvAt = 800, kRecord = 816;  // room for either form
 
 // The form of x's records at `rows` rows: int8 at one row (batch-1 decode: the Q4_K kernel multiplies the
-// quants as they are, 434 instructions a chunk and warp against 590 on fp16; ncu, H200), fp16 above.
+// quants as they are; ncu, H200, on one cp.async ring: 434 instructions a chunk and warp against 590 on fp16),
+// fp16 above.
 inline bool int8_form(int64_t rows) { return rows == 1; }
 
 // A warp's x row chunk in fp16, 8 elements a lane: v = elements 8 lane .. 8 lane + 7 (T, as loaded) times 2^e
