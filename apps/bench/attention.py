@@ -14,6 +14,10 @@ attention_decode (batch, context, heads, kv_heads, head_dim[, window]): one quer
 attention_decode_paged (batch, context, heads, kv_heads, head_dim[, window]): the same decode through a block
     table over shuffled 16-key pages (the continuous engine's cache); ref: our dense-cache decode on the same
     keys, so the ratio is paged / dense.
+attention_chunk_paged (chunk, context, heads, kv_heads, head_dim): one prompt's chunk of `chunk` queries at
+    positions context - chunk .. context - 1 over shuffled 16-key pages, as the continuous engine prefills a
+    long prompt beside decodes; ref: SDPA on the same keys (dense, expanded to all heads beforehand, untimed)
+    with the chunk's causal band as a boolean mask. FLOPs count the keys each query sees.
 naive/tiled/flash_attention (batch, heads, seq, head_dim, causal): the seed API (minfer/ops/baselines.py);
     ref: SDPA.
 """
@@ -162,6 +166,43 @@ def _paged_minfer(q, k, v, start, window, k_pages, v_pages, table, lens, cu):
                                   1.0 / math.sqrt(q.shape[-1]), window=window or None, stable_prefix=True)
 
 
+# ---- a prompt chunk over a long paged context ----
+
+def _chunk_inputs(shape, dtype):
+    c, ctx, h, kvh, d = shape
+    q = torch.randn(c, h, d, device="cuda", dtype=dtype)        # [chunk, heads, head_dim]
+    k = torch.randn(1, ctx, kvh, d, device="cuda", dtype=dtype)  # [1, context, kv_heads, head_dim]
+    v = torch.randn(1, ctx, kvh, d, device="cuda", dtype=dtype)
+    table = torch.randperm(-(-ctx // PAGE), device="cuda").to(torch.int32)[None]  # [1, pages], shuffled
+    pos = torch.arange(ctx - c, ctx, device="cuda")[:, None]
+    g = h // kvh
+    return dict(q=q, k_pages=_to_pages(k, table), v_pages=_to_pages(v, table), table=table,
+                lens=torch.full((1,), ctx, device="cuda", dtype=torch.int32),
+                cu=torch.tensor([0, c], device="cuda", dtype=torch.int32),
+                mask=torch.arange(ctx, device="cuda")[None] <= pos,               # [chunk, context] bool
+                k_ref=k.transpose(1, 2).repeat_interleave(g, 1).contiguous(),     # [1, heads, context, head_dim]
+                v_ref=v.transpose(1, 2).repeat_interleave(g, 1).contiguous())
+
+
+def _chunk_ref(q, k_pages, v_pages, table, lens, cu, mask, k_ref, v_ref):
+    return F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_ref, v_ref, attn_mask=mask)
+
+
+def _chunk_minfer(q, k_pages, v_pages, table, lens, cu, mask, k_ref, v_ref):
+    return _ops().paged_attention(q, k_pages, v_pages, table, lens, cu, q.shape[0], k_ref.shape[2],
+                                  1.0 / math.sqrt(q.shape[-1]))
+
+
+def _chunk_bytes(shape, dtype):
+    c, ctx, h, kvh, d = shape
+    return (2 * c * h * d + 2 * ctx * kvh * d) * dtype.itemsize  # q + out + k + v
+
+
+def _chunk_flops(shape):
+    c, ctx, h, _, d = shape
+    return 4 * h * d * (c * (ctx - c) + c * (c + 1) // 2)  # query i of the chunk sees ctx - c + i + 1 keys
+
+
 # ---- seed kernels ----
 
 def _seed_inputs(shape, dtype):
@@ -231,6 +272,11 @@ CASES = {
                 (16, 32768, 4, 1, 256, 512)],
         make_inputs=_paged_inputs, ref=_paged_dense, minfer=_paged_minfer, bytes=_decode_bytes,
         shape_names="batch x context x heads x kv_heads x head_dim [x window]"),
+    "attention_chunk_paged": Case(
+        # Llama-3.2-1B heads (32 q / 8 kv, d 64) and Llama-3-8B's (d 128): the engine's chunks beside decodes
+        shapes=[(c, ctx, 32, 8, d) for d in (64, 128) for c in (32, 64, 128) for ctx in (4096, 16384, 32768)],
+        make_inputs=_chunk_inputs, ref=_chunk_ref, minfer=_chunk_minfer, bytes=_chunk_bytes, flops=_chunk_flops,
+        shape_names="chunk x context x heads x kv_heads x head_dim"),
     "naive_attention": _seed_case([(1, 8, 1024, 64, 0), (1, 8, 2048, 64, 0), (1, 8, 2048, 64, 1)], "naive_attention"),
     "tiled_attention": _seed_case([(1, 8, 1024, 64, 0), (1, 8, 2048, 64, 0), (1, 8, 2048, 64, 1)], "tiled_attention"),
     "flash_attention": _seed_case([(4, 32, 4096, 128, 0), (4, 32, 4096, 128, 1), (4, 32, 4096, 64, 0),
