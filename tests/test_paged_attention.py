@@ -239,6 +239,17 @@ def test_cuda_paged_prefill(q_lens, starts, page, hd, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads, kv_heads", [(8, 8), (9, 3), (32, 2)])
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("q_lens,starts", [([33, 1, 7], [5000, 40, 0]),  # a chunk, a decode, a short prompt
+                                           ([128, 1], [20000, 900])])  # split-KV
+def test_cuda_paged_prefill_groups(q_lens, starts, heads, kv_heads, hd):
+    """Ragged steps put a kv head's q heads in one CTA's rows, token-major (flash_prefill.cu, GQA packing):
+    groups of 1, of 3 (a token's rows straddle two blocks) and of 16."""
+    check_paged(q_lens, starts, heads=heads, kv_heads=kv_heads, hd=hd)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("page", [16, 64])

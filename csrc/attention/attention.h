@@ -37,6 +37,9 @@ struct FlashParams {
   int kv_splits = 1;
   float* part_o = nullptr;
   float* part_ml = nullptr;
+  // GQA packing (ragged only, chosen by flash_prefill): pack = group puts a kv head's q heads in one CTA, its
+  // rows (token, head) pairs, token-major; 1: a CTA's rows are one head's tokens.
+  int pack = 1;
 };
 
 #ifdef __CUDACC__

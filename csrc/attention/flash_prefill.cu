@@ -1,10 +1,11 @@
 // FlashAttention-2 style prefill on tensor cores (mma.sync m16n8k16, fp16/bf16, head_dim 64/128/256): the
 // sm_80 path, and the fallback on Hopper where flash_prefill_sm90.cu does not take the case (ragged / paged,
 // operands TMA cannot describe).
-// One CTA owns BM = 64 * MT query rows of one (batch, head); each of its 4 warps owns 16 * MT rows and
-// keeps their softmax state (max, sum) and output accumulator in fp32 registers. K/V tiles of BN = 64 keys
-// stream through shared memory with cp.async: V[t] loads while S = Q K^T runs, K[t+1] while softmax
-// and O += P V run. Scores are prescaled by scale * log2(e) so that exp2f does the softmax.
+// One CTA owns BM = 64 * MT query rows of one (batch, head), or of one kv head's q heads (GQA packing); each
+// of its 4 warps owns 16 * MT rows and keeps their softmax state (max, sum) and output accumulator in fp32
+// registers. K/V tiles of BN = 64 keys stream through shared memory with cp.async: V[t] loads while
+// S = Q K^T runs, K[t+1] while softmax and O += P V run. Scores are prescaled by scale * log2(e) so that
+// exp2f does the softmax.
 //
 // One kernel serves both APIs (FlashParams says where each sequence's queries sit):
 //   engine attention: queries at positions start_pos[b] + s, keys 0 .. start_pos[b] + s visible;
@@ -13,6 +14,9 @@
 // starts at the tile holding its first row's first key, so a windowed prefill costs O(seq * w); keys
 // before that are never read (in the paged layout, neither are their block-table entries: the engine
 // frees those pages).
+// GQA packing (ragged steps): a CTA's rows are (token, q head) pairs of one kv head, token-major, so that every
+// q head of the group shares each K/V tile it loads, and a chunk of 32 tokens fills a 128-row block with its
+// 4 heads where one head's rows would fill a quarter of 4 blocks, each loading every tile.
 // Split-KV: a ragged step of few queries over long contexts (a chunk of a long prompt beside decodes: 128
 // queries x 32 heads are 32 CTAs, each over up to 32k keys) cuts each query block's key tiles into kv_splits
 // contiguous ranges, one CTA each; every CTA writes its rows' unnormalized output and (max, sum), and
@@ -42,15 +46,27 @@ namespace {
 
 constexpr int kThreads = 128, kBN = 64;
 
-// Copies rows [0, rows_valid) of a [ROWS, D] tile (row stride in elements) into swizzled shared memory;
-// rows past rows_valid are zero-filled and never read. g must point at row 0, which must be valid.
+// The query rows of a block: packed row R is token R / pack of the sequence and q head head0 + R % pack.
+struct QueryRows {
+  int row0, pack, head0;
+  __device__ __forceinline__ int token(int r) const { return r / pack; }
+  __device__ __forceinline__ int head(int r) const { return head0 + r % pack; }
+  // Element offset of row r's head_dim vector in a [.., tokens, heads, D] tensor of strides (ss, hs).
+  __device__ __forceinline__ int64_t at(int r, int64_t ss, int64_t hs) const {
+    return (row0 + token(r)) * ss + head(r) * hs;
+  }
+};
+
+// Copies packed rows [m_start, m_start + ROWS) of q (its batch's base qb) into a swizzled [ROWS, D] tile;
+// rows at or past n_rows are zero-filled and never read.
 template <typename T, int D, int ROWS>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int rows_valid) {
+__device__ __forceinline__ void load_q_tile(T* s, const T* qb, const FlashParams& p, const QueryRows& qr, int m_start,
+                                            int n_rows) {
   constexpr int CH = D / 8;
   for (int i = threadIdx.x; i < ROWS * CH; i += kThreads) {
     const int r = i / CH, c = i % CH;
-    const bool ok = r < rows_valid;
-    ptx::cp_async16(s + swz<D>(r, c), ok ? g + r * row_stride + c * 8 : g, ok);
+    const bool ok = m_start + r < n_rows;
+    ptx::cp_async16(s + swz<D>(r, c), ok ? qb + qr.at(m_start + r, p.q_ss, p.q_hs) + c * 8 : qb, ok);
   }
 }
 
@@ -90,35 +106,38 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   // CTAs are neighbours in x.
   const int splits = p.kv_splits, split = blockIdx.x % splits;
   const int m_block = gridDim.x / splits - 1 - blockIdx.x / splits;
-  const int head = blockIdx.y, b = blockIdx.z;
-  const int kvh = head / p.group;
+  const int b = blockIdx.z, heads = gridDim.y * p.pack;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int m_start = m_block * BM;
 
   const SeqRows sr = seq_rows(p, b);
-  if (m_start >= sr.n_q) return;  // a ragged batch's shorter sequence
+  const QueryRows qr{sr.row0, p.pack, static_cast<int>(blockIdx.y) * p.pack};
+  const int kvh = qr.head0 / p.group;
+  const int n_rows = sr.n_q * p.pack;
+  if (m_start >= n_rows) return;  // a ragged batch's shorter sequence
   const int q_off = sr.q_off, kv_len = sr.kv_len;
+  // Positions of the block's first and last tokens.
+  const int first_pos = q_off + qr.token(m_start), last_pos = q_off + qr.token(min(m_start + BM, n_rows) - 1);
   // Keys past kv_end are invisible to every row of this block.
   int kv_end = kv_len;
-  if (CAUSAL) kv_end = min(kv_len, q_off + min(m_start + BM, sr.n_q));
+  if (CAUSAL) kv_end = min(kv_len, last_pos + 1);
   const int n_tiles = kv_end > 0 ? (kv_end + kBN - 1) / kBN : 0;
   // Window: keys before key_lo are invisible to every row (the first row's window starts there), so the
   // tile loop starts at t_lo; keys before win_key are outside the last row's window, so tiles starting
   // there need the per-row window mask. Without a window: key_lo = 0, and no tile starts below win_key = 0.
   // The window is causal (flash_prefill checks): the non-causal kernel has none.
   // (Capped at kv_end, so that a tile's rows [key_lo, kv_end) are never a reversed range.)
-  const int key_lo = CAUSAL && p.window > 0 ? max(min(q_off + m_start - p.window + 1, kv_end), 0) : 0;
-  const int win_key = CAUSAL && p.window > 0 ? q_off + m_start + BM - p.window : 0;
+  const int key_lo = CAUSAL && p.window > 0 ? max(min(first_pos - p.window + 1, kv_end), 0) : 0;
+  const int win_key = CAUSAL && p.window > 0 ? last_pos + 1 - p.window : 0;
   const int t_lo = key_lo / kBN;
   // This CTA's share of the block's tiles [t_lo, n_tiles): all of them without split-KV; maybe none.
   const int per_split = (n_tiles - t_lo + splits - 1) / splits;
   const int t_begin = t_lo + split * per_split, t_end = min(n_tiles, t_begin + per_split);
 
-  const T* qg = reinterpret_cast<const T*>(p.q) + b * p.q_bs + head * p.q_hs + (sr.row0 + m_start) * p.q_ss;
   const KvRows<T> kr = kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
   const KvRows<T> vr = kv_rows<T>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, b, kvh);
 
-  load_tile<T, D, BM>(sQ, qg, p.q_ss, sr.n_q - m_start);
+  load_q_tile<T, D, BM>(sQ, reinterpret_cast<const T*>(p.q) + b * p.q_bs, p, qr, m_start, n_rows);
   ptx::cp_async_commit();
   if (t_begin < t_end) load_kv_tile<T, D>(sK, kr, t_begin * kBN, key_lo - t_begin * kBN, kv_end - t_begin * kBN);
   ptx::cp_async_commit();
@@ -150,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
 #pragma unroll
   for (int h = 0; h < 2 * MT; ++h) {
     m_row[h] = -INFINITY, l_row[h] = 0.f;
-    pos[h] = q_off + m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
+    pos[h] = q_off + qr.token(m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4);
   }
 
   for (int t = t_begin; t < t_end; ++t) {
@@ -190,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
     // Mask only the tiles that cross the kv length, the diagonal or the window's lower edge. A row whose
     // keys in this tile are all masked keeps a -inf max here, which the base below guards.
     const bool need_mask =
-        n_start + kBN > kv_len || (CAUSAL && (n_start + kBN - 1 > q_off + m_start || n_start < win_key));
+        n_start + kBN > kv_len || (CAUSAL && (n_start + kBN - 1 > first_pos || n_start < win_key));
     float mx[2 * MT];
 #pragma unroll
     for (int h = 0; h < 2 * MT; ++h) mx[h] = -INFINITY;
@@ -271,16 +290,16 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   }
   ptx::cp_async_wait<0>();
 
-  T* o_base = reinterpret_cast<T*>(p.o) + b * p.o_bs + head * p.o_hs;
+  T* o_base = reinterpret_cast<T*>(p.o) + b * p.o_bs;
 #pragma unroll
   for (int h = 0; h < 2 * MT; ++h) {
     float l = l_row[h];
     l += __shfl_xor_sync(0xffffffff, l, 1);
     l += __shfl_xor_sync(0xffffffff, l, 2);
+    const int row = m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;  // packed
+    if (row >= n_rows) continue;
     if (splits > 1) {  // the partial: unnormalized output, and (max, sum) once per row
-      const int row = m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
-      if (row >= sr.n_q) continue;
-      const int64_t at = (int64_t(split) * p.total_q + sr.row0 + row) * gridDim.y + head;
+      const int64_t at = (int64_t(split) * p.total_q + sr.row0 + qr.token(row)) * heads + qr.head(row);
       float* po = p.part_o + at * D + (lane % 4) * 2;
       const int mt = h / 2, e0 = (h % 2) * 2;
 #pragma unroll
@@ -290,9 +309,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
       continue;
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key gets zeros
-    const int row = m_start + wrow + (h / 2) * 16 + (h % 2) * 8 + lane / 4;
-    if (row >= sr.n_q) continue;
-    T* orow = o_base + (sr.row0 + row) * p.o_ss;
+    T* orow = o_base + qr.at(row, p.o_ss, p.o_hs);
     const int mt = h / 2, e0 = (h % 2) * 2;
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
@@ -328,19 +345,20 @@ __global__ void __launch_bounds__(kThreads) prefill_combine_kernel(const FlashPa
   for (int j = 0; j < D / 32; ++j) out[j * 32 + lane] = from_float<T>(o[j] * inv);
 }
 
-// Key tiles a split takes at least, and the CTAs an SM a step should have before it splits.
-constexpr int kMinSplitTiles = 8, kCtasPerSm = 4;
+// Key tiles a split takes at least.
+constexpr int kMinSplitTiles = 8;
 
-// Split-KV for a ragged step whose queries fill fewer than kCtasPerSm CTAs an SM (counted as total_q / BM
-// full blocks a head): enough splits to reach that, each of at least kMinSplitTiles of the longest
-// sequence's tiles.
-int prefill_kv_splits(const FlashParams& p, int bm, int heads) {
+// Split-KV for a ragged step whose query blocks fill less than one wave of resident CTAs (slots: the kernel's
+// CTAs an SM times the SMs; its registers hold it to 2 an SM): as many splits as keep the grid within that
+// wave, each of at least kMinSplitTiles of the longest sequence's tiles. A grid just past a wave runs a last
+// wave of a few CTAs: a 128-token chunk over 16k keys (d 64, 32 CTAs of rows) split 17 ways took 154 us on
+// an H200, split 8 ways 143.
+int prefill_kv_splits(const FlashParams& p, int bm, int heads, int64_t slots) {
   if (p.cu_seqlens_q == nullptr) return 1;
-  const int64_t ctas = int64_t((p.total_q + bm - 1) / bm) * heads;
-  const int64_t target = int64_t(kCtasPerSm) * sm_count(c10::cuda::current_device());
+  const int64_t ctas = (int64_t(p.total_q) * p.pack + bm - 1) / bm * (heads / p.pack);
   const int64_t tiles = (int64_t(p.seq_k) + kBN - 1) / kBN;
-  if (ctas >= target) return 1;
-  return static_cast<int>(std::clamp<int64_t>(std::min((target + ctas - 1) / ctas, tiles / kMinSplitTiles), 1, 64));
+  if (ctas >= slots) return 1;
+  return static_cast<int>(std::clamp<int64_t>(std::min(slots / ctas, tiles / kMinSplitTiles), 1, 64));
 }
 
 template <typename T, int D, bool CAUSAL>
@@ -348,17 +366,23 @@ void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
   constexpr int MT = D <= 64 ? 2 : 1;
   constexpr int BM = 64 * MT;
   constexpr int smem = (BM + 2 * kBN) * D * sizeof(T);  // Q + K + V tiles
+  auto kernel = flash_prefill_kernel<T, D, MT, CAUSAL>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  static const int per_sm = [&] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+    return std::max(n, 1);
+  }();
   FlashParams sp = p;
-  sp.kv_splits = prefill_kv_splits(p, BM, heads);
+  sp.pack = p.cu_seqlens_q != nullptr ? p.group : 1;
+  sp.kv_splits = prefill_kv_splits(sp, BM, heads, int64_t(per_sm) * sm_count(c10::cuda::current_device()));
   torch::Tensor ws;
   if (sp.kv_splits > 1) {
     const int64_t rows = int64_t(sp.kv_splits) * sp.total_q * heads;
     ws = torch::empty({rows * (D + 2)}, torch::dtype(torch::kFloat).device(torch::kCUDA, c10::cuda::current_device()));
     sp.part_o = ws.data_ptr<float>(), sp.part_ml = sp.part_o + rows * D;
   }
-  auto kernel = flash_prefill_kernel<T, D, MT, CAUSAL>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid((p.seq_q + BM - 1) / BM * sp.kv_splits, heads, batch);
+  const dim3 grid((int64_t(p.seq_q) * sp.pack + BM - 1) / BM * sp.kv_splits, heads / sp.pack, batch);
   kernel<<<grid, kThreads, smem, stream>>>(sp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (sp.kv_splits > 1) {
