@@ -12,7 +12,7 @@ import torch
 
 from minfer import loader
 from minfer.engine.core import EngineCore, step_metadata
-from minfer.engine.graphs import DecodeGraphs
+from minfer.engine.graphs import ChunkGraphs, DecodeGraphs
 from minfer.errors import MinferError
 from minfer.llm import LLM
 from minfer.sampling import SamplingParams
@@ -521,7 +521,9 @@ class _Replay:
         self.out.copy_(self.graphs._forward(self.b, self.max_len))
 
 
-def with_emulated_graphs(engine, monkeypatch):
+def with_emulated_graphs(engine, monkeypatch, chunk: int = 0):
+    """The engine with its decode graphs (and with chunk > 0, its graphs of decodes beside a chunk of that many
+    tokens) emulated on the CPU."""
     def capture(self):
         for b in self.buckets:
             for c in self.classes:
@@ -529,9 +531,13 @@ def with_emulated_graphs(engine, monkeypatch):
                 self.graphs[b, c] = (_Replay(self, b, c, out), out)
 
     monkeypatch.setattr(DecodeGraphs, "_capture", capture)
+    monkeypatch.setattr(ChunkGraphs, "_capture", capture)
     bm = engine.block_manager
     engine.graphs = DecodeGraphs(engine.model, engine.cache, bm.num_pages, engine.scheduler.max_num_seqs,
                                  engine.max_context, engine.device, bm.window, bm.local_scratch)
+    if chunk:
+        engine.chunk_graphs = ChunkGraphs(engine.model, engine.cache, bm.num_pages, engine.graphs.buckets, chunk,
+                                          engine.max_context, engine.device)
     return engine
 
 
@@ -555,4 +561,36 @@ def test_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert len(runs) > 10 and stats.preemptions > 0 and want_stats.preemptions > 0
     assert any(runs) == async_scheduling  # chained steps read their ids from the device
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_chunk_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
+    """Steps of decodes beside a prompt chunk of exactly --long-prefill-token-threshold tokens through
+    ChunkGraphs.run (the decodes, padding rows on the scratch page up to the bucket, then the chunk; the decodes'
+    logits) give the tokens of each prompt alone, with prompts arriving while others decode and, chained, ids
+    from the device. A prompt's last chunk runs eagerly (its token is sampled)."""
+    sampled = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)  # no penalty: steps chain
+    want = [make(prefix_caching=False).generate([p], [sampled])[0][0].token_ids for p in ids]
+    engine = with_emulated_graphs(make(long_prefill_token_threshold=3, async_scheduling=async_scheduling,
+                                       max_num_seqs=4), monkeypatch, chunk=3)
+    runs, graphed = [], engine.chunk_graphs.run
+
+    def spy(work, ids_on_device):
+        runs.append((len(work), ids_on_device is not None))
+        return graphed(work, ids_on_device)
+
+    monkeypatch.setattr(engine.chunk_graphs, "run", spy)
+    done, pending, steps = {}, list(enumerate(ids)), 0
+    while pending or engine.has_unfinished():
+        if pending and steps % 2 == 0:
+            i, p = pending.pop(0)
+            engine.add_request(p, sampled, request_id=f"r{i}")
+        for out in engine.step():
+            if out.finished:
+                done[int(out.request_id[1:])] = out.token_ids
+        steps += 1
+    assert [done[i] for i in range(len(ids))] == want
+    assert len(runs) > 3 and {n for n, _ in runs} > {2}  # several decode buckets
+    assert any(chained for _, chained in runs) == async_scheduling
     assert_idle(engine)

@@ -29,7 +29,7 @@ from ..kv_cache import AttentionMetadata, PagedKVCache
 from ..sampling import SamplingParams, SamplingTensors, sample_batch, upload
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
-from .graphs import try_decode_graphs
+from .graphs import try_chunk_graphs, try_decode_graphs
 from .loaded import LoadedModel
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, Status
@@ -236,6 +236,7 @@ class EngineCore(LoadedModel):
         self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens,
                                    long_prefill_token_threshold)
         self.graphs = try_decode_graphs(self, scratch_page=num_pages, max_num_seqs=max_running, sizes=cuda_graph_sizes)
+        self.chunk_graphs = try_chunk_graphs(self, scratch_page=num_pages, chunk=long_prefill_token_threshold)
         self.seqs: dict[str, Sequence] = {}
         self.stop_ids = frozenset(self.tokenizer.stop_ids if self.tokenizer else ())
         if async_scheduling is None:
@@ -386,7 +387,10 @@ class EngineCore(LoadedModel):
             # with ids on the device, a placeholder list gives each row's count
             work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n] if ids is None else [0] * n,
                      s.num_computed_tokens, s.block_table) for s, n in zip(seqs, counts)]
-            logits = self._forward(work, self.cache, rows, ids, local)
+            if self.chunk_graphs is not None and self.chunk_graphs.fits(counts, rows):  # decodes beside a chunk
+                logits = self.chunk_graphs.run(work, ids)  # [len(rows), vocab]
+            else:
+                logits = self._forward(work, self.cache, rows, ids, local)
             sampled = [seqs[i] for i in rows]
         for s, n in zip(seqs, counts):
             s.num_computed_tokens += n
