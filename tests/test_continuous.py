@@ -73,13 +73,13 @@ def test_alone_equals_the_static_engine(ids, alone):
     assert static.generate([ids[0]], params, 16, ignore_eos=True)[0][0].token_ids == alone[0]
 
 
-def run_arriving(engine, ids, every: int) -> list[list[int]]:
+def run_arriving(engine, ids, every: int, params: SamplingParams = GREEDY) -> list[list[int]]:
     """Each prompt added `every` steps after the one before, through add_request / step; the output ids."""
     done, pending, steps = {}, list(enumerate(ids)), 0
     while pending or engine.has_unfinished():
         if pending and steps % every == 0:
             i, p = pending.pop(0)
-            engine.add_request(p, GREEDY, request_id=f"r{i}")
+            engine.add_request(p, params, request_id=f"r{i}")
         for out in engine.step():
             if out.finished:
                 done[int(out.request_id[1:])] = out.token_ids
@@ -581,16 +581,7 @@ def test_chunk_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
         return graphed(work, ids_on_device)
 
     monkeypatch.setattr(engine.chunk_graphs, "run", spy)
-    done, pending, steps = {}, list(enumerate(ids)), 0
-    while pending or engine.has_unfinished():
-        if pending and steps % 2 == 0:
-            i, p = pending.pop(0)
-            engine.add_request(p, sampled, request_id=f"r{i}")
-        for out in engine.step():
-            if out.finished:
-                done[int(out.request_id[1:])] = out.token_ids
-        steps += 1
-    assert [done[i] for i in range(len(ids))] == want
+    assert run_arriving(engine, ids, every=2, params=sampled) == want
     assert len(runs) > 3 and {n for n, _ in runs} > {2}  # several decode buckets
     assert any(chained for _, chained in runs) == async_scheduling
     assert_idle(engine)
