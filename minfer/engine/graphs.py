@@ -321,10 +321,11 @@ class ChunkGraphs:
 
 
 def try_chunk_graphs(engine, scratch_page: int, chunk: int):
-    """ChunkGraphs for the engine's chunk cap beside decodes (--long-prefill-token-threshold), where decode graphs
-    run and the model has no sliding-window layers, at the decode graphs' buckets up to 64; else None."""
+    """ChunkGraphs for the engine's chunk cap beside decodes (--long-prefill-token-threshold, shorter than the
+    context), where decode graphs run and the model has no sliding-window layers, at the decode graphs' buckets up
+    to 64; else None."""
     graphs = engine.graphs
-    if graphs is None or not chunk or engine.block_manager.window is not None:
+    if graphs is None or not 0 < chunk < engine.max_context or engine.block_manager.window is not None:
         return None
     buckets = [b for b in graphs.buckets if b <= 64]
     try:
