@@ -42,6 +42,16 @@ inline double dram_gbps_per_sm(int device) {
 // slower (H200, one build, ms a step: 5.745 / 5.775 early against 5.521 / 5.466 after the wait).
 inline bool pdl_early(int64_t rows) { return rows <= 1; }
 
+// Lets kKernel take kBytes of dynamic shared memory (past 48 KB needs the opt-in), once per kernel.
+template <auto kKernel, int kBytes>
+void allow_smem() {
+  static const bool done = [] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    return true;
+  }();
+  (void)done;
+}
+
 // Launch with programmatic stream serialization where the code that runs waits for it: the virtual
 // arch it was compiled for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
 // The version is looked up once per kernel signature: every kernel of a signature is built for the

@@ -956,12 +956,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 template <int QT, typename T, int NT, bool kAhead = false>
 void launch(const Args& a, cudaStream_t stream) {
-  auto kernel = qlinear_kernel<QT, T, NT, kAhead>;
-  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Ring<QT>::kSmem));
-    return true;
-  }();
-  (void)attr;
+  constexpr auto kernel = qlinear_kernel<QT, T, NT, kAhead>;
+  allow_smem<kernel, Ring<QT>::kSmem>();
   launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), Ring<QT>::kSmem, stream, a);
 }
 
@@ -991,39 +987,27 @@ struct TileGrid {
 template <int QT, typename T, int NT>
 void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
   constexpr int S = kQTileStages<QT, NT>;
-  auto kernel = qtile_kernel<QT, T, NT, S>;
+  constexpr auto kernel = qtile_kernel<QT, T, NT, S>;
   constexpr int smem = qtile_smem<QT>(NT, S);
-  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attr;
+  allow_smem<kernel, smem>();
   TileGrid grid(a.N, (a.K + Ring<QT>::kChunk - 1) / Ring<QT>::kChunk, NT, sms, x, stream);
   launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, grid.ws, grid.counters);
 }
 
 template <typename T, int NT, int S, int kTiles = 1>
 void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream) {
-  auto kernel = q4k::rows_kernel<T, NT, S, kTiles>;
+  constexpr auto kernel = q4k::rows_kernel<T, NT, S, kTiles>;
   constexpr int smem = S * kWarps * kTiles * Ring<kQ4_K>::kStageBytes;
-  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attr;
+  allow_smem<kernel, smem>();
   launch_pdl(kernel, dim3((unsigned)((a.N + 16 * kTiles - 1) / (16 * kTiles))), dim3(kThreads), smem, stream, a,
              records);
 }
 
 template <typename T, int S, int kCTAs = 2>
 void launch_q4k_i8(const Args& a, const uint8_t* records, cudaStream_t stream) {
-  auto kernel = q4k::i8_kernel<T, S, kCTAs>;
+  constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs>;
   constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes;
-  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attr;
+  allow_smem<kernel, smem>();
   launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a, records);
 }
 
@@ -1040,13 +1024,9 @@ inline bool q4k_tile(const Args& a, int sms) {
 
 template <typename T, int NT, int S>
 void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  auto kernel = q4k::tile_kernel<T, NT, S>;
+  constexpr auto kernel = q4k::tile_kernel<T, NT, S>;
   constexpr int smem = q4k::tile_smem(NT, S);
-  static const bool attr = [&] {  // shared memory past 48 KB needs the opt-in
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attr;
+  allow_smem<kernel, smem>();
   TileGrid grid(a.N, a.K / 256, NT, sms, x, stream);
   launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, records, grid.ws, grid.counters);
 }
