@@ -209,6 +209,11 @@ class DecodeGraphs:
         return logits[:n]
 
 
+def capture_failed(e: RuntimeError, instead: str) -> None:
+    """Says, in one line, that a CUDA graph capture failed and what runs instead."""
+    print(f"[minfer] CUDA graph capture failed ({str(e).splitlines()[0]}); {instead}", file=sys.stderr)
+
+
 def try_decode_graphs(engine, scratch_page: int, max_num_seqs: int, sizes: list[int] | None = None):
     """DecodeGraphs for the engine when every op runs on our kernels (a ref op may sync or fall outside
     capture), else None; a capture that fails is said once and the engine decodes eagerly.
@@ -221,7 +226,7 @@ def try_decode_graphs(engine, scratch_page: int, max_num_seqs: int, sizes: list[
         return DecodeGraphs(engine.model, engine.cache, scratch_page, max_num_seqs, engine.max_context, engine.device,
                             bm.window, bm.local_scratch, sizes)
     except RuntimeError as e:
-        print(f"[minfer] CUDA graph capture failed ({str(e).splitlines()[0]}); decoding eagerly", file=sys.stderr)
+        capture_failed(e, "decoding eagerly")
         return None
 
 
@@ -331,6 +336,5 @@ def try_chunk_graphs(engine, scratch_page: int, chunk: int):
     try:
         return ChunkGraphs(engine.model, engine.cache, scratch_page, buckets, chunk, engine.max_context, engine.device)
     except RuntimeError as e:
-        print(f"[minfer] CUDA graph capture failed ({str(e).splitlines()[0]}); prompt chunks run eagerly",
-              file=sys.stderr)
+        capture_failed(e, "prompt chunks run eagerly")
         return None

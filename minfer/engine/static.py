@@ -9,7 +9,6 @@ before any timing starts, and reused by later generate() calls.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +19,7 @@ from ..kv_cache import KVCache
 from ..ops import DENSE_OPS
 from ..sampling import SamplingParams, make_generator, sample
 from ..tokenizer import StreamDecoder
+from .graphs import capture_failed
 from .loaded import LoadedModel
 from .stats import Stats
 
@@ -100,7 +100,7 @@ class Engine(LoadedModel):
             with torch.cuda.graph(graph):
                 static_logits = eager(static_ids, static_pos)
         except RuntimeError as e:
-            print(f"[minfer] CUDA graph capture failed ({str(e).splitlines()[0]}); decoding eagerly", file=sys.stderr)
+            capture_failed(e, "decoding eagerly")
             return eager
 
         def replay(ids, p):
