@@ -1,15 +1,19 @@
 """The whole engine on the cuda backend, static and continuous: every layer on our kernels, and the same
 greedy text as the fp32 reference backend on the default model."""
+import os
+
 import pytest
 import torch
 
-from minfer import shapes
+from minfer import loader, shapes
 from minfer.engine import Engine
 from minfer.engine.core import EngineCore, step_metadata
 from minfer.ops import DENSE_OPS, PAGED_OPS
 from minfer.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
+MODEL_PATH = os.path.join(loader.cache_dir(), loader.DEFAULT_MODEL_FILE)
+needs_model = pytest.mark.skipif(not os.path.exists(MODEL_PATH), reason=f"default model not at {MODEL_PATH}")
 
 PROMPT = "The capital of France is"
 
@@ -21,6 +25,7 @@ def reference_tokens():
     return out[0].token_ids
 
 
+@needs_model
 def test_every_op_runs_on_our_kernels():
     eng = Engine(dtype=torch.float16, device="cuda", backend="cuda")
     assert eng.ops.fallbacks == [], f"ops still on ref: {eng.ops.fallbacks}"
@@ -28,12 +33,14 @@ def test_every_op_runs_on_our_kernels():
     assert all(getattr(eng.ops, op) is getattr(cuda, op) for op in DENSE_OPS + PAGED_OPS)
 
 
+@needs_model
 def test_continuous_greedy_matches_reference(reference_tokens):
     core = EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=512, num_pages=64)
     outs, _ = core.generate([core.encode(PROMPT, chat=False)], [SamplingParams(temperature=0, max_tokens=8)])
     assert outs[0].token_ids == reference_tokens
 
 
+@needs_model
 def test_continuous_batch_with_prefix_hits_and_chunks():
     """Chunked prefill (a 40-token budget), prefix-cache hits and decodes mixed in steps: each request's
     first tokens equal its own run alone, without the cache."""
@@ -51,6 +58,7 @@ def test_continuous_batch_with_prefix_hits_and_chunks():
         assert o.token_ids[:4] == a[:4]
 
 
+@needs_model
 def test_mixed_step_decodes_apart_against_fp32():
     """A step of decodes, then prompt chunks: the decodes attend on the split-KV decode kernel and the chunks
     on the prefill kernel (AttentionMetadata.num_decodes). Against the fp32 reference on the same cache (random
@@ -89,6 +97,7 @@ def test_mixed_step_decodes_apart_against_fp32():
     assert 0 < apart_err <= 2 * whole_err, (apart_err, whole_err)
 
 
+@needs_model
 def test_async_scheduling_equals_sync():
     """Decode steps from graphs, launched before the ids of the step before are read (their ids gathered on
     the device): the synchronous engine's tokens, greedy and seeded, with requests ending at other lengths."""
@@ -105,6 +114,7 @@ def test_async_scheduling_equals_sync():
     assert [o.token_ids for o in fast.generate(prompts, params)[0]] == want
 
 
+@needs_model
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_greedy_matches_reference(dtype, reference_tokens):
     eng = Engine(dtype=dtype, device="cuda", backend="cuda")
@@ -117,6 +127,7 @@ def test_greedy_matches_reference(dtype, reference_tokens):
     assert stats.decode_tok_s > 0
 
 
+@needs_model
 def test_batched_generation_matches_single():
     eng = Engine(dtype=torch.float16, device="cuda", backend="cuda")
     prompts = [eng.encode(p, chat=False) for p in (PROMPT, "Water boils at a temperature of", "Hi")]
@@ -133,6 +144,7 @@ def graph_core():
                       max_num_seqs=128)
 
 
+@needs_model
 def test_decode_graph_context_classes():
     """Each bucket has a graph per context class; a step replays the smallest class that holds its longest
     sequence, with the same logits as the step run eagerly."""
@@ -149,6 +161,7 @@ def test_decode_graph_context_classes():
         torch.testing.assert_close(graphed, eager, atol=5e-2, rtol=1e-2)
 
 
+@needs_model
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 31, 64, 100, 128])
 def test_decode_graph_every_bucket(graph_core, n):
     """A decode step replayed from its bucket's graph (padding rows on the scratch page) gives the logits of
