@@ -23,14 +23,17 @@ struct KvRows {
   const int* table;  // this sequence's pages, or nullptr (dense)
   int64_t ps;        // page stride (elements)
   int page_size;
+  int page_shift;    // log2(page_size) where it is a power of two, else -1: a shift and a mask for j's page and
+                     // row in it, where a division by a runtime value takes ~20 dependent instructions
   int last_page;     // num_pages - 1
 
   // paged: the page holding key j, and key j's row given its page
+  __device__ __forceinline__ int entry_of(int j) const { return page_shift >= 0 ? j >> page_shift : j / page_size; }
   __device__ __forceinline__ unsigned page_of(int j) const {
-    return min(static_cast<unsigned>(__ldg(table + j / page_size)), static_cast<unsigned>(last_page));
+    return min(static_cast<unsigned>(__ldg(table + entry_of(j))), static_cast<unsigned>(last_page));
   }
   __device__ __forceinline__ const T* in_page(unsigned page, int j) const {
-    return base + page * ps + (j % page_size) * ss;
+    return base + page * ps + (page_shift >= 0 ? j & (page_size - 1) : j % page_size) * ss;
   }
   __device__ __forceinline__ const T* row(int j) const { return table == nullptr ? base + j * ss : in_page(page_of(j), j); }
 };
@@ -41,8 +44,10 @@ template <typename T>
 __device__ __forceinline__ KvRows<T> kv_rows(const PagedKv& pk, const void* cache, int64_t bs, int64_t ss, int64_t hs,
                                              int64_t ps, int b, int kvh) {
   const T* base = reinterpret_cast<const T*>(cache) + kvh * hs;
-  if (pk.block_table == nullptr) return {base + b * bs, ss, nullptr, 0, 1, 0};
-  return {base, ss, pk.block_table + b * pk.bt_stride, ps, pk.page_size, pk.num_pages - 1};
+  if (pk.block_table == nullptr) return {base + b * bs, ss, nullptr, 0, 1, 0, 0};
+  const bool pow2 = (pk.page_size & (pk.page_size - 1)) == 0;
+  return {base, ss, pk.block_table + b * pk.bt_stride, ps, pk.page_size, pow2 ? __ffs(pk.page_size) - 1 : -1,
+          pk.num_pages - 1};
 }
 #endif
 
