@@ -139,9 +139,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   Split seq_split{};
   const Range r{len, n_active, s0, s1, n_my, seq_split};
   const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * kRingBytes<D>),
-                         kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
-                         kv_rows<T>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh), c.warp, c.lane,
-                         lane_page};
+                         kv_rows<T, kPageShift<D>>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
+                         kv_rows<T, kPageShift<D>>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh),
+                         c.warp, c.lane, lane_page};
   T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes<D>);  // the speculating kernel's q (kQInSmem: every
                                                                  // kernel's): [kRows][kQStride]
   uint32_t qf[D / 16][4];                    // Q's A fragments (kQInSmem: unused, read from s_q)

@@ -155,8 +155,8 @@ struct WarpRing {
   const DecodeParams& p;
   const Range& r;
   T* ring;      // [kStages][K tile, V tile], tile_off layout
-  KvRows<T> k;  // K rows of (b, kvh); a tile's 16 rows are contiguous (stride p.k_ss) in either layout
-  KvRows<T> v;
+  KvRows<T, kPageShift<D>> k;  // K rows of (b, kvh); a tile's 16 rows are contiguous (stride p.k_ss) in either layout
+  KvRows<T, kPageShift<D>> v;
   int warp, lane;
   int& lane_page;  // paged: the page of this warp's tile `lane` (load_pages); later tiles look theirs up
 
@@ -173,7 +173,7 @@ struct WarpRing {
     if (k.table != nullptr) lane_page = lane < r.n_my ? k.page_of(key0(lane)) : 0;
   }
   // Row row0(i) of K or V (kv: k or v), in tile i's page; every lane of the warp calls it with the same i.
-  __device__ __forceinline__ const T* tile_rows(const KvRows<T>& kv, int i) const {
+  __device__ __forceinline__ const T* tile_rows(const KvRows<T, kPageShift<D>>& kv, int i) const {
     if (kv.table == nullptr || i >= 32) return kv.row(row0(i));
     return kv.in_page(__shfl_sync(0xffffffff, lane_page, i), row0(i));
   }

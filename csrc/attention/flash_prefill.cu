@@ -74,7 +74,8 @@ __device__ __forceinline__ void load_q_tile(T* s, const T* qb, const FlashParams
 // paged tile may span pages: each row is located by itself); the other rows are zero-filled, as their
 // scores are masked and 0 * V must stay 0 (rows_lo > 0: keys before the window, whose pages may be gone).
 template <typename T, int D>
-__device__ __forceinline__ void load_kv_tile(T* s, const KvRows<T>& kv, int n_start, int rows_lo, int rows_valid) {
+__device__ __forceinline__ void load_kv_tile(T* s, const KvRows<T, kPageShift<D>>& kv, int n_start, int rows_lo,
+                                             int rows_valid) {
   constexpr int CH = D / 8;
   for (int i = threadIdx.x; i < kBN * CH; i += kThreads) {
     const int r = i / CH, c = i % CH;
@@ -134,8 +135,8 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   const int per_split = (n_tiles - t_lo + splits - 1) / splits;
   const int t_begin = t_lo + split * per_split, t_end = min(n_tiles, t_begin + per_split);
 
-  const KvRows<T> kr = kv_rows<T>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
-  const KvRows<T> vr = kv_rows<T>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, b, kvh);
+  const auto kr = kv_rows<T, kPageShift<D>>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
+  const auto vr = kv_rows<T, kPageShift<D>>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, b, kvh);
 
   load_q_tile<T, D, BM>(sQ, reinterpret_cast<const T*>(p.q) + b * p.q_bs, p, qr, m_start, n_rows);
   ptx::cp_async_commit();
