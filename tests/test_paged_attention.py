@@ -156,7 +156,7 @@ def test_cuda_paged_decode(ctx, hd, dtype, stable_prefix):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("page", [16, 32, 48, 64])  # 48: not a power of two, the division's path (KvRows)
 @pytest.mark.parametrize("ratio", [1, 4, 16])
 def test_cuda_paged_decode_pages_and_groups(ratio, page):
     starts = [int(x) for x in torch.randint(0, 3000, (9,))]
