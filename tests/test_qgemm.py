@@ -93,16 +93,18 @@ def test_qlinear(kind, m, dtype):
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_large_grid(kind):
     """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernels without
-    x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM and at M > 8 in CTAs of two tiles. 276 rows
+    x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM and at M > 8 in CTAs of two tiles; Q6_K and
+    Q8_0 with K of fewer chunks than a CTA's warps (the smaller k) run 128-row CTAs (qtile_kernel). 276 rows
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
     rows; at M = 1 a tile of 4 rows, whose other 12 are never copied)."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):
-        for m in (1, 5, 13):
-            w, x, b, ref64, torch_out = _product_case(kind, m, n, KS[kind][0], torch.bfloat16, seed=m)
-            ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, KS[kind][0], b, False)
-            _check(ours, torch_out, ref64, torch.bfloat16)
+        for k in KS[kind]:
+            for m in (1, 5, 13):
+                w, x, b, ref64, torch_out = _product_case(kind, m, n, k, torch.bfloat16, seed=m)
+                ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)
+                _check(ours, torch_out, ref64, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -228,12 +228,13 @@ __device__ __forceinline__ uint2 x_pairs(uint2 v) {
 
 // With kAhead, this lane's x for a whole chunk ([step][x row tile][mma j]), loaded before the chunk's
 // weights are waited for, so that the two latencies overlap: x comes from L2, and at M = 1 on 256 CTAs
-// waiting for it was 39% of the stalls. Its 32 registers cost a CTA an SM, which loses on large grids
-// (Q6_K 1 x 128256 x 4096: 164 -> 192 us) and on the 4-bit formats, bound by instructions more than by
-// latency: qlinear takes it for Q8_0 and Q6_K on grids of at most 2 CTAs an SM (1 x 4096 x 14336: Q8_0
-// 37.2 -> 27.1 us, Q6_K 31.3 -> 24.3).
+// waiting for it was 39% of the stalls. Its 32 registers (8 for the 64-k chunks of the legacy 4- and 5-bit
+// formats) cost a CTA an SM, which loses on large grids (Q6_K 1 x 128256 x 4096: 164 -> 192 us): qlinear
+// takes it on grids of at most 2 CTAs an SM, for every format but Q4_K (its own kernels) and Q5_K (not
+// measured). 1 x 4096 x 14336: Q8_0 37.2 -> 27.1 us, Q6_K 31.3 -> 24.3 (H100); Q4_1 42.9 -> 36.6, Q5_0 53.4 ->
+// 41.7; Q4_1 1 x 4096 x 4096 13.5 -> 11.3, 1 x 576 x 1536 3.13 -> 2.71 (H200).
 template <int QT>
-constexpr bool kXAheadFormat = QT == kQ8_0 || QT == kQ6_K;
+constexpr bool kXAheadFormat = QT != kQ4_K && QT != kQ5_K;
 // The formats that take load_chunk's kOffsets.
 template <int QT>
 constexpr bool kOffsetsFormat = QT == kQ8_0;
@@ -418,18 +419,27 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();  // one group per chunk, empty past the last: the wait below counts groups
   }
   if (a.static_weight) griddep_wait();  // x, bias and out may be the previous kernel's
+  // 64-k chunks (8 registers of x at NT = 1): chunk i + 1's x is loaded before chunk i's mmas, so that a warp
+  // of several chunks pays one L2 round trip for x, not one a chunk
+  constexpr bool kNextX = kAhead && R::kChunk == 64;
   float acc[NT][4] = {};
+  XAhead<QT, NT, kAhead> xa;
+  if (kNextX && mine > 0) load_x_ahead<QT, T, NT, kAhead>(xa, a, warp, g, t);
   for (int i = 0; i < mine; ++i) {
     const int ahead = i + R::kStages - 1;  // refills the stage that chunk i - 1 left
     if (ahead < mine)
       load_chunk<QT, kOffsets>(ring + (ahead % R::kStages) * R::kStageBytes, a, n0, warp + kWarps * ahead, lane);
     cp_async_commit();
-    XAhead<QT, NT, kAhead> xa;
-    load_x_ahead<QT, T, NT, kAhead>(xa, a, warp + kWarps * i, g, t);
+    XAhead<QT, NT, kAhead> next{};
+    if (!kNextX)
+      load_x_ahead<QT, T, NT, kAhead>(xa, a, warp + kWarps * i, g, t);
+    else if (i + 1 < mine)
+      load_x_ahead<QT, T, NT, kAhead>(next, a, warp + kWarps * (i + 1), g, t);
     cp_async_wait<R::kStages - 1>();  // chunk i's group is done (for this lane) ...
     __syncwarp();                     // ... and for every lane
     mma_chunk<QT, T, NT, kAhead>(acc, ring + (i % R::kStages) * R::kStageBytes, xa, a, n0, warp + kWarps * i, g, t);
     __syncwarp();  // every lane is done with the stage before it is refilled
+    if (kNextX) xa = next;
   }
   cp_async_wait<0>();
   reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
@@ -1079,16 +1089,26 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
     launch_q4k_rows<T, 1, 3>(a, r, stream);
 }
 
-// Whether qlinear at M 9-16 takes qtile_kernel: Q6_K and Q8_0 from 4096 x 4096 on. H200, one run, us,
-// qlinear_kernel / qtile_kernel: Q8_0 16 x 28672 x 4096 88.4 / 58.6, 16 x 4096 x 14336 49.7 / 29.3, 16 x 6144 x
-// 4096 26.7 / 16.1, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x 4096 x 14336 34.4 / 29.6, 16 x 128256 x 4096 262.7 /
-// 233.2, 16 x 6144 x 4096 21.5 / 16.0. Smaller W lost (Q6_K 16 x 1024 x 4096 9.1 / 9.6; Q4_1 at SmolLM2's
-// shapes, 2-3 chunks a CTA, 2.6-4.4 / 5.1-7.1). Returns whether it launched it.
+// Whether qlinear at M <= 16 takes qtile_kernel (Q6_K and Q8_0), and launches it if so:
+// - M 9-16 from 4096 x 4096 on. H200, one run, us, qlinear_kernel / qtile_kernel: Q8_0 16 x 28672 x 4096 88.4 /
+//   58.6, 16 x 4096 x 14336 49.7 / 29.3, 16 x 6144 x 4096 26.7 / 16.1, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x
+//   4096 x 14336 34.4 / 29.6, 16 x 128256 x 4096 262.7 / 233.2, 16 x 6144 x 4096 21.5 / 16.0. Smaller W lost
+//   (Q6_K 16 x 1024 x 4096 9.1 / 9.6; Q4_1 at SmolLM2's shapes, 2-3 chunks a CTA, 2.6-4.4 / 5.1-7.1).
+// - K of fewer chunks than a CTA has warps (a small model's tied lm_head), on grids past 2 CTAs an SM: there
+//   qlinear_kernel idles most warps (3 of 8 busy at K = 576) in CTAs of 16 rows. H200, two rounds, us: Q8_0 1 x
+//   49152 x 576 24.2 / 16.0, 16 x 49152 x 576 41.6 / 19.0, 1 x 262144 x 640 110.4 / 74.9, 16 x 262144 x 640
+//   200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5).
 template <int QT, typename T>
 bool launch_if_qtile(const Args& a, const torch::Tensor& x, cudaStream_t stream) {
   if constexpr (QT == kQ6_K || QT == kQ8_0) {
-    if (a.M > 8 && a.M <= 16 && a.N >= 4096 && a.K >= 4096) {
-      launch_qtile<QT, T, 2>(a, x, sm_count(x.get_device()), stream);
+    const int sms = sm_count(x.get_device());
+    const bool wide = a.M > 8 && a.N >= 4096 && a.K >= 4096;
+    const bool short_k = a.K < kWarps * Ring<QT>::kChunk && (a.N + 15) / 16 > 2 * sms;
+    if (a.M <= 16 && (wide || short_k)) {
+      if (a.M > 8)
+        launch_qtile<QT, T, 2>(a, x, sms, stream);
+      else
+        launch_qtile<QT, T, 1>(a, x, sms, stream);
       return true;
     }
   }
@@ -1143,13 +1163,13 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
       if (QT == qgemm::kQ4_K && a.M <= 16)
         qgemm::launch_q4k<scalar_t>(a, records, x, sm_count(x.get_device()), stream);
+      else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, stream))
+        return;
       // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
       else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && (a.N + 15) / 16 <= 2 * sm_count(x.get_device()))
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
       else if (a.M <= 8)
         qgemm::launch<QT, scalar_t, 1>(a, stream);
-      else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, stream))
-        return;
       else if (a.M <= 16)
         qgemm::launch<QT, scalar_t, 2>(a, stream);
       else
