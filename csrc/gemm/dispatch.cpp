@@ -3,7 +3,7 @@
 //
 // Paths (str path): "auto"; "wmma" (any layout); "sm80" (mma.sync + cp.async pipeline);
 // "sm90" (wgmma + TMA, Hopper only); "gemv" (weight streaming, small M); "simt" (fp32).
-// auto: fp32 -> simt; fp16/bf16 -> gemv for M <= 16, and up to M = 64 on small W (blocks of 16 rows x N x
+// auto: fp32 -> simt; fp16/bf16 -> gemv for M <= 16, and up to M = 256 on small W (blocks of 16 rows x N x
 // K <= 2^24); on Hopper sm90 above M = 128 and its small-M kernel for M 32..128 on large W; else sm80;
 // wmma when the cp.async rules (K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases) fail.
 #include <c10/cuda/CUDAGuard.h>
@@ -57,14 +57,16 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
   if (path == Path::kAuto) {
     // gemv streams W once for up to 16 activation rows (two n8 mma tiles) at the cost of M = 1; from
     // M = 17 it streams W once per 16 rows, where sm90's small-M kernel (Hopper) and split-K sm80 read
-    // it once. The repeats come from L2 and cost little while W is small: up to M = 64, gemv wins while
+    // it once. The repeats come from L2 and cost little while W is small: up to M = 256, gemv wins while
     // blocks of 16 rows x N x K stays within 2^24 (H200, fp16: 64 x 576 x 576 3.1 against
     // sm80's 7.9 us, 64 x 3072 x 576 5.7 against 9.6, 64 x 2048 x 2048 9.6 against sm90's 13.5; at twice
-    // that, 32 x 4096 x 4096, level with sm90 at 17.6; 64 x 4096 x 4096 28.7 against 19.7). Measured
+    // that, 32 x 4096 x 4096, level with sm90 at 17.6; 64 x 4096 x 4096 28.7 against 19.7; bf16: 128 x 576
+    // x 576 2.8 against sm80's 11.3, 128 x 3072 x 576 8.0 against 14.8, 256 x 576 x 1536 8.5 against sm90's
+    // 10.8, 256 x 960 x 576 5.7 against 6.4; past the budget 192 x 3072 x 576 11.5 against 6.6). Measured
     // (H200): small-M beats sm80 from M = 32 on W of 4M elements and more (64 x 4096 x 4096:
     // 20.9 against 25.4 us; 64 x 28672 x 4096: 72 against 106) and loses at M = 17 (18.9 against 17.9).
     const int64_t row_blocks = (p.M + 15) / 16;
-    const bool gemv_wins = p.M <= 16 || (p.M <= 64 && row_blocks * p.N * p.K <= (int64_t(1) << 24));
+    const bool gemv_wins = p.M <= 16 || (p.M <= 256 && row_blocks * p.N * p.K <= (int64_t(1) << 24));
     const bool sm90_small_m_wins = p.M >= 32 && int64_t(p.N) * p.K >= (int64_t(1) << 22);
     if (aligned && major >= 8 && gemv_wins) path = Path::kGemv;
     else if (aligned && major == 9 && (p.M > kSm90SmallMAll || sm90_small_m_wins)) path = Path::kSm90;
