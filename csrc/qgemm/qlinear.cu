@@ -964,6 +964,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 }  // namespace q4k
 
+// Whether a grid of 16-row CTAs is at most 2 CTAs an SM: there the kernels are bound by latency, not issue.
+inline bool small_grid(const Args& a, int sms) { return (a.N + 15) / 16 <= 2 * sms; }
+
 template <int QT, typename T, int NT, bool kAhead = false>
 void launch(const Args& a, cudaStream_t stream) {
   constexpr auto kernel = qlinear_kernel<QT, T, NT, kAhead>;
@@ -1066,7 +1069,7 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
     r = own.data_ptr<uint8_t>();
   }
   if (i8) {  // 3 CTAs an SM (71 registers) where the grid fills more than 2
-    if ((a.N + 15) / 16 <= 2 * sms)
+    if (small_grid(a, sms))
       launch_q4k_i8<T, 4>(a, r, stream);
     else
       launch_q4k_i8<T, 3, 3>(a, r, stream);
@@ -1083,7 +1086,7 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
     launch_q4k_rows<T, 2, 3, 2>(a, r, stream);
   else if (a.M > 8)
     launch_q4k_rows<T, 2, 3>(a, r, stream);
-  else if ((a.N + 15) / 16 <= 2 * sms)
+  else if (small_grid(a, sms))
     launch_q4k_rows<T, 1, 4>(a, r, stream);
   else
     launch_q4k_rows<T, 1, 3>(a, r, stream);
@@ -1099,11 +1102,10 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
 //   49152 x 576 24.2 / 16.0, 16 x 49152 x 576 41.6 / 19.0, 1 x 262144 x 640 110.4 / 74.9, 16 x 262144 x 640
 //   200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5).
 template <int QT, typename T>
-bool launch_if_qtile(const Args& a, const torch::Tensor& x, cudaStream_t stream) {
+bool launch_if_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
   if constexpr (QT == kQ6_K || QT == kQ8_0) {
-    const int sms = sm_count(x.get_device());
     const bool wide = a.M > 8 && a.N >= 4096 && a.K >= 4096;
-    const bool short_k = a.K < kWarps * Ring<QT>::kChunk && (a.N + 15) / 16 > 2 * sms;
+    const bool short_k = a.K < kWarps * Ring<QT>::kChunk && !small_grid(a, sms);
     if (a.M <= 16 && (wide || short_k)) {
       if (a.M > 8)
         launch_qtile<QT, T, 2>(a, x, sms, stream);
@@ -1159,14 +1161,15 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
                       static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31),
                       0x5464u,                    out.stride(0)};
   auto stream = c10::cuda::getCurrentCUDAStream();
+  const int sms = sm_count(x.get_device());
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
       if (QT == qgemm::kQ4_K && a.M <= 16)
-        qgemm::launch_q4k<scalar_t>(a, records, x, sm_count(x.get_device()), stream);
-      else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, stream))
+        qgemm::launch_q4k<scalar_t>(a, records, x, sms, stream);
+      else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, sms, stream))
         return;
       // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
-      else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && (a.N + 15) / 16 <= 2 * sm_count(x.get_device()))
+      else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && qgemm::small_grid(a, sms))
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
       else if (a.M <= 8)
         qgemm::launch<QT, scalar_t, 1>(a, stream);
