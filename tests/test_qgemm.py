@@ -108,6 +108,20 @@ def test_qlinear_large_grid(kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 9, 16])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_qlinear_short_k_in_registers(kind, m, dtype):
+    """The 4- and 5-bit legacy formats with K of at most 4 chunks a warp (k <= 2048) on small grids load W
+    straight into registers (regs_kernel): a small model's 576 and 1536, k at the limit, k ending in half a
+    chunk (1568: 49 blocks), and 2080 just past the limit (qlinear_kernel); weights static, as the engine's."""
+    q = _q()
+    for n, k in [(576, 1536), (970, 576), (37, 2048), (203, 1568), (45, 2080)]:
+        w, x, b, ref64, torch_out = _product_case(kind, m, n, k, dtype, seed=m + k)
+        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True)
+        _check(ours, torch_out, ref64, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [2, 8, 9, 16])
 def test_qlinear_q4k_tiles_split_over_k(m, dtype):
     """Q4_K at M 2-16 runs 128-row CTAs (tile_kernel) where the tiles fill 2 CTAs an SM, and past M = 4 where

@@ -207,6 +207,38 @@ struct ChunkHead {
   }
 };
 
+// What lane t reads of one legacy (32-element) block for a step: head (d, and m above it where the
+// format has a min), qh (the 5-bit formats' high bits) and the quant words (Q8_0: two, else one).
+struct BlockWords {
+  uint32_t head, qh, qs[2];
+};
+template <int QT>
+__device__ __forceinline__ BlockWords block_words(const uint8_t* blk, int t) {
+  constexpr int A = Format<QT>::kAlign, qs = QT == kQ4_0 ? 2 : QT == kQ4_1 ? 4 : QT == kQ5_0 ? 6 : QT == kQ5_1 ? 8 : 2;
+  BlockWords w{};
+  if constexpr (kHasMin<QT>)
+    w.head = word_at<A>(blk);  // d, m
+  else
+    w.head = *reinterpret_cast<const uint16_t*>(blk);  // d
+  if constexpr (QT == kQ5_0 || QT == kQ5_1) w.qh = word_at<A>(blk + qs - 4);  // qh sits just before qs
+  w.qs[0] = word_at<A>(blk + qs + 4 * t);
+  if constexpr (QT == kQ8_0) w.qs[1] = word_at<A>(blk + 18 + 4 * t);
+  return w;
+}
+// block_words' words as step_quants gives them (see there).
+template <int QT>
+__device__ __forceinline__ void block_quants(const BlockWords& w, int t, uint32_t (&q)[2], float (&a)[2], float (&b)[2]) {
+  a[0] = __half2float(__ushort_as_half(uint16_t(w.head)));
+  if constexpr (kHasMin<QT>) b[0] = __half2float(__ushort_as_half(uint16_t(w.head >> 16)));
+  if constexpr (QT == kQ8_0) {
+    q[0] = w.qs[0] ^ 0x80808080u, q[1] = w.qs[1] ^ 0x80808080u;
+  } else {  // elements 0-15 in the low nibbles, 16-31 the high
+    q[0] = w.qs[0] & 0x0F0F0F0Fu, q[1] = (w.qs[0] >> 4) & 0x0F0F0F0Fu;
+    if constexpr (QT == kQ5_0 || QT == kQ5_1)  // bit i of qh: element i's 5th bit
+      q[0] |= bit4_of_bytes(w.qh >> (4 * t)), q[1] |= bit4_of_bytes(w.qh >> (16 + 4 * t));
+  }
+}
+
 // Step s (elements 32 s .. 32 s + 31) of the row chunk at c (2 legacy blocks or one super-block, from a
 // block boundary), as lane t (0..3) takes it: byte i of q[j] is the quant of element 32 s + 16 j + 4 t + i,
 // unsigned and below 128 (256 for Q8_0), and the element is a[j] (quant - kQuantOffset) + b[j]. Only
@@ -216,21 +248,8 @@ __device__ __forceinline__ void step_quants(const uint8_t* c, int s, int t, cons
                                             uint32_t (&q)[2], float (&a)[2], float (&b)[2]) {
   using F = Format<QT>;
   constexpr int A = F::kAlign;
-  if constexpr (F::kElems == 32) {  // one block a step; elements 0-15 in the low nibbles, 16-31 the high
-    const uint8_t* blk = c + s * F::kBytes;
-    a[0] = f16_at(blk);
-    if constexpr (kHasMin<QT>) b[0] = f16_at(blk + 2);
-    if constexpr (QT == kQ8_0) {
-      q[0] = word_at<A>(blk + 2 + 4 * t) ^ 0x80808080u, q[1] = word_at<A>(blk + 18 + 4 * t) ^ 0x80808080u;
-    } else {
-      constexpr int qs = QT == kQ4_0 ? 2 : QT == kQ4_1 ? 4 : QT == kQ5_0 ? 6 : 8;
-      const uint32_t w = word_at<A>(blk + qs + 4 * t);
-      q[0] = w & 0x0F0F0F0Fu, q[1] = (w >> 4) & 0x0F0F0F0Fu;
-      if constexpr (QT == kQ5_0 || QT == kQ5_1) {  // qh, just before qs: bit i is element i's 5th bit
-        const uint32_t qh = word_at<A>(blk + qs - 4);
-        q[0] |= bit4_of_bytes(qh >> (4 * t)), q[1] |= bit4_of_bytes(qh >> (16 + 4 * t));
-      }
-    }
+  if constexpr (F::kElems == 32) {  // one block a step
+    block_quants<QT>(block_words<QT>(c + s * F::kBytes, t), t, q, a, b);
   } else if constexpr (QT == kQ4_K || QT == kQ5_K) {  // sub-block s: low nibbles for even s, high for odd
     const uint8_t* qs = c + (QT == kQ4_K ? 16 : 48) + 32 * (s >> 1) + 4 * t;
     q[0] = (word_at<A>(qs) >> (4 * (s & 1))) & 0x0F0F0F0Fu;

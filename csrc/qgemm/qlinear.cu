@@ -16,6 +16,8 @@
 // in shared memory at the end (NT x 4 KB, within every format's rings).
 //
 // Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
+// The 4- and 5-bit legacy formats at M <= 16 with K up to 2048 on small grids (a small model) skip the rings:
+// regs_kernel loads each lane's words of W straight into registers.
 // Q4_K up to M = 16 takes its own kernels (q4k below): at M = 1 the quants as they are against x as 22-bit
 // integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants.
 // At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel) run CTAs of 128 rows whose
@@ -267,20 +269,49 @@ struct XTile {
   static constexpr int kRow = Ring<QT>::kChunk * 2 + 32;
 };
 
+// acc += one 32-wide step: rows g and g + 8's quants qa / qb ([mma j], step_quants' form) with their runs'
+// scales s and mins m, against x row tile nt's pairs xp[nt][j].
+template <int QT, typename T, int NT>
+__device__ __forceinline__ void mma_quants(float (&acc)[NT][4], const uint32_t (&qa)[2], const uint32_t (&qb)[2],
+                                           const float (&sa)[2], const float (&sb)[2], const float (&ma)[2],
+                                           const float (&mb)[2], const uint2 (&xp)[NT][2]) {
+  constexpr int kRuns = kScalePer16<QT> ? 2 : 1;  // scale runs a step
+  constexpr uint32_t kOnes = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;
+  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+  float dot[NT][kRuns][4] = {}, xsum[NT][4] = {};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint2 pa = int_pairs<T, kQuantOffset<QT>, QT == kQ8_0>(qa[j]);
+    const uint2 pb = int_pairs<T, kQuantOffset<QT>, QT == kQ8_0>(qb[j]);
+    const uint32_t w[4] = {pa.x, pb.x, pa.y, pb.y};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      mma_m16n8k16<T>(dot[nt][kRuns == 2 ? j : 0], w, xp[nt][j].x, xp[nt][j].y);
+      if constexpr (kHasMin<QT>) mma_m16n8k16<T>(xsum[nt], ones, xp[nt][j].x, xp[nt][j].y);
+    }
+  }
+  // dot[nt][r][i]: row g (i < 2) or g + 8, column 8 nt + 2t + (i & 1) (the C fragment layout)
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int r = 0; r < kRuns; ++r) acc[nt][i] = __fmaf_rn(i < 2 ? sa[r] : sb[r], dot[nt][r][i], acc[nt][i]);
+      if constexpr (kHasMin<QT>) acc[nt][i] = __fmaf_rn(i < 2 ? ma[0] : mb[0], xsum[nt][i], acc[nt][i]);
+    }
+}
+
 // acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage; with kSharedX, x's chunk from xs (an
 // XTile stage; rows past M read as row 0, whose sums are never stored).
 template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const XAhead<QT, NT, kAhead>& xa,
                                           const Args& a, int n0, int c, int g, int t, const uint8_t* xs = nullptr) {
   using R = Ring<QT>;
-  constexpr int kRuns = kScalePer16<QT> ? 2 : 1;  // scale runs a step
-  constexpr uint32_t kOnes = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;
   const uint8_t* row_a = stage + g * R::kRowStride + (chunk_start(a, n0, g, c, R::kBytes) & 15);
   const uint8_t* row_b = stage + (g + 8) * R::kRowStride + (chunk_start(a, n0, g + 8, c, R::kBytes) & 15);
   const ChunkHead<QT, kAhead> head_a(row_a), head_b(row_b);  // scales once a chunk along with x ahead
   const T* x = static_cast<const T*>(a.x) + int64_t(c) * R::kChunk + 4 * t;
   const int steps = (a.K - c * R::kChunk < R::kChunk ? a.K - c * R::kChunk : R::kChunk) / 32;  // K % 32 == 0
-  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
   const uint8_t* xrow[NT];
   if constexpr (kSharedX)
 #pragma unroll
@@ -306,27 +337,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
     float sa[2], sb[2], ma[2], mb[2];  // rows g and g + 8: scale and min of each run
     step_quants<QT>(row_a, s, t, head_a, qa, sa, ma);
     step_quants<QT>(row_b, s, t, head_b, qb, sb, mb);
-    float dot[NT][kRuns][4] = {}, xsum[NT][4] = {};
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint2 pa = int_pairs<T, kQuantOffset<QT>, QT == kQ8_0>(qa[j]);
-      const uint2 pb = int_pairs<T, kQuantOffset<QT>, QT == kQ8_0>(qb[j]);
-      const uint32_t w[4] = {pa.x, pb.x, pa.y, pb.y};
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        mma_m16n8k16<T>(dot[nt][kRuns == 2 ? j : 0], w, xp[nt][j].x, xp[nt][j].y);
-        if constexpr (kHasMin<QT>) mma_m16n8k16<T>(xsum[nt], ones, xp[nt][j].x, xp[nt][j].y);
-      }
-    }
-    // dot[nt][r][i]: row g (i < 2) or g + 8, column 8 nt + 2t + (i & 1) (the C fragment layout)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int r = 0; r < kRuns; ++r) acc[nt][i] = __fmaf_rn(i < 2 ? sa[r] : sb[r], dot[nt][r][i], acc[nt][i]);
-        if constexpr (kHasMin<QT>) acc[nt][i] = __fmaf_rn(i < 2 ? ma[0] : mb[0], xsum[nt][i], acc[nt][i]);
-      }
+    mma_quants<QT, T, NT>(acc, qa, qb, sa, sb, ma, mb, xp);
   }
 }
 
@@ -411,7 +422,6 @@ __global__ void __launch_bounds__(kThreads)
   const int n0 = blockIdx.x * 16, chunks = (a.K + R::kChunk - 1) / R::kChunk;
   const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
   uint8_t* ring = smem + warp * R::kStages * R::kStageBytes;
-  griddep_launch_dependents();  // they wait (griddep_wait) for this grid to complete before reading out
   if (!a.static_weight) griddep_wait();
 #pragma unroll
   for (int i = 0; i < R::kStages - 1; ++i) {
@@ -419,6 +429,9 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();  // one group per chunk, empty past the last: the wait below counts groups
   }
   if (a.static_weight) griddep_wait();  // x, bias and out may be the previous kernel's
+  // The next grid launches only now: released at entry, its CTAs took the SMs' slots while this one's 16-row
+  // tiles ran (H200, us: Q4_1 1 x 3072 x 576 2.93 -> 2.62, 1 x 576 x 1536 2.75 -> 2.53, 16 x 960 x 576 3.14 -> 2.62).
+  griddep_launch_dependents();
   // 64-k chunks (8 registers of x at NT = 1): chunk i + 1's x is loaded before chunk i's mmas, so that a warp
   // of several chunks pays one L2 round trip for x, not one a chunk
   constexpr bool kNextX = kAhead && R::kChunk == 64;
@@ -443,6 +456,82 @@ __global__ void __launch_bounds__(kThreads)
   }
   cp_async_wait<0>();
   reduce_store<T, NT>(acc, smem, a, n0, warp, lane);
+}
+
+// ---- The 4- and 5-bit legacy formats at M <= 16, short K, small grids: W straight into registers ----
+// A small model's linears (K <= 2048: at most kRegChunks chunks a warp, grids of at most 2 CTAs an SM) are
+// bound by latency, not bytes: each lane loads the words it decodes (block_words: rows g and g + 8, every
+// block of its warp's chunks) in one burst, before griddep_wait where W is static, and decodes them from
+// registers; no ring, no cp.async groups, shared memory only for the warps' sums.
+constexpr int kRegChunks = 4;
+template <int QT>
+constexpr bool kRegsFormat = QT == kQ4_0 || QT == kQ4_1 || QT == kQ5_0 || QT == kQ5_1;
+
+template <int QT, typename T, int NT>
+__global__ void __launch_bounds__(kThreads) regs_kernel(const Args a) {
+  using F = Format<QT>;
+  constexpr int kSteps = Ring<QT>::kChunk / 32;  // blocks a chunk
+  __shared__ __align__(16) uint8_t red[kWarps * NT * 4 * 32 * sizeof(float)];  // reduce_store's partial sums
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * 16, blocks = a.K / 32, chunks = (blocks + kSteps - 1) / kSteps;
+  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks, <= kRegChunks
+  const bool ok_a = n0 + g < a.N, ok_b = n0 + g + 8 < a.N;
+  const uint8_t* row_a = a.w + int64_t(ok_a ? n0 + g : 0) * a.row_bytes;
+  const uint8_t* row_b = a.w + int64_t(ok_b ? n0 + g + 8 : 0) * a.row_bytes;
+  BlockWords wa[kRegChunks][kSteps], wb[kRegChunks][kSteps];  // [warp's chunk i][step]: rows g, g + 8
+  auto load_w = [&] {
+#pragma unroll
+    for (int i = 0; i < kRegChunks; ++i)
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        const int b = (warp + kWarps * i) * kSteps + s;  // block along K
+        const bool ok = i < mine && b < blocks;
+        wa[i][s] = ok && ok_a ? block_words<QT>(row_a + b * F::kBytes, t) : BlockWords{};
+        wb[i][s] = ok && ok_b ? block_words<QT>(row_b + b * F::kBytes, t) : BlockWords{};
+      }
+  };
+  if (a.static_weight) load_w();
+  griddep_wait();  // x, bias and out may be the previous kernel's
+  griddep_launch_dependents();
+  if (!a.static_weight) load_w();
+  // x of chunk i ([step][x row tile][mma j]: row 8 nt + g, k = 64 c + 32 s + 16 j + 4t .. + 3): at NT = 1 every
+  // chunk's in one burst (one L2 round trip), at NT = 2 (twice the registers) chunk i + 1's before chunk i's mmas
+  constexpr int kXSlots = NT == 1 ? kRegChunks : 2;
+  uint2 xv[kXSlots][kSteps][NT][2];
+  auto load_x = [&](int i, uint2 (&v)[kSteps][NT][2]) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int k = (warp + kWarps * i) * Ring<QT>::kChunk + 32 * s + 16 * j + 4 * t, m = 8 * nt + g;
+          v[s][nt][j] = x_raw<true>(static_cast<const T*>(a.x) + int64_t(m) * a.K + k, i < mine && m < a.M && k < a.K);
+        }
+  };
+#pragma unroll
+  for (int i = 0; i < (NT == 1 ? kRegChunks : 1); ++i) load_x(i, xv[i]);
+  float acc[NT][4] = {};
+#pragma unroll
+  for (int i = 0; i < kRegChunks; ++i) {
+    if (i >= mine) break;
+    if (NT > 1 && i + 1 < mine) load_x(i + 1, xv[(i + 1) % kXSlots]);
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      if ((warp + kWarps * i) * kSteps + s >= blocks) break;  // K's last chunk may hold one block
+      uint32_t qa[2], qb[2];
+      float sa[2], sb[2], ma[2], mb[2];
+      block_quants<QT>(wa[i][s], t, qa, sa, ma);
+      block_quants<QT>(wb[i][s], t, qb, sb, mb);
+      uint2 xp[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) xp[nt][j] = x_pairs(xv[i % kXSlots][s][nt][j]);
+      mma_quants<QT, T, NT>(acc, qa, qb, sa, sb, ma, mb, xp);
+    }
+  }
+  reduce_store<T, NT>(acc, red, a, n0, warp, lane);
 }
 
 // In a pipeline of S stages that commits chunks 0 .. S - 2's weights one group each, then their x in one group,
@@ -974,6 +1063,25 @@ void launch(const Args& a, cudaStream_t stream) {
   launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), Ring<QT>::kSmem, stream, a);
 }
 
+// Whether regs_kernel takes the call (a 4- or 5-bit legacy format at M <= 16 whose K gives a warp at most
+// kRegChunks chunks, on a grid of at most 2 CTAs an SM), and launches it if so. H200, us, qlinear_kernel ->
+// regs_kernel: Q4_1 1 x 576 x 1536 2.45 -> 1.84, 1 x 960 x 576 1.85 -> 1.42, 16 x 576 x 1536 4.30 -> 2.91,
+// 1 x 2048 x 2048 4.07 -> 2.83; Q4_0 / Q5_0 16 x 2048 x 2048 7.65 / 7.94 -> 5.77 / 6.25.
+template <int QT, typename T>
+bool launch_if_regs(const Args& a, int sms, cudaStream_t stream) {
+  if constexpr (kRegsFormat<QT>) {
+    if (a.M <= 16 && (a.K / 32 + 1) / 2 <= kWarps * kRegChunks && small_grid(a, sms)) {
+      const dim3 grid((unsigned)((a.N + 15) / 16));
+      if (a.M <= 8)
+        launch_pdl(regs_kernel<QT, T, 1>, grid, dim3(kThreads), 0, stream, a);
+      else
+        launch_pdl(regs_kernel<QT, T, 2>, grid, dim3(kThreads), 0, stream, a);
+      return true;
+    }
+  }
+  return false;
+}
+
 // qtile_kernel's (and q4k::tile_kernel's) splits of K: until the tiles fill 2 CTAs an SM, at least 2 chunks a CTA.
 inline int tile_splits(int N, int chunks, int sms) {
   const int tiles = (N + 16 * kWarps - 1) / (16 * kWarps);
@@ -1167,6 +1275,8 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
       if (QT == qgemm::kQ4_K && a.M <= 16)
         qgemm::launch_q4k<scalar_t>(a, records, x, sms, stream);
       else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, sms, stream))
+        return;
+      else if (qgemm::launch_if_regs<QT, scalar_t>(a, sms, stream))
         return;
       // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
       else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && qgemm::small_grid(a, sms))
