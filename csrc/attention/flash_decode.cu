@@ -22,14 +22,10 @@ using namespace decode;
 
 template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
-  static const bool configured = [&] {
-    for (auto kernel : {flash_decode_kernel<T, D, false, false>, flash_decode_kernel<T, D, true, false>})
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>(false)));
-    for (auto kernel : {flash_decode_kernel<T, D, false, true>, flash_decode_kernel<T, D, true, true>})
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>(true)));
-    return true;
-  }();
-  (void)configured;
+  allow_smem<flash_decode_kernel<T, D, false, false>, smem_bytes<D>(false)>();
+  allow_smem<flash_decode_kernel<T, D, true, false>, smem_bytes<D>(false)>();
+  allow_smem<flash_decode_kernel<T, D, false, true>, smem_bytes<D>(true)>();
+  allow_smem<flash_decode_kernel<T, D, true, true>, smem_bytes<D>(true)>();
   const int device = q.get_device();
   const int kv_blocks = kv_heads * p.hblocks;
   const int64_t pairs = static_cast<int64_t>(batch) * kv_blocks;

@@ -367,8 +367,8 @@ void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
   constexpr int MT = D <= 64 ? 2 : 1;
   constexpr int BM = 64 * MT;
   constexpr int smem = (BM + 2 * kBN) * D * sizeof(T);  // Q + K + V tiles
-  auto kernel = flash_prefill_kernel<T, D, MT, CAUSAL>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  constexpr auto kernel = flash_prefill_kernel<T, D, MT, CAUSAL>;
+  allow_smem<kernel, smem>();
   static const int per_sm = [&] {
     int n = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));

@@ -49,6 +49,7 @@
 #include "attention/mma.cuh"
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/launch.h"
 #include "common/ptx.cuh"
 #include "common/sm90.cuh"
 #include "common/vec.h"
@@ -409,12 +410,8 @@ bool launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
       !sm90::make_rows_map<T>(&tm_k, p.k, D, kv_heads, p.seq_k, batch, p.k_hs, p.k_ss, p.k_bs, kBN) ||
       !sm90::make_rows_map<T>(&tm_v, p.v, D, kv_heads, p.seq_k, batch, p.v_hs, p.v_ss, p.v_bs, kBN))
     return false;
-  auto kernel = flash_prefill_sm90_kernel<T, D, CAUSAL>;
-  static bool configured = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>()));
-    return true;
-  }();
-  (void)configured;
+  constexpr auto kernel = flash_prefill_sm90_kernel<T, D, CAUSAL>;
+  allow_smem<kernel, smem_bytes<D>()>();
   const dim3 grid(heads, (p.seq_q + kBM - 1) / kBM, batch);
   kernel<<<grid, kThreads, smem_bytes<D>(), stream>>>(tm_q, tm_k, tm_v, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -178,10 +178,10 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
 // other kernels. Returns false where the ring does not apply.
 template <typename T, int R, int NT, int WARPS>
 bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  auto kernel = gemv_ring_kernel<T, R, NT, WARPS>;
+  constexpr auto kernel = gemv_ring_kernel<T, R, NT, WARPS>;
   constexpr int smem = ring_smem_bytes(WARPS);
   static const int per_sm = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    allow_smem<kernel, smem>();
     int n = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WARPS * 32, smem));
     return std::max(n, 1);

@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAException.h>
 
 #include "gemm/epilogue.h"
+#include "common/launch.h"
 #include "common/ptx.cuh"
 
 namespace minfer::gemm_impl {
@@ -155,12 +156,8 @@ __global__ void splitk_reduce_kernel(const Params<T, T> p, const float* __restri
 template <typename T, typename Out, typename Acc, int BM>
 void launch(const Params<T, Out>& p, cudaStream_t stream, float* ws, int splits) {
   constexpr int smem = kStages * (BM + kBN) * kRowBytes;
-  auto kernel = mma_sm80_kernel<T, Out, Acc, BM>;
-  static bool configured = [&] {  // > 48 KB of dynamic shared memory needs an opt-in
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)configured;
+  constexpr auto kernel = mma_sm80_kernel<T, Out, Acc, BM>;
+  allow_smem<kernel, smem>();
   const int total_k = (p.K + 4 * (16 / (int)sizeof(T)) - 1) / (4 * (16 / (int)sizeof(T)));
   const int per_split = (total_k + splits - 1) / splits;
   const dim3 grid((p.M + BM - 1) / BM, (p.N + kBN - 1) / kBN, splits);

@@ -431,12 +431,8 @@ template <typename T, int BN, bool kWithC>
 void launch(const Params<T, T>& p, cudaStream_t stream, int grid, const CUtensorMap& map_a) {
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, BN);
-  auto kernel = wgmma_kernel<T, BN, kWithC>;
-  static bool configured = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN>()));
-    return true;
-  }();
-  (void)configured;
+  constexpr auto kernel = wgmma_kernel<T, BN, kWithC>;
+  allow_smem<kernel, smem_bytes<BN>()>();
   kernel<<<grid, kThreads, smem_bytes<BN>(), stream>>>(map_a, map_b, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -450,12 +446,8 @@ void launch_small_m_kernel(const Params<T, T>& p, cudaStream_t stream, const Sm9
   const CUtensorMap map_x = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, BN);
   const int k_steps = (k_map + kBK - 1) / kBK;
   const StreamK sk{ws, counters, plan.tiles * k_steps, k_steps};
-  auto kernel = small_m_kernel<T, BN, kWithC>;
-  static bool configured = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, small_m_smem_bytes<BN>()));
-    return true;
-  }();
-  (void)configured;
+  constexpr auto kernel = small_m_kernel<T, BN, kWithC>;
+  allow_smem<kernel, small_m_smem_bytes<BN>()>();
   launch_pdl(kernel, dim3(plan.grid), dim3(kThreads), small_m_smem_bytes<BN>(), stream, map_w, map_x, p, sk);
 }
 
