@@ -113,12 +113,17 @@ def test_qlinear_large_grid(kind):
 def test_qlinear_short_k_in_registers(kind, m, dtype):
     """The 4- and 5-bit legacy formats with K of at most 4 chunks a warp (k <= 2048) on small grids load W
     straight into registers (regs_kernel): a small model's 576 and 1536, k at the limit, k ending in half a
-    chunk (1568: 49 blocks), and 2080 just past the limit (qlinear_kernel); weights static, as the engine's."""
+    chunk (1568: 49 blocks), and 2080 just past the limit (qlinear_kernel); weights static, as the engine's.
+    Into a NaN-poisoned wider output, every element of the slice is written and nothing else."""
     q = _q()
     for n, k in [(576, 1536), (970, 576), (37, 2048), (203, 1568), (45, 2080)]:
         w, x, b, ref64, torch_out = _product_case(kind, m, n, k, dtype, seed=m + k)
         ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True)
         _check(ours, torch_out, ref64, dtype)
+        wide = torch.full((m, n + 8), float("nan"), device=DEV, dtype=dtype)
+        torch.ops.minfer.qlinear_into(wide[:, 3:3 + n], x, w.blocks, q.QTYPE[kind], b, True)
+        assert torch.equal(wide[:, 3:3 + n], ours)
+        assert wide[:, :3].isnan().all() and wide[:, 3 + n:].isnan().all(), "qlinear_into wrote outside its slice"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
