@@ -214,7 +214,7 @@ struct BlockWords {
 };
 template <int QT>
 __device__ __forceinline__ BlockWords block_words(const uint8_t* blk, int t) {
-  constexpr int A = Format<QT>::kAlign, qs = QT == kQ4_0 ? 2 : QT == kQ4_1 ? 4 : QT == kQ5_0 ? 6 : QT == kQ5_1 ? 8 : 2;
+  constexpr int A = Format<QT>::kAlign, qs = QT == kQ4_1 ? 4 : QT == kQ5_0 ? 6 : QT == kQ5_1 ? 8 : 2;  // Q4_0, Q8_0: 2
   BlockWords w{};
   if constexpr (kHasMin<QT>)
     w.head = word_at<A>(blk);  // d, m
@@ -222,12 +222,13 @@ __device__ __forceinline__ BlockWords block_words(const uint8_t* blk, int t) {
     w.head = *reinterpret_cast<const uint16_t*>(blk);  // d
   if constexpr (QT == kQ5_0 || QT == kQ5_1) w.qh = word_at<A>(blk + qs - 4);  // qh sits just before qs
   w.qs[0] = word_at<A>(blk + qs + 4 * t);
-  if constexpr (QT == kQ8_0) w.qs[1] = word_at<A>(blk + 18 + 4 * t);
+  if constexpr (QT == kQ8_0) w.qs[1] = word_at<A>(blk + qs + 16 + 4 * t);  // elements 16-31
   return w;
 }
 // block_words' words as step_quants gives them (see there).
 template <int QT>
-__device__ __forceinline__ void block_quants(const BlockWords& w, int t, uint32_t (&q)[2], float (&a)[2], float (&b)[2]) {
+__device__ __forceinline__ void block_quants(const BlockWords& w, int t, uint32_t (&q)[2], float (&a)[2],
+                                             float (&b)[2]) {
   a[0] = __half2float(__ushort_as_half(uint16_t(w.head)));
   if constexpr (kHasMin<QT>) b[0] = __half2float(__ushort_as_half(uint16_t(w.head >> 16)));
   if constexpr (QT == kQ8_0) {

@@ -248,18 +248,25 @@ struct XAhead {
   uint2 v[kSteps > 0 ? kSteps : 1][NT][2];
 };
 
-// x[:, chunk c] ahead: row 8 nt + g, k = 32 s + 16 j + 4t .. + 3 (zeros past M and K).
-template <int QT, typename T, int NT, bool kAhead>
-__device__ __forceinline__ void load_x_ahead(XAhead<QT, NT, kAhead>& xa, const Args& a, int c, int g, int t) {
+// x[:, chunk c] into registers: v[s][nt][j] is row 8 nt + g, k = kChunk c + 32 s + 16 j + 4t .. + 3 (volatile
+// loads, issued where they stand; zeros past M and K, and everywhere where !ok).
+template <int QT, typename T, int NT>
+__device__ __forceinline__ void load_x_regs(uint2 (&v)[Ring<QT>::kChunk / 32][NT][2], const Args& a, int c, int g,
+                                            int t, bool ok = true) {
 #pragma unroll
-  for (int s = 0; s < XAhead<QT, NT, kAhead>::kSteps; ++s)
+  for (int s = 0; s < Ring<QT>::kChunk / 32; ++s)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int k = c * Ring<QT>::kChunk + 32 * s + 16 * j + 4 * t, m = 8 * nt + g;
-        xa.v[s][nt][j] = x_raw<true>(static_cast<const T*>(a.x) + int64_t(m) * a.K + k, m < a.M && k < a.K);
+        v[s][nt][j] = x_raw<true>(static_cast<const T*>(a.x) + int64_t(m) * a.K + k, ok && m < a.M && k < a.K);
       }
+}
+// x[:, chunk c] ahead (nothing without kAhead).
+template <int QT, typename T, int NT, bool kAhead>
+__device__ __forceinline__ void load_x_ahead(XAhead<QT, NT, kAhead>& xa, const Args& a, int c, int g, int t) {
+  if constexpr (kAhead) load_x_regs<QT, T, NT>(xa.v, a, c, g, t);
 }
 
 // qtile_kernel's x stage: 8 NT rows of a chunk of x (2-byte values), each padded by 32 bytes so that the 8-byte
@@ -499,15 +506,7 @@ __global__ void __launch_bounds__(kThreads) regs_kernel(const Args a) {
   constexpr int kXSlots = NT == 1 ? kRegChunks : 2;
   uint2 xv[kXSlots][kSteps][NT][2];
   auto load_x = [&](int i, uint2 (&v)[kSteps][NT][2]) {
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int k = (warp + kWarps * i) * Ring<QT>::kChunk + 32 * s + 16 * j + 4 * t, m = 8 * nt + g;
-          v[s][nt][j] = x_raw<true>(static_cast<const T*>(a.x) + int64_t(m) * a.K + k, i < mine && m < a.M && k < a.K);
-        }
+    load_x_regs<QT, T, NT>(v, a, warp + kWarps * i, g, t, i < mine);
   };
 #pragma unroll
   for (int i = 0; i < (NT == 1 ? kRegChunks : 1); ++i) load_x(i, xv[i]);
