@@ -37,7 +37,7 @@ TORCH_LIBRARY(minfer, m) {
   // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
   // type id (minfer/ops/quantized.py)
   m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
-  m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype) -> ()");
+  m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype, bool static_weight=False) -> ()");
   // x_records: x already as records (from rms_norm / fused_add_rms_norm / the activations), read by Q4_K
   m.def("qlinear(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, bool static_weight=False, "
         "Tensor? x_records=None) -> Tensor");

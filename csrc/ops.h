@@ -38,7 +38,7 @@ std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k
                                   int64_t window);
 // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's type id
 torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype);
-void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype);
+void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype, bool static_weight);
 torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                       const std::optional<torch::Tensor>& bias, bool static_weight,
                       const std::optional<torch::Tensor>& x_records);

@@ -65,16 +65,18 @@ def _product_case(kind, m, n, k, dtype, seed=0, bias=True):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_dequantize_matches_reference_exactly(kind, dtype):
+    """Tiles of 2048 outputs span rows (37 x 4128, 301 x 96: 15 of them in a tile) and end mid-row."""
     q = _q()
-    for n, k in [(1, KS[kind][0]), (37, KS[kind][1])]:
+    for n, k in [(1, KS[kind][0]), (37, KS[kind][1]), (301, KS[kind][0])]:
         w = _weight(kind, n, k, seed=n)
         expected = w.dequantize(torch.float32).to(dtype)
         ours = q.dequantize(w, dtype)
         assert ours.dtype == dtype and ours.shape == (n, k)
         assert torch.equal(ours, expected), f"{kind} {n}x{k}: {int((ours != expected).sum())} elements differ"
-        out = torch.full((n, k), float("nan"), device=DEV, dtype=dtype)  # poisoned: every element must be written
-        assert q.dequantize(w, dtype, out=out) is out
-        assert torch.equal(out, expected)
+        for static_weight in (False, True):
+            out = torch.full((n, k), float("nan"), device=DEV, dtype=dtype)  # poisoned: every element written
+            assert q.dequantize(w, dtype, out=out, static_weight=static_weight) is out
+            assert torch.equal(out, expected)
 
 
 # ---- qlinear (decode, M <= 32) ----
@@ -365,7 +367,7 @@ def test_opcheck(kind):
     ids = torch.tensor([2, 0, 39], device=DEV)
     ops = torch.ops.minfer
     torch.library.opcheck(ops.dequantize.default, (w.blocks, qt, n, k, torch.bfloat16))
-    torch.library.opcheck(ops.dequantize_into.default, (out, w.blocks, qt))
+    torch.library.opcheck(ops.dequantize_into.default, (out, w.blocks, qt, True))
     torch.library.opcheck(ops.qlinear.default, (x, w.blocks, qt, n, k, bias, True))
     torch.library.opcheck(ops.qlinear_into.default, (x.new_empty(5, n + 3)[:, 1:1 + n], x, w.blocks, qt, bias, True))
     torch.library.opcheck(ops.qembedding.default, (ids, w.blocks, qt, n, k, torch.float16))

@@ -1,8 +1,7 @@
-// decode_rows_kernel: rows of a quantized W [n, k] (ggml blocks, uint8 [n, k / elems * bytes]) decoded
-// to fp16/bf16, the whole weight (dequantize.cu) or the rows named by ids (qembedding.cu). Memory-bound.
+// A quantized W [n, k] (ggml blocks, uint8 [n, k / elems * bytes]) decoded to fp16/bf16: the rows named by ids
+// (decode_rows_kernel, qembedding.cu) or the whole weight (decode_all_kernel, dequantize.cu). Memory-bound.
 //
-// A CTA takes kTile outputs of one row: it copies the bytes of their blocks into shared memory in
-// 16-byte loads (from the aligned piece holding the first byte, so that a row start anywhere works),
+// A CTA takes kDecodeTile outputs: it copies the bytes of their blocks into shared memory in 16-byte loads,
 // then each thread decodes 8 outputs and stores them with one 16-byte store.
 #pragma once
 #include <cuda_bf16.h>
@@ -37,17 +36,47 @@ __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
   return r;
 }
 
-// out row r = W row (ids ? ids[r] : r), or NaN where that id is outside [0, n) (nothing is read then).
+// A tile's blocks (its `elems` outputs from the block starting at byte `start` of w, `total` bytes) into smem in
+// 16-byte loads, from the aligned piece holding start (a row start anywhere works). Returns start's offset there.
+template <int QT>
+__device__ __forceinline__ int load_tile(uint8_t* tile, const uint8_t* __restrict__ w, int64_t start, int elems,
+                                         int64_t total) {
+  using F = Format<QT>;
+  const int64_t a0 = start & ~int64_t(15);
+  const int pieces = int((start + elems / F::kElems * F::kBytes - a0 + 15) / 16);
+  for (int p = threadIdx.x; p < pieces; p += kDecodeThreads) {
+    const int64_t a = a0 + 16 * p;
+    if (a + 16 <= total) {
+      *reinterpret_cast<uint4*>(tile + 16 * p) = ptx::ld_nc_stream_v4(reinterpret_cast<const uint4*>(w + a), true);
+    } else {  // the weight's last piece: byte by byte, nothing read past it
+      for (int i = 0; i < 16 && a + i < total; ++i) tile[16 * p + i] = w[a + i];
+    }
+  }
+  return int(start - a0);
+}
+
+// Outputs e .. e + 7 of a tile (its blocks at `blocks`) decoded into dst[e ..] in one 16-byte store.
+template <int QT, typename T>
+__device__ __forceinline__ void decode_store(T* dst, const uint8_t* blocks, int e) {
+  using F = Format<QT>;
+  float v[8];
+  decode8<QT>(blocks + e / F::kElems * F::kBytes, (e % F::kElems) / 8, v);
+  *reinterpret_cast<uint4*>(dst + e) = pack8<T>(v);
+}
+
+template <int QT>
+constexpr int kTilePieces = (kDecodeTile / Format<QT>::kElems * Format<QT>::kBytes + 15 + 15) / 16;  // any alignment
+
+// out row r = W row ids[r], or NaN where that id is outside [0, n) (nothing is read then).
 // grid = (rows, ceil(k / kDecodeTile)); out 16-byte aligned, w 16-byte aligned.
 template <int QT, typename T>
 __global__ void __launch_bounds__(kDecodeThreads) decode_rows_kernel(T* __restrict__ out,              // [rows, k]
                                                                      const uint8_t* __restrict__ w,    // [n, row bytes]
-                                                                     const int64_t* __restrict__ ids,  // [rows] or null
+                                                                     const int64_t* __restrict__ ids,  // [rows]
                                                                      int64_t n, int k) {
   using F = Format<QT>;
-  constexpr int kPieces = (kDecodeTile / F::kElems * F::kBytes + 15 + 15) / 16;  // the tile's bytes at any alignment
-  __shared__ __align__(16) uint8_t tile[16 * kPieces];
-  const int64_t r = blockIdx.x, id = ids ? ids[r] : r;
+  __shared__ __align__(16) uint8_t tile[16 * kTilePieces<QT>];
+  const int64_t r = blockIdx.x, id = ids[r];
   const int e0 = blockIdx.y * kDecodeTile, elems = min(kDecodeTile, k - e0);  // this tile: row elements e0 ..
   T* dst = out + r * k + e0;
   const int e = 8 * threadIdx.x;  // this thread's 8 outputs, from e0
@@ -58,22 +87,34 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_rows_kernel(T* __restri
     if (e < elems) *reinterpret_cast<uint4*>(dst + e) = pack8<T>(v);
     return;
   }
-  const int64_t row_bytes = int64_t(k / F::kElems) * F::kBytes, total = n * row_bytes;
-  const int64_t start = id * row_bytes + e0 / F::kElems * F::kBytes, a0 = start & ~int64_t(15);
-  const int pieces = int((start + elems / F::kElems * F::kBytes - a0 + 15) / 16);
-  for (int p = threadIdx.x; p < pieces; p += kDecodeThreads) {
-    const int64_t a = a0 + 16 * p;
-    if (a + 16 <= total) {
-      *reinterpret_cast<uint4*>(tile + 16 * p) = ptx::ld_nc_stream_v4(reinterpret_cast<const uint4*>(w + a), true);
-    } else {  // the weight's last piece: byte by byte, nothing read past it
-      for (int i = 0; i < 16 && a + i < total; ++i) tile[16 * p + i] = w[a + i];
-    }
-  }
+  const int64_t row_bytes = int64_t(k / F::kElems) * F::kBytes;
+  const int at = load_tile<QT>(tile, w, id * row_bytes + e0 / F::kElems * F::kBytes, elems, n * row_bytes);
   __syncthreads();
-  if (e >= elems) return;
-  float v[8];
-  decode8<QT>(tile + (start - a0) + e / F::kElems * F::kBytes, (e % F::kElems) / 8, v);
-  *reinterpret_cast<uint4*>(dst + e) = pack8<T>(v);
+  if (e < elems) decode_store<QT, T>(dst, tile + at, e);
+}
+
+// out = the whole W, `values` = n * k outputs: rows are contiguous in both, so tile blockIdx.x of kDecodeTile
+// outputs may span rows, and a short-K weight fills whole CTAs (a 960 x 576 weight: 270 CTAs, not 960 of 72
+// busy threads). Launched as a programmatic dependent: the tile's blocks load before griddep_wait where W is
+// static (no kernel just ahead writes it); out (a reused scratch) is written only after it. H200, dequantize +
+// linear against the per-row grid launched plainly, us: 64 x 960 x 576 5.5 -> 3.8, 64 x 3072 x 576 10.5 -> 7.0.
+template <int QT, typename T>
+__global__ void __launch_bounds__(kDecodeThreads) decode_all_kernel(T* __restrict__ out,            // [n * k]
+                                                                    const uint8_t* __restrict__ w,  // [n, row bytes]
+                                                                    int64_t values, bool static_weight) {
+  using F = Format<QT>;
+  __shared__ __align__(16) uint8_t tile[16 * kTilePieces<QT>];
+  const int64_t e0 = int64_t(blockIdx.x) * kDecodeTile;
+  const int elems = int(min(int64_t(kDecodeTile), values - e0));
+  const int64_t start = e0 / F::kElems * F::kBytes, total = values / F::kElems * F::kBytes;
+  int at = 0;
+  if (static_weight) at = load_tile<QT>(tile, w, start, elems, total);
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  if (!static_weight) at = load_tile<QT>(tile, w, start, elems, total);
+  __syncthreads();
+  const int e = 8 * threadIdx.x;
+  if (e < elems) decode_store<QT, T>(out + e0, tile + at, e);
 }
 
 }  // namespace minfer::qgemm

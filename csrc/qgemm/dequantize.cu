@@ -1,10 +1,11 @@
-// dequantize / dequantize_into: a whole quantized weight -> fp16/bf16 [n, k], the prefill path (one
-// weight into a reused scratch buffer, then the dense GEMM). The kernel: qgemm/decode_rows.cuh.
+// dequantize / dequantize_into: a whole quantized weight -> fp16/bf16 [n, k], the path of more than 32 rows
+// (one weight into a reused scratch buffer, then the dense GEMM). The kernel: qgemm/decode_rows.cuh.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/launch.h"
 #include "ops.h"
 #include "qgemm/checks.h"
 #include "qgemm/decode_rows.cuh"
@@ -12,18 +13,18 @@
 namespace minfer {
 namespace {
 
-// out [n, k] (contiguous, 16-byte aligned) <- W's rows, in order.
-void launch_dequantize(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype) {
-  const int64_t n = out.size(0), k = out.size(1);
-  if (n == 0) return;
-  const int64_t tiles = (k + qgemm::kDecodeTile - 1) / qgemm::kDecodeTile;
-  MINFER_CHECK(tiles <= 65535, "dequantize: k must be at most ", 65535 * int64_t(qgemm::kDecodeTile), ", got ", k);
+// out [n, k] (contiguous, 16-byte aligned) <- W's rows, in order. static_weight: no kernel just ahead of this
+// one writes the blocks (a model's weights), which then load before the previous kernel completes.
+void launch_dequantize(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype, bool static_weight) {
+  const int64_t values = out.numel(), tiles = (values + qgemm::kDecodeTile - 1) / qgemm::kDecodeTile;
+  if (values == 0) return;
+  MINFER_CHECK(tiles < (int64_t(1) << 31), "dequantize: too many values (", values, ")");
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(out.scalar_type(), "dequantize", [&] {
-      qgemm::decode_rows_kernel<QT, scalar_t><<<dim3((unsigned)n, (unsigned)tiles), qgemm::kDecodeThreads, 0, stream>>>(
-          reinterpret_cast<scalar_t*>(out.data_ptr()), blocks.data_ptr<uint8_t>(), nullptr, n, (int)k);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto* dst = reinterpret_cast<scalar_t*>(out.data_ptr());
+      launch_pdl(qgemm::decode_all_kernel<QT, scalar_t>, dim3((unsigned)tiles), dim3(qgemm::kDecodeThreads), 0, stream,
+                 dst, static_cast<const uint8_t*>(blocks.data_ptr<uint8_t>()), values, static_weight);
     });
   });
 }
@@ -35,11 +36,11 @@ torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, 
   qgemm::check_half_dtype("dequantize", "dtype", dtype);
   const c10::cuda::CUDAGuard guard(blocks.device());
   auto out = torch::empty({n, k}, blocks.options().dtype(dtype));  // [n, k]
-  launch_dequantize(out, blocks, qtype);
+  launch_dequantize(out, blocks, qtype, false);
   return out;
 }
 
-void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype) {
+void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype, bool static_weight) {
   MINFER_CHECK_CUDA(out);
   MINFER_CHECK_DIM(out, 2);
   qgemm::check_blocks("dequantize_into", blocks, qtype, out.size(0), out.size(1));
@@ -48,7 +49,7 @@ void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int6
   MINFER_CHECK_CONTIGUOUS(out);
   MINFER_CHECK(is_aligned16(out.data_ptr()), "dequantize_into: out must be 16-byte aligned");
   const c10::cuda::CUDAGuard guard(blocks.device());
-  launch_dequantize(out, blocks, qtype);
+  launch_dequantize(out, blocks, qtype, static_weight);
 }
 
 }  // namespace minfer

@@ -180,13 +180,13 @@ def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | 
     if x.shape[0] <= quantized.QLINEAR_MAX_ROWS:
         return quantized.linear(x, w, bias, static_weight, out=out, x_records=x_records)
     if n * k <= SCRATCH_VALUES:  # the whole weight at once (every layer matrix of an 8B model)
-        return quantized.linear(x, w, bias, False, _scratch_view(x, n, k), out=out)
+        return quantized.linear(x, w, bias, static_weight, _scratch_view(x, n, k), out=out)
     rows = max(16, SCRATCH_VALUES // k // 16 * 16)  # slices start on 16-byte boundaries (the kernels' loads)
     y = x.new_empty(x.shape[0], n) if out is None else out  # [tokens, n] (x is [tokens, k], as linear takes it)
     for n0 in range(0, n, rows):
         part = QuantizedWeight(w.kind, w.blocks[n0:n0 + rows], (min(rows, n - n0), k), w.dtype)
         scratch = _scratch_view(x, *part.shape)
-        quantized.linear(x, part, None if bias is None else bias[n0:n0 + rows], False, scratch,
+        quantized.linear(x, part, None if bias is None else bias[n0:n0 + rows], static_weight, scratch,
                          out=y[:, n0:n0 + part.shape[0]])
     return y
 

@@ -31,7 +31,7 @@ def _dequantize_fake(blocks, qtype, n, k, dtype):
 
 
 @torch.library.register_fake("minfer::dequantize_into")
-def _dequantize_into_fake(out, blocks, qtype):
+def _dequantize_into_fake(out, blocks, qtype, static_weight=False):
     return None
 
 
@@ -52,12 +52,14 @@ def _qembedding_fake(ids, blocks, qtype, n, k, dtype):
 
 # ---- the ops ----
 
-def dequantize(w: QuantizedWeight, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
-    """w -> [n, k] in dtype (fp16/bf16); into `out` (contiguous [n, k]) when given, e.g. a reused scratch."""
+def dequantize(w: QuantizedWeight, dtype: torch.dtype, out: torch.Tensor | None = None,
+               static_weight: bool = False) -> torch.Tensor:
+    """w -> [n, k] in dtype (fp16/bf16); into `out` (contiguous [n, k]) when given, e.g. a reused scratch.
+    static_weight (with out): no kernel that may still be running writes w, as in linear."""
     n, k = w.shape
     if out is None:
         return _ops.dequantize(w.blocks, QTYPE[w.kind], n, k, dtype)
-    _ops.dequantize_into(out, w.blocks, QTYPE[w.kind])
+    _ops.dequantize_into(out, w.blocks, QTYPE[w.kind], static_weight)
     return out
 
 
@@ -80,7 +82,7 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
             return out
         y = _ops.qlinear(x2, w.blocks, QTYPE[w.kind], n, k, bias, static_weight, x_records)
     else:
-        dense = dequantize(w, x.dtype, scratch)
+        dense = dequantize(w, x.dtype, scratch, static_weight)
         y = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before
         if out is not None:
             return out.copy_(y)
