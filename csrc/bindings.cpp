@@ -23,7 +23,6 @@ TORCH_LIBRARY(minfer, m) {
         "Tensor? slot_mapping=None) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!)? records=None) -> Tensor");
   m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!)? records=None) -> Tensor");
-  m.def("kv_cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor positions) -> ()");
   // gemm family (csrc/gemm/): path = auto | wmma | sm80 | sm90 | gemv | simt
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\", bool static_weight=False) -> Tensor");
   m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\") -> str");  // what linear would launch (tests)
@@ -63,7 +62,6 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("rope", &minfer::rope);
   m.impl("silu_and_mul", &minfer::silu_and_mul);
   m.impl("gelu_tanh_and_mul", &minfer::gelu_tanh_and_mul);
-  m.impl("kv_cache_write", &minfer::kv_cache_write);
   // gemm family
   m.impl("linear", &minfer::linear);
   m.impl("linear_plan", &minfer::linear_plan);
@@ -95,7 +93,6 @@ TORCH_LIBRARY_IMPL(minfer, CPU, m) {
   m.impl("rope", &minfer::rope);
   m.impl("silu_and_mul", &minfer::silu_and_mul);
   m.impl("gelu_tanh_and_mul", &minfer::gelu_tanh_and_mul);
-  m.impl("kv_cache_write", &minfer::kv_cache_write);
 }
 
 // Importing minfer._C loads the library above; the module itself has no Python functions.

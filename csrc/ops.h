@@ -8,7 +8,7 @@ namespace minfer {
 // embedding.cu
 torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight);
 
-// memory-bound kernels: rmsnorm.cu, rope.cu, activation.cu, kv_cache.cu
+// memory-bound kernels: rmsnorm.cu, rope.cu, activation.cu
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                        const std::optional<torch::Tensor>& records);
 void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
@@ -21,8 +21,6 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
           const std::optional<torch::Tensor>& slot_mapping);
 torch::Tensor silu_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records);
 torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records);
-void kv_cache_write(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& k,
-                    const torch::Tensor& v, const torch::Tensor& positions);
 // gemm family (gemm/dispatch.cpp)
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
                      const std::string& path, bool static_weight);

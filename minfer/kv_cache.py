@@ -1,4 +1,4 @@
-"""Preallocated KV caches: plain storage, written by kv_cache_write (dense) or rope (paged) and read by attention.
+"""Preallocated KV caches: plain storage, written by rope (its cache write) and read by attention.
 
 KVCache (the static engine's dense cache, one layout for prefill and decode attention):
     k[layer], v[layer]: [batch, capacity, kv_heads, head_dim], contiguous.

@@ -131,7 +131,7 @@ class Transformer:
         Returns fp32 logits [batch, vocab], or [batch, seq, vocab] when logit_index is None."""
         cfg, ops = self.cfg, self.ops
         batch, seq = ids.shape
-        heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        heads, hd = cfg.num_heads, cfg.head_dim
         positions = start_pos[:, None] + torch.arange(seq, device=ids.device, dtype=start_pos.dtype)  # [batch, seq]
         if start_pos.device.type == "cpu":  # on a GPU this check would cost a host sync per step; the
             end = int(start_pos.max()) + seq  # engine sizes the cache so that it cannot overflow there
@@ -139,13 +139,15 @@ class Transformer:
             self._check_positions(end)
 
         flat_positions = positions.reshape(-1)  # [tokens]
+        # rope writes k and v into the cache in its launch: a layer's [batch, capacity, kv_heads, hd] seen as
+        # [batch * capacity] rows, sequence b's position p at row b * capacity + p (past capacity: -1, no row)
+        rows = torch.arange(batch, device=ids.device, dtype=torch.int64)[:, None] * cache.capacity  # [batch, 1]
+        slots = torch.where(positions < cache.capacity, rows + positions, -1).reshape(-1)  # [tokens]
 
         def attend(i, q, k, v):
-            self._rope(i, q, k, flat_positions)
-            ops.kv_cache_write(cache.k[i], cache.v[i], k.view(batch, seq, kv_heads, hd),
-                               v.view(batch, seq, kv_heads, hd), positions)
+            self._rope(i, q, k, flat_positions, v=v, k_cache=cache.k[i], v_cache=cache.v[i], slot_mapping=slots)
             # The cache rows before start_pos were written by earlier forward calls, and nothing here
-            # writes start_pos: decode may start reading them before kv_cache_write is done.
+            # writes start_pos: decode may start reading them before rope's write is done.
             attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, self.scale,
                                  stable_prefix=True, window=self.windows[i])
             return attn.reshape(batch * seq, heads * hd)

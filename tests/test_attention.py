@@ -152,45 +152,58 @@ def test_decode_dtypes_dims(ctx, hd, dtype, stable_prefix):
     _check(ours, ref32, lowp, dtype, f"ctx={ctx}")
 
 
+def _rope_writer(cuda, k_cache, v_cache, k_row, v_row, slot):
+    """The engine's writer of the newest cache rows, rope with its cache write, for one token whose k and v rows
+    [1, n, hd] go to row `slot` of the caches seen as [rows, n, hd]. The rotation is the identity (cos 1, sin 0:
+    exact), so the rows land unchanged. One token: rope lets the next kernel launch before its own wait
+    (common/launch.h, pdl_early), as at the engine's batch 1. Every input is made here, so that the returned
+    call launches rope alone."""
+    hd = k_row.shape[-1]
+    identity = torch.cat([torch.ones(1, hd // 2), torch.zeros(1, hd // 2)], 1).to("cuda")  # [1 position, cos | sin]
+    q = torch.zeros(1, 1, hd, device="cuda", dtype=k_row.dtype)  # [tokens, heads, hd]: rotated, never read
+    position = torch.zeros(1, device="cuda", dtype=torch.int32)
+    slots = torch.tensor([slot], device="cuda")
+    return lambda: cuda.rope(q, k_row, position, identity, True, v=v_row, k_cache=k_cache, v_cache=v_cache,
+                             slot_mapping=slots)
+
+
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("ctx", [1, 16, 17, 48, 49, 300, 1000, 4097, 20000])
 def test_decode_stable_prefix_newest_key_just_written(ctx, hd):
-    # The engine's sequence: kv_cache_write puts the newest key and value (over NaN slots) at start_pos,
-    # and decode, launched right behind it with stable_prefix, must wait for them: only older rows may be
-    # read early. A long gemv on one SM (16 rows of 2^20) runs first: kv_cache_write lets decode launch
-    # before it waits for that gemv, so decode's CTAs start on the other SMs while the newest rows are
-    # still NaN, for about a hundred microseconds.
-    cuda, dtype, batch, kv_heads = _cuda(), torch.float16, 2, 4
+    # The engine's sequence: rope writes the newest key and value (over NaN slots) at start_pos, and decode,
+    # launched right behind it with stable_prefix, must wait for them: only older rows may be read early. A
+    # long gemv on one SM (16 rows of 2^20) runs first: rope at one token lets decode launch before it waits
+    # for that gemv, so decode's CTAs start on the other SMs while the newest rows are still NaN, for about a
+    # hundred microseconds. Sequences of ctx and ctx // 2 + 1 keys.
+    cuda, dtype, kv_heads = _cuda(), torch.float16, 4
     x_long = torch.randn(1, 1 << 20, device="cuda", dtype=dtype)
     w_long = torch.randn(16, 1 << 20, device="cuda", dtype=dtype)
-    starts = [ctx - 1, ctx // 2]
-    k, v, kp, vp = _make_cache(batch, ctx + 40, kv_heads, hd, dtype, starts)  # NaN from each start on
-    start = torch.tensor(starts, device="cuda", dtype=torch.int32)
-    positions = start[:, None]  # [batch, 1]
-    q = torch.randn(batch, 1, 4 * kv_heads, hd, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(hd)
-    ref32 = reference.attention(q.float(), k.float(), v.float(), start, scale)
-    lowp = reference.attention(q, k, v, start, scale)
-    k_new = k[torch.arange(batch), start.long()][:, None].contiguous()  # [batch, 1, kv_heads, hd]
-    v_new = v[torch.arange(batch), start.long()][:, None].contiguous()
-    for rep in range(20):
-        kp[torch.arange(batch), start.long()] = float("nan")
-        vp[torch.arange(batch), start.long()] = float("nan")
-        cuda.linear(x_long, w_long)
-        cuda.kv_cache_write(kp, vp, k_new, v_new, positions)
-        ours = cuda.attention(q, kp, vp, start, scale, stable_prefix=True)
-        _check(ours, ref32, lowp, dtype, f"ctx={ctx} rep {rep}")
+    for s in sorted({ctx - 1, ctx // 2}):
+        k, v, kp, vp = _make_cache(1, ctx + 40, kv_heads, hd, dtype, [s])  # NaN from the start on
+        start = torch.tensor([s], device="cuda", dtype=torch.int32)
+        q = torch.randn(1, 1, 4 * kv_heads, hd, device="cuda", dtype=dtype)
+        ref32 = reference.attention(q.float(), k.float(), v.float(), start, scale)
+        lowp = reference.attention(q, k, v, start, scale)
+        write = _rope_writer(cuda, kp, vp, k[:, s].clone(), v[:, s].clone(), s)  # k, v rows [1, kv_heads, hd]
+        for rep in range(20):
+            kp[0, s] = float("nan")
+            vp[0, s] = float("nan")
+            cuda.linear(x_long, w_long)
+            write()
+            ours = cuda.attention(q, kp, vp, start, scale, stable_prefix=True)
+            _check(ours, ref32, lowp, dtype, f"ctx={ctx} start={s} rep {rep}")
 
 
 @pytest.mark.parametrize("ctx", [1, 100, 1000, 3000, 8000, 20000])
 @pytest.mark.parametrize("hd", [64, 128])
 def test_decode_stable_prefix_q_just_written(ctx, hd):
     # q is no part of the stable prefix: the kernel before decode may write it while decode's CTAs already
-    # run. Here kv_cache_write writes q (q's buffer as a one-slot cache of `heads` rows) behind a long gemv
-    # on one SM, so decode launches, with stable_prefix, while q still holds the old values; the output
-    # must be that of the new q. From 3000 keys decode speculates: it reads q before its wait and must
-    # see the change when it reads q again after it (3000 and 8000 keys: 3 and 8 tiles a warp, the newest
-    # key's tile split in two; 20000: the whole tile after the wait).
+    # run. Here rope writes q (q's buffer as one cache row of batch x heads heads) behind a long gemv on one
+    # SM, so decode launches, with stable_prefix, while q still holds the old values; the output must be that
+    # of the new q. From 3000 keys decode speculates: it reads q before its wait and must see the change when
+    # it reads q again after it (3000 and 8000 keys: 3 and 8 tiles a warp, the newest key's tile split in two;
+    # 20000: the whole tile after the wait).
     cuda, dtype, batch, kv_heads, heads = _cuda(), torch.float16, 2, 4, 16
     x_long = torch.randn(1, 1 << 20, device="cuda", dtype=dtype)
     w_long = torch.randn(16, 1 << 20, device="cuda", dtype=dtype)
@@ -200,17 +213,19 @@ def test_decode_stable_prefix_q_just_written(ctx, hd):
     q_new = torch.randn(batch, 1, heads, hd, device="cuda", dtype=dtype)  # [batch, 1, heads, head_dim]
     q_old = torch.randn_like(q_new)
     q, q_side = torch.empty_like(q_new), torch.empty_like(q_new)
-    slot0 = torch.zeros(batch, 1, device="cuda", dtype=torch.int32)
     scale = 1.0 / math.sqrt(hd)
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # 16 splits a sequence
         plan = torch.ops.minfer.attention_decode_plan(q, k, ctx)
         assert ("speculate=yes" in plan) == (ctx >= 3000), plan  # 3000 keys: 3 tiles a warp
     ref32 = reference.attention(q_new.float(), k.float(), v.float(), start, scale)
     lowp = reference.attention(q_new, k, v, start, scale)
+    rows = batch * heads  # q as one cache row of `rows` heads
+    write = _rope_writer(cuda, q.view(1, 1, rows, hd), q_side.view(1, 1, rows, hd), q_new.view(1, rows, hd).clone(),
+                         q_new.view(1, rows, hd).clone(), 0)
     for rep in range(20):
         q.copy_(q_old)
         cuda.linear(x_long, w_long)
-        cuda.kv_cache_write(q, q_side, q_new, q_new, slot0)
+        write()
         ours = cuda.attention(q, k, v, start, scale, stable_prefix=True)
         _check(ours, ref32, lowp, dtype, f"ctx={ctx} hd={hd} rep {rep}")
 

@@ -1,4 +1,4 @@
-"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, silu_mul, gelu_mul, kv_write.
+"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, silu_mul, gelu_mul.
 
 Every shape is (tokens, hidden). What the other dims are, per kernel:
 - embed: table [32000, hidden], int64 ids [tokens] (one table per (hidden, dtype), shared by the input sets).
@@ -8,11 +8,8 @@ Every shape is (tokens, hidden). What the other dims are, per kernel:
 - rope: head_dim 128, heads = hidden / 128, kv_heads = heads / 4 (hidden 576: head_dim 64, 9 / 3 heads),
   full rotary, NeoX pairs; q and k are views into a fused qkv [tokens, (heads + 2 kv_heads) * head_dim];
   int64 positions (decode: random in [0, 32768); prefill: 0 .. tokens-1); cos_sin [32768, head_dim] fp32.
-- kv_write: batch 1, seq = tokens, kv_heads and head_dim as rope; k and v are views into a fused qkv;
-  cache [1, capacity = max(tokens, 4096), kv_heads, head_dim] shared by the input sets; int64 positions
-  (decode: a random slot; prefill: 0 .. tokens-1).
-The ref side is torch eager (minfer.ops.reference), with the host-synced range checks of embedding and
-kv_cache_write replaced by the plain torch expression so that it can be captured in a CUDA graph.
+The ref side is torch eager (minfer.ops.reference), with the host-synced range check of embedding replaced by
+the plain torch expression so that it can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -138,33 +135,6 @@ def _rope_bytes(shape, dtype):
     return 2 * tokens * (heads + kv_heads) * hd * _size(dtype) + tokens * (hd * 4 + 8)
 
 
-# ---- kv_write ----
-
-def _kv_inputs(shape, dtype):
-    tokens, hidden = shape
-    heads, kv_heads, hd = _heads(hidden)
-    capacity = max(tokens, 4096)
-    k_cache, v_cache = _once(("kv", tokens, hidden, dtype), lambda: (
-        torch.zeros(1, capacity, kv_heads, hd, device="cuda", dtype=dtype),
-        torch.zeros(1, capacity, kv_heads, hd, device="cuda", dtype=dtype)))
-    qkv = _randn(1, tokens, (heads + 2 * kv_heads) * hd, dtype=dtype)
-    k = qkv[..., heads * hd:(heads + kv_heads) * hd].view(1, tokens, kv_heads, hd)
-    v = qkv[..., (heads + kv_heads) * hd:].view(1, tokens, kv_heads, hd)
-    return dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v, positions=_positions(tokens, capacity)[None])
-
-
-def _kv_ref(k_cache, v_cache, k, v, positions):
-    for b in range(k.shape[0]):
-        k_cache[b].index_copy_(0, positions[b], k[b])
-        v_cache[b].index_copy_(0, positions[b], v[b])
-
-
-def _kv_bytes(shape, dtype):
-    tokens, hidden = shape
-    _, kv_heads, hd = _heads(hidden)
-    return 4 * tokens * kv_heads * hd * _size(dtype) + tokens * 8  # k, v read; cache rows written; positions
-
-
 CASES = {
     "embed": Case(SHAPES, _embed_inputs, _embed_ref, lambda **kw: _cuda().embedding(**kw), _embed_bytes,
                   shape_names="tokens x hidden"),
@@ -179,6 +149,4 @@ CASES = {
                      _act_mul_bytes, shape_names="tokens x inter (x = [tokens, 2 inter])"),
     "gelu_mul": Case(SHAPES, _act_mul_inputs, ref.gelu_tanh_and_mul, lambda **kw: _cuda().gelu_tanh_and_mul(**kw),
                      _act_mul_bytes, shape_names="tokens x inter (x = [tokens, 2 inter])"),
-    "kv_write": Case(SHAPES, _kv_inputs, _kv_ref, lambda **kw: _cuda().kv_cache_write(**kw), _kv_bytes,
-                     shape_names="seq x hidden (batch 1, kv_heads = hidden/512, hd 128; 576: 3 x 64)"),
 }

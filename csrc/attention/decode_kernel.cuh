@@ -8,8 +8,8 @@
 // kernel's tail. With stable_prefix (the engine's call: start_pos and the cache rows before it are final
 // before the previous kernel runs), more happens before griddep_wait:
 // - not speculating: the split is laid out, and a warp with at most 8 tiles loads its first kEarlyTiles
-//   there, as far as they lie wholly before the newest key (which the previous kernel, kv_cache_write,
-//   may be writing);
+//   there, as far as they lie wholly before the newest key (which the previous kernel, rope, may be
+//   writing);
 // - speculating (the SPECULATE kernel where `speculates`): q is read before the wait too, while the
 //   previous kernel may still be writing it, every tile but the newest key's is streamed and consumed
 //   there, and the next kernel is released at entry. After the wait q is read again: the same bits, and

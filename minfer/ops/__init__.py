@@ -12,11 +12,10 @@ import torch
 
 from . import reference
 
-# Ops the model uses; each backend provides every one of them. kv_cache_write and attention work on the
-# static engine's dense cache, paged_attention on the continuous engine's pages, which rope writes
-# (ops/reference.py).
-DENSE_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "kv_cache_write",
-             "attention", "linear", "records_for")
+# Ops the model uses; each backend provides every one of them. attention works on the static engine's dense
+# cache, paged_attention on the continuous engine's pages; rope writes both (ops/reference.py).
+DENSE_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "attention", "linear",
+             "records_for")
 PAGED_OPS = ("paged_attention",)
 # Ops only some models use (Gemma's GeGLU): a missing kernel joins `fallbacks` once a model needs it.
 OPTIONAL_OPS = ("gelu_tanh_and_mul",)

@@ -23,7 +23,7 @@ def _embedding_fake(ids, weight):
     return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
-# memory-bound kernels (csrc/rmsnorm.cu, rope.cu, activation.cu, kv_cache.cu)
+# memory-bound kernels (csrc/rmsnorm.cu, rope.cu, activation.cu)
 @torch.library.register_fake("minfer::rms_norm")
 def _rms_norm_fake(x, weight, eps, records=None):
     return x.new_empty(x.shape)  # contiguous [tokens, hidden]
@@ -48,11 +48,6 @@ def _silu_and_mul_fake(x, records=None):
 @torch.library.register_fake("minfer::gelu_tanh_and_mul")
 def _gelu_tanh_and_mul_fake(x, records=None):
     return x.new_empty((x.shape[0], x.shape[1] // 2))
-
-
-@torch.library.register_fake("minfer::kv_cache_write")
-def _kv_cache_write_fake(k_cache, v_cache, k, v, positions):
-    return None
 
 
 # ---- the ops the model calls ----
@@ -136,13 +131,6 @@ def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
             and 768 <= k <= 32768):
         return None
     return torch.empty((like.shape[0], k // 256 * quantized.Q4K_RECORD_BYTES), dtype=torch.uint8, device=like.device)
-
-
-def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   positions: torch.Tensor) -> None:
-    # k_cache, v_cache [batch, capacity, kv_heads, head_dim]; k, v [batch, seq, kv_heads, head_dim]
-    # (batch and seq may be strided); positions [batch, seq]. Positions outside [0, capacity) are skipped.
-    _ops.kv_cache_write(k_cache, v_cache, k, v, positions.contiguous())
 
 
 # ---- gemm family (csrc/gemm/) ----

@@ -92,17 +92,6 @@ def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     return None
 
 
-def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   positions: torch.Tensor) -> None:
-    # k_cache, v_cache [batch, capacity, kv_heads, head_dim]; k, v [batch, seq, kv_heads, head_dim];
-    # positions [batch, seq]: cache[b, positions[b, s]] <- k[b, s].
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= k_cache.shape[1]):
-        raise IndexError(f"kv_cache_write: position out of range [0, {k_cache.shape[1]})")
-    b = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(positions)
-    k_cache[b, positions.long()] = k.to(k_cache.dtype)
-    v_cache[b, positions.long()] = v.to(v_cache.dtype)
-
-
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
               scale: float, stable_prefix: bool = False, window: int | None = None) -> torch.Tensor:
     # Causal attention of new queries over the cache.
