@@ -65,7 +65,7 @@ def _product_case(kind, m, n, k, dtype, seed=0, bias=True):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_dequantize_matches_reference_exactly(kind, dtype):
-    """Tiles of 2048 outputs span rows (37 x 4128, 301 x 96: 15 of them in a tile) and end mid-row."""
+    """Tiles of 2048 outputs span rows and end mid-row (37 x 4128 / 4352; 301 x 96 / 256: 21 / 8 rows a tile)."""
     q = _q()
     for n, k in [(1, KS[kind][0]), (37, KS[kind][1]), (301, KS[kind][0])]:
         w = _weight(kind, n, k, seed=n)
