@@ -30,6 +30,8 @@ class KVCache:
         shape = (num_layers, batch, capacity, kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, batch, capacity, kv_heads, head_dim]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # sequence b's first row in a layer's cache seen as [batch x capacity] rows (rope's cache write)
+        self.row_base = torch.arange(batch, dtype=torch.int64, device=device)[:, None] * capacity  # [batch, 1]
 
     def check_fits(self, end_position: int) -> None:
         """Raise a clear error if positions up to end_position (exclusive) do not fit."""
@@ -40,7 +42,7 @@ class KVCache:
     def rows(self, batch: int) -> "KVCache":
         """The first `batch` sequences, sharing this cache's storage (each layer's rows stay contiguous)."""
         view = copy.copy(self)
-        view.batch, view.k, view.v = batch, self.k[:, :batch], self.v[:, :batch]
+        view.batch, view.k, view.v, view.row_base = batch, self.k[:, :batch], self.v[:, :batch], self.row_base[:batch]
         return view
 
     def nbytes(self) -> int:

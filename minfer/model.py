@@ -141,8 +141,7 @@ class Transformer:
         flat_positions = positions.reshape(-1)  # [tokens]
         # rope writes k and v into the cache in its launch: a layer's [batch, capacity, kv_heads, hd] seen as
         # [batch * capacity] rows, sequence b's position p at row b * capacity + p (past capacity: -1, no row)
-        rows = torch.arange(batch, device=ids.device, dtype=torch.int64)[:, None] * cache.capacity  # [batch, 1]
-        slots = torch.where(positions < cache.capacity, rows + positions, -1).reshape(-1)  # [tokens]
+        slots = torch.where(positions < cache.capacity, cache.row_base[:batch] + positions, -1).reshape(-1)  # [tokens]
 
         def attend(i, q, k, v):
             self._rope(i, q, k, flat_positions, v=v, k_cache=cache.k[i], v_cache=cache.v[i], slot_mapping=slots)
