@@ -10,7 +10,7 @@ from .config import FULL, ModelConfig
 from .errors import MinferError
 from .kv_cache import AttentionMetadata, KVCache, PagedKVCache
 from .ops import Backend
-from .quant import QuantizedWeight
+from .quant import QuantizedWeight, group_layer
 
 
 def rope_cos_sin(cfg: ModelConfig, max_positions: int, device, local: bool = False) -> torch.Tensor:
@@ -99,6 +99,10 @@ class Transformer:
                 "gate_up": fuse([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
                 "down": w[p + "mlp.down_proj.weight"],
             }
+            # A small model's quantized linears of one format back to back: past 32 rows one dequantize launch a
+            # layer, not one a matrix (SmolLM2-135M's batch-64 step, GPU busy: 1.256 -> 1.124 ms).
+            mats = ("qkv", "o", "gate_up", "down")  # the order _layers calls them
+            layer.update(zip(mats, group_layer([layer[m] for m in mats])))
             if cfg.qk_norm:
                 layer["q_norm"], layer["k_norm"] = w[attn + "q_norm.weight"], w[attn + "k_norm.weight"]
             if cfg.sandwich_norm:

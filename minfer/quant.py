@@ -107,6 +107,16 @@ def dequantize(kind: str, raw: torch.Tensor, n: int) -> torch.Tensor:
     return dequantize_blocks(kind, raw.view(-1, size)).reshape(-1)[:n]
 
 
+@dataclass(eq=False)
+class LayerBlocks:
+    """One layer's linears of one format whose blocks lie back to back in one buffer (group_layer), so that one
+    dequantize launch decodes them all into back-to-back [n, k] matrices: the cuda backend's path of more than 32
+    rows, a launch a layer instead of one a matrix."""
+    blocks: torch.Tensor  # uint8 [1, total bytes]
+    kind: str
+    values: int  # the values of all of them
+
+
 @dataclass
 class QuantizedWeight:
     """A weight kept in its GGUF block format: the op seam's `linear` and `embedding` take it where
@@ -115,6 +125,8 @@ class QuantizedWeight:
     blocks: torch.Tensor  # uint8 [out_features, in_features / BLOCK_ELEMS * BLOCK_BYTES]: row n's blocks
     shape: tuple[int, int]  # logical (out_features, in_features)
     dtype: torch.dtype = torch.float32  # the compute dtype its values are dequantized to
+    layer: LayerBlocks | None = None  # the group whose buffer holds blocks (group_layer), if any
+    layer_offset: int = 0  # where its values start among the group's
 
     def __post_init__(self):
         rows, cols = self.shape
@@ -155,6 +167,32 @@ class QuantizedWeight:
         first = parts[0]
         rows = sum(p.shape[0] for p in parts)
         return QuantizedWeight(first.kind, torch.cat([p.blocks for p in parts]), (rows, first.shape[1]), first.dtype)
+
+
+LAYER_VALUES = 1 << 27  # the most values a layer group holds: the cuda backend decodes it into its scratch of this size
+
+
+def group_layer(weights: list) -> list:
+    """A layer's linears, in the order its forward calls them, with their blocks copied back to back into one
+    buffer (LayerBlocks) where all are QuantizedWeights of one format and dtype, each a multiple of 16 bytes (every
+    view stays 16-byte aligned) and all together at most LAYER_VALUES values. The first (layer_offset 0) then stands
+    for the group: its linear decodes them all. Otherwise the weights as they are."""
+    first = weights[0]
+    if not all(isinstance(w, QuantizedWeight) and w.kind == first.kind and w.dtype == first.dtype
+               and w.device == first.device and w.nbytes() % 16 == 0 for w in weights):
+        return weights
+    values = sum(w.shape[0] * w.shape[1] for w in weights)
+    if values > LAYER_VALUES:
+        return weights
+    buffer = torch.cat([w.blocks.reshape(-1) for w in weights]).view(1, -1)  # uint8 [1, total bytes]
+    layer = LayerBlocks(buffer, first.kind, values)
+    grouped, byte, value = [], 0, 0
+    for w in weights:
+        grouped.append(QuantizedWeight(w.kind, buffer[0, byte:byte + w.nbytes()].view(w.blocks.shape), w.shape,
+                                       w.dtype, layer, value))
+        byte += w.nbytes()
+        value += w.shape[0] * w.shape[1]
+    return grouped
 
 
 # Quantizers: fp32 values -> GGUF blocks, in torch (CPU or GPU). The legacy formats follow

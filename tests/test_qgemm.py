@@ -211,6 +211,28 @@ def test_qlinear_into_a_slice(kind):
 # ---- prefill: dequantize into a scratch, then the dense linear ----
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_layer_group_linears(kind, dtype):
+    """A layer group's linears (quant.group_layer) called in order, as a forward does: past 32 rows the first decodes
+    every matrix of its layer in one launch and the others read theirs (as static weights); up to 32, qlinear on the
+    grouped blocks. Two layers in turn, twice, so that each layer's first re-decodes what the other overwrote: every
+    product equals the ungrouped weight's bit for bit (same values, same GEMM)."""
+    from minfer.ops import cuda
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # the default model's q|k|v, o, gate|up, down
+    layers = [[_weight(kind, n, k, seed=10 * i + j) for j, (n, k) in enumerate(shapes)] for i in range(2)]
+    groups = [quant.group_layer(ws) for ws in layers]
+    assert all(g.layer is not None for gs in groups for g in gs)
+    for m in (40, 5):
+        xs = [torch.randn(m, k, device=DEV).div(k ** 0.5).to(dtype) for _, k in shapes]
+        # first, ungrouped (each decoded into the scratch the groups use too, in their own launches)
+        expected = [[cuda.linear(x, w, static_weight=True) for x, w in zip(xs, ws)] for ws in layers]
+        for _ in range(2):
+            for gs, ys in zip(groups, expected):
+                for x, g, y in zip(xs, gs, ys):
+                    assert torch.equal(cuda.linear(x, g, static_weight=True), y), f"{kind} {g.shape} at {m} rows"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [113, 4097])
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
 def test_linear_prefill(kind, m, dtype):

@@ -73,3 +73,40 @@ def test_fused_linear_over_formats():
     dense = torch.cat([w.dequantize(torch.float32) for w in parts])  # [64, k]
     ours = fused_linear(get_backend("ref", "cpu"), x, fused, bias)
     torch.testing.assert_close(ours, torch.nn.functional.linear(x, dense, bias), rtol=1e-5, atol=1e-6)
+
+
+def _qweight(kind: str, n: int, k: int, seed: int) -> quant.QuantizedWeight:
+    raw = torch.from_numpy(random_blocks(kind, n * k // quant.BLOCK_ELEMS[kind], seed=seed).copy())
+    return quant.QuantizedWeight(kind, raw.view(n, -1), (n, k))
+
+
+def test_group_layer(monkeypatch):
+    """A layer's linears of one format go back to back into one buffer: each keeps its blocks (views of it, at
+    16-byte offsets) and values, the first at offset 0, and the buffer decodes to the matrices in order. Mixed
+    formats, a dense weight, a part that is no multiple of 16 bytes, or more than LAYER_VALUES values stay apart."""
+    shapes = [(96, 64), (64, 64), (256, 64), (64, 128)]  # q|k|v, o, gate|up, down of a tiny model
+    ws = [_qweight("Q4_1", n, k, seed=i) for i, (n, k) in enumerate(shapes)]
+    grouped = quant.group_layer(ws)
+    layer = grouped[0].layer
+    assert layer is not None and all(g.layer is layer for g in grouped) and layer.kind == "Q4_1"
+    assert layer.values == sum(n * k for n, k in shapes)
+    offsets = [0, 96 * 64, 96 * 64 + 64 * 64, 96 * 64 + 64 * 64 + 256 * 64]
+    assert [g.layer_offset for g in grouped] == offsets
+    base = layer.blocks.data_ptr()
+    for w, g in zip(ws, grouped):
+        assert torch.equal(g.blocks, w.blocks) and g.shape == w.shape and g.kind == w.kind
+        assert g.blocks.untyped_storage().data_ptr() == layer.blocks.untyped_storage().data_ptr()  # a view
+        assert (g.blocks.data_ptr() - base) % 16 == 0
+    decoded = quant.dequantize(layer.kind, layer.blocks.reshape(-1), layer.values)
+    for w, g in zip(ws, grouped):
+        n, k = w.shape
+        assert torch.equal(decoded[g.layer_offset:g.layer_offset + n * k].view(n, k), w.dequantize())
+
+    mixed = ws[:3] + [_qweight("Q8_0", 64, 128, seed=9)]
+    assert all(a is b for a, b in zip(quant.group_layer(mixed), mixed))
+    dense = ws[:3] + [torch.zeros(64, 128)]
+    assert all(a is b for a, b in zip(quant.group_layer(dense), dense))
+    odd = ws[:3] + [_qweight("Q4_1", 3, 64, seed=5)]  # 3 rows x 40 bytes: not a multiple of 16
+    assert all(a is b for a, b in zip(quant.group_layer(odd), odd))
+    monkeypatch.setattr(quant, "LAYER_VALUES", layer.values - 1)
+    assert all(a is b for a, b in zip(quant.group_layer(ws), ws))

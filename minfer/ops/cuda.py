@@ -11,7 +11,7 @@ import torch
 import minfer._C  # noqa: F401  registers torch.ops.minfer
 
 from . import quantized, reference
-from ..quant import QuantizedWeight
+from ..quant import LAYER_VALUES, QuantizedWeight
 
 _ops = torch.ops.minfer
 
@@ -144,7 +144,7 @@ def _linear_fake(x, w, bias=None, path="auto", static_weight=False):
 # A quantized weight's prefill (more than 32 rows of x) dequantizes it into a scratch buffer, up to this
 # many values at a time (256 MB in bf16; an 8B model's widest layer matrix, gate|up, is 117M): wider
 # weights (a 128k-vocabulary lm_head) run in slices of rows.
-SCRATCH_VALUES = 1 << 27
+SCRATCH_VALUES = LAYER_VALUES  # 1 << 27: a layer group (quant.group_layer) fits
 _scratch: dict[tuple, torch.Tensor] = {}  # (device, dtype) -> the buffer; (device, dtype, n, k) -> its [n, k] view
 
 
@@ -167,6 +167,15 @@ def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | 
         return reference.linear(x, w, bias, out=out)
     if x.shape[0] <= quantized.QLINEAR_MAX_ROWS:
         return quantized.linear(x, w, bias, static_weight, out=out, x_records=x_records)
+    if w.layer is not None:  # a layer group (quant.group_layer): its first linear decodes all its matrices
+        decoded = _scratch_view(x, 1, w.layer.values)[0]  # [values]
+        if w.layer_offset == 0:
+            quantized.dequantize_layer(w.layer, decoded)
+        dense = decoded[w.layer_offset:w.layer_offset + n * k].view(n, k)
+        # The others' values were written before the kernels just ahead of them (the first's GEMM waited for that
+        # launch, and released the next only after): they are loaded early, as a model's weights are.
+        y = _ops.linear(x, dense, bias, "auto", w.layer_offset > 0)
+        return y if out is None else out.copy_(y)
     if n * k <= SCRATCH_VALUES:  # the whole weight at once (every layer matrix of an 8B model)
         return quantized.linear(x, w, bias, static_weight, _scratch_view(x, n, k), out=out)
     rows = max(16, SCRATCH_VALUES // k // 16 * 16)  # slices start on 16-byte boundaries (the kernels' loads)

@@ -11,7 +11,7 @@ import torch
 
 import minfer._C  # noqa: F401  registers torch.ops.minfer
 
-from ..quant import QuantizedWeight
+from ..quant import LayerBlocks, QuantizedWeight
 
 _ops = torch.ops.minfer
 
@@ -60,6 +60,12 @@ def dequantize(w: QuantizedWeight, dtype: torch.dtype, out: torch.Tensor | None 
     if out is None:
         return _ops.dequantize(w.blocks, QTYPE[w.kind], n, k, dtype)
     _ops.dequantize_into(out, w.blocks, QTYPE[w.kind], static_weight)
+    return out
+
+
+def dequantize_layer(layer: LayerBlocks, out: torch.Tensor) -> torch.Tensor:
+    """A layer group's matrices (quant.group_layer) -> out, a contiguous [values] of fp16/bf16, in one launch."""
+    _ops.dequantize_into(out.view(1, -1), layer.blocks, QTYPE[layer.kind], True)
     return out
 
 
