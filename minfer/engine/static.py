@@ -136,6 +136,16 @@ class Engine(LoadedModel):
         stats.warmup_s = warmup_s
         return outputs, stats
 
+    def _to_host(self, ids: torch.Tensor):
+        """ids' copy on the host (pinned on a GPU, where the copy is asynchronous) and the event after which it may
+        be read (None off the GPU)."""
+        host = ids.to("cpu", non_blocking=True)
+        if self.device.type != "cuda":
+            return host, None
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
+
     def _generate(self, prompts, params, caps, cache, stop, on_text, stop_ids) -> tuple[list[Output], Stats]:
         """The timed part of generate(): caps[b] tokens at most for prompt b, over `cache` (batch rows)."""
         batch, lens, longest, dev = len(prompts), [len(p) for p in prompts], max(map(len, prompts)), self.device
@@ -161,11 +171,29 @@ class Engine(LoadedModel):
         emitted, done = [0] * batch, [False] * batch
         hold = max((len(s) for s in stop), default=1) - 1  # text that may still become a stop string
         t_decode = t0
-        for step in range(max(caps)):
-            host_ids = next_ids.tolist()
+        steps = max(caps)
+        for step in range(steps):
+            ids_now = next_ids  # [batch], this step's tokens
+            host, ready = self._to_host(ids_now)
+            # The next step goes in before this one's tokens are read: the GPU decodes while the host applies them
+            # (stop ids and strings, detokenizing). A batch that then turns out finished wastes that one step, which
+            # the stats leave out.
+            if step + 1 < steps:
+                if seen is not None:
+                    seen.scatter_(1, ids_now[:, None], True)
+                logits = decode_step(ids_now, pos)  # [batch, vocab]
+                # Finished sequences keep stepping (the batch's shape is fixed); they rewrite their own last
+                # cache row instead of running past the cache.
+                pos.add_(1).clamp_(max=cache.capacity - 1)
+                next_ids = sample(logits, params, generator, seen)
+            if ready is not None:
+                ready.synchronize()
+            host_ids = host.tolist()
             if step == 0:
                 stats.ttft_s = stats.prefill_s = time.perf_counter() - t0
                 t_decode = time.perf_counter()
+            else:
+                stats.steps += 1  # the decode step that made these tokens
             for b, tok in enumerate(host_ids):
                 if done[b]:
                     continue
@@ -184,17 +212,10 @@ class Engine(LoadedModel):
                 if on_text and end > emitted[b]:
                     on_text(b, out.text[emitted[b]:end])
                 emitted[b] = end
+            t_last = time.perf_counter()
             if all(done):
                 break
-            if seen is not None:
-                seen.scatter_(1, next_ids[:, None], True)
-            logits = decode_step(next_ids, pos)  # [batch, vocab]
-            stats.steps += 1
-            # Finished sequences keep stepping (the batch's shape is fixed); they rewrite their own last
-            # cache row instead of running past the cache.
-            pos.add_(1).clamp_(max=cache.capacity - 1)
-            next_ids = sample(logits, params, generator, seen)
         self._sync()
-        stats.decode_s = time.perf_counter() - t_decode
+        stats.decode_s = t_last - t_decode
         stats.decode_tokens = stats.tokens - batch
         return outputs, stats
