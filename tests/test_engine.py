@@ -91,6 +91,16 @@ def test_ignore_eos_generates_exactly_n(engine):
     assert len(outs[0].token_ids) == 20 and outs[0].finish_reason == "length"
 
 
+def test_stats_leave_out_the_step_after_the_end(engine):
+    """The static engine launches each step before it reads the one before: the step launched after the model ends
+    its turn is wasted, and the stats count only the steps whose tokens were read."""
+    ids = engine.encode("What is 2+2? Answer with one number.", chat=True)
+    outs, stats = engine.generate([ids], SamplingParams(temperature=0.0), 20)
+    assert outs[0].finish_reason == "stop" and len(outs[0].token_ids) < 19
+    assert stats.tokens == len(outs[0].token_ids) + 1  # and the stop id
+    assert stats.steps == stats.tokens - 1 == stats.decode_tokens
+
+
 def test_warm_engine_reuses_cache_and_steps(engine):
     ids = engine.encode(SHORT, chat=False)
     greedy = SamplingParams(temperature=0.0)
