@@ -406,11 +406,7 @@ class EngineCore(LoadedModel):
         for s in sampled:
             s.in_flight += 1
         host = [ids] if logprobs is None else [ids, logprobs.chosen, logprobs.top, logprobs.top_ids]
-        host = [x.to("cpu", non_blocking=True) for x in host]  # pinned on a GPU: read after `ready`
-        ready = None
-        if self.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
+        host, ready = self._to_host(host)
         self._end_step(begin)
         return _Launched(sampled, ids, host, ready)
 

@@ -76,6 +76,16 @@ class LoadedModel:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _to_host(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Copies of tensors on the host (pinned on a GPU, where the copies are asynchronous) and the event after
+        which they may be read (None off the GPU: they are done)."""
+        host = [x.to("cpu", non_blocking=True) for x in tensors]
+        if self.device.type != "cuda":
+            return host, None
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
+
     def encode(self, text: str, chat: bool, system: str | None = None) -> list[int]:
         if not chat:
             return self.tokenizer.encode(text)

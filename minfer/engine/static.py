@@ -136,16 +136,6 @@ class Engine(LoadedModel):
         stats.warmup_s = warmup_s
         return outputs, stats
 
-    def _to_host(self, ids: torch.Tensor):
-        """ids' copy on the host (pinned on a GPU, where the copy is asynchronous) and the event after which it may
-        be read (None off the GPU)."""
-        host = ids.to("cpu", non_blocking=True)
-        if self.device.type != "cuda":
-            return host, None
-        ready = torch.cuda.Event()
-        ready.record()
-        return host, ready
-
     def _generate(self, prompts, params, caps, cache, stop, on_text, stop_ids) -> tuple[list[Output], Stats]:
         """The timed part of generate(): caps[b] tokens at most for prompt b, over `cache` (batch rows)."""
         batch, lens, longest, dev = len(prompts), [len(p) for p in prompts], max(map(len, prompts)), self.device
@@ -174,7 +164,7 @@ class Engine(LoadedModel):
         steps = max(caps)
         for step in range(steps):
             ids_now = next_ids  # [batch], this step's tokens
-            host, ready = self._to_host(ids_now)
+            (host,), ready = self._to_host([ids_now])
             # The next step goes in before this one's tokens are read: the GPU decodes while the host applies them
             # (stop ids and strings, detokenizing). A batch that then turns out finished wastes that one step, which
             # the stats leave out.
