@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "common/activation.cuh"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/launch.h"
@@ -18,18 +19,6 @@
 namespace minfer {
 
 namespace {
-
-// expf and tanhf (not the fast intrinsics) to match torch closely.
-struct Silu {
-  __device__ __forceinline__ float operator()(float a) const { return a / (1.f + expf(-a)); }
-};
-
-struct GeluTanh {
-  __device__ __forceinline__ float operator()(float a) const {
-    constexpr float kSqrt2OverPi = 0.7978845608f, kCubic = 0.044715f;
-    return 0.5f * a * (1.f + tanhf(kSqrt2OverPi * (a + kCubic * (a * a * a))));
-  }
-};
 
 template <typename Act, typename T, int W>
 __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter], contiguous

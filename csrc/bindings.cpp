@@ -42,6 +42,8 @@ TORCH_LIBRARY(minfer, m) {
         "Tensor? x_records=None) -> Tensor");
   m.def("qlinear_into(Tensor(a!) out, Tensor x, Tensor blocks, int qtype, Tensor? bias=None, bool static_weight=False, "
         "Tensor? x_records=None) -> ()");
+  // act(gate) * up of the gate | up linear, in its epilogue where the kernel allows (the activation's launch spared)
+  m.def("qlinear_act(Tensor x, Tensor blocks, int qtype, int n, int k, str act, bool static_weight=False) -> Tensor");
   m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
@@ -74,6 +76,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("dequantize_into", &minfer::dequantize_into);
   m.impl("qlinear", &minfer::qlinear);
   m.impl("qlinear_into", &minfer::qlinear_into);
+  m.impl("qlinear_act", &minfer::qlinear_act);
   m.impl("qembedding", &minfer::qembedding);
   // ---- baselines (teaching API) ----
   m.impl("gemm", &minfer::gemm);

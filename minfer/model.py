@@ -117,6 +117,7 @@ class Transformer:
         types = cfg.layer_types or [FULL] * cfg.num_layers
         self.rope_tables = [self.cos_sin if t == FULL else local for t in types]  # one per layer
         self.scale = cfg.attention_scale
+        self.act_name = "gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"
         self.act = ops.gelu_tanh_and_mul if cfg.hidden_act == "gelu_tanh" else ops.silu_and_mul
         if cfg.hidden_act == "gelu_tanh":
             ops.need("gelu_tanh_and_mul")
@@ -238,9 +239,14 @@ class Transformer:
             records = ops.records_for(x, layer["gate_up"])
             ops.fused_add_rms_norm(x, residual, layer["mlp_norm"], cfg.rms_norm_eps, layer.get("attn_out_norm"),
                                    records=records)
-            gate_up = fused_linear(ops, x, layer["gate_up"], x_records=records)  # [tokens, 2 intermediate]
-            records = ops.records_for(x, layer["down"])
-            x = ops.linear(self.act(gate_up, records=records), layer["down"], static_weight=True, x_records=records)
+            down_records = ops.records_for(x, layer["down"])
+            if isinstance(layer["gate_up"], list):  # parts of different formats
+                gate_up = fused_linear(ops, x, layer["gate_up"], x_records=records)  # [tokens, 2 intermediate]
+                h = self.act(gate_up, records=down_records)  # [tokens, intermediate]
+            else:
+                h = ops.linear_act_and_mul(x, layer["gate_up"], self.act_name, records, down_records)
+            records = down_records
+            x = ops.linear(h, layer["down"], static_weight=True, x_records=records)
             last = i + 1 == len(self.layers)
             next_norm = self.final_norm if last else self.layers[i + 1]["attn_norm"]
             records = None if last else ops.records_for(x, self.layers[i + 1]["qkv"])

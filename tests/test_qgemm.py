@@ -128,6 +128,32 @@ def test_qlinear_short_k_in_registers(kind, m, dtype):
         assert wide[:, :3].isnan().all() and wide[:, 3 + n:].isnan().all(), "qlinear_into wrote outside its slice"
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 7, 16, 23])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K"])
+def test_qlinear_act(kind, m, dtype, act):
+    """act(gate) * up of the gate | up linear equals the activation's own launch after qlinear bit for bit, where the
+    epilogue computes it (the 4- and 5-bit legacy formats at M <= 16, short K: a small model's gate | up of 2 x 1536
+    x 576, an intermediate of 100 (13 CTAs of 8 outputs, the last partial), K at regs_kernel's limit) and where the
+    call falls back (Q8_0, Q4_K, 23 rows, K past the limit). Every element is written (the output is poisoned by
+    the caching allocator's reuse: filled with NaN first)."""
+    q = _q()
+    acts = {"silu": torch.ops.minfer.silu_and_mul, "gelu_tanh": torch.ops.minfer.gelu_tanh_and_mul}
+    if kind == "Q4_K":  # super-blocks of 256
+        shapes = [(1536, 512), (100, 256), (40, 4096), (24, 4352)]
+    else:
+        k_long = 2048 if kind != "Q8_0" else 4096
+        shapes = [(1536, 576), (100, 96), (40, k_long), (24, k_long + 256)]
+    for inter, k in shapes:
+        w, x, _, _, _ = _product_case(kind, m, 2 * inter, k, dtype, seed=m + k + inter, bias=False)
+        expected = acts[act](torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], 2 * inter, k, None, True), None)
+        torch.full((m, inter), float("nan"), device=DEV, dtype=dtype)  # freed: the op's output may reuse it
+        ours = torch.ops.minfer.qlinear_act(x, w.blocks, q.QTYPE[kind], 2 * inter, k, act, True)
+        assert ours.shape == (m, inter) and ours.dtype == dtype
+        assert torch.equal(ours, expected), f"{kind} {m} x {2 * inter} x {k} {act}"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [2, 8, 9, 16])
 def test_qlinear_q4k_tiles_split_over_k(m, dtype):
@@ -393,6 +419,7 @@ def test_opcheck(kind):
     torch.library.opcheck(ops.qlinear.default, (x, w.blocks, qt, n, k, bias, True))
     torch.library.opcheck(ops.qlinear_into.default, (x.new_empty(5, n + 3)[:, 1:1 + n], x, w.blocks, qt, bias, True))
     torch.library.opcheck(ops.qembedding.default, (ids, w.blocks, qt, n, k, torch.float16))
+    torch.library.opcheck(ops.qlinear_act.default, (x, w.blocks, qt, n, k, "silu", True))
     if kind == "Q4_K":  # x's records, written by the norms and the activations, read by qlinear
         x = torch.randn(5, 1024, device=DEV, dtype=torch.bfloat16)
         w = _weight(kind, n, 1024)
@@ -438,6 +465,11 @@ def test_bad_inputs_raise():
         ops.qlinear(x[:, :128].contiguous(), w.blocks, qt, n, k, None, False)
     with pytest.raises(RuntimeError, match="bias must have shape"):
         ops.qlinear(x, w.blocks, qt, n, k, torch.zeros(n + 1, device=DEV, dtype=torch.float16), False)
+    with pytest.raises(RuntimeError, match="act must be silu or gelu_tanh"):
+        ops.qlinear_act(x, w.blocks, qt, n, k, "relu", False)
+    w_odd = _weight("Q4_K", n - 1, k)
+    with pytest.raises(RuntimeError, match="n must be even"):
+        ops.qlinear_act(x, w_odd.blocks, qt, n - 1, k, "silu", False)
     with pytest.raises(RuntimeError, match="out must be float16 or bfloat16"):
         ops.dequantize_into(torch.empty(n, k, device=DEV), w.blocks, qt)
     wide = torch.empty(2, n + 8, device=DEV, dtype=torch.float16)

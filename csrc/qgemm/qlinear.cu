@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "common/activation.cuh"
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/launch.h"
@@ -361,6 +362,24 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NT * 4], const Arg
   }
 }
 
+// qlinear_act's out[:, n0 .. n0 + 7] = act(gate) * up, a tile's rows g being gate row n0 + g and rows g + 8 its up
+// row: each is rounded to T first and the product computed in fp32, as act_and_mul_kernel does after the linear.
+template <typename T, int NT, typename Act>
+__device__ __forceinline__ void store_act(const float (&acc)[NT * 4], const Args& a, int n0, int g, int t) {
+  const Act act;
+  T* out = static_cast<T*>(a.out);
+  const int n = n0 + g;
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) {
+    if ((i % 4) >> 1) continue;  // acc[i + 2] is the up row of acc[i]'s gate row
+    const int m = 8 * (i / 4) + 2 * t + (i & 1);
+    if (m < a.M && n < a.N / 2) {
+      const float gate = to_float(from_float<T>(acc[i])), up = to_float(from_float<T>(acc[i + 2]));
+      out[int64_t(m) * a.out_stride + n] = from_float<T>(act(gate) * up);
+    }
+  }
+}
+
 // Split-K over the grid's y (tile_kernel, qtile_kernel): every CTA writes its warps' sums (fp32) to ws
 // [tiles][splits][kWarps][NT * 4][32] and counts itself in (counters: one a tile, zero at entry and left zero);
 // the last of a tile's CTAs to arrive adds them in split order into sum and returns true, the others false.
@@ -393,7 +412,7 @@ __device__ __forceinline__ bool sum_splits(float (&sum)[NT * 4], float* ws, int*
 
 // out[:, n0 .. n0 + 15] (+ bias) from the warps' partial sums acc (C fragments), met through the (now idle)
 // rings: red[warp][i][lane]. Every cp.async of the CTA must be complete.
-template <typename T, int NT>
+template <typename T, int NT, typename Act = void>
 __device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t* smem, const Args& a, int n0, int warp,
                                              int lane) {
   const int g = lane / 4, t = lane % 4;
@@ -410,7 +429,10 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t*
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum[i] += red[(w * NT * 4 + i) * 32 + lane];
   }
-  store_rows<T, NT>(sum, a, n0, g, t);
+  if constexpr (std::is_void_v<Act>)
+    store_rows<T, NT>(sum, a, n0, g, t);
+  else
+    store_act<T, NT, Act>(sum, a, n0, g, t);
 }
 
 // No minimum of CTAs an SM: the compiler's choice (an explicit 1 lets it take up to 255 registers: Q4_K
@@ -474,17 +496,21 @@ constexpr int kRegChunks = 4;
 template <int QT>
 constexpr bool kRegsFormat = QT == kQ4_0 || QT == kQ4_1 || QT == kQ5_0 || QT == kQ5_1;
 
-template <int QT, typename T, int NT>
+// Act (Silu, GeluTanh; void for none): W is gate | up (N = 2 inter rows) and a CTA's 16 rows are gate rows n0 ..
+// n0 + 7 and their up rows inter + n0 .., so that its epilogue writes act(gate) * up (store_act), [M, inter].
+template <int QT, typename T, int NT, typename Act = void>
 __global__ void __launch_bounds__(kThreads) regs_kernel(const Args a) {
   using F = Format<QT>;
+  constexpr bool kAct = !std::is_void_v<Act>;
   constexpr int kSteps = Ring<QT>::kChunk / 32;  // blocks a chunk
   __shared__ __align__(16) uint8_t red[kWarps * NT * 4 * 32 * sizeof(float)];  // reduce_store's partial sums
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * 16, blocks = a.K / 32, chunks = (blocks + kSteps - 1) / kSteps;
+  const int n0 = blockIdx.x * (kAct ? 8 : 16), blocks = a.K / 32, chunks = (blocks + kSteps - 1) / kSteps;
   const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks, <= kRegChunks
-  const bool ok_a = n0 + g < a.N, ok_b = n0 + g + 8 < a.N;
+  const int inter = a.N / 2;
+  const bool ok_a = n0 + g < (kAct ? inter : a.N), ok_b = kAct ? ok_a : n0 + g + 8 < a.N;
   const uint8_t* row_a = a.w + int64_t(ok_a ? n0 + g : 0) * a.row_bytes;
-  const uint8_t* row_b = a.w + int64_t(ok_b ? n0 + g + 8 : 0) * a.row_bytes;
+  const uint8_t* row_b = a.w + int64_t(ok_b ? (kAct ? inter : 8) + n0 + g : 0) * a.row_bytes;
   BlockWords wa[kRegChunks][kSteps], wb[kRegChunks][kSteps];  // [warp's chunk i][step]: rows g, g + 8
   auto load_w = [&] {
 #pragma unroll
@@ -530,7 +556,7 @@ __global__ void __launch_bounds__(kThreads) regs_kernel(const Args a) {
       mma_quants<QT, T, NT>(acc, qa, qb, sa, sb, ma, mb, xp);
     }
   }
-  reduce_store<T, NT>(acc, red, a, n0, warp, lane);
+  reduce_store<T, NT, Act>(acc, red, a, n0, warp, lane);
 }
 
 // In a pipeline of S stages that commits chunks 0 .. S - 2's weights one group each, then their x in one group,
@@ -1066,15 +1092,16 @@ void launch(const Args& a, cudaStream_t stream) {
 // kRegChunks chunks, on a grid of at most 2 CTAs an SM), and launches it if so. H200, us, qlinear_kernel ->
 // regs_kernel: Q4_1 1 x 576 x 1536 2.45 -> 1.84, 1 x 960 x 576 1.85 -> 1.42, 16 x 576 x 1536 4.30 -> 2.91,
 // 1 x 2048 x 2048 4.07 -> 2.83; Q4_0 / Q5_0 16 x 2048 x 2048 7.65 / 7.94 -> 5.77 / 6.25.
-template <int QT, typename T>
+// With Act, a.N = 2 inter rows of gate | up and a.out [M, inter]: a CTA for 8 outputs (regs_kernel).
+template <int QT, typename T, typename Act = void>
 bool launch_if_regs(const Args& a, int sms, cudaStream_t stream) {
   if constexpr (kRegsFormat<QT>) {
     if (a.M <= 16 && (a.K / 32 + 1) / 2 <= kWarps * kRegChunks && small_grid(a, sms)) {
-      const dim3 grid((unsigned)((a.N + 15) / 16));
+      const dim3 grid((unsigned)(std::is_void_v<Act> ? (a.N + 15) / 16 : (a.N / 2 + 7) / 8));
       if (a.M <= 8)
-        launch_pdl(regs_kernel<QT, T, 1>, grid, dim3(kThreads), 0, stream, a);
+        launch_pdl(regs_kernel<QT, T, 1, Act>, grid, dim3(kThreads), 0, stream, a);
       else
-        launch_pdl(regs_kernel<QT, T, 2>, grid, dim3(kThreads), 0, stream, a);
+        launch_pdl(regs_kernel<QT, T, 2, Act>, grid, dim3(kThreads), 0, stream, a);
       return true;
     }
   }
@@ -1255,6 +1282,15 @@ int64_t check_qlinear(const char* op, const torch::Tensor& x, const torch::Tenso
   return row_bytes;
 }
 
+// The kernels' arguments: W [n, k] (row_bytes a row), x [M, k], out's rows out.stride(0) apart.
+qgemm::Args make_args(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t n, int64_t k,
+                      int64_t row_bytes, const std::optional<torch::Tensor>& bias, bool static_weight) {
+  return {blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
+          (int)x.size(0),             (int)n,         (int)k,                             row_bytes,
+          static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31),
+          0x5464u,                    out.stride(0)};
+}
+
 // out [M, n] = x [M, k] @ W^T (+ bias), out's rows possibly strided (qlinear_into's slice); arguments checked.
 void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
                  int64_t n, int64_t k, int64_t row_bytes, const std::optional<torch::Tensor>& bias,
@@ -1263,10 +1299,7 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
   // x's records (q4k_x.cuh) spare the Q4_K kernels that read records their prepare_x launch; others ignore them
   const uint8_t* records = x_records ? x_records->data_ptr<uint8_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
-  const qgemm::Args a{blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
-                      (int)x.size(0),             (int)n,         (int)k,                             row_bytes,
-                      static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31),
-                      0x5464u,                    out.stride(0)};
+  const qgemm::Args a = make_args(out, x, blocks, n, k, row_bytes, bias, static_weight);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int sms = sm_count(x.get_device());
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
@@ -1317,6 +1350,31 @@ void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch:
   const int64_t n = out.size(1), k = x.size(1);
   const int64_t row_bytes = check_qlinear("qlinear_into", x, blocks, qtype, n, k, bias, x_records);
   run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
+}
+
+torch::Tensor qlinear_act(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                          const std::string& act, bool static_weight) {
+  MINFER_CHECK(act == "silu" || act == "gelu_tanh", "qlinear_act: act must be silu or gelu_tanh, got ", act);
+  MINFER_CHECK(n % 2 == 0, "qlinear_act: n must be even (the gate rows, then as many up rows), got ", n);
+  const int64_t row_bytes = check_qlinear("qlinear_act", x, blocks, qtype, n, k, std::nullopt, std::nullopt);
+  if (x.size(0) == 0 || n == 0) return torch::empty({x.size(0), n / 2}, x.options());
+  auto out = torch::empty({x.size(0), n / 2}, x.options());  // [M, n / 2]
+  const c10::cuda::CUDAGuard guard(x.device());
+  const qgemm::Args a = make_args(out, x, blocks, n, k, row_bytes, std::nullopt, static_weight);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int sms = sm_count(x.get_device());
+  bool fused = false;
+  MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
+    MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear_act", [&] {
+      fused = act == "silu" ? qgemm::launch_if_regs<QT, scalar_t, Silu>(a, sms, stream)
+                            : qgemm::launch_if_regs<QT, scalar_t, GeluTanh>(a, sms, stream);
+    });
+  });
+  if (fused) return out;
+  // the other formats and sizes: the linear, then the activation's own launch
+  auto gate_up = torch::empty({x.size(0), n}, x.options());  // [M, n]
+  run_qlinear(gate_up, x, blocks, qtype, n, k, row_bytes, std::nullopt, static_weight, std::nullopt);
+  return act == "silu" ? silu_and_mul(gate_up, std::nullopt) : gelu_tanh_and_mul(gate_up, std::nullopt);
 }
 
 }  // namespace minfer

@@ -119,6 +119,19 @@ def gelu_tanh_and_mul(x: torch.Tensor, records: torch.Tensor | None = None) -> t
     return _ops.gelu_tanh_and_mul(x, records)
 
 
+def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tensor | None = None,
+                       records: torch.Tensor | None = None) -> torch.Tensor:
+    # x [tokens, in] @ weight^T = gate | up [tokens, 2 inter] -> act(gate) * up [tokens, inter]; act: silu | gelu_tanh.
+    # x_records: x's records (the Q4_K kernels'); records: room for the output's (the down projection's x).
+    # A quantized gate | up at decode rows with neither runs qlinear_act, whose kernel for a small model's 4- and
+    # 5-bit legacy formats writes the activation from the linear's epilogue: one launch a layer fewer.
+    if (isinstance(weight, QuantizedWeight) and x_records is None and records is None and x.dtype != torch.float32
+            and x.shape[0] <= quantized.QLINEAR_MAX_ROWS):
+        return quantized.linear_act(x, weight, act)
+    gate_up = linear(x, weight, static_weight=True, x_records=x_records)  # [tokens, 2 inter]
+    return silu_and_mul(gate_up, records) if act == "silu" else gelu_tanh_and_mul(gate_up, records)
+
+
 def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     """Room for x's records ahead of a linear on weight (a list: fuse()'s parts) whose x, [rows, in] like `like`,
     the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * record bytes]

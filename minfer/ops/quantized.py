@@ -1,5 +1,5 @@
 """Quantized weights on the GPU (csrc/qgemm/): thin wrappers over torch.ops.minfer.{dequantize,
-dequantize_into, qlinear, qembedding}, plus their fake (meta) implementations.
+dequantize_into, qlinear, qlinear_act, qembedding}, plus their fake (meta) implementations.
 
 A weight stays in its GGUF blocks (quant.QuantizedWeight: uint8 [n, k / elems * bytes], ggml's layout).
 Decode (x of at most 32 rows) streams the blocks and dequantizes in registers (qlinear); prefill
@@ -43,6 +43,11 @@ def _qlinear_fake(x, blocks, qtype, n, k, bias=None, static_weight=False, x_reco
 @torch.library.register_fake("minfer::qlinear_into")
 def _qlinear_into_fake(out, x, blocks, qtype, bias=None, static_weight=False, x_records=None):
     return None
+
+
+@torch.library.register_fake("minfer::qlinear_act")
+def _qlinear_act_fake(x, blocks, qtype, n, k, act, static_weight=False):
+    return x.new_empty((x.shape[0], n // 2))
 
 
 @torch.library.register_fake("minfer::qembedding")
@@ -93,6 +98,17 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
         if out is not None:
             return out.copy_(y)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
+def linear_act(x: torch.Tensor, w: QuantizedWeight, act: str, static_weight: bool = True) -> torch.Tensor:
+    """x [rows, k] (at most 32 rows) @ W^T = gate | up -> act(gate) * up [rows, n / 2], act silu | gelu_tanh. The
+    4- and 5-bit legacy formats of a small model's shapes write it from the linear's epilogue; the others run
+    qlinear, then the activation."""
+    n, k = w.shape
+    x = x.contiguous()
+    if x.data_ptr() % 16:  # qlinear reads x in 16-byte loads
+        x = x.clone()
+    return _ops.qlinear_act(x, w.blocks, QTYPE[w.kind], n, k, act, static_weight)
 
 
 def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:

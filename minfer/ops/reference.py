@@ -92,6 +92,13 @@ def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     return None
 
 
+def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tensor | None = None,
+                       records: torch.Tensor | None = None) -> torch.Tensor:
+    # x [tokens, in] @ weight^T = gate | up [tokens, 2 inter] -> act(gate) * up [tokens, inter]; act: silu | gelu_tanh
+    gate_up = linear(x, weight)
+    return silu_and_mul(gate_up) if act == "silu" else gelu_tanh_and_mul(gate_up)
+
+
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
               scale: float, stable_prefix: bool = False, window: int | None = None) -> torch.Tensor:
     # Causal attention of new queries over the cache.
