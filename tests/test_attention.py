@@ -199,11 +199,9 @@ def test_decode_stable_prefix_newest_key_just_written(ctx, hd):
 @pytest.mark.parametrize("hd", [64, 128])
 def test_decode_stable_prefix_q_just_written(ctx, hd):
     # q is no part of the stable prefix: the kernel before decode may write it while decode's CTAs already
-    # run. Here rope writes q (q's buffer as one cache row of batch x heads heads) behind a long gemv on one
-    # SM, so decode launches, with stable_prefix, while q still holds the old values; the output must be that
-    # of the new q. From 3000 keys decode speculates: it reads q before its wait and must see the change when
-    # it reads q again after it (3000 and 8000 keys: 3 and 8 tiles a warp, the newest key's tile split in two;
-    # 20000: the whole tile after the wait).
+    # run (and load their first tiles). Here rope writes q (q's buffer as one cache row of batch x heads heads)
+    # behind a long gemv on one SM, so decode launches, with stable_prefix, while q still holds the old values;
+    # the output must be that of the new q.
     cuda, dtype, batch, kv_heads, heads = _cuda(), torch.float16, 2, 4, 16
     x_long = torch.randn(1, 1 << 20, device="cuda", dtype=dtype)
     w_long = torch.randn(16, 1 << 20, device="cuda", dtype=dtype)
@@ -214,9 +212,6 @@ def test_decode_stable_prefix_q_just_written(ctx, hd):
     q_old = torch.randn_like(q_new)
     q, q_side = torch.empty_like(q_new), torch.empty_like(q_new)
     scale = 1.0 / math.sqrt(hd)
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # 16 splits a sequence
-        plan = torch.ops.minfer.attention_decode_plan(q, k, ctx)
-        assert ("speculate=yes" in plan) == (ctx >= 3000), plan  # 3000 keys: 3 tiles a warp
     ref32 = reference.attention(q_new.float(), k.float(), v.float(), start, scale)
     lowp = reference.attention(q_new, k, v, start, scale)
     rows = batch * heads  # q as one cache row of `rows` heads
@@ -249,32 +244,30 @@ def test_decode_gqa(ratio, hd):
 # the outputs. Depth: the tiles a warp keeps in flight, its whole ring (3 at d 128, 6 at d 64) unless
 # the grid fills the GPU (7/10 of the SMs), the capacity is over 16 tiles a warp and so is split 0's first
 # warp, and the card's DRAM gives an SM under 30 GB/s (the H100, not the H200): then 2 at d 128, 3 at d 64
-# ("depth=FULL" below). A stable_prefix call speculates (the whole split before griddepcontrol.wait,
-# validated by q read again after it) where a warp has more than 2 tiles, the splits do not spread their
-# combine, and the call is not a small call's one split, at the capacity's length and at this one.
+# ("depth=FULL" below).
 # attention_decode_plan runs the launcher's choice and launches nothing.
 MERGE_CASES = [
-    (32, 8, 128, 384, "splits=13 active=1 merge=none depth=3 speculate=no"),     # two rounds of the rings, 1.5 MiB: one split
-    (32, 8, 128, 385, "splits=13 active=12 merge=last from L2 depth=3 speculate=no"),  # one key more: 25 tiles, 2-3 a split
-    (32, 16, 128, 384, "splits=8 active=8 merge=last from L2 depth=3 speculate=no"),  # 16 kv heads, 3 MiB of K/V: not small
-    (9, 3, 64, 384, "splits=13 active=1 merge=none depth=6 speculate=no"),       # the default model's heads
-    (9, 3, 64, 385, "splits=13 active=12 merge=last from L2 depth=6 speculate=no"),
-    (32, 8, 128, 2288, "splits=16 active=16 merge=last from L2 depth=3 speculate=no"),  # 143 tiles: base 8 a split
-    (32, 8, 128, 2304, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # 144: 9 a split, 3 a warp
-    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # 4 tiles a warp
-    (9, 3, 64, 2048, "splits=44 active=44 merge=last in smem depth=6 speculate=no"),  # 3-row partials
-    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem depth=6 speculate=yes"),  # 12 a split, 3 a warp
-    (32, 2, 128, 4500, "splits=66 active=66 merge=spread depth=3 speculate=no"),  # 16-row partials: too big for shared memory
-    (32, 2, 128, 32768, "splits=66 active=66 merge=spread depth=3 speculate=no"),  # 2048 tiles: 31 or 32 a split
-    (12, 1, 64, 30000, "splits=128 active=128 merge=spread depth=6 speculate=no"),
-    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem depth=6 speculate=yes"),
+    (32, 8, 128, 384, "splits=13 active=1 merge=none depth=3"),     # two rounds of the rings, 1.5 MiB: one split
+    (32, 8, 128, 385, "splits=13 active=12 merge=last from L2 depth=3"),  # one key more: 25 tiles, 2-3 a split
+    (32, 16, 128, 384, "splits=8 active=8 merge=last from L2 depth=3"),  # 16 kv heads, 3 MiB of K/V: not small
+    (9, 3, 64, 384, "splits=13 active=1 merge=none depth=6"),       # the default model's heads
+    (9, 3, 64, 385, "splits=13 active=12 merge=last from L2 depth=6"),
+    (32, 8, 128, 2288, "splits=16 active=16 merge=last from L2 depth=3"),  # 143 tiles: base 8 a split
+    (32, 8, 128, 2304, "splits=16 active=16 merge=last from L2 depth=3"),  # 144: 9 a split, 3 a warp
+    (32, 8, 128, 4096, "splits=16 active=16 merge=last from L2 depth=3"),  # 4 tiles a warp
+    (9, 3, 64, 2048, "splits=44 active=44 merge=last in smem depth=6"),  # 3-row partials
+    (9, 3, 64, 9000, "splits=44 active=44 merge=last in smem depth=6"),  # 12 a split, 3 a warp
+    (32, 2, 128, 4500, "splits=66 active=66 merge=spread depth=3"),  # 16-row partials: too big for shared memory
+    (32, 2, 128, 32768, "splits=66 active=66 merge=spread depth=3"),  # 2048 tiles: 31 or 32 a split
+    (12, 1, 64, 30000, "splits=128 active=128 merge=spread depth=6"),
+    (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem depth=6"),
     # 128 CTAs fill the GPU: past 16 tiles a warp, fewer tiles in flight than the ring holds (on an H100)
-    (32, 8, 128, 16377, "splits=16 active=16 merge=last from L2 depth=3 speculate=yes"),  # capacity 16384: 16 tiles a warp
-    (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=FULL speculate=yes"),  # 17 for split 0's warp 0
-    (32, 8, 128, 32768, "splits=16 active=16 merge=last from L2 depth=FULL speculate=yes"),
-    (32, 8, 64, 32768, "splits=16 active=16 merge=last from L2 depth=FULL speculate=yes"),
-    (45, 45, 128, 32768, "splits=2 active=2 merge=last from L2 depth=3 speculate=yes"),  # 90 CTAs: under 7/10 of 132 SMs
-    (47, 47, 128, 32768, "splits=2 active=2 merge=last from L2 depth=FULL speculate=yes"),  # 94 CTAs
+    (32, 8, 128, 16377, "splits=16 active=16 merge=last from L2 depth=3"),  # capacity 16384: 16 tiles a warp
+    (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=FULL"),  # 17 for split 0's warp 0
+    (32, 8, 128, 32768, "splits=16 active=16 merge=last from L2 depth=FULL"),
+    (32, 8, 64, 32768, "splits=16 active=16 merge=last from L2 depth=FULL"),
+    (45, 45, 128, 32768, "splits=2 active=2 merge=last from L2 depth=3"),  # 90 CTAs: under 7/10 of 132 SMs
+    (47, 47, 128, 32768, "splits=2 active=2 merge=last from L2 depth=FULL"),  # 94 CTAs
 ]
 
 
@@ -338,12 +331,12 @@ def test_decode_merges_in_sequence():
             _check(ours, ref32, lowp, dtype, f"rep {rep} {heads}/{kv_heads} ctx={ctx}")
 
 
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("layout", ["qkv view", "rows off 16 bytes"])
-def test_decode_speculating_q_layouts(hd, layout):
-    # The speculating kernel reads q once a CTA in 16-byte pieces with q's own strides: a view into the
-    # fused qkv projection (the model's q), and rows that start off a 16-byte boundary (which attention()
-    # copies first). Both speculate at this length and must be right.
+def test_decode_q_layouts(hd, layout):
+    # Decode reads q with its own strides (as fragments up to d 128; at d 256 once a CTA in 16-byte pieces): a
+    # view into the fused qkv projection (the model's q), and rows that start off a 16-byte boundary (which
+    # attention() copies first where it reads 16-byte pieces).
     dtype, batch, heads, kv_heads, ctx = torch.float16, 2, 12, 3, 4097
     k, v, kp, vp = _make_cache(batch, ctx, kv_heads, hd, dtype, [ctx, ctx])
     if layout == "qkv view":
@@ -353,9 +346,6 @@ def test_decode_speculating_q_layouts(hd, layout):
         q = torch.randn(batch, 1, heads, hd + 1, device="cuda", dtype=dtype)[..., 1:]  # [batch, 1, heads, hd]
     start = torch.full((batch,), ctx - 1, device="cuda", dtype=torch.int32)
     scale = 1.0 / math.sqrt(hd)
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
-        plan = torch.ops.minfer.attention_decode_plan(q, kp, ctx)
-        assert "speculate=yes" in plan, plan
     qc = q.contiguous()  # torch's SDPA (the reference) faults on fp16 rows off 16 bytes
     ref32 = reference.attention(qc.float(), k.float(), v.float(), start, scale)
     lowp = reference.attention(qc, k, v, start, scale)
@@ -420,7 +410,7 @@ def test_decode_head_dim_256(ctx, dtype, stable_prefix):
     (1, 16, 1, 1000),   # 31 splits: spread
     (1, 4, 1, 1000),    # 4-row partials: in shared memory
     (1, 32, 2, 32768),  # spread, 66 splits
-    (16, 8, 4, 8192),   # 64 pairs: 2 splits, speculating
+    (16, 8, 4, 8192),   # 64 pairs: 2 splits
 ])
 def test_decode_head_dim_256_merges(batch, heads, kv_heads, ctx, stable_prefix):
     dtype = torch.bfloat16

@@ -101,7 +101,7 @@ void flash_decode_paged(const torch::Tensor& q, const torch::Tensor& k_cache, co
                         const torch::Tensor& block_table, const torch::Tensor& seq_lens, int max_seqlen_k,
                         double scale, bool stable_prefix, int window, torch::Tensor& out);
 // decode_plan.cu: what flash_decode would launch for sequences of `length` keys (the split count, the
-// splits that get keys, how they merge, the ring depth, speculation), launching nothing.
+// splits that get keys, how they merge, the ring depth), launching nothing.
 std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length, int window);
 
 constexpr float kLog2e = 1.4426950408889634f;

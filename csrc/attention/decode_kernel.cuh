@@ -6,16 +6,9 @@
 //
 // Launched as a programmatic dependent (common/launch.h), the kernel's setup overlaps the previous
 // kernel's tail. With stable_prefix (the engine's call: start_pos and the cache rows before it are final
-// before the previous kernel runs), more happens before griddep_wait:
-// - not speculating: the split is laid out, and a warp with at most 8 tiles loads its first kEarlyTiles
-//   there, as far as they lie wholly before the newest key (which the previous kernel, rope, may be
-//   writing);
-// - speculating (the SPECULATE kernel where `speculates`): q is read before the wait too, while the
-//   previous kernel may still be writing it, every tile but the newest key's is streamed and consumed
-//   there, and the next kernel is released at entry. After the wait q is read again: the same bits, and
-//   the work stands (it is the work of the final q); else it is done again with the final q. Nothing is
-//   written before the wait. So back to back one call's streams run while the previous call ends, and
-//   the newest key's row and the combine are all that is left after the wait.
+// before the previous kernel runs), the split is laid out before griddep_wait, and a warp with at most 8
+// tiles loads its first kEarlyTiles there, as far as they lie wholly before the newest key (which the
+// previous kernel, rope, may be writing). q is read after the wait: in the engine rope writes it just before.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -28,13 +21,11 @@
 
 namespace minfer::attn::decode {
 
-constexpr int kEarlyTiles = 3;             // tiles a warp may load before the wait (not speculating) ...
+constexpr int kEarlyTiles = 3;             // tiles a warp may load before the wait ...
 constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time (a tile's K or V
                                            // half where the tile is larger: 8 KB at d 256)
-constexpr int kSpecThrottleTiles = 8;      // a speculating warp of up to this many tiles keeps one tile in
-                                           // flight before the wait and splits the newest key's tile
 
-// Not speculating, stable_prefix: this warp's first tiles before the wait (filled: how many). They are
+// stable_prefix: this warp's first tiles before the wait (filled: how many). They are
 // throttled, one piece of kEarlyPieceBytes in flight per warp, the next issued once it has landed: they
 // run while the previous call's last tiles stream and its combine makes its round trips through L2, which
 // queue behind whatever is in flight (1 x 4k: 6.68 us throttled, 7.39 issued all at once). A one-split
@@ -61,72 +52,10 @@ __device__ __forceinline__ void load_early(const WarpRing<T, D>& w, int& filled)
   }
 }
 
-// Speculation (see above) streams the tiles before the newest key's before the wait: one tile in flight for
-// a warp of up to kSpecThrottleTiles (1 x 8k 10.9 -> 9.3 us against the whole ring), the whole depth past
-// that. In such a short warp the newest key's tile is split: its older rows load into slot 0 before the
-// wait (load_all_but_newest_row), and after it only the newest row is read (load_newest_row), issued
-// before q's check so that the two round trips overlap (1 x 4k 5.83 -> 5.62 us). Longer warps keep the
-// whole tile for after the wait (1 x 16k 15.2 us against 16.6 split).
-
-// Tile n_pre (the newest key's) into slot 0 but its newest row (zero-filled), and that row's lines to L2:
-// a prefetch returns no data, so it is safe while the previous kernel writes them.
-template <typename T, int D>
-__device__ __forceinline__ void load_all_but_newest_row(const WarpRing<T, D>& w, int n_pre) {
-  const DecodeParams& p = w.p;
-  const int len = w.r.len, r_new = len - 1 - w.row0(n_pre);
-#pragma unroll
-  for (int j = 0; j < kTK * (D / 8) / 32; ++j) {
-    w.copy_chunk(w.ring, w.tile_rows(w.k, n_pre), p.k_ss, r_new, j);
-    w.copy_chunk(w.ring + WarpRing<T, D>::TILE, w.tile_rows(w.v, n_pre), p.v_ss, r_new, j);
-  }
-  ptx::cp_async_commit();
-  constexpr int kLines = D * int(sizeof(T)) / 128;  // 128-byte lines of a row
-  if (w.lane < 2 * kLines)
-    ptx::prefetch_l2(reinterpret_cast<const char*>(w.lane < kLines ? w.k.row(len - 1) : w.v.row(len - 1)) +
-                     128 * (w.lane % kLines));
-}
-
-// After the wait: the newest row into slot 0, once every lane's zero-filled copy of it has landed. A lane a
-// 16-byte chunk of its K and V rows (two rounds at d 256).
-template <typename T, int D>
-__device__ __forceinline__ void load_newest_row(const WarpRing<T, D>& w, int n_pre) {
-  constexpr int CH = D / 8;
-  const int len = w.r.len;
-  ptx::cp_async_wait<0>();
-  __syncwarp();
-  const int r_new = len - 1 - w.row0(n_pre);
-#pragma unroll
-  for (int j = 0; j < (2 * CH + 31) / 32; ++j) {
-    const int i = w.lane + 32 * j, c = i % CH;  // chunk c of the K row (i < CH) or of the V row
-    if (i < 2 * CH)
-      ptx::cp_async16((i >= CH ? w.ring + WarpRing<T, D>::TILE : w.ring) + tile_off(r_new, c),
-                      (i >= CH ? w.v.row(len - 1) : w.k.row(len - 1)) + c * 8, true);
-  }
-  ptx::cp_async_commit();
-}
-
-// Whether q's pieces read after the wait differ from those read before it: q_pre, or where kQInSmem, this
-// thread's pieces of them in s_q (so that they hold no registers through the stream).
-template <typename T, int D>
-__device__ __forceinline__ bool q_changed(const uint4 (&q_final)[kQPieces<D>], const uint4 (&q_pre)[kQPieces<D>],
-                                          const T* s_q, int tid) {
-  constexpr int QCH = D / 8;
-  bool changed = false;
-#pragma unroll
-  for (int j = 0; j < kQPieces<D>; ++j) {
-    const int i = tid + j * kThreads;
-    const uint4 a = q_final[j],
-                e = kQInSmem<D> ? *reinterpret_cast<const uint4*>(s_q + (i / QCH) * kQStride<D> + (i % QCH) * 8)
-                                : q_pre[j];
-    changed = changed || a.x != e.x || a.y != e.y || a.z != e.z || a.w != e.w;
-  }
-  return changed;
-}
-
-template <typename T, int D, bool FULL_GRID, bool SPECULATE>
+template <typename T, int D, bool FULL_GRID>
 __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeParams p) {
   static_assert(kStages<T, D> >= 2 && kRows * kWarpOStride<D> * 4 <= kRingBytes<D>, "ring too small");
-  static_assert(kRows * kQStride<D> * int(sizeof(T)) <= kSpecSmemBytes<D> - kSmemBytes<D>,
+  static_assert(kRows * kQStride<D> * int(sizeof(T)) <= kQSmemBytes<D> - kSmemBytes<D>,
                 "q's stage must fit past the rings");
   extern __shared__ unsigned char smem_raw[];  // kWarps rings of kRingBytes<D>, from a 1024-byte boundary
   __shared__ float s_m[kWarps][kRows], s_l[kWarps][kRows];
@@ -142,77 +71,40 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
                          kv_rows<T, kPageShift<D>>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
                          kv_rows<T, kPageShift<D>>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh),
                          c.warp, c.lane, lane_page};
-  T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes<D>);  // the speculating kernel's q (kQInSmem: every
-                                                                 // kernel's): [kRows][kQStride]
+  T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes<D>);  // kQInSmem: q, [kRows][kQStride]
   uint32_t qf[D / 16][4];                    // Q's A fragments (kQInSmem: unused, read from s_q)
   float l_row[2], m_row[2], acc[D / 8][4];  // the softmax state of rows g, g + 8, O's C fragments
   const Heads<T, D> h{qf, acc, m_row, l_row, q_frag_lane<T, D>(s_q, c.lane)};
 
-  bool spec = false, row_split = false;
-  uint4 q_pre[kQPieces<D>];  // speculative: q as read before the wait
-  int n_pre = 0;             // speculative: the tiles consumed before the wait
-  int filled = 0;            // otherwise: the tiles loaded before the wait
+  int filled = 0;  // the tiles loaded before the wait
   if (p.stable_prefix) {
     take_range<T, D>(r, p, c);
     if (c.split >= n_active) return;
     w.load_pages();
-    if constexpr (SPECULATE)
-      spec = speculates<T, D>(seq_split, merge_of<D>(n_active, c.rows, p.rows, p.all_resident), grid_pairs(),
-                              seq_split.tiles());
-    if (spec) {
-      ptx::griddep_launch_dependents();
-      read_q<T, D>(q_pre, p, c);
-      stage_q<T, D>(qf, s_q, q_pre, c);
-      n_pre = n_my;
-      if (n_my > 0 && min(w.key0(n_my - 1) + kTK, s1) > len - 1) --n_pre;  // holds the newest key
-      stream<FULL_GRID>(w, h, 0, n_pre, n_my <= kSpecThrottleTiles, 0);
-      row_split = n_pre < n_my && n_my <= kSpecThrottleTiles;
-      if (row_split) load_all_but_newest_row(w, n_pre);
-    } else {
-      load_early(w, filled);
-    }
+    load_early(w, filled);
   }
 
   // q, start_pos, the caches, the counters and the workspace may be the previous kernel's outputs
   // (start_pos and the cache prefix not, with stable_prefix). The next kernel is released right after the
   // wait: its CTAs take the SMs' free slots and wait in their own griddep_wait (a grid with CTAs still to
   // place triggers only once they all have run it, so they never compete with it); 16 x 16k 239.6 us
-  // against 280.9 released after the stream. A speculating CTA released it at entry, where it has work
-  // before the wait; the other kernel has too little there to gain from it (H200, 1 x 4k 6.40 -> 6.84 us).
+  // against 280.9 released after the stream.
   ptx::griddep_wait();
-  if (!spec) ptx::griddep_launch_dependents();
+  ptx::griddep_launch_dependents();
 
-  int from = 0;  // the first tile still to stream
-  if (!spec) {
-    if constexpr (kQInSmem<D>) {
-      uint4 q_now[kQPieces<D>];
-      read_q<T, D>(q_now, p, c);
-      stage_q<T, D>(qf, s_q, q_now, c);
-    } else {
-      load_q<T, D>(qf, p, c);
-    }
-    if (!p.stable_prefix) {
-      take_range<T, D>(r, p, c);
-      if (c.split >= n_active) return;
-      w.load_pages();
-    }
-  } else if constexpr (SPECULATE) {
-    if (row_split) load_newest_row(w, n_pre);
-    uint4 q_final[kQPieces<D>];
-    read_q<T, D>(q_final, p, c);
-    if (__syncthreads_or(q_changed<T, D>(q_final, q_pre, s_q, c.tid))) {  // start over with the final q
-      ptx::cp_async_wait<0>();  // nothing of the first pass lands in the ring from here on
-      stage_q<T, D>(qf, s_q, q_final, c);
-    } else if (row_split) {
-      ptx::cp_async_wait<0>();
-      __syncwarp();
-      h.consume(w.ring, w.ring + WarpRing<T, D>::TILE, w.valid(n_pre), c.lane, p);
-      from = n_my;
-    } else {
-      from = n_pre;
-    }
+  if constexpr (kQInSmem<D>) {
+    uint4 q_now[kQPieces<D>];
+    read_q<T, D>(q_now, p, c);
+    stage_q<T, D>(qf, s_q, q_now, c);
+  } else {
+    load_q<T, D>(qf, p, c);
   }
-  stream<FULL_GRID>(w, h, from, n_my, false, filled);
+  if (!p.stable_prefix) {
+    take_range<T, D>(r, p, c);
+    if (c.split >= n_active) return;
+    w.load_pages();
+  }
+  stream<FULL_GRID>(w, h, 0, n_my, filled);
   ptx::cp_async_wait<0>();
   __syncwarp();
 

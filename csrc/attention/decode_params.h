@@ -25,19 +25,16 @@ constexpr int kRingBytes = D <= 128 ? 24 << 10 : 32 << 10;
 // (H200, bf16: 16 x 16k 234.8 -> 274.1 us); a 256-byte boundary is as fast.
 template <int D>
 constexpr int kSmemBytes = kWarps * kRingBytes<D> + 1024;
-// The speculating kernel stages q in shared memory after the rings: [kRows][D + 8] 16-bit values (a padded
-// row, so that ldmatrix reads it without bank conflicts), sized for head_dim 128 at 128 and below.
-template <int D>
-constexpr int kSpecSmemBytes = kSmemBytes<D> + kRows * ((D > 128 ? D : 128) + 8) * 2;
-// At d 256 every kernel stages q there, and each k-step of S = Q K^T reads its A fragment by ldmatrix: held
-// in registers, the fragments take 64 beside O's 128 (ptxas spilled 150-1300 bytes a thread).
+// At d 256 the kernel stages q in shared memory after the rings, [kRows][D + 8] 16-bit values (a padded row, so
+// that ldmatrix reads it without bank conflicts), and each k-step of S = Q K^T reads its A fragment by ldmatrix:
+// held in registers, the fragments take 64 beside O's 128 (ptxas spilled 150-1300 bytes a thread).
 template <int D>
 constexpr bool kQInSmem = D > 128;
+template <int D>
+constexpr int kQSmemBytes = kSmemBytes<D> + kRows * (D + 8) * 2;
 // A kernel's dynamic shared memory: the rings, and q's stage where it stages q.
 template <int D>
-constexpr int smem_bytes(bool speculate) {
-  return speculate || kQInSmem<D> ? kSpecSmemBytes<D> : kSmemBytes<D>;
-}
+constexpr int kDecodeSmemBytes = kQInSmem<D> ? kQSmemBytes<D> : kSmemBytes<D>;
 
 template <typename T, int D>
 constexpr int kTileBytes = 2 * kTK * D * int(sizeof(T));  // K + V of one 16-key tile

@@ -1,5 +1,5 @@
-// How a split-KV decode call is laid out: how many splits, which of them get keys, how they merge, how
-// deep the rings stream and which calls speculate. The rules are __host__ __device__: the launcher picks
+// How a split-KV decode call is laid out: how many splits, which of them get keys, how they merge and how
+// deep the rings stream. The rules are __host__ __device__: the launcher picks
 // the grid and the kernel with them, each CTA applies them to its sequence's actual length (start_pos[b],
 // read on the device: no host sync), and attention_decode_plan reports them.
 #pragma once
@@ -14,7 +14,6 @@ namespace minfer::attn::decode {
 
 constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
-constexpr int kSpecTiles = 2;          // a warp with more tiles than this speculates (speculates)
 constexpr int kBurstBytes = 3 << 19;  // a call of at most this much K/V is small (1.5 MiB): see small_call
 constexpr int kOneSplitKeys = 384;    // the longest length that is one split (no combine) in a small call
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
@@ -33,7 +32,7 @@ constexpr int kFullGridStages = kFullGridRingBytes / kTileBytes<T, D> > 2 ? kFul
 
 // A sliding window's range: a sequence of len keys reads only keys [first, len), first = max(0, len - window)
 // (0 without a window), in 16-key tiles from the one holding `first`; the keys before `first` in that tile
-// are not read, and masked. Splits, merges and speculation follow the range's length from that tile on,
+// are not read, and masked. Splits and merges follow the range's length from that tile on,
 // not the context's, so a call past the window costs what one at the window does.
 __host__ __device__ __forceinline__ int window_first(int len, int window) {
   return window > 0 ? max(0, len - window) : 0;
@@ -110,17 +109,6 @@ __host__ __device__ __forceinline__ Merge merge_of(int n_active, int rows, int b
   return Merge::kLastFromL2;
 }
 
-// Whether a sequence's splits speculate (in the SPECULATE kernel, with stable_prefix): a warp has more than
-// kSpecTiles tiles, the splits do not combine by spreading, and the call is not a small call's one split.
-// (H200, bf16, back to back, us, the other kernel -> speculating: 1 x 4k 6.37 -> 5.62, 1 x 16k 19.3 ->
-// 16.1, 16 x 16k 240.3 -> 232.3; a spread combine lost, 32 q / 2 kv heads at 32k 13.95 -> 16.9, and so
-// did one tile a warp, 1 x 1k 4.48 -> 5.27.)
-template <typename T, int D>
-__host__ __device__ __forceinline__ bool speculates(const Split& sp, Merge merge, int64_t pairs, int n_tiles) {
-  const bool small_one = sp.n_active == 1 && small_call<T, D>(pairs, n_tiles);
-  return (sp.base + kWarps - 1) / kWarps > kSpecTiles && merge != Merge::kSpread && !small_one;
-}
-
 // The fields of DecodeParams that follow from the shapes: q [batch, 1, heads, D], caches
 // [batch, capacity, kv_heads, D].
 inline DecodeParams shape_params(int heads, int kv_heads, int capacity) {
@@ -156,16 +144,8 @@ inline Launch plan_launch(const DecodeParams& p, int64_t pairs, int sms, double 
   return l;
 }
 
-// Whether a sequence whose range has `length` keys speculates in a stable_prefix call launched as `l`.
-template <typename T, int D>
-inline bool speculates_at(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
-  const Split sp = split_of<T, D>(length, l.num_splits, pairs);
-  const Merge merge = merge_of<D>(sp.n_active, p.rows, p.rows, l.all_resident);
-  return speculates<T, D>(sp, merge, pairs, (length + kTK - 1) / kTK);
-}
-
 // What a call launched as `l` does with sequences of `length` keys: "splits=.. active=.. merge=..
-// depth=.. speculate=yes|no" (attention_decode_plan's answer).
+// depth=.." (attention_decode_plan's answer).
 template <typename T, int D>
 inline std::string describe(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
   const int len = range_len(std::min(length, p.capacity), p.window);
@@ -175,9 +155,7 @@ inline std::string describe(const DecodeParams& p, const Launch& l, int64_t pair
   const char* names[] = {"none", "last from L2", "last in smem", "spread"};
   return "splits=" + std::to_string(l.num_splits) + " active=" + std::to_string(sp.n_active) +
          " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, l.all_resident))] +
-         " depth=" + std::to_string(depth) + " speculate=" +
-         (speculates_at<T, D>(p, l, pairs, range_capacity(p)) && speculates_at<T, D>(p, l, pairs, len) ? "yes"
-                                                                                                     : "no");
+         " depth=" + std::to_string(depth);
 }
 
 }  // namespace minfer::attn::decode

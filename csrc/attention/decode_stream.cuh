@@ -95,11 +95,9 @@ __device__ __forceinline__ void load_q(uint32_t (&f)[D / 16][4], const DecodePar
   }
 }
 
-// The speculating kernel's q (kQInSmem: every kernel's): read once a CTA in 16-byte pieces (attention()
-// passes rows 16-byte aligned) through L2 (ld.global.cg, so that the read after the wait cannot be answered
-// by a stale L1 line), staged in shared memory ([kRows][kQStride]) and taken as fragments by ldmatrix. (Each
-// warp reading its own fragments sends 16 times the requests to the same few lines: 1 x 4k 7.10 us against
-// 5.83 this way.)
+// q at d 256 (kQInSmem): read once a CTA in 16-byte pieces (attention() passes rows 16-byte aligned) through
+// L2 (ld.global.cg), staged in shared memory ([kRows][kQStride]) and taken as fragments by ldmatrix (each
+// warp reading its own fragments sends 16 times the requests to the same few lines).
 template <int D>
 constexpr int kQStride = D + 8;
 template <int D>
@@ -307,18 +305,17 @@ struct Heads {
 };
 
 // This warp's tiles [i0, n) through its ring, tile i0 + j in slot j % depth, loading nothing past n; the
-// first `issued` of them are in flight already. In flight: one tile (`one`), or the whole ring, or, in a
-// full grid's long stream (FULL_GRID and long_stream), kFullGridStages of its slots (such a warp loads
-// nothing before the wait). Tiles fill in order, so the cp.async groups keep their count whichever side
-// of the wait a tile was issued on.
+// first `issued` of them are in flight already. In flight: the whole ring, or, in a full grid's long stream
+// (FULL_GRID and long_stream), kFullGridStages of its slots (such a warp loads nothing before the wait).
+// Tiles fill in order, so the cp.async groups keep their count whichever side of the wait a tile was issued on.
 template <bool FULL_GRID, typename T, int D>
-__device__ __forceinline__ void stream(const WarpRing<T, D>& w, const Heads<T, D>& h, int i0, int n, bool one, int issued) {
+__device__ __forceinline__ void stream(const WarpRing<T, D>& w, const Heads<T, D>& h, int i0, int n, int issued) {
   constexpr int STAGES = kStages<T, D>, SHALLOW = kFullGridStages<T, D>;
   static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
   static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
                 "a long stream must not have loaded tiles early (warps with at most 8 tiles, or a small call, do)");
   const bool shallow = FULL_GRID && long_stream(w.r.n_my);
-  const int depth = one ? 1 : shallow ? SHALLOW : STAGES;
+  const int depth = shallow ? SHALLOW : STAGES;
   for (int j = issued; j < depth; ++j) {
     if (i0 + j < n) w.load_tile(i0 + j, j);
     else ptx::cp_async_commit();  // keep one group per stage: the waits count groups
@@ -329,8 +326,7 @@ __device__ __forceinline__ void stream(const WarpRing<T, D>& w, const Heads<T, D
     T* tk = w.k_slot(st);
     T* tv = tk + WarpRing<T, D>::TILE;
     const int valid = w.valid(i);      // >= 1
-    if (one) ptx::cp_async_wait<0>();  // tile i has landed (this lane's copies) ...
-    else if (shallow) ptx::cp_async_wait<SHALLOW - 1>();
+    if (shallow) ptx::cp_async_wait<SHALLOW - 1>();  // tile i has landed (this lane's copies) ...
     else ptx::cp_async_wait<STAGES - 1>();
     __syncwarp();  // ... and every lane's
     h.consume(tk, tv, valid, w.lane, w.p);

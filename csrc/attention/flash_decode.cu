@@ -1,6 +1,6 @@
 // Split-KV flash decode (one query per sequence) on tensor cores, with the split combine fused in: the
-// launcher. The kernel is decode_kernel.cuh; the layout of a call (splits, merge kind, ring depth,
-// speculation) is decode_plan.h.
+// launcher. The kernel is decode_kernel.cuh; the layout of a call (splits, merge kind, ring depth) is
+// decode_plan.h.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -22,10 +22,8 @@ using namespace decode;
 
 template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
-  allow_smem<flash_decode_kernel<T, D, false, false>, smem_bytes<D>(false)>();
-  allow_smem<flash_decode_kernel<T, D, true, false>, smem_bytes<D>(false)>();
-  allow_smem<flash_decode_kernel<T, D, false, true>, smem_bytes<D>(true)>();
-  allow_smem<flash_decode_kernel<T, D, true, true>, smem_bytes<D>(true)>();
+  allow_smem<flash_decode_kernel<T, D, false>, kDecodeSmemBytes<D>>();
+  allow_smem<flash_decode_kernel<T, D, true>, kDecodeSmemBytes<D>>();
   const int device = q.get_device();
   const int kv_blocks = kv_heads * p.hblocks;
   const int64_t pairs = static_cast<int64_t>(batch) * kv_blocks;
@@ -40,12 +38,8 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
     p.ws_ml = reinterpret_cast<float4*>(p.ws_o + n_o);  // [pairs, splits, rows]; n_o is a multiple of 4
     p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
-  // The speculating kernel where a warp has more than kSpecTiles tiles at the longest range's length (the
-  // kernel decides per sequence at its range's length).
-  const bool speculate = p.stable_prefix && speculates_at<T, D>(p, l, pairs, range_capacity(p));
-  auto kernel = speculate ? (l.full ? flash_decode_kernel<T, D, true, true> : flash_decode_kernel<T, D, false, true>)
-                          : (l.full ? flash_decode_kernel<T, D, true, false> : flash_decode_kernel<T, D, false, false>);
-  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), smem_bytes<D>(speculate), stream, p);
+  auto kernel = l.full ? flash_decode_kernel<T, D, true> : flash_decode_kernel<T, D, false>;
+  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), kDecodeSmemBytes<D>, stream, p);
 }
 
 // Dispatches p (its layout fields set) for q's dtype and head_dim.
