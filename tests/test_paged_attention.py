@@ -172,6 +172,16 @@ def test_cuda_paged_decode_large_batch(batch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stable_prefix", [False, True])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_cuda_paged_decode_long_warps(hd, stable_prefix):
+    # 16 sequences x 8 kv heads fill the SMs with one split each, so a warp streams up to 313 tiles: its pages
+    # come 32 at a time, a window ahead, over shuffled pages.
+    starts = [19999, 12345, 4096, 2047, 511, 33] + [int(x) for x in torch.randint(0, 20000, (10,))]
+    check_paged([1] * 16, starts, heads=32, kv_heads=8, hd=hd, stable_prefix=stable_prefix)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stable_prefix", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("ctx", [1, 17, 300, 4097, 20000])
 def test_cuda_paged_decode_head_dim_256(ctx, dtype, stable_prefix):

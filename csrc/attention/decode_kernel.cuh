@@ -64,13 +64,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
 
   const Cta c = cta_of(p);
   prefetch_q<T, D>(p, c);
-  int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0, lane_page = 0;
+  int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0, lane_page = 0, next_page = 0;
   Split seq_split{};
   const Range r{len, n_active, s0, s1, n_my, seq_split};
   const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * kRingBytes<D>),
                          kv_rows<T, kPageShift<D>>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
                          kv_rows<T, kPageShift<D>>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh),
-                         c.warp, c.lane, lane_page};
+                         c.warp, c.lane, lane_page, next_page};
   T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes<D>);  // kQInSmem: q, [kRows][kQStride]
   uint32_t qf[D / 16][4];                    // Q's A fragments (kQInSmem: unused, read from s_q)
   float l_row[2], m_row[2], acc[D / 8][4];  // the softmax state of rows g, g + 8, O's C fragments

@@ -156,7 +156,8 @@ struct WarpRing {
   KvRows<T, kPageShift<D>> k;  // K rows of (b, kvh); a tile's 16 rows are contiguous (stride p.k_ss) in either layout
   KvRows<T, kPageShift<D>> v;
   int warp, lane;
-  int& lane_page;  // paged: the page of this warp's tile `lane` (load_pages); later tiles look theirs up
+  int& lane_page;  // paged: the page of this warp's tile 32 w + lane, w the window of the tiles being loaded
+  int& next_page;  // paged: the same for window w + 1, read a window ahead
 
   // The first key of tile i's 16 (a multiple of kTK).
   __device__ __forceinline__ int key0(int i) const { return (r.s0 & -kTK) + (warp + i * kWarps) * kTK; }
@@ -165,15 +166,26 @@ struct WarpRing {
   __device__ __forceinline__ int row0(int i) const { return max(key0(i), r.s0); }
   __device__ __forceinline__ int valid(int i) const { return min(key0(i) + kTK, r.s1) - row0(i); }
 
-  // Paged: the pages of the warp's first 32 tiles in one round trip, a lane each, once the range is known
-  // (a lookup per tile puts a dependent load before every tile's copies: 1 x 4k ran 12% slower).
+  // Paged: the pages of a warp's tiles come 32 at a time, a lane each, one window ahead of the tiles loaded, so
+  // that no tile's copies wait on its page's lookup (a lookup per tile: 1 x 4k ran 12% slower). At d 256 the
+  // next window's register spilled (255 registers): there the first window is read ahead, later tiles look
+  // theirs up.
+  static constexpr bool kPageWindows = D <= 128;
+  __device__ __forceinline__ int lane_page_of(int i) const { return i < r.n_my ? k.page_of(key0(i)) : 0; }
   __device__ __forceinline__ void load_pages() const {
-    if (k.table != nullptr) lane_page = lane < r.n_my ? k.page_of(key0(lane)) : 0;
+    if (k.table == nullptr) return;
+    lane_page = lane_page_of(lane);
+    if constexpr (kPageWindows) next_page = lane_page_of(32 + lane);
+  }
+  // Before tile i's loads, tiles loaded in order, once each: the next window's pages at each window's first tile.
+  __device__ __forceinline__ void turn_page_window(int i) const {
+    if constexpr (kPageWindows)
+      if (k.table != nullptr && i >= 32 && (i & 31) == 0) lane_page = next_page, next_page = lane_page_of(i + 32 + lane);
   }
   // Row row0(i) of K or V (kv: k or v), in tile i's page; every lane of the warp calls it with the same i.
   __device__ __forceinline__ const T* tile_rows(const KvRows<T, kPageShift<D>>& kv, int i) const {
-    if (kv.table == nullptr || i >= 32) return kv.row(row0(i));
-    return kv.in_page(__shfl_sync(0xffffffff, lane_page, i), row0(i));
+    if (kv.table == nullptr || (!kPageWindows && i >= 32)) return kv.row(row0(i));
+    return kv.in_page(__shfl_sync(0xffffffff, lane_page, i & 31), row0(i));
   }
   __device__ __forceinline__ T* k_slot(int st) const { return ring + st * 2 * TILE; }
 
@@ -186,6 +198,7 @@ struct WarpRing {
   }
   // Tile i into slot st, one cp.async group.
   __device__ __forceinline__ void load_tile(int i, int st) const {
+    turn_page_window(i);
     T* dk = k_slot(st);
     T* dv = dk + TILE;
     const int n = valid(i);
@@ -200,6 +213,7 @@ struct WarpRing {
   }
   // The K rows (v_half false) or the V rows of tile i into slot st, one cp.async group.
   __device__ __forceinline__ void load_half(int i, int st, bool v_half) const {
+    if (!v_half) turn_page_window(i);
     T* dst = k_slot(st) + (v_half ? TILE : 0);
     const int64_t ss = v_half ? p.v_ss : p.k_ss;
     const T* src = tile_rows(v_half ? v : k, i);
