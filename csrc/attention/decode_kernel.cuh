@@ -25,8 +25,8 @@ constexpr int kEarlyTiles = 3;             // tiles a warp may load before the w
 constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flight at a time (a tile's K or V
                                            // half where the tile is larger: 8 KB at d 256)
 
-// stable_prefix: this warp's first tiles before the wait (filled: how many). They are
-// throttled, one piece of kEarlyPieceBytes in flight per warp, the next issued once it has landed: they
+// stable_prefix: this warp's first tiles before the wait (filled: how many), in a warp of at most 8 tiles.
+// They are throttled, one piece of kEarlyPieceBytes in flight per warp, the next issued once it has landed: they
 // run while the previous call's last tiles stream and its combine makes its round trips through L2, which
 // queue behind whatever is in flight (1 x 4k: 6.68 us throttled, 7.39 issued all at once). A one-split
 // small call fills its rings at once instead: so few bytes hardly slow the previous call, while the
