@@ -118,8 +118,8 @@ class Transformer:
         self.rope_tables = [self.cos_sin if t == FULL else local for t in types]  # one per layer
         self.scale = cfg.attention_scale
         self.act_name = "gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"
-        self.act = ops.gelu_tanh_and_mul if cfg.hidden_act == "gelu_tanh" else ops.silu_and_mul
-        if cfg.hidden_act == "gelu_tanh":
+        self.act = ops.gelu_tanh_and_mul if self.act_name == "gelu_tanh" else ops.silu_and_mul
+        if self.act_name == "gelu_tanh":
             ops.need("gelu_tanh_and_mul")
         if ops.name == "cuda":
             from .ops import cuda

@@ -74,6 +74,12 @@ def dequantize_layer(layer: LayerBlocks, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _qlinear_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, k] as qlinear reads it: contiguous, from a 16-byte aligned address (its 16-byte loads)."""
+    x = x.contiguous()
+    return x.clone() if x.data_ptr() % 16 else x
+
+
 def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None, static_weight: bool = True,
            scratch: torch.Tensor | None = None, out: torch.Tensor | None = None,
            x_records: torch.Tensor | None = None) -> torch.Tensor:
@@ -85,9 +91,7 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
     n, k = w.shape
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     if x2.shape[0] <= QLINEAR_MAX_ROWS:
-        x2 = x2.contiguous()
-        if x2.data_ptr() % 16:  # qlinear reads x in 16-byte loads
-            x2 = x2.clone()
+        x2 = _qlinear_rows(x2)
         if out is not None:
             _ops.qlinear_into(out, x2, w.blocks, QTYPE[w.kind], bias, static_weight, x_records)
             return out
@@ -105,10 +109,7 @@ def linear_act(x: torch.Tensor, w: QuantizedWeight, act: str, static_weight: boo
     4- and 5-bit legacy formats of a small model's shapes write it from the linear's epilogue; the others run
     qlinear, then the activation."""
     n, k = w.shape
-    x = x.contiguous()
-    if x.data_ptr() % 16:  # qlinear reads x in 16-byte loads
-        x = x.clone()
-    return _ops.qlinear_act(x, w.blocks, QTYPE[w.kind], n, k, act, static_weight)
+    return _ops.qlinear_act(_qlinear_rows(x), w.blocks, QTYPE[w.kind], n, k, act, static_weight)
 
 
 def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
