@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   if constexpr (kQInSmem<D>) {
     uint4 q_now[kQPieces<D>];
     read_q<T, D>(q_now, p, c);
-    stage_q<T, D>(qf, s_q, q_now, c);
+    stage_q<T, D>(s_q, q_now, c);
   } else {
     load_q<T, D>(qf, p, c);
   }

@@ -119,26 +119,17 @@ __device__ __forceinline__ const T* q_frag_lane(const T* s_q, int lane) {
   return s_q + ((lane % 8) + ((lane / 8) % 2) * 8) * kQStride<D> + (lane / 16) * 8;
 }
 
-// The pieces into s_q and the fragments (kQInSmem: the pieces only, rows past the group as zeros, for the
-// consumer to read); every thread of the CTA.
+// q's pieces into s_q, [kRows][kQStride] (rows past the group as zeros), for the consumer's ldmatrix (kQInSmem);
+// every thread of the CTA.
 template <typename T, int D>
-__device__ __forceinline__ void stage_q(uint32_t (&f)[D / 16][4], T* s_q, const uint4 (&v)[kQPieces<D>],
-                                        const Cta& c) {
-  constexpr int QCH = D / 8, QS = kQStride<D>;
+__device__ __forceinline__ void stage_q(T* s_q, const uint4 (&v)[kQPieces<D>], const Cta& c) {
+  constexpr int QCH = D / 8;
 #pragma unroll
   for (int j = 0; j < kQPieces<D>; ++j) {
     const int i = c.tid + j * kThreads;
-    const int staged = (kQInSmem<D> ? kRows : c.rows) * QCH;
-    if (i < staged) *reinterpret_cast<uint4*>(s_q + (i / QCH) * QS + (i % QCH) * 8) = v[j];
+    if (i < kRows * QCH) *reinterpret_cast<uint4*>(s_q + (i / QCH) * kQStride<D> + (i % QCH) * 8) = v[j];
   }
   __syncthreads();
-  if constexpr (kQInSmem<D>) return;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    ptx::ldmatrix_x4(f[kk], q_frag_lane<T, D>(s_q, c.lane) + kk * 16);
-    if (c.g >= c.rows) f[kk][0] = f[kk][2] = 0u;  // rows past the group: never staged
-    if (c.g + 8 >= c.rows) f[kk][1] = f[kk][3] = 0u;
-  }
 }
 
 // A warp's ring: its tiles i = 0 .. n_my - 1 of the split (keys key0(i) ..) from K/V in global memory to
