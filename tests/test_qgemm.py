@@ -110,12 +110,13 @@ def test_qlinear_large_grid(kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 9, 16])
+@pytest.mark.parametrize("m", [1, 9, 16, 23, 32])
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_qlinear_short_k_in_registers(kind, m, dtype):
     """The 4- and 5-bit legacy formats with K of at most 4 chunks a warp (k <= 2048) on small grids load W
-    straight into registers (regs_kernel): a small model's 576 and 1536, k at the limit, k ending in half a
-    chunk (1568: 49 blocks), and 2080 just past the limit (qlinear_kernel); weights static, as the engine's.
+    straight into registers (regs_kernel), 16 rows of x a CTA past 8 (23, 32: two blocks of x rows over the grid's
+    y, 23's second partial): a small model's 576 and 1536, k at the limit, k ending in half a chunk (1568: 49
+    blocks), and 2080 just past the limit (qlinear_kernel); weights static, as the engine's.
     Into a NaN-poisoned wider output, every element of the slice is written and nothing else."""
     q = _q()
     for n, k in [(576, 1536), (970, 576), (37, 2048), (203, 1568), (45, 2080)]:
@@ -130,14 +131,14 @@ def test_qlinear_short_k_in_registers(kind, m, dtype):
 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 7, 16, 23])
+@pytest.mark.parametrize("m", [1, 7, 16, 23, 32])
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K"])
 def test_qlinear_act(kind, m, dtype, act):
     """act(gate) * up of the gate | up linear equals the activation's own launch after qlinear bit for bit, where the
-    epilogue computes it (the 4- and 5-bit legacy formats at M <= 16, short K: a small model's gate | up of 2 x 1536
-    x 576, an intermediate of 100 (13 CTAs of 8 outputs, the last partial), K at regs_kernel's limit) and where the
-    call falls back (Q8_0, Q4_K, 23 rows, K past the limit). Every element is written (the output is poisoned by
-    the caching allocator's reuse: filled with NaN first)."""
+    epilogue computes it (the 4- and 5-bit legacy formats, short K, up to 32 rows: a small model's gate | up of 2 x
+    1536 x 576, an intermediate of 100 (13 CTAs of 8 outputs, the last partial), K at regs_kernel's limit) and where
+    the call falls back (Q8_0, Q4_K, K past the limit). Every element is written (the output is poisoned by the
+    caching allocator's reuse: filled with NaN first)."""
     q = _q()
     acts = {"silu": torch.ops.minfer.silu_and_mul, "gelu_tanh": torch.ops.minfer.gelu_tanh_and_mul}
     if kind == "Q4_K":  # super-blocks of 256
