@@ -281,9 +281,9 @@ def _dram_gbps_per_sm():
     return bytes_per_s / 1e9 / props.multi_processor_count
 
 
-def _decode_plan(heads, kv_heads, hd, ctx, capacity):
-    q = torch.empty(1, 1, heads, hd, device="cuda", dtype=torch.bfloat16)
-    k = torch.empty(1, capacity, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
+def _decode_plan(heads, kv_heads, hd, ctx, capacity, batch=1):
+    q = torch.empty(batch, 1, heads, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(batch, capacity, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
     return torch.ops.minfer.attention_decode_plan(q, k, ctx)
 
 
@@ -296,6 +296,39 @@ def test_decode_plan(heads, kv_heads, hd, ctx, plan):
         plan = plan.replace("FULL", str(FULL_DEPTH[hd][0 if _dram_gbps_per_sm() < 30 else 1]))
     got = _decode_plan(heads, kv_heads, hd, ctx, ctx + 7)
     assert got == plan, f"{heads} / {kv_heads} heads, d {hd}, {ctx} keys: expected {plan!r}, the launcher picks {got!r}"
+
+
+# d 64 takes a short ring (4 tiles a warp, 3 CTAs an SM) where the grid has more than 2 and at most 6 CTAs an
+# SM: then a pair (batch, kv head) has one split. (batch, heads, kv heads, d, keys, plan)
+RING_CASES = [
+    (88, 9, 3, 64, 824, "splits=1 active=1 merge=none depth=6"),    # 264 CTAs: 2 an SM, the long ring
+    (89, 9, 3, 64, 824, "splits=1 active=1 merge=none depth=4"),    # 267
+    (128, 9, 3, 64, 824, "splits=1 active=1 merge=none depth=4"),   # the default model's heads, 384 CTAs
+    (264, 9, 3, 64, 824, "splits=1 active=1 merge=none depth=4"),   # 792: 6 an SM
+    (265, 9, 3, 64, 824, "splits=1 active=1 merge=none depth=6"),   # 795: the long ring again
+    (128, 32, 8, 64, 824, "splits=1 active=1 merge=none depth=6"),  # 1024
+    (128, 32, 8, 128, 824, "splits=1 active=1 merge=none depth=3"),  # d 128 keeps its ring
+]
+
+
+@pytest.mark.parametrize("batch, heads, kv_heads, hd, ctx, plan", RING_CASES)
+def test_decode_plan_short_ring(batch, heads, kv_heads, hd, ctx, plan):
+    _cuda()
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected plans are worked out for 132-SM GPUs (H100 / H200)")
+    got = _decode_plan(heads, kv_heads, hd, ctx, ctx + 7, batch=batch)
+    assert got == plan, f"batch {batch}, {heads} / {kv_heads} heads, d {hd}: expected {plan!r}, got {got!r}"
+
+
+@pytest.mark.parametrize("stable_prefix", [False, True])
+@pytest.mark.parametrize("dtype", LOWP)
+def test_decode_short_ring(dtype, stable_prefix):
+    # 100 x 3 pairs take d 64's short ring: lengths from 1 key to past its 256 keys a CTA holds, and warps of
+    # more than 8 tiles (none loaded before the wait)
+    starts = [0, 1, 15, 16, 255, 256, 700, 2047] + [int(x) for x in torch.randint(0, 2048, (92,))]
+    ours, ref32, lowp = _engine_case(len(starts), 1, 9, 3, 64, dtype, starts, capacity=2048,
+                                     stable_prefix=stable_prefix)
+    _check(ours, ref32, lowp, dtype, f"starts={starts}")
 
 
 def test_decode_plan_bad_inputs():

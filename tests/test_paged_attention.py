@@ -172,6 +172,14 @@ def test_cuda_paged_decode_large_batch(batch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stable_prefix", [False, True])
+def test_cuda_paged_decode_short_ring(stable_prefix):
+    # 100 sequences x 3 kv heads at d 64: more CTAs than 2 an SM, d 64's short ring, over shuffled pages
+    starts = [0, 1, 15, 16, 255, 256, 700, 1999] + [int(x) for x in torch.randint(0, 2000, (92,))]
+    check_paged([1] * len(starts), starts, heads=9, kv_heads=3, hd=64, stable_prefix=stable_prefix)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stable_prefix", [False, True])
 @pytest.mark.parametrize("hd", [64, 128])
 def test_cuda_paged_decode_long_warps(hd, stable_prefix):
     # 16 sequences x 8 kv heads fill the SMs with one split each, so a warp streams up to 313 tiles: its pages

@@ -33,9 +33,9 @@ constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flig
 // throttle's round trips outlast a call this short (H100, 1 x 192: 3.12 us against 3.78 throttled). With
 // two pieces a tile both groups are in flight; the stream's waits then wait for a little more than they
 // need, never less.
-template <typename T, int D>
+template <int RING, typename T, int D>
 __device__ __forceinline__ void load_early(const WarpRing<T, D>& w, int& filled) {
-  constexpr int STAGES = kStages<T, D>, EARLY = kEarlyTiles < STAGES ? kEarlyTiles : STAGES;  // 2 at d 256
+  constexpr int STAGES = kStages<T, D, RING>, EARLY = kEarlyTiles < STAGES ? kEarlyTiles : STAGES;  // 2 at d 256
   const Range& r = w.r;
   // (The call's K/V is counted with every sequence at this one's range's length.)
   const bool at_once = r.n_active == 1 && small_call<T, D>(grid_pairs(), r.seq.tiles());
@@ -52,12 +52,13 @@ __device__ __forceinline__ void load_early(const WarpRing<T, D>& w, int& filled)
   }
 }
 
-template <typename T, int D, bool FULL_GRID>
-__global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeParams p) {
-  static_assert(kStages<T, D> >= 2 && kRows * kWarpOStride<D> * 4 <= kRingBytes<D>, "ring too small");
+// RING: a warp's ring in bytes (kRingBytes<D>, or d 64's kShortRingBytes, 3 CTAs an SM).
+template <typename T, int D, bool FULL_GRID, int RING>
+__global__ void __launch_bounds__(kThreads, RING < kRingBytes<D> ? 3 : 2) flash_decode_kernel(const DecodeParams p) {
+  static_assert(kStages<T, D, RING> >= 2 && kRows * kWarpOStride<D> * 4 <= RING, "ring too small");
   static_assert(kRows * kQStride<D> * int(sizeof(T)) <= kQSmemBytes<D> - kSmemBytes<D>,
                 "q's stage must fit past the rings");
-  extern __shared__ unsigned char smem_raw[];  // kWarps rings of kRingBytes<D>, from a 1024-byte boundary
+  extern __shared__ unsigned char smem_raw[];  // kWarps rings of RING bytes, from a 1024-byte boundary
   __shared__ float s_m[kWarps][kRows], s_l[kWarps][kRows];
   __shared__ int s_last;
   unsigned char* smem = smem_raw + ((1024 - ptx::smem_addr(smem_raw) % 1024) % 1024);
@@ -67,21 +68,21 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   int len = 0, n_active = 1, s0 = 0, s1 = 0, n_my = 0, lane_page = 0, next_page = 0;
   Split seq_split{};
   const Range r{len, n_active, s0, s1, n_my, seq_split};
-  const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * kRingBytes<D>),
+  const WarpRing<T, D> w{p, r, reinterpret_cast<T*>(smem + c.warp * RING),
                          kv_rows<T, kPageShift<D>>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, c.b, c.kvh),
                          kv_rows<T, kPageShift<D>>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, c.b, c.kvh),
                          c.warp, c.lane, lane_page, next_page};
-  T* s_q = reinterpret_cast<T*>(smem + kWarps * kRingBytes<D>);  // kQInSmem: q, [kRows][kQStride]
+  T* s_q = reinterpret_cast<T*>(smem + kWarps * RING);  // kQInSmem: q, [kRows][kQStride]
   uint32_t qf[D / 16][4];                    // Q's A fragments (kQInSmem: unused, read from s_q)
   float l_row[2], m_row[2], acc[D / 8][4];  // the softmax state of rows g, g + 8, O's C fragments
   const Heads<T, D> h{qf, acc, m_row, l_row, q_frag_lane<T, D>(s_q, c.lane)};
 
   int filled = 0;  // the tiles loaded before the wait
   if (p.stable_prefix) {
-    take_range<T, D>(r, p, c);
+    take_range<T, D, RING>(r, p, c);
     if (c.split >= n_active) return;
     w.load_pages();
-    load_early(w, filled);
+    load_early<RING>(w, filled);
   }
 
   // q, start_pos, the caches, the counters and the workspace may be the previous kernel's outputs
@@ -100,11 +101,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
     load_q<T, D>(qf, p, c);
   }
   if (!p.stable_prefix) {
-    take_range<T, D>(r, p, c);
+    take_range<T, D, RING>(r, p, c);
     if (c.split >= n_active) return;
     w.load_pages();
   }
-  stream<FULL_GRID>(w, h, 0, n_my, filled);
+  stream<FULL_GRID, RING>(w, h, 0, n_my, filled);
   ptx::cp_async_wait<0>();
   __syncwarp();
 
@@ -114,10 +115,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const DecodeP
   const PairOut<T> po{pair, pair * p.num_splits,
                       reinterpret_cast<T*>(p.o) + (static_cast<int64_t>(c.b) * p.heads + c.head0) * D,
                       c.rows * (D / 4)};
-  merge_warps<T, D>(p, po, smem, s_m, s_l, c.split, n_active, c.tid);
+  merge_warps<T, D, RING>(p, po, smem, s_m, s_l, c.split, n_active, c.tid);
   if (n_active == 1) return;
 
-  const Merge merge = merge_of<D>(n_active, c.rows, p.rows, p.all_resident);
+  const Merge merge = merge_of<D, RING>(n_active, c.rows, p.rows, p.all_resident);
   arrive(p, pair, n_active, merge == Merge::kSpread, c.tid, s_last);
   if (merge == Merge::kSpread) return merge_spread<T, D>(p, po, smem, c.split, n_active, c.tid);
   if (!s_last) return;

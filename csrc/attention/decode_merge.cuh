@@ -63,8 +63,8 @@ struct PairOut {
 };
 
 // The warps' partials merged (a thread per item; idle warps have max -inf and weigh 0) into the output
-// (one active split) or into this split's partial in the workspace. smem holds the warps' rings.
-template <typename T, int D>
+// (one active split) or into this split's partial in the workspace. smem holds the warps' rings, RING bytes each.
+template <typename T, int D, int RING>
 __device__ __forceinline__ void merge_warps(const DecodeParams& p, const PairOut<T>& po, const unsigned char* smem,
                                             const float (*s_m)[kRows], const float (*s_l)[kRows], int split,
                                             int n_active, int tid) {
@@ -79,7 +79,7 @@ __device__ __forceinline__ void merge_warps(const DecodeParams& p, const PairOut
     for (int w = 0; w < kWarps; ++w) {
       const float wt = s.weight(s_m[w][h]);
       s.add(s_l[w][h], wt);
-      fma4(o, *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(smem + w * kRingBytes<D>) +
+      fma4(o, *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(smem + w * RING) +
                                                h * kWarpOStride<D> + d),
            wt);
     }

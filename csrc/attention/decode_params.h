@@ -20,11 +20,19 @@ constexpr int kRows = 16;             // q heads per CTA (the m of the mma)
 // CTA's 129 KB then fit one CTA an SM, as the grid plans anyway).
 template <int D>
 constexpr int kRingBytes = D <= 128 ? 24 << 10 : 32 << 10;
+// d 64's short ring (4 tiles a warp, 65 KB a CTA: 3 CTAs an SM against 2), for grids of more than 2 and at
+// most 6 CTAs an SM, which the long ring runs in more waves (H200, paged, 9 q / 3 kv heads at ~824 keys: 89
+// sequences 22.7 -> 19.6 us, 128 26.9 -> 22.1, 256 45.2 -> 43.7). On grids that fit 2 an SM a warp's shorter
+// ring streams slower (32 x 824 8.58 -> 9.10 us), and so it does at 8 an SM (128 x 824, 32 q / 8 kv heads:
+// 58.8 -> 59.2-60.2). The kernels take the ring's bytes as a template argument (RING).
+constexpr int kShortRingBytes = 16 << 10;
+template <int D>
+constexpr bool kHasShortRing = D == 64;
 // + slack to start the rings on a 1024-byte boundary. The XOR swizzle is conflict-free from any 16-byte
 // aligned base, but the streams are not: rings right after the static shared memory ran 10-17% slower
 // (H200, bf16: 16 x 16k 234.8 -> 274.1 us); a 256-byte boundary is as fast.
-template <int D>
-constexpr int kSmemBytes = kWarps * kRingBytes<D> + 1024;
+template <int D, int RING = kRingBytes<D>>
+constexpr int kSmemBytes = kWarps * RING + 1024;
 // At d 256 the kernel stages q in shared memory after the rings, [kRows][D + 8] 16-bit values (a padded row, so
 // that ldmatrix reads it without bank conflicts), and each k-step of S = Q K^T reads its A fragment by ldmatrix:
 // held in registers, the fragments take 64 beside O's 128 (ptxas spilled 150-1300 bytes a thread).
@@ -33,13 +41,13 @@ constexpr bool kQInSmem = D > 128;
 template <int D>
 constexpr int kQSmemBytes = kSmemBytes<D> + kRows * (D + 8) * 2;
 // A kernel's dynamic shared memory: the rings, and q's stage where it stages q.
-template <int D>
-constexpr int kDecodeSmemBytes = kQInSmem<D> ? kQSmemBytes<D> : kSmemBytes<D>;
+template <int D, int RING = kRingBytes<D>>
+constexpr int kDecodeSmemBytes = kQInSmem<D> ? kQSmemBytes<D> : kSmemBytes<D, RING>;
 
 template <typename T, int D>
 constexpr int kTileBytes = 2 * kTK * D * int(sizeof(T));  // K + V of one 16-key tile
-template <typename T, int D>
-constexpr int kStages = kRingBytes<D> / kTileBytes<T, D>;  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64
+template <typename T, int D, int RING = kRingBytes<D>>
+constexpr int kStages = RING / kTileBytes<T, D>;  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64 (short: 4)
 
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs

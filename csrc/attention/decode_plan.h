@@ -75,9 +75,9 @@ struct Split {
   int n_active, base, extra;
   __host__ __device__ __forceinline__ int tiles() const { return n_active * base + extra; }  // of the sequence
 };
-template <typename T, int D>
+template <typename T, int D, int RING>
 __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int64_t pairs) {
-  constexpr int ring_keys = kWarps * kStages<T, D> * kTK;
+  constexpr int ring_keys = kWarps * kStages<T, D, RING> * kTK;
   const int n_tiles = (len + kTK - 1) / kTK;
   const bool one = len <= ring_keys || (len <= kOneSplitKeys && small_call<T, D>(pairs, n_tiles));
   const int n_active = one ? 1 : min(num_splits, n_tiles / (kMinChunk / kTK));
@@ -98,12 +98,12 @@ __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int6
 // The last CTA's merge from L2 also takes more splits, in rounds of 16, where spreading is not allowed, or
 // where a split would have more than a thread an item to merge (d 256 with under 8 splits).
 enum class Merge { kNone, kLastFromL2, kLastInSmem, kSpread };
-template <int D>
+template <int D, int RING>
 __host__ __device__ __forceinline__ Merge merge_of(int n_active, int rows, int block_rows, bool all_resident) {
   if (n_active == 1) return Merge::kNone;
   const int items = rows * (D / 4);             // (row, 4 dims) outputs of the pair
   const int per_split = block_rows * (D + 4);  // floats of a split's partial: O, then (max, sum, -, -) per row
-  if (n_active > kMergeUnroll && n_active * per_split * 4 <= kWarps * kRingBytes<D>) return Merge::kLastInSmem;
+  if (n_active > kMergeUnroll && n_active * per_split * 4 <= kWarps * RING) return Merge::kLastInSmem;
   if (all_resident && items * n_active > 2 * kMergeUnroll * kThreads && items <= n_active * kThreads)
     return Merge::kSpread;
   return Merge::kLastFromL2;
@@ -123,6 +123,7 @@ struct Launch {
   int num_splits;
   bool all_resident;  // every CTA resident at once (one per SM at most; two fit)
   bool full;          // the shallow full-grid kernel (full_grid)
+  bool short_ring;    // d 64's short ring (kShortRingBytes): 2-6 CTAs an SM (then one split a pair)
 };
 
 // One CTA per SM: enough splits that every SM streams (each CTA streams its range with a deep pipeline,
@@ -141,21 +142,28 @@ inline Launch plan_launch(const DecodeParams& p, int64_t pairs, int sms, double 
   l.num_splits = static_cast<int>(splits);
   l.all_resident = splits * pairs <= sms;
   l.full = full_grid(splits * pairs, sms, keys, splits, dram_per_sm);
+  l.short_ring = kHasShortRing<D> && splits * pairs > 2 * int64_t{sms} && splits * pairs <= 6 * int64_t{sms};
   return l;
 }
 
 // What a call launched as `l` does with sequences of `length` keys: "splits=.. active=.. merge=..
 // depth=.." (attention_decode_plan's answer).
-template <typename T, int D>
-inline std::string describe(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
+template <typename T, int D, int RING>
+inline std::string describe_ring(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
   const int len = range_len(std::min(length, p.capacity), p.window);
-  const Split sp = split_of<T, D>(len, l.num_splits, pairs);
+  const Split sp = split_of<T, D, RING>(len, l.num_splits, pairs);
   const int warp_tiles = (sp.base + (sp.extra > 0) + kWarps - 1) / kWarps;  // split 0's warp 0
-  const int depth = l.full && long_stream(warp_tiles) ? kFullGridStages<T, D> : kStages<T, D>;
+  const int depth = l.full && long_stream(warp_tiles) ? kFullGridStages<T, D> : kStages<T, D, RING>;
   const char* names[] = {"none", "last from L2", "last in smem", "spread"};
   return "splits=" + std::to_string(l.num_splits) + " active=" + std::to_string(sp.n_active) +
-         " merge=" + names[static_cast<int>(merge_of<D>(sp.n_active, p.rows, p.rows, l.all_resident))] +
+         " merge=" + names[static_cast<int>(merge_of<D, RING>(sp.n_active, p.rows, p.rows, l.all_resident))] +
          " depth=" + std::to_string(depth);
+}
+template <typename T, int D>
+inline std::string describe(const DecodeParams& p, const Launch& l, int64_t pairs, int length) {
+  if constexpr (kHasShortRing<D>)
+    if (l.short_ring) return describe_ring<T, D, kShortRingBytes>(p, l, pairs, length);
+  return describe_ring<T, D, kRingBytes<D>>(p, l, pairs, length);
 }
 
 }  // namespace minfer::attn::decode

@@ -49,11 +49,11 @@ struct Range {
   int &len, &n_active, &s0, &s1, &n_my;
   Split& seq;  // the sequence's split
 };
-template <typename T, int D>
+template <typename T, int D, int RING>
 __device__ __forceinline__ void take_range(const Range& r, const DecodeParams& p, const Cta& c) {
   r.len = max(0, min(p.start_pos[c.b] + p.len_offset, p.capacity));
   const int first = window_first(r.len, p.window), origin = first / kTK * kTK;  // origin: its tile's first key
-  const Split sp = split_of<T, D>(r.len - origin, p.num_splits, grid_pairs());
+  const Split sp = split_of<T, D, RING>(r.len - origin, p.num_splits, grid_pairs());
   r.n_active = sp.n_active, r.seq = sp;
   const int n_tiles = sp.base + (c.split < sp.extra), tile0 = c.split * sp.base + min(c.split, sp.extra);
   const int t0 = origin + tile0 * kTK;
@@ -143,7 +143,7 @@ struct WarpRing {
   static constexpr int TILE = kTK * D;  // elements of one K (or V) tile
   const DecodeParams& p;
   const Range& r;
-  T* ring;      // [kStages][K tile, V tile], tile_off layout
+  T* ring;      // [stages][K tile, V tile], tile_off layout
   KvRows<T, kPageShift<D>> k;  // K rows of (b, kvh); a tile's 16 rows are contiguous (stride p.k_ss) in either layout
   KvRows<T, kPageShift<D>> v;
   int warp, lane;
@@ -313,9 +313,9 @@ struct Heads {
 // first `issued` of them are in flight already. In flight: the whole ring, or, in a full grid's long stream
 // (FULL_GRID and long_stream), kFullGridStages of its slots (such a warp loads nothing before the wait).
 // Tiles fill in order, so the cp.async groups keep their count whichever side of the wait a tile was issued on.
-template <bool FULL_GRID, typename T, int D>
+template <bool FULL_GRID, int RING, typename T, int D>
 __device__ __forceinline__ void stream(const WarpRing<T, D>& w, const Heads<T, D>& h, int i0, int n, int issued) {
-  constexpr int STAGES = kStages<T, D>, SHALLOW = kFullGridStages<T, D>;
+  constexpr int STAGES = kStages<T, D, RING>, SHALLOW = kFullGridStages<T, D>;
   static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
   static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
                 "a long stream must not have loaded tiles early (warps with at most 8 tiles, or a small call, do)");

@@ -20,10 +20,16 @@ namespace {
 
 using namespace decode;
 
+template <typename T, int D, int RING>
+void launch_ring(const DecodeParams& p, const Launch& l, int batch, int kv_blocks, cudaStream_t stream) {
+  allow_smem<flash_decode_kernel<T, D, false, RING>, kDecodeSmemBytes<D, RING>>();
+  allow_smem<flash_decode_kernel<T, D, true, RING>, kDecodeSmemBytes<D, RING>>();
+  auto kernel = l.full ? flash_decode_kernel<T, D, true, RING> : flash_decode_kernel<T, D, false, RING>;
+  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), kDecodeSmemBytes<D, RING>, stream, p);
+}
+
 template <typename T, int D>
 void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
-  allow_smem<flash_decode_kernel<T, D, false>, kDecodeSmemBytes<D>>();
-  allow_smem<flash_decode_kernel<T, D, true>, kDecodeSmemBytes<D>>();
   const int device = q.get_device();
   const int kv_blocks = kv_heads * p.hblocks;
   const int64_t pairs = static_cast<int64_t>(batch) * kv_blocks;
@@ -38,8 +44,9 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
     p.ws_ml = reinterpret_cast<float4*>(p.ws_o + n_o);  // [pairs, splits, rows]; n_o is a multiple of 4
     p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
   }
-  auto kernel = l.full ? flash_decode_kernel<T, D, true> : flash_decode_kernel<T, D, false>;
-  launch_pdl(kernel, dim3(p.num_splits, kv_blocks, batch), dim3(kThreads), kDecodeSmemBytes<D>, stream, p);
+  if constexpr (kHasShortRing<D>)
+    if (l.short_ring) return launch_ring<T, D, kShortRingBytes>(p, l, batch, kv_blocks, stream);
+  launch_ring<T, D, kRingBytes<D>>(p, l, batch, kv_blocks, stream);
 }
 
 // Dispatches p (its layout fields set) for q's dtype and head_dim.
