@@ -25,7 +25,10 @@ TORCH_LIBRARY(minfer, m) {
   m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!)? records=None) -> Tensor");
   // gemm family (csrc/gemm/): path = auto | wmma | sm80 | sm90 | gemv | simt
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str path=\"auto\", bool static_weight=False) -> Tensor");
-  m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\") -> str");  // what linear would launch (tests)
+  // act(gate) * up of the gate | up linear (act: silu | gelu_tanh), in the gemv tiles' epilogue where they run
+  m.def("linear_act(Tensor x, Tensor w, str act, bool static_weight=False) -> Tensor");
+  // what linear (act: none) or linear_act would launch (tests)
+  m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\", str act=\"none\") -> str");
   // attention family (csrc/attention/)
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False, "
         "int window=0) -> Tensor");
@@ -66,6 +69,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("gelu_tanh_and_mul", &minfer::gelu_tanh_and_mul);
   // gemm family
   m.impl("linear", &minfer::linear);
+  m.impl("linear_act", &minfer::linear_act);
   m.impl("linear_plan", &minfer::linear_plan);
   // attention family
   m.impl("attention", &minfer::attention);

@@ -416,11 +416,69 @@ def test_gemm_int8_exact(mnk):
     assert torch.equal(ours.cpu(), ref)
 
 
+# ---- linear_act: the gate | up linear and its gated activation in one op ----
+
+def _gated(gate_up, act):
+    """act(gate) * up of [rows, 2 inter] in its own dtype (the activation's launch, in torch)."""
+    g, u = gate_up.float().chunk(2, dim=-1)
+    a = F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")
+    return (a * u).to(gate_up.dtype)
+
+
+# (m, inter, k): past 16 rows on small W the gemv tiles apply the activation in their epilogue (inter 100: a
+# partial last tile of 8 outputs; 1536 x 576: the default model's gate | up); 8 rows (the ring and stream kernels)
+# and 256 x 1536 x 576 (sm90) run the linear and then the activation's launch.
+ACT_CASES = [(17, 1536, 576), (40, 100, 328), (113, 1536, 576), (128, 1536, 576), (8, 1536, 576),
+             (256, 1536, 576)]
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m, inter, k", ACT_CASES)
+def test_linear_act(m, inter, k, dtype, act):
+    ops = _ops()
+    x, w = _rand(m, k, dtype=dtype), _rand(2 * inter, k, dtype=dtype) / k ** 0.5
+    gu64 = x.double() @ w.double().t()
+    g64, u64 = gu64.chunk(2, dim=-1)
+    ref64 = (F.silu(g64) if act == "silu" else F.gelu(g64, approximate="tanh")) * u64
+    torch.full((m, inter), float("nan"), device=DEV, dtype=dtype)  # the output likely reuses this NaN block
+    ours = ops.linear_act(x, w, act, True)
+    _check(ours, _gated(F.linear(x, w), act), ref64, dtype)
+    # the same bits as the linear and then the activation's own launch: each half rounded to dtype first
+    split = ops.silu_and_mul(ops.linear(x, w)) if act == "silu" else ops.gelu_tanh_and_mul(ops.linear(x, w))
+    assert torch.equal(ours, split)
+
+
+@pytest.mark.parametrize("m, inter, k, fused", [(17, 1536, 576, True), (40, 100, 328, True), (128, 1536, 576, True),
+                                                (8, 1536, 576, False), (256, 1536, 576, False)])
+def test_linear_act_plan(m, inter, k, fused):
+    if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
+    _ops()
+    x, w = torch.empty(m, k, device=DEV, dtype=torch.bfloat16), torch.empty(2 * inter, k, device=DEV, dtype=torch.bfloat16)
+    plan = torch.ops.minfer.linear_plan(x, w, "auto", "silu")
+    assert plan.endswith(" +silu" if fused else ", then silu_and_mul"), plan
+    assert not fused or plan.startswith("gemv: tiles "), plan
+
+
+def test_linear_act_bad_inputs():
+    ops = _ops()
+    x = _rand(40, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="even number of rows"):
+        ops.linear_act(x, _rand(7, 64, dtype=torch.float16), "silu")
+    with pytest.raises(RuntimeError, match="unknown act"):
+        ops.linear_act(x, _rand(8, 64, dtype=torch.float16), "relu")
+    with pytest.raises(RuntimeError, match="in dimensions differ"):
+        ops.linear_act(x, _rand(8, 32, dtype=torch.float16), "silu")
+
+
 def test_opcheck():
     ops = _ops()
     x, w, b = _rand(5, 64, dtype=torch.float16), _rand(24, 64, dtype=torch.float16), _rand(24, dtype=torch.float16)
     torch.library.opcheck(ops.linear, (x, w, b))
     torch.library.opcheck(ops.linear, (x, w, None, "wmma"))
+    torch.library.opcheck(ops.linear_act, (_rand(40, 64, dtype=torch.float16), w, "silu"))  # fused
+    torch.library.opcheck(ops.linear_act, (x, w, "gelu_tanh"))  # the linear, then the activation
     a, bb, c = _rand(16, 64, dtype=torch.bfloat16), _rand(64, 24, dtype=torch.bfloat16), _rand(16, 24, dtype=torch.bfloat16)
     torch.library.opcheck(ops.gemm, (a, bb, 0.5, 2.0, c, False, False))
     torch.library.opcheck(ops.tensor_core_gemm, (_rand(16, 32, dtype=torch.float16), _rand(32, 8, dtype=torch.float16)))

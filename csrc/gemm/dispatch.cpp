@@ -21,6 +21,7 @@
 #include "common/vec.h"
 #include "gemm/gemm.h"
 #include "gemm/launcher.h"
+#include "ops.h"
 
 namespace minfer {
 namespace gemm_impl {
@@ -45,34 +46,44 @@ bool chunk_aligned(const Params<T, Out>& p) {
          is_aligned16(p.B);
 }
 
+int capability(const torch::Device& device, cudaDeviceAttr which) {
+  int v = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, which, device.index()));
+  return v;
+}
+
+// The path auto takes for p on a device of compute capability `major`.
+template <typename T>
+Path auto_path(const Params<T, T>& p, int major) {
+  const bool aligned = chunk_aligned(p);
+  // gemv streams W once for up to 16 activation rows (two n8 mma tiles) at the cost of M = 1; from
+  // M = 17 it streams W once per 16 rows, where sm90's small-M kernel (Hopper) and split-K sm80 read
+  // it once. The repeats come from L2 and cost little while W is small: up to M = 256, gemv wins while
+  // blocks of 16 rows x N x K stays within 2^24 (H200, fp16: 64 x 576 x 576 3.1 against
+  // sm80's 7.9 us, 64 x 3072 x 576 5.7 against 9.6, 64 x 2048 x 2048 9.6 against sm90's 13.5; at twice
+  // that, 32 x 4096 x 4096, level with sm90 at 17.6; 64 x 4096 x 4096 28.7 against 19.7; bf16: 128 x 576
+  // x 576 2.8 against sm80's 11.3, 128 x 3072 x 576 8.0 against 14.8, 256 x 576 x 1536 8.5 against sm90's
+  // 10.8, 256 x 960 x 576 5.7 against 6.4; past the budget 192 x 3072 x 576 11.5 against 6.6). Measured
+  // (H200): small-M beats sm80 from M = 32 on W of 4M elements and more (64 x 4096 x 4096:
+  // 20.9 against 25.4 us; 64 x 28672 x 4096: 72 against 106) and loses at M = 17 (18.9 against 17.9).
+  const int64_t row_blocks = (p.M + 15) / 16;
+  const bool gemv_wins = p.M <= 16 || (p.M <= 256 && row_blocks * p.N * p.K <= (int64_t(1) << 24));
+  const bool sm90_small_m_wins = p.M >= 32 && int64_t(p.N) * p.K >= (int64_t(1) << 22);
+  if (aligned && major >= 8 && gemv_wins) return Path::kGemv;
+  if (aligned && major == 9 && (p.M > kSm90SmallMAll || sm90_small_m_wins)) return Path::kSm90;
+  if (aligned && major >= 8) return Path::kSm80;
+  return Path::kWmma;
+}
+
 // plan != nullptr: launch nothing, say in *plan which path (and for gemv, which kernel) would run.
 template <typename T>
 void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, const char* op, std::string* plan) {
   auto stream = c10::cuda::getCurrentCUDAStream();
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index()));
+  const int major = capability(device, cudaDevAttrComputeCapabilityMajor);
+  const int minor = capability(device, cudaDevAttrComputeCapabilityMinor);
   const bool aligned = chunk_aligned(p);
   const char* rule = "K % 8 == 0, row strides % 8 == 0 (elements), K-contiguous rows and 16-byte aligned base pointers";
-  if (path == Path::kAuto) {
-    // gemv streams W once for up to 16 activation rows (two n8 mma tiles) at the cost of M = 1; from
-    // M = 17 it streams W once per 16 rows, where sm90's small-M kernel (Hopper) and split-K sm80 read
-    // it once. The repeats come from L2 and cost little while W is small: up to M = 256, gemv wins while
-    // blocks of 16 rows x N x K stays within 2^24 (H200, fp16: 64 x 576 x 576 3.1 against
-    // sm80's 7.9 us, 64 x 3072 x 576 5.7 against 9.6, 64 x 2048 x 2048 9.6 against sm90's 13.5; at twice
-    // that, 32 x 4096 x 4096, level with sm90 at 17.6; 64 x 4096 x 4096 28.7 against 19.7; bf16: 128 x 576
-    // x 576 2.8 against sm80's 11.3, 128 x 3072 x 576 8.0 against 14.8, 256 x 576 x 1536 8.5 against sm90's
-    // 10.8, 256 x 960 x 576 5.7 against 6.4; past the budget 192 x 3072 x 576 11.5 against 6.6). Measured
-    // (H200): small-M beats sm80 from M = 32 on W of 4M elements and more (64 x 4096 x 4096:
-    // 20.9 against 25.4 us; 64 x 28672 x 4096: 72 against 106) and loses at M = 17 (18.9 against 17.9).
-    const int64_t row_blocks = (p.M + 15) / 16;
-    const bool gemv_wins = p.M <= 16 || (p.M <= 256 && row_blocks * p.N * p.K <= (int64_t(1) << 24));
-    const bool sm90_small_m_wins = p.M >= 32 && int64_t(p.N) * p.K >= (int64_t(1) << 22);
-    if (aligned && major >= 8 && gemv_wins) path = Path::kGemv;
-    else if (aligned && major == 9 && (p.M > kSm90SmallMAll || sm90_small_m_wins)) path = Path::kSm90;
-    else if (aligned && major >= 8) path = Path::kSm80;
-    else path = Path::kWmma;
-  }
+  if (path == Path::kAuto) path = auto_path(p, major);
   switch (path) {
     case Path::kWmma:
       if (plan) *plan = "wmma";
@@ -147,47 +158,78 @@ void run(const Params<float, float>& p, Path path, const torch::Device&, const c
 
 namespace {
 
-// linear, or with plan != nullptr only the choice of kernel it would make (see linear_plan).
+Act parse_act(const std::string& name) {
+  if (name == "none") return kActNone;
+  if (name == "silu") return kActSilu;
+  if (name == "gelu_tanh") return kActGeluTanh;
+  MINFER_CHECK(false, "linear_act: unknown act '", name, "' (silu, gelu_tanh)");
+}
+
+// linear, or with plan != nullptr only the choice of kernel it would make (see linear_plan). With act, weight
+// is gate | up and the result act(gate) * up: in the gemv tiles' epilogue where auto takes them for more than
+// 16 rows (the activation's launch spared), else the linear and then the activation's own launch.
 torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight,
                              const std::optional<torch::Tensor>& bias, const std::string& path_name,
-                             bool static_weight, std::string* plan) {
-  const Path path = parse_path(path_name, "linear");
-  check_cuda(x, x, "x", "linear");
-  check_cuda(weight, x, "weight", "linear");
+                             bool static_weight, std::string* plan, Act act = kActNone) {
+  const char* op = act == kActNone ? "linear" : "linear_act";
+  const Path path = parse_path(path_name, op);
+  check_cuda(x, x, "x", op);
+  check_cuda(weight, x, "weight", op);
   MINFER_CHECK_FLOAT(x);
   MINFER_CHECK_SAME_DTYPE(x, weight);
-  check_dim2(x, "x", "linear");
-  check_dim2(weight, "weight", "linear");
-  MINFER_CHECK(x.size(1) == weight.size(1), "linear: x is [tokens, in] = " + shape(x) + " and weight is [out, in] = " +
+  check_dim2(x, "x", op);
+  check_dim2(weight, "weight", op);
+  MINFER_CHECK(x.size(1) == weight.size(1), op, ": x is [tokens, in] = " + shape(x) + " and weight is [out, in] = " +
               shape(weight) + ": the in dimensions differ");
   const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
-  MINFER_CHECK(x.stride(1) == 1 || K <= 1, "linear: x must have a contiguous last dimension (stride 1)");
-  MINFER_CHECK(weight.stride(1) == 1 || K <= 1, "linear: weight must have a contiguous last dimension (stride 1)");
+  MINFER_CHECK(x.stride(1) == 1 || K <= 1, op, ": x must have a contiguous last dimension (stride 1)");
+  MINFER_CHECK(weight.stride(1) == 1 || K <= 1, op, ": weight must have a contiguous last dimension (stride 1)");
+  MINFER_CHECK(act == kActNone || N % 2 == 0, op, ": weight must be gate | up, an even number of rows, got " + shape(weight));
   torch::Tensor b;
   if (bias.has_value() && bias->defined()) {
     b = *bias;
-    check_cuda(b, x, "bias", "linear");
+    check_cuda(b, x, "bias", op);
     MINFER_CHECK_SAME_DTYPE(x, b);
-    MINFER_CHECK(b.dim() == 1 && b.size(0) == N, "linear: bias must be [out] = [" + num(N) + "], got " + shape(b));
+    MINFER_CHECK(b.dim() == 1 && b.size(0) == N, op, ": bias must be [out] = [" + num(N) + "], got " + shape(b));
     b = b.contiguous();
   }
-  check_int_range(M, "tokens", "linear");
-  check_int_range(N, "out", "linear");
-  check_int_range(K, "in", "linear");
+  check_int_range(M, "tokens", op);
+  check_int_range(N, "out", op);
+  check_int_range(K, "in", op);
   const c10::cuda::CUDAGuard guard(x.device());
-  auto out = plan ? torch::Tensor() : torch::empty({M, N}, x.options());
+  const bool fused = act != kActNone && path == Path::kAuto && M > 16 && x.scalar_type() != at::kFloat && [&] {
+    return MINFER_DISPATCH_HALF(x.scalar_type(), "linear_act", [&] {
+      const Params<scalar_t, scalar_t> p{ptr<scalar_t>(x), x.stride(0), 1, ptr<scalar_t>(weight), weight.stride(0), 1,
+                                         nullptr, N / 2, nullptr, nullptr, 0, 1.f, 0.f, (int)M, (int)N, (int)K};
+      return auto_path(p, capability(x.device(), cudaDevAttrComputeCapabilityMajor)) == Path::kGemv;
+    });
+  }();
+  if (act != kActNone && !fused) {  // the linear, then the activation
+    const char* act_op = act == kActSilu ? "silu_and_mul" : "gelu_tanh_and_mul";
+    std::string linear_plan;
+    torch::Tensor gate_up = linear_or_plan(x, weight, bias, path_name, static_weight, plan ? &linear_plan : nullptr);
+    if (plan) {
+      *plan = linear_plan + ", then " + act_op;
+      return torch::Tensor();
+    }
+    return act == kActSilu ? silu_and_mul(gate_up, std::nullopt) : gelu_tanh_and_mul(gate_up, std::nullopt);
+  }
+  const int64_t n_out = fused ? N / 2 : N;
+  auto out = plan ? torch::Tensor() : torch::empty({M, n_out}, x.options());
   if (M == 0 || N == 0) {
     if (plan) *plan = "none (empty output)";
     return out;
   }
-  MINFER_DISPATCH_FLOAT(x.scalar_type(), "linear", [&] {
+  MINFER_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
     scalar_t* d = plan ? nullptr : reinterpret_cast<scalar_t*>(out.data_ptr());
     Params<scalar_t, scalar_t> p{ptr<scalar_t>(x), M == 1 ? K : x.stride(0), 1, ptr<scalar_t>(weight),
-                                 N == 1 ? K : weight.stride(0), 1, d, N, ptr<scalar_t>(b), nullptr, 0, 1.f, 0.f,
+                                 N == 1 ? K : weight.stride(0), 1, d, n_out, ptr<scalar_t>(b), nullptr, 0, 1.f, 0.f,
                                  (int)M, (int)N, (int)K};
     p.static_b = static_weight;
-    run(p, path, x.device(), "linear", plan);
+    p.act = fused ? act : kActNone;
+    run(p, path, x.device(), op, plan);
   });
+  if (plan && fused) *plan += act == kActSilu ? " +silu" : " +gelu_tanh";
   return out;
 }
 
@@ -202,12 +244,20 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
   return gemm_impl::linear_or_plan(x, weight, bias, path, static_weight, nullptr);
 }
 
+// The gated activation of the gate | up linear: act(x gate^T) * (x up^T), weight [2 inter, in] -> [tokens, inter],
+// act silu | gelu_tanh. Equal to linear and then silu_and_mul / gelu_tanh_and_mul, in one launch where the gemv
+// tiles run (more than 16 rows on small W: a small model's batched decode).
+torch::Tensor linear_act(const torch::Tensor& x, const torch::Tensor& weight, const std::string& act, bool static_weight) {
+  return gemm_impl::linear_or_plan(x, weight, std::nullopt, "auto", static_weight, nullptr, gemm_impl::parse_act(act));
+}
+
 // Which path and kernel configuration linear(x, weight, path=path) would launch, as text, e.g.
-// "gemv: m1 U=4 4/SM ks=2 grid=512"; nothing runs. For tests that check a shape reaches the kernel it
-// is meant to exercise.
-std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path) {
+// "gemv: m1 U=4 4/SM ks=2 grid=512" (with act, linear_act's: "... +silu" fused, "..., then silu_and_mul" not);
+// nothing runs. For tests that check a shape reaches the kernel it is meant to exercise.
+std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path,
+                        const std::string& act) {
   std::string plan;
-  gemm_impl::linear_or_plan(x, weight, std::nullopt, path, false, &plan);
+  gemm_impl::linear_or_plan(x, weight, std::nullopt, path, false, &plan, gemm_impl::parse_act(act));
   return plan;
 }
 

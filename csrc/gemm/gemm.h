@@ -11,6 +11,10 @@
 
 namespace minfer::gemm_impl {
 
+// A gated activation in the epilogue (linear_act; gemv_kernel at M > 16 only): B's rows are gate [N / 2] then
+// up [N / 2], and D is [M, N / 2] = act(gate) * up, each rounded to Out first as a separate launch would.
+enum Act : int { kActNone = 0, kActSilu = 1, kActGeluTanh = 2 };
+
 template <typename T, typename Out>
 struct Params {
   const T* A;
@@ -27,6 +31,7 @@ struct Params {
   // B is not written by any kernel that may still be running when this one starts (a model's weights):
   // the gemv and sm90 small-M kernels then start loading it before griddepcontrol.wait.
   bool static_b = false;
+  int act = kActNone;  // Act
 };
 
 // Host launchers, one per path (explicitly instantiated in their .cu files).

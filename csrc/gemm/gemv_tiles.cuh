@@ -1,14 +1,37 @@
 // The 16-row-tile GEMV kernels (see gemv_common.cuh): a warp owns a 16-row tile of W and a slice of K.
 // gemv_kernel: KS = 1..8 warps of a CTA split one tile's K and meet in shared memory; larger M walks
-// 16-row blocks of A along grid.y, re-reading W once per block. gemv_stream_kernel: many tiles, every
+// 16-row blocks of A along grid.y, re-reading W once per block. With p.act (gate | up rows) a tile is 8 gate
+// rows and their 8 up rows, so that the meeting in shared memory has both halves of each output. gemv_stream_kernel: many tiles, every
 // warp of a one-wave grid takes an equal range of whole tiles. launch_best (gemv.cu) picks U and KS.
 #pragma once
 #include <type_traits>
 
+#include "common/activation.cuh"
 #include "gemm/gemv_common.cuh"
 
 namespace minfer::gemm_impl {
 namespace {
+
+// gemv_kernel's outputs with p.act: the CTA's tiles' sums (red, as the kernel leaves them: fragment j of
+// warp w at lane l) met over the ks warps of each tile, gate and up (the fragments two on) rounded to T, then
+// act(gate) * up; consecutive threads take consecutive outputs of one row.
+template <typename T, int NT>
+__device__ __forceinline__ void store_act_tiles(const Params<T, T>& p, const float (*red)[NT * 4][32], int tiles,
+                                                int ks, int m_base) {
+  const int half = p.N / 2;
+  for (int i = threadIdx.x; i < tiles * 8 * 8 * NT; i += kThreads) {
+    const int tl = i / (8 * 8 * NT), r = i % (8 * 8 * NT), ml = r / 8, nl = r % 8;
+    const int n = (blockIdx.x * tiles + tl) * 8 + nl, m = m_base + ml;
+    if (n < half && m < p.M) {
+      const int src_lane = 4 * nl + ((ml & 7) >> 1), j = (ml >> 3) * 4 + (ml & 1);  // gate; up at j + 2
+      float gate = 0.f, up = 0.f;
+      for (int w = 0; w < ks; ++w) gate += red[tl * ks + w][j][src_lane], up += red[tl * ks + w][j + 2][src_lane];
+      const float a = to_float(from_float<T>(gate)), u = to_float(from_float<T>(up));
+      const float v = p.act == kActSilu ? Silu()(a) * u : GeluTanh()(a) * u;
+      p.D[(int64_t)m * p.ldd + n] = from_float<T>(v);
+    }
+  }
+}
 
 // Block: 8 / KS tiles of 16 W rows, each split over KS = 2^ks_log2 warps along K; blockIdx.y picks its
 // block of 8 * NT rows of A (launch_best launches a grid per 65535 blocks). MIN_BLOCKS caps the registers
@@ -20,16 +43,18 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
   const int ks = 1 << ks_log2, tiles = kWarps >> ks_log2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int split = warp & (ks - 1), tile = blockIdx.x * tiles + (warp >> ks_log2);
-  const int n0 = tile * 16 + g;  // this thread's W rows: n0, n0 + 8
+  // This thread's W rows: na, nb = na + 8; with p.act gate row 8 tile + g and its up row, half rows on.
+  const int half = p.N / 2;
+  const int na = p.act ? tile * 8 + g : tile * 16 + g, nb = p.act ? half + na : na + 8;
 
   // K in 32-wide steps (4 chunks of 8), split in whole pairs of steps so that warps meet on 128-byte lines.
   const int chunks = p.K / 8, steps = (chunks + 3) / 4, pairs = (steps + 1) / 2;
   const int s_begin = min(steps, 2 * ((split * pairs) >> ks_log2));
   const int s_end = tile * 16 < p.N ? min(steps, 2 * (((split + 1) * pairs) >> ks_log2)) : s_begin;
 
-  const bool a_ok = n0 < p.N, b_ok = n0 + 8 < p.N;
-  const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
-  const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
+  const bool a_ok = p.act ? na < half : na < p.N, b_ok = p.act ? a_ok : nb < p.N;
+  const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? na : 0) * p.sbn) + t;
+  const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? nb : 0) * p.sbn) + t;
 
   __shared__ float red[kWarps][NT * 4][32];  // each warp's accumulator fragments
   uint4 pre_a[U], pre_b[U];
@@ -58,6 +83,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][nt * 4 + i][lane] = acc[nt][i];
   __syncthreads();
+  if (p.act) return store_act_tiles<T, NT>(p, red, tiles, ks, m_base);
   // Consecutive threads take consecutive n of one output row.
   for (int i = threadIdx.x; i < tiles * 16 * 8 * NT; i += kThreads) {
     const int tl = i / (16 * 8 * NT), r = i % (16 * 8 * NT), ml = r / 16, nl = r % 16;

@@ -125,9 +125,17 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
     # x_records: x's records (the Q4_K kernels'); records: room for the output's (the down projection's x).
     # A quantized gate | up at decode rows with neither runs qlinear_act, whose kernel for a small model's 4- and
     # 5-bit legacy formats writes the activation from the linear's epilogue: one launch a layer fewer.
+    # A dense gate | up (or a layer group's, decoded) runs linear_act, whose gemv tiles apply the activation in
+    # their epilogue past 16 rows on small W (a small model's batched decode).
     if (isinstance(weight, QuantizedWeight) and x_records is None and records is None and x.dtype != torch.float32
             and x.shape[0] <= quantized.QLINEAR_MAX_ROWS):
         return quantized.linear_act(x, weight, act)
+    if records is None and x.dtype != torch.float32:
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        if isinstance(weight, torch.Tensor):
+            return _ops.linear_act(x, weight, act, True)
+        if weight.layer is not None and x.shape[0] > quantized.QLINEAR_MAX_ROWS:
+            return _ops.linear_act(x, _layer_matrix(x, weight), act, weight.layer_offset > 0)
     gate_up = linear(x, weight, static_weight=True, x_records=x_records)  # [tokens, 2 inter]
     return silu_and_mul(gate_up, records) if act == "silu" else gelu_tanh_and_mul(gate_up, records)
 
@@ -154,6 +162,11 @@ def _linear_fake(x, w, bias=None, path="auto", static_weight=False):
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
+@torch.library.register_fake("minfer::linear_act")
+def _linear_act_fake(x, w, act, static_weight=False):
+    return x.new_empty((x.shape[0], w.shape[0] // 2))
+
+
 # A quantized weight's prefill (more than 32 rows of x) dequantizes it into a scratch buffer, up to this
 # many values at a time (256 MB in bf16; an 8B model's widest layer matrix, gate|up, is 117M): wider
 # weights (a 128k-vocabulary lm_head) run in slices of rows.
@@ -173,6 +186,18 @@ def _scratch_view(x: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return view
 
 
+def _layer_matrix(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+    """A layer group's matrix (quant.group_layer), [n, k] dense in the scratch: the group's first linear decodes
+    all its matrices. The others' values were written before the kernels just ahead of them (the first's GEMM
+    waited for that launch, and released the next only after): they load early, as a model's weights do
+    (static_weight = w.layer_offset > 0)."""
+    n, k = w.shape
+    decoded = _scratch_view(x, 1, w.layer.values)[0]  # [values]
+    if w.layer_offset == 0:
+        quantized.dequantize_layer(w.layer, decoded)
+    return decoded[w.layer_offset:w.layer_offset + n * k].view(n, k)
+
+
 def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, static_weight: bool,
                       out: torch.Tensor | None = None, x_records: torch.Tensor | None = None):
     n, k = w.shape
@@ -180,14 +205,8 @@ def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | 
         return reference.linear(x, w, bias, out=out)
     if x.shape[0] <= quantized.QLINEAR_MAX_ROWS:
         return quantized.linear(x, w, bias, static_weight, out=out, x_records=x_records)
-    if w.layer is not None:  # a layer group (quant.group_layer): its first linear decodes all its matrices
-        decoded = _scratch_view(x, 1, w.layer.values)[0]  # [values]
-        if w.layer_offset == 0:
-            quantized.dequantize_layer(w.layer, decoded)
-        dense = decoded[w.layer_offset:w.layer_offset + n * k].view(n, k)
-        # The others' values were written before the kernels just ahead of them (the first's GEMM waited for that
-        # launch, and released the next only after): they are loaded early, as a model's weights are.
-        y = _ops.linear(x, dense, bias, "auto", w.layer_offset > 0)
+    if w.layer is not None:
+        y = _ops.linear(x, _layer_matrix(x, w), bias, "auto", w.layer_offset > 0)
         return y if out is None else out.copy_(y)
     if n * k <= SCRATCH_VALUES:  # the whole weight at once (every layer matrix of an 8B model)
         return quantized.linear(x, w, bias, static_weight, _scratch_view(x, n, k), out=out)
