@@ -112,6 +112,7 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::str
 //   tile); three 16-row blocks of 3072 x 576 take 288 CTAs of 3 per SM in one wave, where 2 per SM
 //   run 264 + 24 (H200, fp16: 37 x 3072 x 576 6.9 -> 5.5 us, M = 33..48 alike; no other shape of the
 //   decode sweep or of M 17..64 on small W moved).
+// With p.act (linear_act) M is over 16, so grid_y >= 2: the tiles kernel runs, whose epilogue applies it.
 template <typename T, int NT, int U_BIG, int U_SMALL>
 void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T>> variants, cudaStream_t stream,
                  std::string* plan) {
