@@ -86,3 +86,29 @@ def test_config_that_is_a_list_is_named(tiny):
         json.dump([{"architectures": ["LlamaForCausalLM"]}], f)
     with pytest.raises(MinferError, match=re.escape(path) + ".*not an object"):
         load(tiny)
+
+
+def test_bench_load_writes_and_times_both_checkpoints(tmp_path, capsys):
+    """apps/bench_load.py: the shape's random weights as a sharded bf16 HF folder and as a GGUF of the same
+    weights, each loaded and timed (on the CPU here; the goal's comparison runs on the GPU)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps", "bench_load.py")
+    spec = importlib.util.spec_from_file_location("bench_load", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.SHARD_BYTES = 64 << 20  # several shards and their index
+    out = tmp_path / "load.jsonl"
+    assert bench.main(["--shape", "smollm2-135m", "--type", "Q8_0", "--device", "cpu", "--dir", str(tmp_path),
+                       "--reps", "1", "--json", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["checkpoint"] for r in rows] == ["HF folder, bf16", "GGUF, Q8_0"]
+    assert all(r["load_s"] > 0 and r["file_gb"] > 0 for r in rows)
+    assert rows[1]["device_gb"] < 0.6 * rows[0]["device_gb"]  # Q8_0 blocks stay quantized: 8.5 bits against 16
+    folder = rows[0]["path"]
+    assert len([f for f in os.listdir(folder) if f.endswith(".safetensors")]) > 1
+    from minfer import quantize
+    cfg, weights, tok = loader.load(folder, torch.bfloat16, "cpu")
+    name = "model.layers.3.mlp.down_proj.weight"  # the weights minfer.quantize --shape writes
+    assert torch.equal(weights[name], quantize.shape_source("smollm2-135m", "cpu").read(name).to(torch.bfloat16))
+    assert tok.encode("hello world") and cfg.num_layers == 30
+    assert "the GGUF loads in" in capsys.readouterr().out
