@@ -24,7 +24,8 @@ torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x, const std::optional<torc
 // gemm family (gemm/dispatch.cpp)
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
                      const std::string& path, bool static_weight);
-torch::Tensor linear_act(const torch::Tensor& x, const torch::Tensor& weight, const std::string& act, bool static_weight);
+torch::Tensor linear_act(const torch::Tensor& x, const torch::Tensor& weight, const std::string& act,
+                         bool static_weight);
 std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path,
                         const std::string& act);
 // attention family (attention/attention.cu)

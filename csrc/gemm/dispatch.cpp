@@ -184,7 +184,8 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
   const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
   MINFER_CHECK(x.stride(1) == 1 || K <= 1, op, ": x must have a contiguous last dimension (stride 1)");
   MINFER_CHECK(weight.stride(1) == 1 || K <= 1, op, ": weight must have a contiguous last dimension (stride 1)");
-  MINFER_CHECK(act == kActNone || N % 2 == 0, op, ": weight must be gate | up, an even number of rows, got " + shape(weight));
+  MINFER_CHECK(act == kActNone || N % 2 == 0, op,
+               ": weight must be gate | up, an even number of rows, got " + shape(weight));
   torch::Tensor b;
   if (bias.has_value() && bias->defined()) {
     b = *bias;
@@ -247,7 +248,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 // The gated activation of the gate | up linear: act(x gate^T) * (x up^T), weight [2 inter, in] -> [tokens, inter],
 // act silu | gelu_tanh. Equal to linear and then silu_and_mul / gelu_tanh_and_mul, in one launch where the gemv
 // tiles run (more than 16 rows on small W: a small model's batched decode).
-torch::Tensor linear_act(const torch::Tensor& x, const torch::Tensor& weight, const std::string& act, bool static_weight) {
+torch::Tensor linear_act(const torch::Tensor& x, const torch::Tensor& weight, const std::string& act,
+                         bool static_weight) {
   return gemm_impl::linear_or_plan(x, weight, std::nullopt, "auto", static_weight, nullptr, gemm_impl::parse_act(act));
 }
 

@@ -1,8 +1,9 @@
 // The 16-row-tile GEMV kernels (see gemv_common.cuh): a warp owns a 16-row tile of W and a slice of K.
 // gemv_kernel: KS = 1..8 warps of a CTA split one tile's K and meet in shared memory; larger M walks
 // 16-row blocks of A along grid.y, re-reading W once per block. With p.act (gate | up rows) a tile is 8 gate
-// rows and their 8 up rows, so that the meeting in shared memory has both halves of each output. gemv_stream_kernel: many tiles, every
-// warp of a one-wave grid takes an equal range of whole tiles. launch_best (gemv.cu) picks U and KS.
+// rows and their 8 up rows, so that the meeting in shared memory has both halves of each output.
+// gemv_stream_kernel: many tiles, every warp of a one-wave grid takes an equal range of whole tiles.
+// launch_best (gemv.cu) picks U and KS.
 #pragma once
 #include <type_traits>
 
