@@ -228,7 +228,7 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
                                  (int)M, (int)N, (int)K};
     p.static_b = static_weight;
     p.act = fused ? act : kActNone;
-    run(p, path, x.device(), op, plan);
+    run(p, fused ? Path::kGemv : path, x.device(), op, plan);  // fused: auto's choice, made above
   });
   if (plan && fused) *plan += act == kActSilu ? " +silu" : " +gelu_tanh";
   return out;
