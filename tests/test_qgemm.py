@@ -110,6 +110,19 @@ def test_qlinear_large_grid(kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["Q6_K", "Q8_0"])
+def test_qlinear_x_row_in_shared_memory(kind, dtype):
+    """Q6_K and Q8_0 at M = 1 on small grids stage x's row in shared memory up to K = 16384 and load x ahead
+    past it: K at the bound, one chunk past it, and (Q8_0) a last chunk of one 32-element block."""
+    q = _q()
+    ks = [16384, 16640] + ([16160] if kind == "Q8_0" else [])
+    for k in ks:
+        w, x, b, ref64, torch_out = _product_case(kind, 1, 40, k, dtype, seed=k)
+        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], 40, k, b, True)
+        _check(ours, torch_out, ref64, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 9, 16, 23, 32])
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_qlinear_short_k_in_registers(kind, m, dtype):

@@ -15,7 +15,8 @@
 // b sum(x), sum(x) from one more mma against ones where the format has a min. The warps' partial sums meet
 // in shared memory at the end (NT x 4 KB, within every format's rings).
 //
-// Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead).
+// Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead); at M = 1
+// the CTA stages x's whole row in shared memory once instead (kXRow).
 // The 4- and 5-bit legacy formats with K up to 2048 on small grids (a small model) skip the rings:
 // regs_kernel loads each lane's words of W straight into registers.
 // Q4_K up to M = 16 takes its own kernels (q4k below): at M = 1 the quants as they are against x as 22-bit
@@ -311,13 +312,13 @@ __device__ __forceinline__ void mma_quants(float (&acc)[NT][4], const uint32_t (
 
 // acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage; with kSharedX, x's chunk from xs (an
 // XTile stage; rows past M read as row 0, whose sums are never stored).
-template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false>
+template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false, bool kOnce = kAhead>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const XAhead<QT, NT, kAhead>& xa,
                                           const Args& a, int n0, int c, int g, int t, const uint8_t* xs = nullptr) {
   using R = Ring<QT>;
   const uint8_t* row_a = stage + g * R::kRowStride + (chunk_start(a, n0, g, c, R::kBytes) & 15);
   const uint8_t* row_b = stage + (g + 8) * R::kRowStride + (chunk_start(a, n0, g + 8, c, R::kBytes) & 15);
-  const ChunkHead<QT, kAhead> head_a(row_a), head_b(row_b);  // scales once a chunk along with x ahead
+  const ChunkHead<QT, kOnce> head_a(row_a), head_b(row_b);  // kOnce: the scales once a chunk
   const T* x = static_cast<const T*>(a.x) + int64_t(c) * R::kChunk + 4 * t;
   const int steps = (a.K - c * R::kChunk < R::kChunk ? a.K - c * R::kChunk : R::kChunk) / 32;  // K % 32 == 0
   const uint8_t* xrow[NT];
@@ -435,18 +436,49 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t*
     store_act<T, NT, Act>(sum, a, n0, g, t);
 }
 
+// x's row in shared memory (kXRow; Q6_K and Q8_0 at M = 1 on small grids): with x ahead a warp still waits on L2
+// for x once a chunk (loaded ahead of the weight wait, used right after it). With kXRow the CTA copies x's whole
+// row into shared memory once, behind its rings (chunk c at 2 kChunk c bytes), while the first weight stages
+// stream, and the scales are read once a chunk. H200, one build, a switch, µs, x ahead / row in shared memory:
+// Q6_K 1 x 4096 x 14336 24.9 / 22.4, 1 x 1024 x 4096 4.9 / 4.3, 1 x 4096 x 4096 8.8 / 8.0; Q8_0 24.9 / 23.6,
+// 5.3 / 4.9, 9.4 / 8.7.
+template <int QT>
+constexpr bool kXRowFormat = QT == kQ6_K || QT == kQ8_0;
+constexpr int kXRowMaxK = 16384;  // 32 KB of x: with Q8_0's rings, 106 KB a CTA, 2 CTAs an SM
+
+// x's row [K] (16-byte pieces, K % 8 == 0) into xs, every thread of the CTA, 8 pieces a thread in flight.
+__device__ __forceinline__ void stage_x_row(uint8_t* xs, const void* x_row, int K) {
+  const uint4* x = static_cast<const uint4*>(x_row);
+  const int pieces = K / 8;
+  constexpr int kBatch = 8;
+  for (int i0 = 0; i0 < pieces; i0 += kBatch * kThreads) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = i0 + b * kThreads + threadIdx.x;
+      v[b] = ld_nc_v4(x + (i < pieces ? i : 0), i < pieces);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = i0 + b * kThreads + threadIdx.x;
+      if (i < pieces) reinterpret_cast<uint4*>(xs)[i] = v[b];
+    }
+  }
+}
+
 // No minimum of CTAs an SM: the compiler's choice (an explicit 1 lets it take up to 255 registers: Q4_K
 // 80 -> 115, M = 1 qlinear 11-25% slower).
-template <int QT, typename T, int NT, bool kAhead>
+template <int QT, typename T, int NT, bool kAhead, bool kXRow = false>
 __global__ void __launch_bounds__(kThreads)
     qlinear_kernel(const Args a) {
   using R = Ring<QT>;
   static_assert(kWarps * NT * 4 * 32 * sizeof(float) <= R::kSmem, "the partial sums must fit the rings");
-  // At NT = 2 and with x ahead only. Not at NT = 1 without x ahead (the large grids): its offsets took 112
+  // At NT = 2, with x ahead and with kXRow. Not at NT = 1 without x ahead (the large grids): its offsets took 112
   // registers there, or spilled under a bound of 3 CTAs an SM (Q8_0 1 x 28672 x 4096: 49.7 -> 54.4 us);
   // NT = 4 (M 17-32) was not measured with them.
-  constexpr bool kOffsets = kOffsetsFormat<QT> && (NT == 2 || kAhead);
-  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][kStages][kStageBytes]
+  constexpr bool kOffsets = kOffsetsFormat<QT> && (NT == 2 || kAhead || kXRow);
+  static_assert(!kXRow || (NT == 1 && !kAhead), "kXRow: one row of x, not loaded ahead");
+  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][kStages][kStageBytes], then with kXRow x [K] (T)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16, chunks = (a.K + R::kChunk - 1) / R::kChunk;
   const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks: warp + kWarps i
@@ -461,6 +493,11 @@ __global__ void __launch_bounds__(kThreads)
   // The next grid launches only now: released at entry, its CTAs took the SMs' slots while this one's 16-row
   // tiles ran (H200, us: Q4_1 1 x 3072 x 576 2.93 -> 2.62, 1 x 576 x 1536 2.75 -> 2.53, 16 x 960 x 576 3.14 -> 2.62).
   griddep_launch_dependents();
+  uint8_t* xs = smem + R::kSmem;
+  if constexpr (kXRow) {
+    stage_x_row(xs, a.x, a.K);
+    __syncthreads();
+  }
   // 64-k chunks (8 registers of x at NT = 1): chunk i + 1's x is loaded before chunk i's mmas, so that a warp
   // of several chunks pays one L2 round trip for x, not one a chunk
   constexpr bool kNextX = kAhead && R::kChunk == 64;
@@ -479,7 +516,12 @@ __global__ void __launch_bounds__(kThreads)
       load_x_ahead<QT, T, NT, kAhead>(next, a, warp + kWarps * (i + 1), g, t);
     cp_async_wait<R::kStages - 1>();  // chunk i's group is done (for this lane) ...
     __syncwarp();                     // ... and for every lane
-    mma_chunk<QT, T, NT, kAhead>(acc, ring + (i % R::kStages) * R::kStageBytes, xa, a, n0, warp + kWarps * i, g, t);
+    const int c = warp + kWarps * i;
+    if constexpr (kXRow)
+      mma_chunk<QT, T, NT, false, true, true>(acc, ring + (i % R::kStages) * R::kStageBytes, xa, a, n0, c, g, t,
+                                              xs + 2 * R::kChunk * c);
+    else
+      mma_chunk<QT, T, NT, kAhead>(acc, ring + (i % R::kStages) * R::kStageBytes, xa, a, n0, c, g, t);
     __syncwarp();  // every lane is done with the stage before it is refilled
     if (kNextX) xa = next;
   }
@@ -1086,11 +1128,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 // Whether a grid of 16-row CTAs is at most 2 CTAs an SM: there the kernels are bound by latency, not issue.
 inline bool small_grid(const Args& a, int sms) { return (a.N + 15) / 16 <= 2 * sms; }
 
-template <int QT, typename T, int NT, bool kAhead = false>
+// kXRow: x's row (K <= kXRowMaxK) in shared memory behind the rings.
+template <int QT, typename T, int NT, bool kAhead = false, bool kXRow = false>
 void launch(const Args& a, cudaStream_t stream) {
-  constexpr auto kernel = qlinear_kernel<QT, T, NT, kAhead>;
-  allow_smem<kernel, Ring<QT>::kSmem>();
-  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), Ring<QT>::kSmem, stream, a);
+  constexpr auto kernel = qlinear_kernel<QT, T, NT, kAhead, kXRow>;
+  constexpr int kChunk = Ring<QT>::kChunk;
+  allow_smem<kernel, Ring<QT>::kSmem + (kXRow ? 2 * kXRowMaxK : 0)>();
+  const int smem = Ring<QT>::kSmem + (kXRow ? 2 * ((a.K + kChunk - 1) / kChunk * kChunk) : 0);
+  launch_pdl(kernel, dim3((unsigned)((a.N + 15) / 16)), dim3(kThreads), smem, stream, a);
 }
 
 // Whether regs_kernel takes the call (a 4- or 5-bit legacy format whose K gives a warp at most kRegChunks chunks,
@@ -1319,8 +1364,15 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
       else if (qgemm::launch_if_regs<QT, scalar_t>(a, sms, stream))
         return;
       // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
-      else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && qgemm::small_grid(a, sms))
+      else if (qgemm::kXAheadFormat<QT> && a.M <= 8 && qgemm::small_grid(a, sms)) {
+        if constexpr (qgemm::kXRowFormat<QT>) {
+          if (a.M == 1 && a.K <= qgemm::kXRowMaxK) {
+            qgemm::launch<QT, scalar_t, 1, false, true>(a, stream);
+            return;
+          }
+        }
         qgemm::launch<QT, scalar_t, 1, qgemm::kXAheadFormat<QT>>(a, stream);
+      }
       else if (a.M <= 8)
         qgemm::launch<QT, scalar_t, 1>(a, stream);
       else if (a.M <= 16)
