@@ -27,7 +27,6 @@ __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter
                                    bool i8,                        // records in the int8 form (q4k_x::int8_form)
                                    int64_t x_stride, int inter, int64_t tokens, bool early) {
   using P = Pack<T, W>;
-  const Act act;
   ptx::griddep_enter(early);  // launched early: x may be the previous kernel's
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= inter / W) return;
@@ -37,7 +36,7 @@ __global__ void act_and_mul_kernel(T* __restrict__ out,        // [tokens, inter
     g.load(gate);
     u.load(gate + inter);
 #pragma unroll
-    for (int e = 0; e < W; ++e) o.v[e] = from_float<T>(act(to_float(g.v[e])) * to_float(u.v[e]));
+    for (int e = 0; e < W; ++e) o.v[e] = gated<T, Act>(g.v[e], u.v[e]);
     o.store(out + t * inter + p * W);
     if constexpr (sizeof(T) == 2 && W == 8) {
       if (records != nullptr)  // warp-uniform (inter / W packs a row, a multiple of 32)

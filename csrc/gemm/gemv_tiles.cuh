@@ -15,7 +15,7 @@ namespace {
 
 // gemv_kernel's outputs with p.act: the CTA's tiles' sums (red, as the kernel leaves them: fragment j of
 // warp w at lane l) met over the ks warps of each tile, gate and up (the fragments two on) rounded to T, then
-// act(gate) * up; consecutive threads take consecutive outputs of one row.
+// act(gate) * up (gated); consecutive threads take consecutive outputs of one row.
 template <typename T, int NT>
 __device__ __forceinline__ void store_act_tiles(const Params<T, T>& p, const float (*red)[NT * 4][32], int tiles,
                                                 int ks, int m_base) {
@@ -27,9 +27,8 @@ __device__ __forceinline__ void store_act_tiles(const Params<T, T>& p, const flo
       const int src_lane = 4 * nl + ((ml & 7) >> 1), j = (ml >> 3) * 4 + (ml & 1);  // gate; up at j + 2
       float gate = 0.f, up = 0.f;
       for (int w = 0; w < ks; ++w) gate += red[tl * ks + w][j][src_lane], up += red[tl * ks + w][j + 2][src_lane];
-      const float a = to_float(from_float<T>(gate)), u = to_float(from_float<T>(up));
-      const float v = p.act == kActSilu ? Silu()(a) * u : GeluTanh()(a) * u;
-      p.D[(int64_t)m * p.ldd + n] = from_float<T>(v);
+      const T a = from_float<T>(gate), u = from_float<T>(up);
+      p.D[(int64_t)m * p.ldd + n] = p.act == kActSilu ? gated<T, Silu>(a, u) : gated<T, GeluTanh>(a, u);
     }
   }
 }

@@ -363,21 +363,18 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NT * 4], const Arg
   }
 }
 
-// qlinear_act's out[:, n0 .. n0 + 7] = act(gate) * up, a tile's rows g being gate row n0 + g and rows g + 8 its up
-// row: each is rounded to T first and the product computed in fp32, as act_and_mul_kernel does after the linear.
+// qlinear_act's out[:, n0 .. n0 + 7] = act(gate) * up (gated), a tile's rows g being gate row n0 + g and rows g + 8
+// its up row.
 template <typename T, int NT, typename Act>
 __device__ __forceinline__ void store_act(const float (&acc)[NT * 4], const Args& a, int n0, int g, int t) {
-  const Act act;
   T* out = static_cast<T*>(a.out);
   const int n = n0 + g;
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) {
     if ((i % 4) >> 1) continue;  // acc[i + 2] is the up row of acc[i]'s gate row
     const int m = 8 * (i / 4) + 2 * t + (i & 1);
-    if (m < a.M && n < a.N / 2) {
-      const float gate = to_float(from_float<T>(acc[i])), up = to_float(from_float<T>(acc[i + 2]));
-      out[int64_t(m) * a.out_stride + n] = from_float<T>(act(gate) * up);
-    }
+    if (m < a.M && n < a.N / 2)
+      out[int64_t(m) * a.out_stride + n] = gated<T, Act>(from_float<T>(acc[i]), from_float<T>(acc[i + 2]));
   }
 }
 
