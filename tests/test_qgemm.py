@@ -372,6 +372,31 @@ def test_records_from_norms_and_activations(m, dtype):
             product_check(out, rec)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qlinear_q6k_on_int8_records(dtype):
+    """Q6_K at M = 1 given x's records (the int8 form, here written by rms_norm) multiplies its quants as bytes
+    against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles (3 stages a warp)
+    and one past 2 CTAs an SM (2 stages, a partial last tile), K of 3, 17 and 56 chunks; a non-finite x row gives
+    non-finite outputs."""
+    q, ops = _q(), torch.ops.minfer
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gen = torch.Generator(device=DEV).manual_seed(8)
+    for n in (40, 16 * 2 * sms + 276):
+        for k in (768, 4352, 14336):
+            w = _weight("Q6_K", n, k, seed=k)
+            w32 = w.dequantize(torch.float32)
+            norm_w = (torch.randn(k, device=DEV, generator=gen) / (w32.abs().mean() * k ** 0.5)).to(dtype)
+            b = torch.randn(n, device=DEV, generator=gen).to(dtype)
+            rec = _poisoned_records(1, k)
+            x = ops.rms_norm(torch.randn(1, k, device=DEV, generator=gen).to(dtype), norm_w, 1e-5, rec)
+            ours = ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)
+            _check(ours, F.linear(x, w32.to(dtype), b), x.double() @ w32.double().t() + b.double(), dtype)
+            x[0, k // 3] = float("inf")
+            rec = _poisoned_records(1, k)
+            x = ops.rms_norm(x, norm_w, 1e-5, rec)
+            assert not torch.isfinite(ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)).any()
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_qlinear_q4k_non_finite_x(m):
     """An inf in x makes every output of its row non-finite, as in the reference (at M = 1 the int8 form carries

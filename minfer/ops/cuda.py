@@ -143,9 +143,11 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
 def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     """Room for x's records ahead of a linear on weight (a list: fuse()'s parts) whose x, [rows, in] like `like`,
     the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * record bytes]
-    where a Q4_K weight takes them (decode rows, fp16/bf16, in within the norms' [768, 32768]), else None."""
+    where a Q4_K weight (decode rows) or a Q6_K one (one row) takes them (fp16/bf16, in within the norms' [768,
+    32768]), else None."""
     parts = weight if isinstance(weight, list) else [weight]
-    if not any(isinstance(w, QuantizedWeight) and w.kind == "Q4_K" for w in parts):
+    takes = ("Q4_K", "Q6_K") if like.shape[0] == 1 else ("Q4_K",)
+    if not any(isinstance(w, QuantizedWeight) and w.kind in takes for w in parts):
         return None
     k = parts[0].shape[1]
     if not (1 <= like.shape[0] <= quantized.Q4K_RECORD_ROWS and like.dtype in (torch.float16, torch.bfloat16)
