@@ -52,6 +52,18 @@ void allow_smem() {
   (void)done;
 }
 
+// CTAs of kKernel (kThreads threads, kBytes of dynamic shared memory) an SM holds at once, looked up once per
+// kernel: the grid of a kernel whose CTAs loop over its tiles.
+template <auto kKernel, int kThreads, int kBytes>
+int resident_ctas() {
+  static const int n = [] {
+    int ctas = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kKernel, kThreads, kBytes));
+    return ctas > 1 ? ctas : 1;
+  }();
+  return n;
+}
+
 // Launch with programmatic stream serialization where the code that runs waits for it: the virtual
 // arch it was compiled for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
 // The version is looked up once per kernel signature: every kernel of a signature is built for the
