@@ -432,6 +432,25 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t*
     store_act<T, NT, Act>(sum, a, n0, g, t);
 }
 
+// The (tile, chunk) items that a warp of a CTA looping over 16-row tiles walks, in order: its chunks warp + kWarps i
+// of tile blockIdx.x, then those of tile blockIdx.x + gridDim.x, ...; ahead_* follow the next item to load.
+struct TileWalk {
+  int mine, tiles, total;  // a tile's chunks of this warp, this CTA's tiles, the items
+  int ahead_n0, ahead_i;   // the next item to load: its tile's first row, its chunk warp + kWarps ahead_i
+
+  __device__ TileWalk(const Args& a, int warp) {
+    const int chunks = a.K / 256, all = (a.N + 15) / 16;
+    mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;
+    tiles = (all - 1 - int(blockIdx.x)) / int(gridDim.x) + 1;
+    total = tiles * mine;
+    ahead_n0 = 16 * int(blockIdx.x), ahead_i = 0;
+  }
+  __device__ __forceinline__ int n0(int tile) const { return 16 * (int(blockIdx.x) + int(gridDim.x) * tile); }
+  __device__ __forceinline__ void advance() {
+    if (++ahead_i == mine) ahead_i = 0, ahead_n0 += 16 * int(gridDim.x);
+  }
+};
+
 // x's row in shared memory (kXRow; Q6_K and Q8_0 at M = 1 on small grids): with x ahead a warp still waits on L2
 // for x once a chunk (loaded ahead of the weight wait, used right after it). With kXRow the CTA copies x's whole
 // row into shared memory once, behind its rings (chunk c at 2 kChunk c bytes), while the first weight stages
@@ -1046,13 +1065,7 @@ __global__ void __launch_bounds__(kThreads, kCTAs) i8_kernel(const Args a, const
   __shared__ __align__(8) uint64_t bars[kWarps][S];
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int chunks = a.K / 256, tiles = (a.N + 15) / 16;
-  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // a tile's chunks: warp + kWarps i
-  const int my_tiles = (tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1, total = my_tiles * mine;
-  int ahead_n0 = 16 * int(blockIdx.x), ahead_i = 0;  // the next item to load: its tile's n0, its chunk warp + kWarps i
-  auto advance = [&] {
-    if (++ahead_i == mine) ahead_i = 0, ahead_n0 += 16 * int(gridDim.x);
-  };
+  TileWalk w(a, warp);
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   static_assert(S <= 4, "i8_kernel: ChunkRing's sm_80 wait keeps at most 3 groups in flight");
   const ChunkRing<S> stages(ring, bars[warp], lane);
@@ -1060,21 +1073,21 @@ __global__ void __launch_bounds__(kThreads, kCTAs) i8_kernel(const Args a, const
   if (!a.static_weight) griddep_wait();
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < total) stages.load(i, ahead_n0, warp + kWarps * ahead_i, a);
-    advance();
+    if (i < w.total) stages.load(i, w.ahead_n0, warp + kWarps * w.ahead_i, a);
+    w.advance();
   }
   if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
-  for (int tile = 0, j = 0; tile < my_tiles; ++tile) {
+  for (int tile = 0, j = 0; tile < w.tiles; ++tile) {
     float acc[1][4] = {};
-    for (int i = 0; i < mine; ++i, ++j) {
-      if (j + S - 1 < total) stages.refill(j + S - 1, ahead_n0, warp + kWarps * ahead_i, a);  // the stage j - 1 left
-      advance();
+    for (int i = 0; i < w.mine; ++i, ++j) {
+      if (j + S - 1 < w.total) stages.refill(j + S - 1, w.ahead_n0, warp + kWarps * w.ahead_i, a);  // j - 1's stage
+      w.advance();
       const I8X xf = load_i8x(records + int64_t(warp + kWarps * i) * kRecord, g, t);
-      stages.wait(j, min(total, j + S));
+      stages.wait(j, min(w.total, j + S));
       mma_chunk_i8(acc[0], ring + (j % S) * R::kStageBytes, xf, a.pair_exps, g, t);
       __syncwarp();
     }
-    reduce_store<T, 1>(acc, red, a, 16 * (int(blockIdx.x) + int(gridDim.x) * tile), warp, lane);
+    reduce_store<T, 1>(acc, red, a, w.n0(tile), warp, lane);
   }
 }
 
@@ -1219,31 +1232,26 @@ __global__ void __launch_bounds__(kThreads, 2) i8_kernel(const Args a, const uin
   extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes]
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int chunks = a.K / 256, tiles = (a.N + 15) / 16;
-  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // a tile's chunks: warp + kWarps i
-  const int my_tiles = (tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1, total = my_tiles * mine;
-  int ahead_n0 = 16 * int(blockIdx.x), ahead_i = 0;  // the next item to load: its tile's n0, its chunk warp + kWarps i
-  auto advance = [&] {
-    if (++ahead_i == mine) ahead_i = 0, ahead_n0 += 16 * int(gridDim.x);
-  };
+  TileWalk w(a, warp);
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   if (!a.static_weight) griddep_wait();
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < total) load_chunk<kQ6_K, false>(ring + i * R::kStageBytes, a, ahead_n0, warp + kWarps * ahead_i, lane);
+    if (i < w.total) load_chunk<kQ6_K, false>(ring + i * R::kStageBytes, a, w.ahead_n0, warp + kWarps * w.ahead_i, lane);
     cp_async_commit();
-    advance();
+    w.advance();
   }
   if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
   griddep_launch_dependents();
-  for (int tile = 0, j = 0; tile < my_tiles; ++tile) {
-    const int n0 = 16 * (int(blockIdx.x) + int(gridDim.x) * tile);
+  for (int tile = 0, j = 0; tile < w.tiles; ++tile) {
+    const int n0 = w.n0(tile);
     float acc[1][4] = {};
-    for (int i = 0; i < mine; ++i, ++j) {
-      if (j + S - 1 < total)  // the stage that item j - 1 left
-        load_chunk<kQ6_K, false>(ring + ((j + S - 1) % S) * R::kStageBytes, a, ahead_n0, warp + kWarps * ahead_i, lane);
+    for (int i = 0; i < w.mine; ++i, ++j) {
+      if (j + S - 1 < w.total)  // the stage that item j - 1 left
+        load_chunk<kQ6_K, false>(ring + ((j + S - 1) % S) * R::kStageBytes, a, w.ahead_n0, warp + kWarps * w.ahead_i,
+                                 lane);
       cp_async_commit();
-      advance();
+      w.advance();
       const int c = warp + kWarps * i;
       const q4k::I8X xf = q4k::load_i8x(records + int64_t(c) * q4k_x::kRecord, g, t);
       cp_async_wait<S - 1>();
