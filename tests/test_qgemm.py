@@ -95,7 +95,8 @@ def test_qlinear(kind, m, dtype):
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_large_grid(kind):
     """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernels without
-    x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM and at M > 8 in CTAs of two tiles; Q6_K and
+    x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM (past 3, 18 of them loop to a second tile)
+    and at M > 8 in CTAs of two tiles; Q6_K and
     Q8_0 with K of fewer chunks than a CTA's warps (the smaller k) run 128-row CTAs (qtile_kernel). 276 rows
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
     rows; at M = 1 a tile of 4 rows, whose other 12 are never copied)."""
@@ -376,8 +377,8 @@ def test_records_from_norms_and_activations(m, dtype):
 def test_qlinear_q6k_on_int8_records(dtype):
     """Q6_K at M = 1 given x's records (the int8 form, here written by rms_norm) multiplies its quants as bytes
     against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles (3 stages a warp)
-    and one past 2 CTAs an SM (2 stages, a partial last tile), K of 3, 17 and 56 chunks; a non-finite x row gives
-    non-finite outputs."""
+    and on 18 tiles more than 2 CTAs an SM hold (2 stages; those CTAs loop to a second tile, the last one
+    partial), K of 3, 17 and 56 chunks; a non-finite x row gives non-finite outputs."""
     q, ops = _q(), torch.ops.minfer
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device=DEV).manual_seed(8)
