@@ -95,8 +95,9 @@ def test_qlinear(kind, m, dtype):
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_large_grid(kind):
     """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernels without
-    x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM (past 3, 18 of them loop to a second tile)
-    and at M > 8 in CTAs of two tiles; Q6_K and
+    x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM (past 3, 18 of them loop to a second tile,
+    their warps' 6 chunks by TMA boxes at k = 4352, the last box reading past the row's end) and at M > 8 in CTAs
+    of two tiles; Q6_K and
     Q8_0 with K of fewer chunks than a CTA's warps (the smaller k) run 128-row CTAs (qtile_kernel). 276 rows
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
     rows; at M = 1 a tile of 4 rows, whose other 12 are never copied)."""

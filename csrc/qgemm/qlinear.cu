@@ -39,6 +39,7 @@
 #include "common/dispatch.h"
 #include "common/launch.h"
 #include "common/ptx.cuh"
+#include "common/sm90.cuh"
 #include "common/split_counters.h"
 #include "common/vec.h"
 #include "ops.h"
@@ -127,21 +128,25 @@ __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0
   }
 }
 
-// A warp's S stages of Q4_K chunks. On sm_90 bulk copies (TMA) fill them, each stage's bytes counted on its
-// mbarrier: lane r < 16 copies row n0 + r's chunk (144 bytes, 16-byte aligned: a Q4_K row is a multiple of
-// 144 = 9 x 16 bytes) into the row's slot, one instruction a lane where load_chunk's cp.async takes 5 16-byte
-// pieces a lane, each with its 64-bit address (H200, i8_kernel at 3 CTAs an SM: 1 x 28672 x 4096 27.2 -> 25.5 us,
-// its 71 registers leaving room for the third). Rows past N are left as they are: their sums are never stored.
+// A warp's S stages of Q4_K chunks. On sm_90 the TMA fills them, each stage's bytes counted on its mbarrier:
+// - kBox: lane 0 copies the tile's chunk as one [16, kRowStride] box of a tensor map, ~120 fewer instructions a
+//   chunk than the per-lane copies below, which the compiler issues one lane at a time;
+// - else lane r < 16 copies row n0 + r's chunk (144 bytes, 16-byte aligned: a Q4_K row is a multiple of 144 = 9 x
+//   16 bytes) into the row's slot, one bulk copy a lane where load_chunk's cp.async takes 5 16-byte pieces a lane
+//   (H200, i8_kernel at 3 CTAs an SM: 1 x 28672 x 4096 27.2 -> 25.5 us). Rows past N are left as they are: their
+//   sums are never stored.
 // The sm_80 build takes load_chunk, one cp.async group a chunk.
-template <int S>
+template <int S, bool kBox>
 struct ChunkRing {
   using R = Ring<kQ4_K>;
-  uint8_t* stages;  // [S][kStageBytes]
+  uint8_t* stages;  // [S][kStageBytes], 128-byte aligned
+  const CUtensorMap* map;  // with kBox: W as bytes [N, row_bytes], boxes of [16, kRowStride] (chunk_map)
   uint32_t bar0, dst;  // the stages' mbarriers; this lane's row slot in stage 0
   int lane;
 
   // bars: S mbarriers (8 bytes each) of this warp; initialized here.
-  __device__ ChunkRing(uint8_t* ring, uint64_t* bars, int lane_) : stages(ring), lane(lane_) {
+  __device__ ChunkRing(uint8_t* ring, uint64_t* bars, const CUtensorMap* map_, int lane_)
+      : stages(ring), map(map_), lane(lane_) {
     bar0 = smem_addr(bars), dst = smem_addr(ring) + lane * R::kRowStride;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (lane < S) mbar_init(bar0 + 8 * lane, 1);
@@ -149,15 +154,24 @@ struct ChunkRing {
     __syncwarp();
 #endif
   }
-  // Chunk c of the 16-row tile at n0 into stage i % S, empty so far.
+  // Chunk c of the 16-row tile at n0 into stage i % S, empty so far: with kBox one TMA copy by lane 0 of the
+  // tile's [16, kRowStride] box from the chunk's first byte (the row's next 16 bytes ride along; rows past N and
+  // bytes past a row's end arrive as zeros, all counted in the box's bytes), else a bulk copy a row.
   __device__ __forceinline__ void load(int i, int n0, int c, const Args& a) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t bar = bar0 + 8 * (i % S);
-    const int rows = min(16, a.N - n0);
-    if (lane == 0) mbar_expect_tx(bar, rows * R::kBytes);
-    if (lane < rows)
-      bulk_load(dst + (i % S) * R::kStageBytes, a.w + int64_t(n0 + lane) * a.row_bytes + int64_t(c) * R::kBytes,
-                R::kBytes, bar);
+    if constexpr (kBox) {
+      if (lane == 0) {
+        mbar_expect_tx(bar, R::kStageBytes);
+        ptx::tma_load_2d(dst + (i % S) * R::kStageBytes, map, bar, c * R::kBytes, n0);
+      }
+    } else {
+      const int rows = min(16, a.N - n0);
+      if (lane == 0) mbar_expect_tx(bar, rows * R::kBytes);
+      if (lane < rows)
+        bulk_load(dst + (i % S) * R::kStageBytes, a.w + int64_t(n0 + lane) * a.row_bytes + int64_t(c) * R::kBytes,
+                  R::kBytes, bar);
+    }
 #else
     load_chunk<kQ4_K, true>(stages + (i % S) * R::kStageBytes, a, n0, c, lane);
     cp_async_commit();
@@ -1058,17 +1072,20 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
 // and waited a DRAM round trip for the next CTA's first stages. The tiles' sums meet in red, not the rings.
 // The 8B Q4_K_M batch-1 step (gate | up: 1792 tiles), a CTA a tile -> looping: 2.529-2.531 -> 2.504-2.510 ms (H200,
 // one build, a switch, two rounds).
-template <typename T, int S, int kCTAs = 2>
-__global__ void __launch_bounds__(kThreads, kCTAs) i8_kernel(const Args a, const uint8_t* records) {
+template <typename T, int S, int kCTAs, bool kBox>
+__global__ void __launch_bounds__(kThreads, kCTAs)
+    i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
   using R = Ring<kQ4_K>;
-  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes]
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // [kWarps][S][kStageBytes] from the first 128-byte boundary (TMA's destination; the launch adds 128 bytes)
+  uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
   __shared__ __align__(8) uint64_t bars[kWarps][S];
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   TileWalk w(a, warp);
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   static_assert(S <= 4, "i8_kernel: ChunkRing's sm_80 wait keeps at most 3 groups in flight");
-  const ChunkRing<S> stages(ring, bars[warp], lane);
+  const ChunkRing<S, kBox> stages(ring, bars[warp], &w_map, lane);
   griddep_launch_dependents();
   if (!a.static_weight) griddep_wait();
 #pragma unroll
@@ -1365,13 +1382,46 @@ void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t s
     go(std::integral_constant<int, 2>{});
 }
 
+// W [N, row_bytes] as a 2D byte tensor for TMA, boxes of box_bytes x 16 rows, no swizzle; zeros (an unused map)
+// without the box. Q4_K only: boxes at Q6_K's chunks (210 bytes, starting off 16-byte boundaries) raised an illegal
+// instruction (perf/qgemm.md).
+CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
+  CUtensorMap map{};
+  if (!box) return map;
+  const cuuint64_t dims[2] = {(cuuint64_t)a.row_bytes, (cuuint64_t)a.N}, strides[1] = {(cuuint64_t)a.row_bytes};
+  const cuuint32_t dims_box[2] = {(cuuint32_t)box_bytes, 16}, elem_strides[2] = {1, 1};
+  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(a.w), dims,
+                                                strides, dims_box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed with error ", int(r), " (n=", a.N,
+               ", row bytes=", a.row_bytes, ")");
+  return map;
+}
+
+// On sm_90 a warp's stages come by one TMA box copy each where its ring runs over at least 4 chunks; with 2-3 (a
+// single DRAM round trip a warp, as at 4096 or 6144 x 4096) the 16 lanes' bulk copies start sooner. H200, us,
+// lanes / box: 1 x 28672 x 4096 26.13 / 21.48, 1 x 128256 x 4096 99.12 / 94.19, 1 x 4096 x 14336 13.87 / 13.36
+// (7 chunks a warp); 1 x 4096 x 4096 5.39 / 5.93, 1 x 6144 x 4096 6.91 / 7.79 (2).
 template <typename T, int S, int kCTAs = 2>
 void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
-  constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs>;
-  constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes;
-  allow_smem<kernel, smem>();
-  const int grid = std::min((a.N + 15) / 16, resident_ctas<kernel, kThreads, smem>() * sms);
-  launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records);
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c10::cuda::current_device()));
+  const int tiles = (a.N + 15) / 16, ctas = std::min(tiles, kCTAs * sms);
+  const int warp_chunks = (tiles + ctas - 1) / ctas * ((a.K / 256 + kWarps - 1) / kWarps);
+  const bool box = major >= 9 && warp_chunks >= 4;
+  const CUtensorMap map = chunk_map(a, Ring<kQ4_K>::kRowStride, box);
+  auto go = [&](auto use_box) {
+    constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs, decltype(use_box)::value>;
+    constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes + 128;
+    allow_smem<kernel, smem>();
+    const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
+    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+  };
+  if (box)
+    go(std::true_type{});
+  else
+    go(std::false_type{});
 }
 
 // Whether Q4_K at M 2-16 takes tile_kernel (after prepare_x_kernel) rather than rows_kernel: where the tiles
