@@ -128,17 +128,20 @@ __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0
   }
 }
 
-// A warp's S stages of Q4_K chunks. On sm_90 the TMA fills them, each stage's bytes counted on its mbarrier:
-// - kBox: lane 0 copies the tile's chunk as one [16, kRowStride] box of a tensor map, ~120 fewer instructions a
-//   chunk than the per-lane copies below, which the compiler issues one lane at a time;
-// - else lane r < 16 copies row n0 + r's chunk (144 bytes, 16-byte aligned: a Q4_K row is a multiple of 144 = 9 x
-//   16 bytes) into the row's slot, one bulk copy a lane where load_chunk's cp.async takes 5 16-byte pieces a lane
-//   (H200, i8_kernel at 3 CTAs an SM: 1 x 28672 x 4096 27.2 -> 25.5 us). Rows past N are left as they are: their
-//   sums are never stored.
-// The sm_80 build takes load_chunk, one cp.async group a chunk.
-template <int S, bool kBox>
+// A warp's S stages of a format's chunks (Q4_K, Q6_K), each row's at its slot's offset chunk_start & 15 (0 for
+// Q4_K). On sm_90 the TMA fills them, each stage's bytes counted on its mbarrier:
+// - kBox: lane 0 copies the tile's chunk as one [16, kRowStride] box of a tensor map from the 16-byte boundary at
+//   or before it (a box from an unaligned start raised an illegal instruction); for Q4_K ~120 fewer instructions
+//   a chunk than the per-lane copies below, which the compiler issues one lane at a time;
+// - else Q4_K: lane r < 16 copies row n0 + r's chunk (144 bytes, 16-byte aligned: a Q4_K row is a multiple of
+//   144 = 9 x 16 bytes) into the row's slot, one bulk copy a lane where load_chunk's cp.async takes 5 16-byte
+//   pieces a lane (H200, i8_kernel at 3 CTAs an SM: 1 x 28672 x 4096 27.2 -> 25.5 us). Rows past N are left as
+//   they are: their sums are never stored.
+// Other formats without the box, and the sm_80 build, take load_chunk, one cp.async group a chunk.
+template <int QT, int S, bool kBox>
 struct ChunkRing {
-  using R = Ring<kQ4_K>;
+  using R = Ring<QT>;
+  static constexpr bool kBulk = kBox || QT == kQ4_K;  // on sm_90: TMA and mbarriers, not cp.async
   uint8_t* stages;  // [S][kStageBytes], 128-byte aligned
   const CUtensorMap* map;  // with kBox: W as bytes [N, row_bytes], boxes of [16, kRowStride] (chunk_map)
   uint32_t bar0, dst;  // the stages' mbarriers; this lane's row slot in stage 0
@@ -149,54 +152,63 @@ struct ChunkRing {
       : stages(ring), map(map_), lane(lane_) {
     bar0 = smem_addr(bars), dst = smem_addr(ring) + lane * R::kRowStride;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (lane < S) mbar_init(bar0 + 8 * lane, 1);
-    mbar_init_fence();
-    __syncwarp();
+    if constexpr (kBulk) {
+      if (lane < S) mbar_init(bar0 + 8 * lane, 1);
+      mbar_init_fence();
+      __syncwarp();
+    }
 #endif
   }
+  // Row r of chunk c (tile at n0) in stage.
+  __device__ __forceinline__ const uint8_t* row(const uint8_t* stage, const Args& a, int n0, int r, int c) const {
+    return stage + r * R::kRowStride + (QT == kQ4_K ? 0 : int(chunk_start(a, n0, r, c, R::kBytes) & 15));
+  }
   // Chunk c of the 16-row tile at n0 into stage i % S, empty so far: with kBox one TMA copy by lane 0 of the
-  // tile's [16, kRowStride] box from the chunk's first byte (the row's next 16 bytes ride along; rows past N and
-  // bytes past a row's end arrive as zeros, all counted in the box's bytes), else a bulk copy a row.
+  // tile's [16, kRowStride] box from the 16-byte boundary at or before the chunk (the bytes around it ride along;
+  // rows past N and bytes past a row's end arrive as zeros, all counted in the box's bytes); else a bulk copy a
+  // row (Q4_K) or load_chunk's pieces.
   __device__ __forceinline__ void load(int i, int n0, int c, const Args& a) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t bar = bar0 + 8 * (i % S);
     if constexpr (kBox) {
       if (lane == 0) {
         mbar_expect_tx(bar, R::kStageBytes);
-        ptx::tma_load_2d(dst + (i % S) * R::kStageBytes, map, bar, c * R::kBytes, n0);
+        ptx::tma_load_2d(dst + (i % S) * R::kStageBytes, map, bar, (c * R::kBytes) & ~15, n0);
       }
-    } else {
+      return;
+    } else if constexpr (QT == kQ4_K) {
       const int rows = min(16, a.N - n0);
       if (lane == 0) mbar_expect_tx(bar, rows * R::kBytes);
       if (lane < rows)
         bulk_load(dst + (i % S) * R::kStageBytes, a.w + int64_t(n0 + lane) * a.row_bytes + int64_t(c) * R::kBytes,
                   R::kBytes, bar);
+      return;
     }
-#else
-    load_chunk<kQ4_K, true>(stages + (i % S) * R::kStageBytes, a, n0, c, lane);
-    cp_async_commit();
 #endif
+    load_chunk<QT, QT == kQ4_K>(stages + (i % S) * R::kStageBytes, a, n0, c, lane);
+    cp_async_commit();
   }
   // Chunk c into stage i % S, whose chunk every lane has read (__syncwarp since).
   __device__ __forceinline__ void refill(int i, int n0, int c, const Args& a) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    fence_proxy_async();  // those reads (generic proxy) before the copy's writes (async proxy)
+    if constexpr (kBulk) fence_proxy_async();  // those reads (generic proxy) before the copy's writes (async proxy)
 #endif
     load(i, n0, c, a);
   }
   // Waits for chunk i, of the `loaded` chunks whose loads were issued in order.
   __device__ __forceinline__ void wait(int i, int loaded) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    (void)loaded;
-    mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
-#else
+    if constexpr (kBulk) {
+      mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
+      return;
+    }
+#endif
     const int later = loaded - i - 1;  // groups that may stay in flight
     if (later >= 3) cp_async_wait<3>();
     else if (later == 2) cp_async_wait<2>();
     else if (later == 1) cp_async_wait<1>();
     else cp_async_wait<0>();
     __syncwarp();
-#endif
   }
 };
 
@@ -1085,7 +1097,7 @@ __global__ void __launch_bounds__(kThreads, kCTAs)
   TileWalk w(a, warp);
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   static_assert(S <= 4, "i8_kernel: ChunkRing's sm_80 wait keeps at most 3 groups in flight");
-  const ChunkRing<S, kBox> stages(ring, bars[warp], &w_map, lane);
+  const ChunkRing<kQ4_K, S, kBox> stages(ring, bars[warp], &w_map, lane);
   griddep_launch_dependents();
   if (!a.static_weight) griddep_wait();
 #pragma unroll
@@ -1241,21 +1253,27 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint8_t* row_a,
   acc[2] = __fmaf_rn(f16_at(row_b + 208) * x.inv, fb, acc[2]);
 }
 
-// x's records in the int8 form; S stages a warp (the rows' chunks at any even offset: load_chunk's pieces). A
-// CTA takes tiles blockIdx.x, + gridDim.x, ..., its warps' rings running on across them (q4k::i8_kernel).
-template <typename T, int S>
-__global__ void __launch_bounds__(kThreads, 2) i8_kernel(const Args a, const uint8_t* records) {
+// x's records in the int8 form; S stages a warp through ChunkRing (TMA boxes with kBox, else load_chunk's pieces),
+// the rows' chunks at any even offset. A CTA takes tiles blockIdx.x, + gridDim.x, ..., its warps' rings running on
+// across them (q4k::i8_kernel).
+template <typename T, int S, bool kBox>
+__global__ void __launch_bounds__(kThreads, 2)
+    i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
   using R = Ring<kQ6_K>;
-  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes]
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // [kWarps][S][kStageBytes] from the first 128-byte boundary (TMA's destination; the launch adds 128 bytes)
+  uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
+  __shared__ __align__(8) uint64_t bars[kWarps][S];
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   TileWalk w(a, warp);
   uint8_t* ring = smem + warp * S * R::kStageBytes;
+  static_assert(S <= 4, "q6::i8_kernel: ChunkRing's cp.async wait keeps at most 3 groups in flight");
+  const ChunkRing<kQ6_K, S, kBox> stages(ring, bars[warp], &w_map, lane);
   if (!a.static_weight) griddep_wait();
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < w.total) load_chunk<kQ6_K, false>(ring + i * R::kStageBytes, a, w.ahead_n0, warp + kWarps * w.ahead_i, lane);
-    cp_async_commit();
+    if (i < w.total) stages.load(i, w.ahead_n0, warp + kWarps * w.ahead_i, a);
     w.advance();
   }
   if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
@@ -1264,25 +1282,19 @@ __global__ void __launch_bounds__(kThreads, 2) i8_kernel(const Args a, const uin
     const int n0 = w.n0(tile);
     float acc[1][4] = {};
     for (int i = 0; i < w.mine; ++i, ++j) {
-      if (j + S - 1 < w.total)  // the stage that item j - 1 left
-        load_chunk<kQ6_K, false>(ring + ((j + S - 1) % S) * R::kStageBytes, a, w.ahead_n0, warp + kWarps * w.ahead_i,
-                                 lane);
-      cp_async_commit();
+      if (j + S - 1 < w.total) stages.refill(j + S - 1, w.ahead_n0, warp + kWarps * w.ahead_i, a);  // j - 1's stage
       w.advance();
       const int c = warp + kWarps * i;
       const q4k::I8X xf = q4k::load_i8x(records + int64_t(c) * q4k_x::kRecord, g, t);
-      cp_async_wait<S - 1>();
-      __syncwarp();
+      stages.wait(j, min(w.total, j + S));
       const uint8_t* stage = ring + (j % S) * R::kStageBytes;
-      mma_chunk(acc[0], stage + g * R::kRowStride + (chunk_start(a, n0, g, c, R::kBytes) & 15),
-                stage + (g + 8) * R::kRowStride + (chunk_start(a, n0, g + 8, c, R::kBytes) & 15), xf, t);
+      mma_chunk(acc[0], stages.row(stage, a, n0, g, c), stages.row(stage, a, n0, g + 8, c), xf, t);
       __syncwarp();
     }
 #pragma unroll
     for (int i = 0; i < 4; i += 2) acc[0][i] = 128.f * acc[0][i] + __shfl_down_sync(0xFFFFFFFFu, acc[0][i], 1);
     reduce_store<T, 1>(acc, red, a, n0, warp, lane);
   }
-  cp_async_wait<0>();
 }
 
 }  // namespace q6
@@ -1365,26 +1377,8 @@ void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream)
              records);
 }
 
-// Q6_K at M = 1 on int8 records: 3 stages a warp where the grid is at most 2 CTAs an SM (92 KB each), else 2.
-template <typename T>
-void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
-  auto go = [&](auto stages) {
-    constexpr int S = decltype(stages)::value;
-    constexpr auto kernel = q6::i8_kernel<T, S>;
-    constexpr int smem = S * kWarps * Ring<kQ6_K>::kStageBytes;
-    allow_smem<kernel, smem>();
-    const int grid = std::min((a.N + 15) / 16, resident_ctas<kernel, kThreads, smem>() * sms);
-    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records);
-  };
-  if (small_grid(a, sms))
-    go(std::integral_constant<int, 3>{});
-  else
-    go(std::integral_constant<int, 2>{});
-}
-
 // W [N, row_bytes] as a 2D byte tensor for TMA, boxes of box_bytes x 16 rows, no swizzle; zeros (an unused map)
-// without the box. Q4_K only: boxes at Q6_K's chunks (210 bytes, starting off 16-byte boundaries) raised an illegal
-// instruction (perf/qgemm.md).
+// without the box.
 CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
   CUtensorMap map{};
   if (!box) return map;
@@ -1397,6 +1391,35 @@ CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
   MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed with error ", int(r), " (n=", a.N,
                ", row bytes=", a.row_bytes, ")");
   return map;
+}
+
+// Q6_K at M = 1 on int8 records: 3 stages a warp where the grid is at most 2 CTAs an SM (92 KB each), else 2. On
+// sm_90, with rows a multiple of 16 bytes (K a multiple of 2048), the stages come by TMA boxes: the 8B Q4_K_M
+// batch-1 step (16 down projections, 16 v) 2.406-2.408 ms on load_chunk's pieces, 2.347-2.348 by boxes (H200).
+template <typename T>
+void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c10::cuda::current_device()));
+  const bool box = major >= 9 && a.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
+  const CUtensorMap map = chunk_map(a, Ring<kQ6_K>::kRowStride, box);
+  auto go = [&](auto stages, auto use_box) {
+    constexpr int S = decltype(stages)::value;
+    constexpr auto kernel = q6::i8_kernel<T, S, decltype(use_box)::value>;
+    constexpr int smem = S * kWarps * Ring<kQ6_K>::kStageBytes + 128;
+    allow_smem<kernel, smem>();
+    const int grid = std::min((a.N + 15) / 16, resident_ctas<kernel, kThreads, smem>() * sms);
+    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+  };
+  auto with_stages = [&](auto use_box) {
+    if (small_grid(a, sms))
+      go(std::integral_constant<int, 3>{}, use_box);
+    else
+      go(std::integral_constant<int, 2>{}, use_box);
+  };
+  if (box)
+    with_stages(std::true_type{});
+  else
+    with_stages(std::false_type{});
 }
 
 // On sm_90 a warp's stages come by one TMA box copy each where its ring runs over at least 4 chunks; with 2-3 (a
