@@ -1078,10 +1078,10 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
   for (int w = 0; w < kTiles; ++w) reduce_store<T, NT>(acc[w], smem, a, n0 + 16 * w, warp, lane);
 }
 
-// M = 1 on the int8 form, the weights through ChunkRing (bulk copies on sm_90). A CTA takes tiles blockIdx.x,
-// + gridDim.x, ... (the grid at most the CTAs an SM holds), its warps' rings running on across them: each warp's
-// chunks of tile j follow those of tile j - 1, so the stages stay full where a CTA a tile drained its rings
-// and waited a DRAM round trip for the next CTA's first stages. The tiles' sums meet in red, not the rings.
+// M = 1 on the int8 form, the weights through ChunkRing (on sm_90 the TMA's boxes or bulk copies). A CTA takes
+// tiles blockIdx.x, + gridDim.x, ... (the grid at most the CTAs an SM holds), its warps' rings running on across
+// them: each warp's chunks of tile j follow those of tile j - 1, so the stages stay full where a CTA a tile
+// drained its rings and waited a DRAM round trip for the next CTA's first stages. The tiles' sums meet in red, not the rings.
 // The 8B Q4_K_M batch-1 step (gate | up: 1792 tiles), a CTA a tile -> looping: 2.529-2.531 -> 2.504-2.510 ms (H200,
 // one build, a switch, two rounds).
 template <typename T, int S, int kCTAs, bool kBox>
