@@ -160,7 +160,7 @@ struct ChunkRing {
 #endif
   }
   // Row r of chunk c (tile at n0) in stage.
-  __device__ __forceinline__ const uint8_t* row(const uint8_t* stage, const Args& a, int n0, int r, int c) const {
+  __device__ __forceinline__ static const uint8_t* row(const uint8_t* stage, const Args& a, int n0, int r, int c) {
     return stage + r * R::kRowStride + (QT == kQ4_K ? 0 : int(chunk_start(a, n0, r, c, R::kBytes) & 15));
   }
   // Chunk c of the 16-row tile at n0 into stage i % S, empty so far: with kBox one TMA copy by lane 0 of the
@@ -1078,27 +1078,28 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
   for (int w = 0; w < kTiles; ++w) reduce_store<T, NT>(acc[w], smem, a, n0 + 16 * w, warp, lane);
 }
 
-// M = 1 on the int8 form, the weights through ChunkRing (on sm_90 the TMA's boxes or bulk copies). A CTA takes
-// tiles blockIdx.x, + gridDim.x, ... (the grid at most the CTAs an SM holds), its warps' rings running on across
-// them: each warp's chunks of tile j follow those of tile j - 1, so the stages stay full where a CTA a tile
-// drained its rings and waited a DRAM round trip for the next CTA's first stages. The tiles' sums meet in red, not the rings.
+// The M = 1 int8-form kernels' walk (Q4_K below, Q6_K in q6::), the weights through ChunkRing (on sm_90 the TMA's
+// boxes or bulk copies). A CTA takes tiles blockIdx.x, + gridDim.x, ... (the grid at most the CTAs an SM holds),
+// its warps' rings running on across them: each warp's chunks of tile j follow those of tile j - 1, so the stages
+// stay full where a CTA a tile drained its rings and waited a DRAM round trip for the next CTA's first stages.
 // The 8B Q4_K_M batch-1 step (gate | up: 1792 tiles), a CTA a tile -> looping: 2.529-2.531 -> 2.504-2.510 ms (H200,
-// one build, a switch, two rounds).
-template <typename T, int S, int kCTAs, bool kBox>
-__global__ void __launch_bounds__(kThreads, kCTAs)
-    i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
-  using R = Ring<kQ4_K>;
+// one build, a switch, two rounds). kEarly: the next kernel may launch at entry, else once x may be read.
+// mma(acc, stage, n0, c, x, g, t) adds chunk c of the tile at n0 from its stage and x's records (lane = 4 g + t);
+// store(acc, n0, warp, lane) ends the tile, its sums meeting in the kernel's own shared memory, not the rings.
+template <int QT, int S, bool kBox, bool kEarly, typename Mma, typename Store>
+__device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, const CUtensorMap* w_map, Mma mma,
+                                        Store store) {
+  using R = Ring<QT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // [kWarps][S][kStageBytes] from the first 128-byte boundary (TMA's destination; the launch adds 128 bytes)
   uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
   __shared__ __align__(8) uint64_t bars[kWarps][S];
-  __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   TileWalk w(a, warp);
   uint8_t* ring = smem + warp * S * R::kStageBytes;
-  static_assert(S <= 4, "i8_kernel: ChunkRing's sm_80 wait keeps at most 3 groups in flight");
-  const ChunkRing<kQ4_K, S, kBox> stages(ring, bars[warp], &w_map, lane);
-  griddep_launch_dependents();
+  static_assert(S <= 4, "i8_walk: ChunkRing's cp.async wait keeps at most 3 groups in flight");
+  const ChunkRing<QT, S, kBox> stages(ring, bars[warp], w_map, lane);
+  if (kEarly) griddep_launch_dependents();
   if (!a.static_weight) griddep_wait();
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
@@ -1106,18 +1107,33 @@ __global__ void __launch_bounds__(kThreads, kCTAs)
     w.advance();
   }
   if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
+  if (!kEarly) griddep_launch_dependents();
   for (int tile = 0, j = 0; tile < w.tiles; ++tile) {
+    const int n0 = w.n0(tile);
     float acc[1][4] = {};
     for (int i = 0; i < w.mine; ++i, ++j) {
       if (j + S - 1 < w.total) stages.refill(j + S - 1, w.ahead_n0, warp + kWarps * w.ahead_i, a);  // j - 1's stage
       w.advance();
-      const I8X xf = load_i8x(records + int64_t(warp + kWarps * i) * kRecord, g, t);
+      const int c = warp + kWarps * i;
+      const I8X xf = load_i8x(records + int64_t(c) * kRecord, lane / 4, lane % 4);
       stages.wait(j, min(w.total, j + S));
-      mma_chunk_i8(acc[0], ring + (j % S) * R::kStageBytes, xf, a.pair_exps, g, t);
+      mma(acc[0], ring + (j % S) * R::kStageBytes, n0, c, xf, lane / 4, lane % 4);
       __syncwarp();
     }
-    reduce_store<T, 1>(acc, red, a, w.n0(tile), warp, lane);
+    store(acc, n0, warp, lane);
   }
+}
+
+template <typename T, int S, int kCTAs, bool kBox>
+__global__ void __launch_bounds__(kThreads, kCTAs)
+    i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
+  __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
+  i8_walk<kQ4_K, S, kBox, true>(
+      a, records, &w_map,
+      [&](float (&acc)[4], const uint8_t* stage, int, int, const I8X& x, int g, int t) {
+        mma_chunk_i8(acc, stage, x, a.pair_exps, g, t);
+      },
+      [&](float (&acc)[1][4], int n0, int warp, int lane) { reduce_store<T, 1>(acc, red, a, n0, warp, lane); });
 }
 
 // ---- M 2-16 in CTAs of 128 rows: each chunk's records read into shared memory once a CTA ----
@@ -1254,47 +1270,22 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint8_t* row_a,
 }
 
 // x's records in the int8 form; S stages a warp through ChunkRing (TMA boxes with kBox, else load_chunk's pieces),
-// the rows' chunks at any even offset. A CTA takes tiles blockIdx.x, + gridDim.x, ..., its warps' rings running on
-// across them (q4k::i8_kernel).
+// the rows' chunks at any even offset; the walk of q4k::i8_walk.
 template <typename T, int S, bool kBox>
 __global__ void __launch_bounds__(kThreads, 2)
     i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
-  using R = Ring<kQ6_K>;
-  extern __shared__ __align__(128) uint8_t smem_raw[];
-  // [kWarps][S][kStageBytes] from the first 128-byte boundary (TMA's destination; the launch adds 128 bytes)
-  uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
-  __shared__ __align__(8) uint64_t bars[kWarps][S];
+  using Stages = ChunkRing<kQ6_K, S, kBox>;
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  TileWalk w(a, warp);
-  uint8_t* ring = smem + warp * S * R::kStageBytes;
-  static_assert(S <= 4, "q6::i8_kernel: ChunkRing's cp.async wait keeps at most 3 groups in flight");
-  const ChunkRing<kQ6_K, S, kBox> stages(ring, bars[warp], &w_map, lane);
-  if (!a.static_weight) griddep_wait();
+  q4k::i8_walk<kQ6_K, S, kBox, false>(
+      a, records, &w_map,
+      [&](float (&acc)[4], const uint8_t* stage, int n0, int c, const q4k::I8X& x, int g, int t) {
+        mma_chunk(acc, Stages::row(stage, a, n0, g, c), Stages::row(stage, a, n0, g + 8, c), x, t);
+      },
+      [&](float (&acc)[1][4], int n0, int warp, int lane) {
 #pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (i < w.total) stages.load(i, w.ahead_n0, warp + kWarps * w.ahead_i, a);
-    w.advance();
-  }
-  if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
-  griddep_launch_dependents();
-  for (int tile = 0, j = 0; tile < w.tiles; ++tile) {
-    const int n0 = w.n0(tile);
-    float acc[1][4] = {};
-    for (int i = 0; i < w.mine; ++i, ++j) {
-      if (j + S - 1 < w.total) stages.refill(j + S - 1, w.ahead_n0, warp + kWarps * w.ahead_i, a);  // j - 1's stage
-      w.advance();
-      const int c = warp + kWarps * i;
-      const q4k::I8X xf = q4k::load_i8x(records + int64_t(c) * q4k_x::kRecord, g, t);
-      stages.wait(j, min(w.total, j + S));
-      const uint8_t* stage = ring + (j % S) * R::kStageBytes;
-      mma_chunk(acc[0], stages.row(stage, a, n0, g, c), stages.row(stage, a, n0, g + 8, c), xf, t);
-      __syncwarp();
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i += 2) acc[0][i] = 128.f * acc[0][i] + __shfl_down_sync(0xFFFFFFFFu, acc[0][i], 1);
-    reduce_store<T, 1>(acc, red, a, n0, warp, lane);
-  }
+        for (int i = 0; i < 4; i += 2) acc[0][i] = 128.f * acc[0][i] + __shfl_down_sync(0xFFFFFFFFu, acc[0][i], 1);
+        reduce_store<T, 1>(acc, red, a, n0, warp, lane);
+      });
 }
 
 }  // namespace q6
