@@ -100,7 +100,7 @@ def test_qlinear_large_grid(kind):
     of two tiles; Q6_K and
     Q8_0 with K of fewer chunks than a CTA's warps (the smaller k) run 128-row CTAs (qtile_kernel). 276 rows
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
-    rows; at M = 1 a tile of 4 rows, whose other 12 are never copied)."""
+    rows; at M = 1 a tile of 4 rows, whose other 12 are never copied, or arrive as zeros in a TMA box)."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):
