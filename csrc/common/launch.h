@@ -21,6 +21,15 @@ inline int sm_count(int device) {
   return cached[device];
 }
 
+// Compute capability major of a device, looked up once (0 for an out-of-range index).
+inline int cc_major(int device) {
+  static int cached[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  if (cached[device] == 0)
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&cached[device], cudaDevAttrComputeCapabilityMajor, device));
+  return cached[device];
+}
+
 // Peak DRAM bandwidth of a device per SM, in GB/s: memory clock x bus width, two transfers a clock
 // (HBM), looked up once. -1 where the driver does not report the memory clock or the bus width.
 inline double dram_gbps_per_sm(int device) {

@@ -1389,9 +1389,8 @@ CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
 // batch-1 step (16 down projections, 16 v) 2.406-2.408 ms on load_chunk's pieces, 2.347-2.348 by boxes (H200).
 template <typename T>
 void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c10::cuda::current_device()));
-  const bool box = major >= 9 && a.row_bytes % 16 == 0;  // W's blocks are 16-byte aligned (check_blocks)
+  // W's blocks are 16-byte aligned (check_blocks)
+  const bool box = cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
   const CUtensorMap map = chunk_map(a, Ring<kQ6_K>::kRowStride, box);
   auto go = [&](auto stages, auto use_box) {
     constexpr int S = decltype(stages)::value;
@@ -1419,11 +1418,9 @@ void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t s
 // (7 chunks a warp); 1 x 4096 x 4096 5.39 / 5.93, 1 x 6144 x 4096 6.91 / 7.79 (2).
 template <typename T, int S, int kCTAs = 2>
 void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c10::cuda::current_device()));
   const int tiles = (a.N + 15) / 16, ctas = std::min(tiles, kCTAs * sms);
   const int warp_chunks = (tiles + ctas - 1) / ctas * ((a.K / 256 + kWarps - 1) / kWarps);
-  const bool box = major >= 9 && warp_chunks >= 4;
+  const bool box = cc_major(c10::cuda::current_device()) >= 9 && warp_chunks >= 4;
   const CUtensorMap map = chunk_map(a, Ring<kQ4_K>::kRowStride, box);
   auto go = [&](auto use_box) {
     constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs, decltype(use_box)::value>;
