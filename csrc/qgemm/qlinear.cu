@@ -696,6 +696,9 @@ __device__ __forceinline__ void tile_pipeline(int mine, bool static_weight, Load
 // qlinear_kernel's warps split K and each reads its chunks' x from L2: at M = 16, 16 rows x 512 bytes against a
 // Q6_K warp's 3.4 KB of weights a chunk. Here warp w owns rows 16 w .. 16 w + 15 of a 128-row tile and all 8
 // walk the same chunks, whose x comes into shared memory once for the CTA; narrow W splits K over the grid's y.
+// On sm_90 Q6_K's stages come by ChunkRing's TMA boxes where its rows are multiples of 16 bytes (H200, us, pieces
+// / boxes: 16 x 4096 x 14336 28.1 / 24.6, 16 x 128256 x 4096 231 / 199, 16 x 6144 x 4096 15.7 / 13.8, 16 x 4096 x
+// 4096 11.1 / 11.3); Q8_0's chunk (272 bytes) is wider than a box row may be (256 elements).
 template <int QT>
 constexpr int qtile_smem(int nt, int stages) {
   return stages * kWarps * Ring<QT>::kStageBytes + (stages + 1) * 8 * nt * XTile<QT>::kRow;
@@ -716,12 +719,21 @@ __device__ __forceinline__ void load_x_chunk(uint8_t* xs, const Args& a, int c) 
   }
 }
 
-template <int QT, typename T, int NT, int S>
-__global__ void __launch_bounds__(kThreads, 2) qtile_kernel(const Args a, float* ws, int* counters) {
+template <int QT, typename T, int NT, int S, bool kBox>
+__global__ void __launch_bounds__(kThreads, 2)
+    qtile_kernel(const Args a, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map) {
   using R = Ring<QT>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kTma = kBox;
+#else
+  constexpr bool kTma = false;  // sm_80: load_chunk's cp.async
+#endif
   constexpr int kXStage = 8 * NT * XTile<QT>::kRow;
   constexpr bool kOffsets = kOffsetsFormat<QT>;
-  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes], then [S + 1][8 NT][XTile::kRow]
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // [kWarps][S][kStageBytes], then [S + 1][8 NT][XTile::kRow], from the first 128-byte boundary (TMA's destination)
+  uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
+  __shared__ __align__(8) uint64_t bars[kWarps][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16 * kWarps + 16 * warp, chunks = (a.K + R::kChunk - 1) / R::kChunk;
   const int c0 = int(int64_t(blockIdx.y) * chunks / gridDim.y);
@@ -729,17 +741,23 @@ __global__ void __launch_bounds__(kThreads, 2) qtile_kernel(const Args a, float*
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   uint8_t* xs = smem + kWarps * S * R::kStageBytes;
+  const ChunkRing<QT, S, kBox> stages(ring, bars[warp], &w_map, lane);
   float acc[NT][4] = {};
   const XAhead<QT, NT, false> none{};
   tile_pipeline<S>(
       mine, a.static_weight,
       [&](int stage, int i) {
-        if (has_rows) load_chunk<QT, kOffsets>(ring + stage * R::kStageBytes, a, n0, c0 + i, lane);
+        if (!has_rows) return;
+        if constexpr (kTma)
+          stages.refill(i, n0, c0 + i, a);  // stage == i % S
+        else
+          load_chunk<QT, kOffsets>(ring + stage * R::kStageBytes, a, n0, c0 + i, lane);
       },
       [&](int slot, int i) { load_x_chunk<QT, T>(xs + slot * kXStage, a, c0 + i); },
       [&](int stage, int slot, int i) {
-        if (has_rows)
-          mma_chunk<QT, T, NT, false, true>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
+        if (!has_rows) return;
+        if constexpr (kTma) stages.wait(i, 0);
+        mma_chunk<QT, T, NT, false, true>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
                                             xs + slot * kXStage);
       });
   float sum[NT * 4];
@@ -1160,13 +1178,24 @@ __device__ __forceinline__ void load_records(uint8_t* xs, const uint8_t* records
 
 // Grid (tiles of 128 rows, splits of the chunks); ws and counters as sum_splits takes them where splits > 1.
 // S stages of weights a warp, S + 1 of records (the one a warp refills was read two chunks before, before the
-// last barrier).
+// last barrier). On sm_90 a stage is one TMA box by lane 0 (ChunkRing), where load_chunk's cp.async took 4.5
+// pieces a lane and their addresses (H200, us, pieces / box: 16 x 28672 x 4096 40.5 / 35.8, 16 x 4096 x 14336
+// 22.0 / 20.7, 8 x 28672 x 4096 31.1 / 29.3; 8 x 6144 x 4096, 3-4 chunks a warp, 11.7 / 12.2). The records by
+// bulk copies, 16 lanes of warp 0 with an mbarrier a slot, lost (16 x 28672 x 4096 35.3 -> 40.3).
 template <typename T, int NT, int S>
 __global__ void __launch_bounds__(kThreads, 2)
-    tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters) {
+    tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map) {
   using R = Ring<kQ4_K>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kTma = true;
+#else
+  constexpr bool kTma = false;  // sm_80: load_chunk's cp.async
+#endif
   constexpr int kXStage = 8 * NT * kXStride;
-  extern __shared__ __align__(16) uint8_t smem[];  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride], from the first 128-byte boundary (TMA's destination)
+  uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
+  __shared__ __align__(8) uint64_t bars[kWarps][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16 * kWarps + 16 * warp, chunks = a.K / 256;
   const int c0 = int(int64_t(blockIdx.y) * chunks / gridDim.y);
@@ -1174,15 +1203,21 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   uint8_t* xs = smem + kWarps * S * R::kStageBytes;
+  const ChunkRing<kQ4_K, S, true> stages(ring, bars[warp], &w_map, lane);
   float acc[1][NT][4] = {};
   tile_pipeline<S>(
       mine, a.static_weight,
       [&](int stage, int i) {
-        if (has_rows) load_chunk<kQ4_K, true>(ring + stage * R::kStageBytes, a, n0, c0 + i, lane);
+        if (!has_rows) return;
+        if constexpr (kTma)
+          stages.refill(i, n0, c0 + i, a);  // stage == i % S
+        else
+          load_chunk<kQ4_K, true>(ring + stage * R::kStageBytes, a, n0, c0 + i, lane);
       },
       [&](int slot, int i) { load_records(xs + slot * kXStage, records, a.M, c0 + i, chunks); },
       [&](int stage, int slot, int i) {
         if (!has_rows) return;
+        if constexpr (kTma) stages.wait(i, 0);
         XFrags<NT> xf;
         load_frags<NT, kAheadSteps<NT>, true>(xf, xs + slot * kXStage, kXStride, a.M, g, t);
         mma_chunk<NT, kAheadSteps<NT>, 1, true>(acc, ring + stage * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
@@ -1332,6 +1367,22 @@ inline int tile_splits(int N, int chunks, int sms) {
   return std::max(1, std::min(chunks / 2, 2 * sms / tiles));
 }
 
+// W [N, row_bytes] as a 2D byte tensor for TMA, boxes of box_bytes x 16 rows, no swizzle; zeros (an unused map)
+// without the box.
+CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
+  CUtensorMap map{};
+  if (!box) return map;
+  const cuuint64_t dims[2] = {(cuuint64_t)a.row_bytes, (cuuint64_t)a.N}, strides[1] = {(cuuint64_t)a.row_bytes};
+  const cuuint32_t dims_box[2] = {(cuuint32_t)box_bytes, 16}, elem_strides[2] = {1, 1};
+  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(a.w), dims,
+                                                strides, dims_box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed with error ", int(r), " (n=", a.N,
+               ", row bytes=", a.row_bytes, ")");
+  return map;
+}
+
 // A tile kernel's grid (tiles of 128 rows, tile_splits of the chunks) and, where it splits, sum_splits' fp32
 // workspace (from the caching allocator) and arrival counters.
 struct TileGrid {
@@ -1352,11 +1403,20 @@ struct TileGrid {
 template <int QT, typename T, int NT>
 void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
   constexpr int S = kQTileStages<QT, NT>;
-  constexpr auto kernel = qtile_kernel<QT, T, NT, S>;
-  constexpr int smem = qtile_smem<QT>(NT, S);
-  allow_smem<kernel, smem>();
+  // W's blocks are 16-byte aligned (check_blocks)
+  const bool box = QT == kQ6_K && cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
+  const CUtensorMap map = chunk_map(a, Ring<QT>::kRowStride, box);
   TileGrid grid(a.N, (a.K + Ring<QT>::kChunk - 1) / Ring<QT>::kChunk, NT, sms, x, stream);
-  launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, grid.ws, grid.counters);
+  auto go = [&](auto use_box) {
+    constexpr auto kernel = qtile_kernel<QT, T, NT, S, decltype(use_box)::value>;
+    constexpr int smem = qtile_smem<QT>(NT, S) + 128;
+    allow_smem<kernel, smem>();
+    launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, grid.ws, grid.counters, map);
+  };
+  if constexpr (QT == kQ6_K) {
+    if (box) return go(std::true_type{});
+  }
+  go(std::false_type{});
 }
 
 template <typename T, int NT, int S, int kTiles = 1>
@@ -1366,22 +1426,6 @@ void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream)
   allow_smem<kernel, smem>();
   launch_pdl(kernel, dim3((unsigned)((a.N + 16 * kTiles - 1) / (16 * kTiles))), dim3(kThreads), smem, stream, a,
              records);
-}
-
-// W [N, row_bytes] as a 2D byte tensor for TMA, boxes of box_bytes x 16 rows, no swizzle; zeros (an unused map)
-// without the box.
-CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
-  CUtensorMap map{};
-  if (!box) return map;
-  const cuuint64_t dims[2] = {(cuuint64_t)a.row_bytes, (cuuint64_t)a.N}, strides[1] = {(cuuint64_t)a.row_bytes};
-  const cuuint32_t dims_box[2] = {(cuuint32_t)box_bytes, 16}, elem_strides[2] = {1, 1};
-  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(a.w), dims,
-                                                strides, dims_box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed with error ", int(r), " (n=", a.N,
-               ", row bytes=", a.row_bytes, ")");
-  return map;
 }
 
 // Q6_K at M = 1 on int8 records: 3 stages a warp where the grid is at most 2 CTAs an SM (92 KB each), else 2. On
@@ -1449,10 +1493,11 @@ inline bool q4k_tile(const Args& a, int sms) {
 template <typename T, int NT, int S>
 void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
   constexpr auto kernel = q4k::tile_kernel<T, NT, S>;
-  constexpr int smem = q4k::tile_smem(NT, S);
+  constexpr int smem = q4k::tile_smem(NT, S) + 128;
   allow_smem<kernel, smem>();
+  const CUtensorMap map = chunk_map(a, Ring<kQ4_K>::kRowStride, cc_major(c10::cuda::current_device()) >= 9);
   TileGrid grid(a.N, a.K / 256, NT, sms, x, stream);
-  launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, records, grid.ws, grid.counters);
+  launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, records, grid.ws, grid.counters, map);
 }
 
 // Q4_K at M <= 16: i8_kernel at M = 1 (the int8 form), else rows_kernel or tile_kernel (q4k_tile) on x's records (uint8 [M,
