@@ -176,8 +176,9 @@ def test_qlinear_q4k_tiles_split_over_k(m, dtype):
     """Q4_K at M 2-16 runs 128-row CTAs (tile_kernel) where the tiles fill 2 CTAs an SM, and past M = 4 where
     a CTA takes more than 2 chunks; narrow W splits K over the grid, and the last CTA of a tile to arrive adds
     the splits' sums. 4100 x 5376 (33 tiles, the last of 4 rows: warps with no row; 21 chunks in 8 splits of
-    2-3; rows_kernel at M = 2) and 256 x SMs + 40 rows x 512 (one split, a partial last tile). Called twice:
-    the arrival counters are left zero for the next call."""
+    2-3; rows_kernel at M = 2) and 256 x SMs + 40 rows x 512 (one split, a partial last tile). On sm_90 the
+    stages come by TMA boxes, the last of a row reading 16 bytes past its end. Called twice: the arrival
+    counters are left zero for the next call."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k in [(4100, 5376), (256 * sms + 40, 512)]:
@@ -192,11 +193,14 @@ def test_qlinear_q4k_tiles_split_over_k(m, dtype):
 @pytest.mark.parametrize("kind", ["Q6_K", "Q8_0"])
 def test_qlinear_tiles_split_over_k(kind, m):
     """Q6_K and Q8_0 at M 9-16 on W of 4096 x 4096 and more run 128-row CTAs (qtile_kernel): 4100 x 4352 (33
-    tiles, the last of 4 rows; 17 chunks in 8 splits of 2-3) and 256 x SMs + 40 rows x 4096 (one split).
-    Called twice: the arrival counters are left zero for the next call."""
+    tiles, the last of 4 rows; 17 chunks in 8 splits of 2-3), 4100 x 14336 (56 chunks in 8 splits of 7) and
+    256 x SMs + 40 rows x 4096 (one split). On sm_90 Q6_K's stages come by TMA boxes where its rows are
+    multiples of 16 bytes (K = 14336 and 4096: a split's boxes start mid-row, and a partial tile's rows past N
+    arrive as zeros), by cp.async pieces at K = 4352. Called twice: the arrival counters are left zero for the
+    next call."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for n, k in [(4100, 4352), (256 * sms + 40, 4096)]:
+    for n, k in [(4100, 4352), (4100, 14336), (256 * sms + 40, 4096)]:
         w, x, b, ref64, torch_out = _product_case(kind, m, n, k, torch.bfloat16, seed=m + n)
         ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)
         _check(ours, torch_out, ref64, torch.bfloat16)

@@ -128,6 +128,11 @@ __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0
   }
 }
 
+// The first 128-byte boundary of dynamic shared memory (a TMA box's destination); launches add 128 bytes for it.
+__device__ __forceinline__ uint8_t* aligned_128(uint8_t* smem) {
+  return smem + ((128 - (smem_addr(smem) & 127)) & 127);
+}
+
 // A warp's S stages of a format's chunks (Q4_K, Q6_K), each row's at its slot's offset chunk_start & 15 (0 for
 // Q4_K). On sm_90 the TMA fills them, each stage's bytes counted on its mbarrier:
 // - kBox: lane 0 copies the tile's chunk as one [16, kRowStride] box of a tensor map from the 16-byte boundary at
@@ -731,8 +736,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kXStage = 8 * NT * XTile<QT>::kRow;
   constexpr bool kOffsets = kOffsetsFormat<QT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  // [kWarps][S][kStageBytes], then [S + 1][8 NT][XTile::kRow], from the first 128-byte boundary (TMA's destination)
-  uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
+  // [kWarps][S][kStageBytes], then [S + 1][8 NT][XTile::kRow]
+  uint8_t* smem = aligned_128(smem_raw);
   __shared__ __align__(8) uint64_t bars[kWarps][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16 * kWarps + 16 * warp, chunks = (a.K + R::kChunk - 1) / R::kChunk;
@@ -1109,8 +1114,8 @@ __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, c
                                         Store store) {
   using R = Ring<QT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  // [kWarps][S][kStageBytes] from the first 128-byte boundary (TMA's destination; the launch adds 128 bytes)
-  uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
+  // [kWarps][S][kStageBytes]
+  uint8_t* smem = aligned_128(smem_raw);
   __shared__ __align__(8) uint64_t bars[kWarps][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   TileWalk w(a, warp);
@@ -1193,8 +1198,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
   constexpr int kXStage = 8 * NT * kXStride;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride], from the first 128-byte boundary (TMA's destination)
-  uint8_t* smem = smem_raw + ((128 - (smem_addr(smem_raw) & 127)) & 127);
+  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
+  uint8_t* smem = aligned_128(smem_raw);
   __shared__ __align__(8) uint64_t bars[kWarps][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16 * kWarps + 16 * warp, chunks = a.K / 256;
