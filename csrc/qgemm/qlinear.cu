@@ -200,6 +200,20 @@ struct ChunkRing {
 #endif
     load(i, n0, c, a);
   }
+  // Within tile_pipeline, which commits and waits for the cp.async groups itself: chunk c into stage i % S (as
+  // refill on sm_90, else load_chunk's pieces with kOffsets, uncommitted), and the wait for chunk i's TMA bytes.
+  template <bool kOffsets>
+  __device__ __forceinline__ void tile_refill(int stage, int i, int n0, int c, const Args& a) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kBulk) return refill(i, n0, c, a);
+#endif
+    load_chunk<QT, kOffsets>(stages + stage * R::kStageBytes, a, n0, c, lane);
+  }
+  __device__ __forceinline__ void tile_wait(int i) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kBulk) mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
+#endif
+  }
   // Waits for chunk i, of the `loaded` chunks whose loads were issued in order.
   __device__ __forceinline__ void wait(int i, int loaded) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -728,11 +742,6 @@ template <int QT, typename T, int NT, int S, bool kBox>
 __global__ void __launch_bounds__(kThreads, 2)
     qtile_kernel(const Args a, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map) {
   using R = Ring<QT>;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kTma = kBox;
-#else
-  constexpr bool kTma = false;  // sm_80: load_chunk's cp.async
-#endif
   constexpr int kXStage = 8 * NT * XTile<QT>::kRow;
   constexpr bool kOffsets = kOffsetsFormat<QT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -752,16 +761,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   tile_pipeline<S>(
       mine, a.static_weight,
       [&](int stage, int i) {
-        if (!has_rows) return;
-        if constexpr (kTma)
-          stages.refill(i, n0, c0 + i, a);  // stage == i % S
-        else
-          load_chunk<QT, kOffsets>(ring + stage * R::kStageBytes, a, n0, c0 + i, lane);
+        if (has_rows) stages.template tile_refill<kOffsets>(stage, i, n0, c0 + i, a);  // stage == i % S
       },
       [&](int slot, int i) { load_x_chunk<QT, T>(xs + slot * kXStage, a, c0 + i); },
       [&](int stage, int slot, int i) {
         if (!has_rows) return;
-        if constexpr (kTma) stages.wait(i, 0);
+        stages.tile_wait(i);
         mma_chunk<QT, T, NT, false, true>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
                                             xs + slot * kXStage);
       });
@@ -1191,11 +1196,6 @@ template <typename T, int NT, int S>
 __global__ void __launch_bounds__(kThreads, 2)
     tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map) {
   using R = Ring<kQ4_K>;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kTma = true;
-#else
-  constexpr bool kTma = false;  // sm_80: load_chunk's cp.async
-#endif
   constexpr int kXStage = 8 * NT * kXStride;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
@@ -1213,16 +1213,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   tile_pipeline<S>(
       mine, a.static_weight,
       [&](int stage, int i) {
-        if (!has_rows) return;
-        if constexpr (kTma)
-          stages.refill(i, n0, c0 + i, a);  // stage == i % S
-        else
-          load_chunk<kQ4_K, true>(ring + stage * R::kStageBytes, a, n0, c0 + i, lane);
+        if (has_rows) stages.template tile_refill<true>(stage, i, n0, c0 + i, a);  // stage == i % S
       },
       [&](int slot, int i) { load_records(xs + slot * kXStage, records, a.M, c0 + i, chunks); },
       [&](int stage, int slot, int i) {
         if (!has_rows) return;
-        if constexpr (kTma) stages.wait(i, 0);
+        stages.tile_wait(i);
         XFrags<NT> xf;
         load_frags<NT, kAheadSteps<NT>, true>(xf, xs + slot * kXStage, kXStride, a.M, g, t);
         mma_chunk<NT, kAheadSteps<NT>, 1, true>(acc, ring + stage * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
