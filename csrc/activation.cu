@@ -53,7 +53,7 @@ void launch_act_and_mul(T* out, const T* x, uint8_t* records, int64_t x_stride, 
   const int threads = std::min(256, round_up(packs, 32));
   const dim3 grid((packs + threads - 1) / threads, static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
   launch_pdl(act_and_mul_kernel<Act, T, W>, grid, dim3(threads), 0, stream, out, x, records, q4k_x::int8_form(tokens),
-             x_stride, inter, tokens, pdl_early(tokens));
+             x_stride, inter, tokens, pdl_early(tokens, records != nullptr));
 }
 
 // The launcher of both ops; `name` prefixes its error messages.

@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
     if constexpr (kNormX) ptx::prefetch_l2(reinterpret_cast<const char*>(x_weight) + l * 128);
   }
   // Launched early (programmatic dependent launch): the weights are static, everything else may be the
-  // previous kernel's. At one row the next kernel (a linear) may start now and stream its first weights
-  // meanwhile; at more, once the previous kernel is done (pdl_early).
+  // previous kernel's. At one row, or up to 16 writing records, the next kernel (a linear) may start now and
+  // stream its first weights meanwhile; else once the previous kernel is done (pdl_early).
   ptx::griddep_enter(early);
 
   float ss = 0.f;
@@ -227,16 +227,17 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
     const dim3 block(tpr, kGroupBlock / tpr);
     const int64_t grid = (rows + block.y - 1) / block.y;
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true>, dim3(grid), block, 0, stream, out, out_stride,
-             residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps, pdl_early(rows));
+             residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps,
+             pdl_early(rows, records != nullptr));
   } else if (threads_needed <= 1024) {
     const int tpr = round_up(threads_needed, 32);
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true>, dim3(rows), dim3(tpr), 0, stream, out,
              out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps,
-             pdl_early(rows));
+             pdl_early(rows, records != nullptr));
   } else {
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, false>, dim3(rows), dim3(1024), 0, stream, out,
              out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps,
-             pdl_early(rows));
+             pdl_early(rows, records != nullptr));
   }
 }
 

@@ -179,13 +179,13 @@ void launch_rope(T* q, int64_t q_stride, T* k, int64_t k_stride, const index_t* 
     const int threads = 32 * std::min(heads + kv_heads, 16);  // a warp a head
     launch_pdl(qk_norm_rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q,
              q_stride, k, k_stride, positions, cos_sin, q_weight, k_weight, eps, max_position, heads, kv_heads,
-             head_dim, rot, cache, pdl_early(tokens));
+             head_dim, rot, cache, pdl_early(tokens, true));
   } else {
     const int items = (heads + kv_heads) * ((kNeox ? rot / 2 : rot) / W);
     const int threads = std::min(256, round_up(items, 32));
     launch_pdl(rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q, q_stride,
              k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot, cache,
-             pdl_early(tokens));
+             pdl_early(tokens, true));
   }
 }
 

@@ -47,9 +47,12 @@ inline double dram_gbps_per_sm(int device) {
 
 // Whether a small kernel of `rows` rows (RMSNorm, the activation, rope) lets the next kernel launch before
 // its own griddep_wait (ptx::griddep_enter): at one row (batch-1 decode), where the next GEMV's first weights
-// then load beside the previous GEMV's tail. At 16 rows that early start made the Llama-3-8B bf16 decode step
-// slower (H200, one build, ms a step: 5.745 / 5.775 early against 5.521 / 5.466 after the wait).
-inline bool pdl_early(int64_t rows) { return rows <= 1; }
+// then load beside the previous GEMV's tail; and up to 16 rows where next_streams, the next kernel streams reads
+// of its own before its wait: rope before decode attention (the cache's prefix), a norm or the activation
+// writing records for a quantized linear (its weights). Up to 16 rows for every small kernel, the bf16 model
+// lost (8B decode at 16 rows, H200, ms a step: bf16 all 5.29 against one row 5.19; in another call one row 5.24
+// against next_streams 5.17; Q4_K_M all 3.63, one row 3.72, next_streams 3.63-3.65).
+inline bool pdl_early(int64_t rows, bool next_streams) { return rows <= 1 || (rows <= 16 && next_streams); }
 
 // Lets kKernel take kBytes of dynamic shared memory (past 48 KB needs the opt-in), once per kernel.
 template <auto kKernel, int kBytes>
