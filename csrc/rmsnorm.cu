@@ -7,7 +7,7 @@
 // One row is read once: each thread keeps its share of the row in registers (VPT packs of W elements)
 // between the sum-of-squares and the write pass. Rows short enough for a group of <= 32 lanes are
 // handled by lane groups (several rows per block, shuffle-only reduction); longer rows get a block
-// each. Rows too long for the registers fall back to a second read (L2-resident for any real hidden).
+// each, of one pack a thread at decode rows (kDecodeRows). Rows too long for the registers fall back to a second read (L2-resident for any real hidden).
 // W = 16 bytes of elements when the rows allow it, else 1 (any hidden, any alignment).
 // With records, the output is also written as the Q4_K linears' x records (qgemm/q4k_x.cuh): a warp holds
 // whole 256-element chunks there when hidden is a multiple of 256 and a row has at least 32 threads.
@@ -28,6 +28,10 @@ namespace {
 
 constexpr int kGroupBlock = 128;  // threads per block when rows are handled by lane groups
 constexpr int kPrefetchRows = 64;  // up to here the weights are prefetched (decode batches)
+// Up to here a row's block takes one pack a thread: at decode rows the kernel is a chain of round trips, and a
+// thread's VPT packs (each with its record) ran in series (8B Q4_K_M decode, H200, ms a step, 4 packs a thread / 1:
+// batch 1 2.372 / 2.217, batch 16 3.643 / 3.536).
+constexpr int kDecodeRows = 16;
 
 // Sum over the threads of one row: a lane group (blockDim.x <= 32, a power of two) or the block.
 template <bool kGroupRows>
@@ -229,6 +233,10 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, true, true>, dim3(grid), block, 0, stream, out, out_stride,
              residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps,
              pdl_early(rows, records != nullptr));
+  } else if (W > 1 && rows <= kDecodeRows && packs <= 1024) {
+    launch_pdl(rms_norm_kernel<T, W, 1, kFused, kNormX, false, true>, dim3(rows), dim3(round_up(packs, 32)), 0, stream,
+               out, out_stride, residual, res_stride, in, in_stride, weight, x_weight, records, i8, hidden, rows, eps,
+               pdl_early(rows, records != nullptr));
   } else if (threads_needed <= 1024) {
     const int tpr = round_up(threads_needed, 32);
     launch_pdl(rms_norm_kernel<T, W, VPT, kFused, kNormX, false, true>, dim3(rows), dim3(tpr), 0, stream, out,
