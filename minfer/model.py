@@ -65,12 +65,14 @@ def fused_linear(ops: Backend, x: torch.Tensor, w: Weight | list[Weight], bias: 
     if not isinstance(w, list):
         return ops.linear(x, w, bias, static_weight=True, x_records=x_records)
     out = x.new_empty(x.shape[0], sum(part.shape[0] for part in w))  # [tokens, out]
-    n0 = 0
-    for part in w:
+    starts = [sum(part.shape[0] for part in w[:i]) for i in range(len(w))]
+    # Smaller stacks first (Q4_K_M's v before q|k): their few CTAs leave the SMs to the larger stack's, which start
+    # streaming beside them (8B Q4_K_M decode, H200, ms a step: batch 1 2.372 -> 2.356, batch 16 3.643 -> 3.607).
+    for i in sorted(range(len(w)), key=lambda i: w[i].shape[0]):
+        part, n0 = w[i], starts[i]
         n = part.shape[0]
         ops.linear(x, part, None if bias is None else bias[n0:n0 + n], static_weight=True, out=out[:, n0:n0 + n],
                    x_records=x_records)
-        n0 += n
     return out
 
 
