@@ -7,7 +7,8 @@
 // One row is read once: each thread keeps its share of the row in registers (VPT packs of W elements)
 // between the sum-of-squares and the write pass. Rows short enough for a group of <= 32 lanes are
 // handled by lane groups (several rows per block, shuffle-only reduction); longer rows get a block
-// each, of one pack a thread at decode rows (kDecodeRows). Rows too long for the registers fall back to a second read (L2-resident for any real hidden).
+// each, of one pack a thread at decode rows (kDecodeRows). Rows too long for the registers fall back to a
+// second read (L2-resident for any real hidden).
 // W = 16 bytes of elements when the rows allow it, else 1 (any hidden, any alignment).
 // With records, the output is also written as the Q4_K linears' x records (qgemm/q4k_x.cuh): a warp holds
 // whole 256-element chunks there when hidden is a multiple of 256 and a row has at least 32 threads.
