@@ -419,10 +419,9 @@ bool launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
 }
 
 bool is_hopper() {
-  int device = 0, major = 0;
+  int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major == 9;
+  return cc_major(device) == 9;
 }
 
 }  // namespace

@@ -79,8 +79,9 @@ Path auto_path(const Params<T, T>& p, int major) {
 template <typename T>
 void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, const char* op, std::string* plan) {
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const int major = capability(device, cudaDevAttrComputeCapabilityMajor);
-  const int minor = capability(device, cudaDevAttrComputeCapabilityMinor);
+  const int major = cc_major(device.index());
+  // "major.minor", for the errors
+  const auto version = [&] { return num(major) + "." + num(capability(device, cudaDevAttrComputeCapabilityMinor)); };
   const bool aligned = chunk_aligned(p);
   const char* rule = "K % 8 == 0, row strides % 8 == 0 (elements), K-contiguous rows and 16-byte aligned base pointers";
   if (path == Path::kAuto) path = auto_path(p, major);
@@ -90,13 +91,13 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       else launch_wmma<T, T>(p, stream);
       return;
     case Path::kGemv:
-      MINFER_CHECK(major >= 8, op, ": path gemv needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
+      MINFER_CHECK(major >= 8, op, ": path gemv needs compute capability >= 8.0, got " + version());
       MINFER_CHECK(aligned, op, ": path gemv needs ", rule, " (got K=" + num(p.K) + ")");
       launch_gemv<T>(p, stream, sm_count(device.index()), plan);
       if (plan) *plan = "gemv: " + *plan;
       return;
     case Path::kSm80:
-      MINFER_CHECK(major >= 8, op, ": path sm80 needs compute capability >= 8.0, got " + num(major) + "." + num(minor));
+      MINFER_CHECK(major >= 8, op, ": path sm80 needs compute capability >= 8.0, got " + version());
       MINFER_CHECK(aligned, op, ": path sm80 needs ", rule, " (got K=" + num(p.K) + ")");
       {
         const int splits = sm80_split_k(p.M, p.N, p.K, sm_count(device.index()));
@@ -111,7 +112,7 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
       }
       return;
     case Path::kSm90:
-      MINFER_CHECK(major == 9, op, ": path sm90 needs compute capability 9.x (Hopper), got " + num(major) + "." + num(minor));
+      MINFER_CHECK(major == 9, op, ": path sm90 needs compute capability 9.x (Hopper), got " + version());
       MINFER_CHECK(aligned, op, ": path sm90 needs ", rule, " (got K=" + num(p.K) + ")");
       {
         const int sms = sm_count(device.index());
@@ -202,7 +203,7 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
     return MINFER_DISPATCH_HALF(x.scalar_type(), "linear_act", [&] {
       const Params<scalar_t, scalar_t> p{ptr<scalar_t>(x), x.stride(0), 1, ptr<scalar_t>(weight), weight.stride(0), 1,
                                          nullptr, N / 2, nullptr, nullptr, 0, 1.f, 0.f, (int)M, (int)N, (int)K};
-      return auto_path(p, capability(x.device(), cudaDevAttrComputeCapabilityMajor)) == Path::kGemv;
+      return auto_path(p, cc_major(x.device().index())) == Path::kGemv;
     });
   }();
   if (act != kActNone && !fused) {  // the linear, then the activation
