@@ -46,7 +46,9 @@ TORCH_LIBRARY(minfer, m) {
   m.def("qlinear_into(Tensor(a!) out, Tensor x, Tensor blocks, int qtype, Tensor? bias=None, bool static_weight=False, "
         "Tensor? x_records=None) -> ()");
   // act(gate) * up of the gate | up linear, in its epilogue where the kernel allows (the activation's launch spared)
-  m.def("qlinear_act(Tensor x, Tensor blocks, int qtype, int n, int k, str act, bool static_weight=False) -> Tensor");
+  // x_records: as qlinear's; records: room for the output's (the down projection's x), written beside it
+  m.def("qlinear_act(Tensor x, Tensor blocks, int qtype, int n, int k, str act, bool static_weight=False, "
+        "Tensor? x_records=None, Tensor(a!)? records=None) -> Tensor");
   m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "

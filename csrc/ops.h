@@ -48,7 +48,8 @@ void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch:
                   const std::optional<torch::Tensor>& x_records);
 // act(gate) * up of x @ W^T, W = gate | up [n, k] (n / 2 rows each) -> [M, n / 2]; act: silu | gelu_tanh
 torch::Tensor qlinear_act(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                          const std::string& act, bool static_weight);
+                          const std::string& act, bool static_weight, const std::optional<torch::Tensor>& x_records,
+                          const std::optional<torch::Tensor>& records);
 torch::Tensor qembedding(const torch::Tensor& ids, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                          at::ScalarType dtype);
 // ---- baselines (teaching API): baselines/gemm.cpp, baselines/attention.cpp ----

@@ -404,6 +404,35 @@ def test_qlinear_q6k_on_int8_records(dtype):
             assert not torch.isfinite(ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)).any()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_qlinear_act_q4k_pairs(dtype, act, m):
+    """Q4_K gate | up up to 16 rows on x's records (qlinear_act with x_records): on sm_90 the activation in the
+    epilogue of i8_kernel (one row) or tile_kernel over tiles of 8 gate rows and their up rows (one [2, 8, 160] box
+    a stage); anywhere, the bits of qlinear then the activation's launch, and the output's records those the
+    activation writes. inter 1000 (a last tile past the rows: the box's zeros, unstored) and 14336 x 4096 (the 8B
+    MLP; at one row 3 CTAs an SM looping over tiles) with records."""
+    q, ops = _q(), torch.ops.minfer
+    act_op = ops.silu_and_mul if act == "silu" else ops.gelu_tanh_and_mul
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    for inter, k in ((1000, 768), (14336, 4096)):
+        w = _weight("Q4_K", 2 * inter, k, seed=inter)
+        w32 = w.dequantize(torch.float32)
+        norm_w = (torch.randn(k, device=DEV, generator=gen) / (w32.abs().mean() * k ** 0.5)).to(dtype)
+        x_rec = _poisoned_records(m, k)  # x's records, written by the norm as in the engine
+        x = ops.rms_norm(torch.randn(m, k, device=DEV, generator=gen).to(dtype), norm_w, 1e-5, x_rec)
+        gate_up = ops.qlinear(x, w.blocks, q.QTYPE["Q4_K"], 2 * inter, k, None, True, x_rec)
+        rec = _poisoned_records(m, inter) if inter % 256 == 0 else None
+        ref_rec = _poisoned_records(m, inter) if inter % 256 == 0 else None
+        want = act_op(gate_up, ref_rec)
+        ours = ops.qlinear_act(x, w.blocks, q.QTYPE["Q4_K"], 2 * inter, k, act, True, x_rec, rec)
+        assert not torch.isnan(ours).any()
+        assert torch.equal(ours, want)
+        if rec is not None:
+            assert torch.equal(rec, ref_rec)
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_qlinear_q4k_non_finite_x(m):
     """An inf in x makes every output of its row non-finite, as in the reference (at M = 1 the int8 form carries

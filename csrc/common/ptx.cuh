@@ -15,7 +15,7 @@
 //   barriers       named_bar_sync(id, count), named_bar_arrive(id, count)
 //   sm_90          griddep_wait(), griddep_launch_dependents() (programmatic dependent launch; no-ops
 //                  below sm_90, where nothing launches early), mbar_init, mbar_init_fence, mbar_expect_tx,
-//                  mbar_arrive, mbar_wait, tma_load_2d, tma_load_4d
+//                  mbar_arrive, mbar_wait, tma_load_2d, tma_load_3d, tma_load_4d
 // The wgmma instructions and setmaxnreg (sm_90a only) live in common/sm90.cuh, which includes this.
 //
 // m16n8k16 fragment layouts (PTX ISA), with g = lane / 4, t = lane % 4:
@@ -267,6 +267,13 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,

@@ -143,7 +143,9 @@ __device__ __forceinline__ uint8_t* aligned_128(uint8_t* smem) {
 //   pieces a lane (H200, i8_kernel at 3 CTAs an SM: 1 x 28672 x 4096 27.2 -> 25.5 us). Rows past N are left as
 //   they are: their sums are never stored.
 // Other formats without the box, and the sm_80 build, take load_chunk, one cp.async group a chunk.
-template <int QT, int S, bool kBox>
+// - kPair (with kBox): W is gate | up and a tile's rows are gate rows n0 / 2 .. + 7, then the same up rows, one
+//   [2, 8, kRowStride] box of pair_map.
+template <int QT, int S, bool kBox, bool kPair = false>
 struct ChunkRing {
   using R = Ring<QT>;
   static constexpr bool kBulk = kBox || QT == kQ4_K;  // on sm_90: TMA and mbarriers, not cp.async
@@ -178,7 +180,10 @@ struct ChunkRing {
     if constexpr (kBox) {
       if (lane == 0) {
         mbar_expect_tx(bar, R::kStageBytes);
-        ptx::tma_load_2d(dst + (i % S) * R::kStageBytes, map, bar, (c * R::kBytes) & ~15, n0);
+        if constexpr (kPair)
+          ptx::tma_load_3d(dst + (i % S) * R::kStageBytes, map, bar, (c * R::kBytes) & ~15, n0 / 2, 0);
+        else
+          ptx::tma_load_2d(dst + (i % S) * R::kStageBytes, map, bar, (c * R::kBytes) & ~15, n0);
       }
       return;
     } else if constexpr (QT == kQ4_K) {
@@ -1114,7 +1119,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
 // one build, a switch, two rounds). kEarly: the next kernel may launch at entry, else once x may be read.
 // mma(acc, stage, n0, c, x, g, t) adds chunk c of the tile at n0 from its stage and x's records (lane = 4 g + t);
 // store(acc, n0, warp, lane) ends the tile, its sums meeting in the kernel's own shared memory, not the rings.
-template <int QT, int S, bool kBox, bool kEarly, typename Mma, typename Store>
+template <int QT, int S, bool kBox, bool kEarly, bool kPair, typename Mma, typename Store>
 __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, const CUtensorMap* w_map, Mma mma,
                                         Store store) {
   using R = Ring<QT>;
@@ -1126,7 +1131,7 @@ __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, c
   TileWalk w(a, warp);
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   static_assert(S <= 4, "i8_walk: ChunkRing's cp.async wait keeps at most 3 groups in flight");
-  const ChunkRing<QT, S, kBox> stages(ring, bars[warp], w_map, lane);
+  const ChunkRing<QT, S, kBox, kPair> stages(ring, bars[warp], w_map, lane);
   if (kEarly) griddep_launch_dependents();
   if (!a.static_weight) griddep_wait();
 #pragma unroll
@@ -1152,16 +1157,22 @@ __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, c
   }
 }
 
-template <typename T, int S, int kCTAs, bool kBox>
+// Act (with kBox): W is gate | up (N = 2 inter rows), out [1, inter] = act(gate) * up, a tile of 16 rows being 8 gate
+// rows and their up rows (ChunkRing's kPair).
+template <typename T, int S, int kCTAs, bool kBox, typename Act = void>
 __global__ void __launch_bounds__(kThreads, kCTAs)
     i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
+  constexpr bool kAct = !std::is_void_v<Act>;
+  static_assert(!kAct || kBox, "i8_kernel: the activation's tiles come as pair boxes");
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
-  i8_walk<kQ4_K, S, kBox, true>(
+  i8_walk<kQ4_K, S, kBox, true, kAct>(
       a, records, &w_map,
       [&](float (&acc)[4], const uint8_t* stage, int, int, const I8X& x, int g, int t) {
         mma_chunk_i8(acc, stage, x, a.pair_exps, g, t);
       },
-      [&](float (&acc)[1][4], int n0, int warp, int lane) { reduce_store<T, 1>(acc, red, a, n0, warp, lane); });
+      [&](float (&acc)[1][4], int n0, int warp, int lane) {
+        reduce_store<T, 1, Act>(acc, red, a, kAct ? n0 / 2 : n0, warp, lane);
+      });
 }
 
 // ---- M 2-16 in CTAs of 128 rows: each chunk's records read into shared memory once a CTA ----
@@ -1213,10 +1224,13 @@ struct RecordPieces {
 // pieces a lane and their addresses (H200, us, pieces / box: 16 x 28672 x 4096 40.5 / 35.8, 16 x 4096 x 14336
 // 22.0 / 20.7, 8 x 28672 x 4096 31.1 / 29.3; 8 x 6144 x 4096, 3-4 chunks a warp, 11.7 / 12.2). The records by
 // bulk copies, 16 lanes of warp 0 with an mbarrier a slot, lost (16 x 28672 x 4096 35.3 -> 40.3).
-template <typename T, int NT, int S>
+// Act: W is gate | up and out [M, inter] = act(gate) * up, a warp's 16 rows being 8 gate rows and their up rows
+// (ChunkRing's kPair; sm_90 only).
+template <typename T, int NT, int S, typename Act = void>
 __global__ void __launch_bounds__(kThreads, 2)
     tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map) {
   using R = Ring<kQ4_K>;
+  constexpr bool kAct = !std::is_void_v<Act>;
   constexpr int kXStage = 8 * NT * kXStride;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
@@ -1229,7 +1243,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   uint8_t* xs = smem + kWarps * S * R::kStageBytes;
-  const ChunkRing<kQ4_K, S, true> stages(ring, bars[warp], &w_map, lane);
+  const ChunkRing<kQ4_K, S, true, kAct> stages(ring, bars[warp], &w_map, lane);
   const RecordPieces<NT> pieces(records, a.M, chunks);
   float acc[1][NT][4] = {};
   tile_pipeline<S>(
@@ -1248,7 +1262,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   float sum[NT * 4];
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) sum[i] = acc[0][i / 4][i % 4];
-  if (sum_splits<NT>(sum, ws, counters, warp, lane)) store_rows<T, NT>(sum, a, n0, g, t);
+  if (!sum_splits<NT>(sum, ws, counters, warp, lane)) return;
+  if constexpr (kAct)
+    store_act<T, NT, Act>(sum, a, n0 / 2, g, t);
+  else
+    store_rows<T, NT>(sum, a, n0, g, t);
 }
 
 }  // namespace q4k
@@ -1334,7 +1352,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
   using Stages = ChunkRing<kQ6_K, S, kBox>;
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
-  q4k::i8_walk<kQ6_K, S, kBox, false>(
+  q4k::i8_walk<kQ6_K, S, kBox, false, false>(
       a, records, &w_map,
       [&](float (&acc)[4], const uint8_t* stage, int n0, int c, const q4k::I8X& x, int g, int t) {
         mma_chunk(acc, Stages::row(stage, a, n0, g, c), Stages::row(stage, a, n0, g + 8, c), x, t);
@@ -1402,6 +1420,23 @@ CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
                                                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed with error ", int(r), " (n=", a.N,
+               ", row bytes=", a.row_bytes, ")");
+  return map;
+}
+
+// W = gate | up [2 inter, row_bytes] as a 3D byte tensor [2][inter][row_bytes] for TMA, boxes of [2, 8, box_bytes]:
+// a 16-row tile of gate rows j .. j + 7, then up's (ChunkRing's kPair).
+CUtensorMap pair_map(const Args& a, int box_bytes) {
+  CUtensorMap map{};
+  const cuuint64_t inter = a.N / 2;
+  const cuuint64_t dims[3] = {(cuuint64_t)a.row_bytes, inter, 2};
+  const cuuint64_t strides[2] = {(cuuint64_t)a.row_bytes, inter * a.row_bytes};
+  const cuuint32_t dims_box[3] = {(cuuint32_t)box_bytes, 8, 2}, elem_strides[3] = {1, 1, 1};
+  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(a.w), dims,
+                                                strides, dims_box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear_act: cuTensorMapEncodeTiled failed with error ", int(r), " (n=", a.N,
                ", row bytes=", a.row_bytes, ")");
   return map;
 }
@@ -1483,8 +1518,18 @@ void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t s
 // single DRAM round trip a warp, as at 4096 or 6144 x 4096) the 16 lanes' bulk copies start sooner. H200, us,
 // lanes / box: 1 x 28672 x 4096 26.13 / 21.48, 1 x 128256 x 4096 99.12 / 94.19, 1 x 4096 x 14336 13.87 / 13.36
 // (7 chunks a warp); 1 x 4096 x 4096 5.39 / 5.93, 1 x 6144 x 4096 6.91 / 7.79 (2).
-template <typename T, int S, int kCTAs = 2>
+// With Act (the activation's pairs, sm_90 only): always the pair box.
+template <typename T, int S, int kCTAs = 2, typename Act = void>
 void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
+  if constexpr (!std::is_void_v<Act>) {
+    constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs, true, Act>;
+    constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes + 128;
+    allow_smem<kernel, smem>();
+    const CUtensorMap map = pair_map(a, Ring<kQ4_K>::kRowStride);
+    const int grid = std::min((a.N + 15) / 16, resident_ctas<kernel, kThreads, smem>() * sms);
+    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+    return;
+  }
   const int tiles = (a.N + 15) / 16, ctas = std::min(tiles, kCTAs * sms);
   const int warp_chunks = (tiles + ctas - 1) / ctas * ((a.K / 256 + kWarps - 1) / kWarps);
   const bool box = cc_major(c10::cuda::current_device()) >= 9 && warp_chunks >= 4;
@@ -1513,14 +1558,25 @@ inline bool q4k_tile(const Args& a, int sms) {
   return splits == 1 || (a.M > 4 && 2 * (a.K / 256) > 5 * splits);
 }
 
-template <typename T, int NT, int S>
+// With Act (sm_90 only): the pair boxes, out [M, N / 2] = act(gate) * up.
+template <typename T, int NT, int S, typename Act = void>
 void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  constexpr auto kernel = q4k::tile_kernel<T, NT, S>;
+  constexpr auto kernel = q4k::tile_kernel<T, NT, S, Act>;
   constexpr int smem = q4k::tile_smem(NT, S) + 128;
   allow_smem<kernel, smem>();
-  const CUtensorMap map = chunk_map(a, Ring<kQ4_K>::kRowStride, cc_major(c10::cuda::current_device()) >= 9);
+  const CUtensorMap map = std::is_void_v<Act>
+                              ? chunk_map(a, Ring<kQ4_K>::kRowStride, cc_major(c10::cuda::current_device()) >= 9)
+                              : pair_map(a, Ring<kQ4_K>::kRowStride);
   TileGrid grid(a.N, a.K / 256, NT, sms, x, stream);
   launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, records, grid.ws, grid.counters, map);
+}
+
+// x [M, K]'s records (q4k_x.cuh; the int8 form at M = 1) into records, a warp a row's chunk.
+template <typename T>
+void write_records(const T* x, uint8_t* records, int M, int K, cudaStream_t stream) {
+  const int64_t warps = int64_t(M) * (K / 256);
+  launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream, x,
+             records, M, K, q4k_x::int8_form(M));
 }
 
 // Q4_K at M <= 16: i8_kernel at M = 1 (the int8 form), else rows_kernel or tile_kernel (q4k_tile) on x's records (uint8 [M,
@@ -1542,9 +1598,7 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
   const uint8_t* r = records;
   if (r == nullptr) {
     own = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
-    const int64_t warps = int64_t(a.M) * (a.K / 256);
-    launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream,
-               static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K, i8);
+    write_records(static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K, stream);
     r = own.data_ptr<uint8_t>();
   }
   if (i8) {  // 3 CTAs an SM (71 registers) where the grid fills more than 2
@@ -1708,28 +1762,60 @@ void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch:
 }
 
 torch::Tensor qlinear_act(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                          const std::string& act, bool static_weight) {
+                          const std::string& act, bool static_weight, const std::optional<torch::Tensor>& x_records,
+                          const std::optional<torch::Tensor>& records) {
   MINFER_CHECK(act == "silu" || act == "gelu_tanh", "qlinear_act: act must be silu or gelu_tanh, got ", act);
   MINFER_CHECK(n % 2 == 0, "qlinear_act: n must be even (the gate rows, then as many up rows), got ", n);
-  const int64_t row_bytes = check_qlinear("qlinear_act", x, blocks, qtype, n, k, std::nullopt, std::nullopt);
-  if (x.size(0) == 0 || n == 0) return torch::empty({x.size(0), n / 2}, x.options());
+  const int64_t row_bytes = check_qlinear("qlinear_act", x, blocks, qtype, n, k, std::nullopt, x_records);
   auto out = torch::empty({x.size(0), n / 2}, x.options());  // [M, n / 2]
+  if (records) q4k_x::check_records("qlinear_act", *records, out);
+  if (x.size(0) == 0 || n == 0) return out;
   const c10::cuda::CUDAGuard guard(x.device());
   const qgemm::Args a = make_args(out, x, blocks, n, k, row_bytes, std::nullopt, static_weight);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int sms = sm_count(x.get_device());
+  // Q4_K up to 16 rows on x's records (sm_90), where its kernel is i8_kernel (one row) or tile_kernel: their pair
+  // tiles, then out's records in a launch of their own
+  const bool pairs = qtype == qgemm::kQ4_K && a.M <= 16 && x_records && cc_major(x.get_device()) >= 9 &&
+                     (a.M == 1 || qgemm::q4k_tile(a, sms));
   bool fused = false;
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear_act", [&] {
-      fused = act == "silu" ? qgemm::launch_if_regs<QT, scalar_t, Silu>(a, sms, stream)
-                            : qgemm::launch_if_regs<QT, scalar_t, GeluTanh>(a, sms, stream);
+      if constexpr (QT == qgemm::kQ4_K) {
+        if (pairs) {
+          const uint8_t* r = x_records->data_ptr<uint8_t>();
+          auto go = [&](auto act_) {
+            using Act = decltype(act_);
+            if (a.M > 8)
+              qgemm::launch_q4k_tile<scalar_t, 2, 3, Act>(a, r, x, sms, stream);
+            else if (a.M > 1)
+              qgemm::launch_q4k_tile<scalar_t, 1, 4, Act>(a, r, x, sms, stream);
+            else if (qgemm::small_grid(a, sms))
+              qgemm::launch_q4k_i8<scalar_t, 4, 2, Act>(a, r, sms, stream);
+            else
+              qgemm::launch_q4k_i8<scalar_t, 3, 3, Act>(a, r, sms, stream);
+          };
+          if (act == "silu")
+            go(Silu{});
+          else
+            go(GeluTanh{});
+          if (records)
+            qgemm::write_records(static_cast<const scalar_t*>(out.data_ptr()), records->data_ptr<uint8_t>(), a.M,
+                                 int(n / 2), stream);
+          fused = true;
+          return;
+        }
+      }
+      if (!records)  // regs_kernel's epilogue writes no records
+        fused = act == "silu" ? qgemm::launch_if_regs<QT, scalar_t, Silu>(a, sms, stream)
+                              : qgemm::launch_if_regs<QT, scalar_t, GeluTanh>(a, sms, stream);
     });
   });
   if (fused) return out;
   // the other formats and sizes: the linear, then the activation's own launch
   auto gate_up = torch::empty({x.size(0), n}, x.options());  // [M, n]
-  run_qlinear(gate_up, x, blocks, qtype, n, k, row_bytes, std::nullopt, static_weight, std::nullopt);
-  return act == "silu" ? silu_and_mul(gate_up, std::nullopt) : gelu_tanh_and_mul(gate_up, std::nullopt);
+  run_qlinear(gate_up, x, blocks, qtype, n, k, row_bytes, std::nullopt, static_weight, x_records);
+  return act == "silu" ? silu_and_mul(gate_up, records) : gelu_tanh_and_mul(gate_up, records);
 }
 
 }  // namespace minfer

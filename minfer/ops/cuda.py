@@ -125,11 +125,16 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
     # x_records: x's records (the Q4_K kernels'); records: room for the output's (the down projection's x).
     # A quantized gate | up at decode rows with neither runs qlinear_act, whose kernel for a small model's 4- and
     # 5-bit legacy formats writes the activation from the linear's epilogue: one launch a layer fewer.
+    # A Q4_K gate | up up to 16 rows on x's records runs it too: its kernels' tiles hold 8 gate rows beside their up
+    # rows and write the activation (the 8B Q4_K_M step: -3% at batch 16), then down's records in a launch of their own.
     # A dense gate | up (or a layer group's, decoded) runs linear_act, whose gemv tiles apply the activation in
     # their epilogue past 16 rows on small W (a small model's batched decode).
     if (isinstance(weight, QuantizedWeight) and x_records is None and records is None and x.dtype != torch.float32
             and x.shape[0] <= quantized.QLINEAR_MAX_ROWS):
         return quantized.linear_act(x, weight, act)
+    if (isinstance(weight, QuantizedWeight) and weight.kind == "Q4_K" and x.shape[0] <= 16
+            and x_records is not None):
+        return quantized.linear_act(x, weight, act, x_records=x_records, records=records)
     if records is None and x.dtype != torch.float32:
         x = x if x.stride(-1) == 1 else x.contiguous()
         if isinstance(weight, torch.Tensor):

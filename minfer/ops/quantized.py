@@ -46,7 +46,7 @@ def _qlinear_into_fake(out, x, blocks, qtype, bias=None, static_weight=False, x_
 
 
 @torch.library.register_fake("minfer::qlinear_act")
-def _qlinear_act_fake(x, blocks, qtype, n, k, act, static_weight=False):
+def _qlinear_act_fake(x, blocks, qtype, n, k, act, static_weight=False, x_records=None, records=None):
     return x.new_empty((x.shape[0], n // 2))
 
 
@@ -104,12 +104,14 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 
-def linear_act(x: torch.Tensor, w: QuantizedWeight, act: str, static_weight: bool = True) -> torch.Tensor:
+def linear_act(x: torch.Tensor, w: QuantizedWeight, act: str, static_weight: bool = True,
+               x_records: torch.Tensor | None = None, records: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, k] (at most 32 rows) @ W^T = gate | up -> act(gate) * up [rows, n / 2], act silu | gelu_tanh. The
-    4- and 5-bit legacy formats of a small model's shapes write it from the linear's epilogue; the others run
-    qlinear, then the activation."""
+    4- and 5-bit legacy formats of a small model's shapes write it from the linear's epilogue, and so does Q4_K up
+    to 16 rows on x_records (x's records, as qlinear's) on sm_90; the others run qlinear, then the activation.
+    records: room for the output's records (the down projection's x), written beside it."""
     n, k = w.shape
-    return _ops.qlinear_act(_qlinear_rows(x), w.blocks, QTYPE[w.kind], n, k, act, static_weight)
+    return _ops.qlinear_act(_qlinear_rows(x), w.blocks, QTYPE[w.kind], n, k, act, static_weight, x_records, records)
 
 
 def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
