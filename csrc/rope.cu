@@ -182,7 +182,9 @@ void launch_rope(T* q, int64_t q_stride, T* k, int64_t k_stride, const index_t* 
              head_dim, rot, cache, pdl_early(tokens, true));
   } else {
     const int items = (heads + kv_heads) * ((kNeox ? rot / 2 : rot) / W);
-    const int threads = std::min(256, round_up(items, 32));
+    // Up to 16 tokens an item a thread: a decode token's 320 items (32 + 8 heads x 8 packs) in one pass, not two of
+    // 256 (the 8B Q4_K_M step -0.5%). Past that, 256: 1024 lost at 16384 tokens (perf/memory.md).
+    const int threads = std::min(tokens <= 16 ? 1024 : 256, round_up(items, 32));
     launch_pdl(rope_kernel<T, W, kNeox, index_t>, dim3(tokens), dim3(threads), rot * sizeof(float), stream, q, q_stride,
              k, k_stride, positions, cos_sin, max_position, heads, kv_heads, head_dim, rot, cache,
              pdl_early(tokens, true));
