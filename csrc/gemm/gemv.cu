@@ -32,11 +32,9 @@ inline double sm_balance(double per_sm) { return per_sm / std::ceil(per_sm); }
 // CTAs per SM of a configuration built for MIN_BLOCKS: what fits, but no more than that. A build that
 // needs fewer registers than its cap would otherwise let more in and change the grid (4 per SM
 // measures slower where 3 are designed).
-template <int MIN_BLOCKS, typename Kernel>
-int ctas_per_sm(Kernel kernel) {
-  int n = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
-  return std::clamp(n, 1, MIN_BLOCKS);
+template <auto kKernel, int MIN_BLOCKS>
+int ctas_per_sm() {
+  return std::min(resident_ctas<kKernel, kThreads, 0>(), MIN_BLOCKS);
 }
 
 // A configuration's name in a plan: kernel, steps per round, CTAs per SM it is built for.
@@ -71,7 +69,7 @@ void launch_variant(const Params<T, T>& p, int ks_log2, dim3 grid, cudaStream_t 
 
 template <typename T, int NT, int U, int MIN_BLOCKS>
 Variant<T> variant() {
-  static const int per_sm = ctas_per_sm<MIN_BLOCKS>(gemv_kernel<T, NT, U, MIN_BLOCKS>);
+  static const int per_sm = ctas_per_sm<gemv_kernel<T, NT, U, MIN_BLOCKS>, MIN_BLOCKS>();
   return {&launch_variant<T, NT, U, MIN_BLOCKS>, U, per_sm};
 }
 
@@ -81,7 +79,7 @@ Variant<T> variant() {
 // more than ~10% apart.
 template <typename T, int NT, int U, int MIN_BLOCKS>
 bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  static const int per_sm = ctas_per_sm<MIN_BLOCKS>(gemv_stream_kernel<T, NT, U, MIN_BLOCKS>);
+  static const int per_sm = ctas_per_sm<gemv_stream_kernel<T, NT, U, MIN_BLOCKS>, MIN_BLOCKS>();
   const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
   if (tiles * 2 < grid * kWarps || sm_balance(double(tiles) / sms) < 0.9) return false;
   launch_or_describe(plan, [] { return config("stream", U, MIN_BLOCKS); }, gemv_stream_kernel<T, NT, U, MIN_BLOCKS>,
@@ -245,7 +243,7 @@ bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::strin
 template <typename T, int U, int MIN_BLOCKS, bool TWO_FULL_ROUNDS>
 bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   if (p.M != 1) return false;
-  static const int per_sm = ctas_per_sm<MIN_BLOCKS>(gemv_m1_kernel<T, U, MIN_BLOCKS>);
+  static const int per_sm = ctas_per_sm<gemv_m1_kernel<T, U, MIN_BLOCKS>, MIN_BLOCKS>();
   const int64_t resident = int64_t(per_sm) * sms, pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
   int l = 0;
   while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;
