@@ -1408,15 +1408,16 @@ inline int tile_splits(int N, int chunks, int sms) {
   return std::max(1, std::min(chunks / 2, 2 * sms / tiles));
 }
 
-// W [N, row_bytes] as a 2D byte tensor for TMA, boxes of box_bytes x 16 rows, no swizzle; zeros (an unused map)
-// without the box.
-CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
+// W's bytes as a rank-D tensor for TMA (dims and strides innermost first, strides past the first dim), boxes of
+// box, no swizzle, out-of-bounds bytes as zeros.
+template <int D>
+CUtensorMap w_byte_map(const Args& a, const cuuint64_t (&dims)[D], const cuuint64_t (&strides)[D - 1],
+                       const cuuint32_t (&box)[D]) {
   CUtensorMap map{};
-  if (!box) return map;
-  const cuuint64_t dims[2] = {(cuuint64_t)a.row_bytes, (cuuint64_t)a.N}, strides[1] = {(cuuint64_t)a.row_bytes};
-  const cuuint32_t dims_box[2] = {(cuuint32_t)box_bytes, 16}, elem_strides[2] = {1, 1};
-  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(a.w), dims,
-                                                strides, dims_box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  cuuint32_t elem_strides[D];
+  for (int i = 0; i < D; ++i) elem_strides[i] = 1;
+  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, D, const_cast<uint8_t*>(a.w), dims,
+                                                strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed with error ", int(r), " (n=", a.N,
@@ -1424,21 +1425,19 @@ CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
   return map;
 }
 
-// W = gate | up [2 inter, row_bytes] as a 3D byte tensor [2][inter][row_bytes] for TMA, boxes of [2, 8, box_bytes]:
-// a 16-row tile of gate rows j .. j + 7, then up's (ChunkRing's kPair).
+// W [N, row_bytes] as a 2D byte tensor, boxes of box_bytes x 16 rows; zeros (an unused map) without the box.
+CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
+  if (!box) return CUtensorMap{};
+  return w_byte_map<2>(a, {(cuuint64_t)a.row_bytes, (cuuint64_t)a.N}, {(cuuint64_t)a.row_bytes},
+                       {(cuuint32_t)box_bytes, 16});
+}
+
+// W = gate | up [2 inter, row_bytes] as a 3D byte tensor [2][inter][row_bytes], boxes of [2, 8, box_bytes]: a
+// 16-row tile of gate rows j .. j + 7, then up's (ChunkRing's kPair).
 CUtensorMap pair_map(const Args& a, int box_bytes) {
-  CUtensorMap map{};
   const cuuint64_t inter = a.N / 2;
-  const cuuint64_t dims[3] = {(cuuint64_t)a.row_bytes, inter, 2};
-  const cuuint64_t strides[2] = {(cuuint64_t)a.row_bytes, inter * a.row_bytes};
-  const cuuint32_t dims_box[3] = {(cuuint32_t)box_bytes, 8, 2}, elem_strides[3] = {1, 1, 1};
-  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(a.w), dims,
-                                                strides, dims_box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear_act: cuTensorMapEncodeTiled failed with error ", int(r), " (n=", a.N,
-               ", row bytes=", a.row_bytes, ")");
-  return map;
+  return w_byte_map<3>(a, {(cuuint64_t)a.row_bytes, inter, 2}, {(cuuint64_t)a.row_bytes, inter * a.row_bytes},
+                       {(cuuint32_t)box_bytes, 8, 2});
 }
 
 // A tile kernel's grid (tiles of 128 rows, tile_splits of the chunks) and, where it splits, sum_splits' fp32
@@ -1521,30 +1520,24 @@ void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t s
 // With Act (the activation's pairs, sm_90 only): always the pair box.
 template <typename T, int S, int kCTAs = 2, typename Act = void>
 void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
-  if constexpr (!std::is_void_v<Act>) {
-    constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs, true, Act>;
-    constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes + 128;
-    allow_smem<kernel, smem>();
-    const CUtensorMap map = pair_map(a, Ring<kQ4_K>::kRowStride);
-    const int grid = std::min((a.N + 15) / 16, resident_ctas<kernel, kThreads, smem>() * sms);
-    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
-    return;
-  }
-  const int tiles = (a.N + 15) / 16, ctas = std::min(tiles, kCTAs * sms);
-  const int warp_chunks = (tiles + ctas - 1) / ctas * ((a.K / 256 + kWarps - 1) / kWarps);
-  const bool box = cc_major(c10::cuda::current_device()) >= 9 && warp_chunks >= 4;
-  const CUtensorMap map = chunk_map(a, Ring<kQ4_K>::kRowStride, box);
-  auto go = [&](auto use_box) {
-    constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs, decltype(use_box)::value>;
+  const int tiles = (a.N + 15) / 16;
+  auto go = [&](auto use_box, const CUtensorMap& map) {
+    constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs, decltype(use_box)::value, Act>;
     constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes + 128;
     allow_smem<kernel, smem>();
     const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
     launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
   };
-  if (box)
-    go(std::true_type{});
-  else
-    go(std::false_type{});
+  if constexpr (!std::is_void_v<Act>) {
+    go(std::true_type{}, pair_map(a, Ring<kQ4_K>::kRowStride));
+  } else {
+    const int ctas = std::min(tiles, kCTAs * sms);
+    const int warp_chunks = (tiles + ctas - 1) / ctas * ((a.K / 256 + kWarps - 1) / kWarps);
+    if (cc_major(c10::cuda::current_device()) >= 9 && warp_chunks >= 4)
+      go(std::true_type{}, chunk_map(a, Ring<kQ4_K>::kRowStride, true));
+    else
+      go(std::false_type{}, CUtensorMap{});
+  }
 }
 
 // Whether Q4_K at M 2-16 takes tile_kernel (after prepare_x_kernel) rather than rows_kernel: where the tiles
