@@ -112,6 +112,20 @@ def test_qlinear_large_grid(kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_qlinear_q4k_x_held_across_tiles(dtype):
+    """Q4_K at M = 1 past 4 tiles an SM with at most 2 chunks a warp (k <= 4096): each warp keeps its chunks of x in
+    registers across the tiles it loops over. k 256 (one chunk: 7 warps idle), 2304 (warp 0 takes 2 chunks, the
+    others 1) and 4096; 276 rows past 4 tiles an SM end in a partial tile."""
+    q = _q()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = 16 * 4 * sms + 276
+    for k in (256, 2304, 4096):
+        w, x, b, ref64, torch_out = _product_case("Q4_K", 1, n, k, dtype, seed=k)
+        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE["Q4_K"], n, k, b, False)
+        _check(ours, torch_out, ref64, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["Q6_K", "Q8_0"])
 def test_qlinear_x_row_in_shared_memory(kind, dtype):
     """Q6_K and Q8_0 at M = 1 on small grids stage x's row in shared memory up to K = 16384 and load x ahead

@@ -1119,7 +1119,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
 // one build, a switch, two rounds). kEarly: the next kernel may launch at entry, else once x may be read.
 // mma(acc, stage, n0, c, x, g, t) adds chunk c of the tile at n0 from its stage and x's records (lane = 4 g + t);
 // store(acc, n0, warp, lane) ends the tile, its sums meeting in the kernel's own shared memory, not the rings.
-template <int QT, int S, bool kBox, bool kEarly, bool kPair, typename Mma, typename Store>
+template <int QT, int S, bool kBox, bool kEarly, bool kPair, bool kXRegs, typename Mma, typename Store>
 __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, const CUtensorMap* w_map, Mma mma,
                                         Store store) {
   using R = Ring<QT>;
@@ -1141,31 +1141,46 @@ __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, c
   }
   if (a.static_weight) griddep_wait();  // the records, bias and out may be the previous kernels'
   if (!kEarly) griddep_launch_dependents();
-  for (int tile = 0, j = 0; tile < w.tiles; ++tile) {
-    const int n0 = w.n0(tile);
-    float acc[1][4] = {};
-    for (int i = 0; i < w.mine; ++i, ++j) {
-      if (j + S - 1 < w.total) stages.refill(j + S - 1, w.ahead_n0, warp + kWarps * w.ahead_i, a);  // j - 1's stage
-      w.advance();
-      const int c = warp + kWarps * i;
-      const I8X xf = load_i8x(records + int64_t(c) * kRecord, lane / 4, lane % 4);
-      stages.wait(j, min(w.total, j + S));
-      mma(acc[0], ring + (j % S) * R::kStageBytes, n0, c, xf, lane / 4, lane % 4);
-      __syncwarp();
+  auto step = [&](float (&acc)[4], int n0, int i, int j, const I8X& xf) {
+    if (j + S - 1 < w.total) stages.refill(j + S - 1, w.ahead_n0, warp + kWarps * w.ahead_i, a);  // j - 1's stage
+    w.advance();
+    stages.wait(j, min(w.total, j + S));
+    mma(acc, ring + (j % S) * R::kStageBytes, n0, warp + kWarps * i, xf, lane / 4, lane % 4);
+    __syncwarp();
+  };
+  if constexpr (kXRegs) {  // a warp's (at most 2) chunks are the same in every tile: x read once
+    I8X held[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      held[i] = load_i8x(records + int64_t(i < w.mine ? warp + kWarps * i : 0) * kRecord, lane / 4, lane % 4);
+    for (int tile = 0, j = 0; tile < w.tiles; ++tile) {
+      const int n0 = w.n0(tile);
+      float acc[1][4] = {};
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (i < w.mine) step(acc[0], n0, i, j++, held[i]);
+      store(acc, n0, warp, lane);
     }
-    store(acc, n0, warp, lane);
+  } else {
+    for (int tile = 0, j = 0; tile < w.tiles; ++tile) {
+      const int n0 = w.n0(tile);
+      float acc[1][4] = {};
+      for (int i = 0; i < w.mine; ++i, ++j)
+        step(acc[0], n0, i, j, load_i8x(records + int64_t(warp + kWarps * i) * kRecord, lane / 4, lane % 4));
+      store(acc, n0, warp, lane);
+    }
   }
 }
 
 // Act (with kBox): W is gate | up (N = 2 inter rows), out [1, inter] = act(gate) * up, a tile of 16 rows being 8 gate
 // rows and their up rows (ChunkRing's kPair).
-template <typename T, int S, int kCTAs, bool kBox, typename Act = void>
+template <typename T, int S, int kCTAs, bool kBox, typename Act = void, bool kXRegs = false>
 __global__ void __launch_bounds__(kThreads, kCTAs)
     i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
   constexpr bool kAct = !std::is_void_v<Act>;
   static_assert(!kAct || kBox, "i8_kernel: the activation's tiles come as pair boxes");
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
-  i8_walk<kQ4_K, S, kBox, true, kAct>(
+  i8_walk<kQ4_K, S, kBox, true, kAct, kXRegs>(
       a, records, &w_map,
       [&](float (&acc)[4], const uint8_t* stage, int, int, const I8X& x, int g, int t) {
         mma_chunk_i8(acc, stage, x, a.pair_exps, g, t);
@@ -1352,7 +1367,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
   using Stages = ChunkRing<kQ6_K, S, kBox>;
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
-  q4k::i8_walk<kQ6_K, S, kBox, false, false>(
+  q4k::i8_walk<kQ6_K, S, kBox, false, false, false>(
       a, records, &w_map,
       [&](float (&acc)[4], const uint8_t* stage, int n0, int c, const q4k::I8X& x, int g, int t) {
         mma_chunk(acc, Stages::row(stage, a, n0, g, c), Stages::row(stage, a, n0, g + 8, c), x, t);
@@ -1521,12 +1536,25 @@ void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t s
 template <typename T, int S, int kCTAs = 2, typename Act = void>
 void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
   const int tiles = (a.N + 15) / 16;
+  // held: x's chunks in registers across a warp's tiles (i8_walk's kXRegs), where there are at most 2 a warp and the
+  // grid loops over several tiles a CTA; its 19 more registers take 2 CTAs an SM, with 4 stages each. H200, us,
+  // 3 CTAs / held: 1 x 28672 x 4096 23.1 / 20.6; on one or two tiles a CTA it lost (1 x 4096 x 4096 5.3 / 5.6,
+  // 1 x 6144 x 4096 6.7 / 7.1).
+  const bool held = a.K / 256 <= 2 * kWarps && tiles > 4 * sms;
   auto go = [&](auto use_box, const CUtensorMap& map) {
-    constexpr auto kernel = q4k::i8_kernel<T, S, kCTAs, decltype(use_box)::value, Act>;
-    constexpr int smem = S * kWarps * Ring<kQ4_K>::kStageBytes + 128;
-    allow_smem<kernel, smem>();
-    const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
-    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+    auto run = [&](auto stages, auto ctas, auto held_x) {
+      constexpr int kS = decltype(stages)::value;
+      constexpr auto kernel =
+          q4k::i8_kernel<T, kS, decltype(ctas)::value, decltype(use_box)::value, Act, decltype(held_x)::value>;
+      constexpr int smem = kS * kWarps * Ring<kQ4_K>::kStageBytes + 128;
+      allow_smem<kernel, smem>();
+      const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
+      launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+    };
+    if (held)
+      run(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{}, std::true_type{});
+    else
+      run(std::integral_constant<int, S>{}, std::integral_constant<int, kCTAs>{}, std::false_type{});
   };
   if constexpr (!std::is_void_v<Act>) {
     go(std::true_type{}, pair_map(a, Ring<kQ4_K>::kRowStride));
