@@ -1622,7 +1622,7 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
     write_records(static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K, stream);
     r = own.data_ptr<uint8_t>();
   }
-  if (i8) {  // 3 CTAs an SM (71 registers) where the grid fills more than 2
+  if (i8) {  // 3 CTAs an SM (71 registers) where the grid fills more than 2, but past 4 (launch_q4k_i8's held)
     if (small_grid(a, sms))
       launch_q4k_i8<T, 4>(a, r, sms, stream);
     else
