@@ -398,24 +398,25 @@ def test_qlinear_q6k_on_int8_records(dtype):
     against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles (3 stages a warp)
     and on 18 tiles more than 2 CTAs an SM hold (2 stages; those CTAs loop to a second tile, the last one
     partial), K of 3, 17 and 56 chunks (56: rows a multiple of 16 bytes, so on sm_90 by TMA boxes from the 16-byte
-    boundary at or before each chunk; 3 and 17 by cp.async pieces); a non-finite x row gives non-finite outputs."""
+    boundary at or before each chunk; 3 and 17 by cp.async pieces); past 4 tiles an SM (each CTA looping over 4-5
+    tiles) at K of 3, 9 and 16 chunks; a non-finite x row gives non-finite outputs."""
     q, ops = _q(), torch.ops.minfer
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device=DEV).manual_seed(8)
-    for n in (40, 16 * 2 * sms + 276):
-        for k in (768, 4352, 14336):
-            w = _weight("Q6_K", n, k, seed=k)
-            w32 = w.dequantize(torch.float32)
-            norm_w = (torch.randn(k, device=DEV, generator=gen) / (w32.abs().mean() * k ** 0.5)).to(dtype)
-            b = torch.randn(n, device=DEV, generator=gen).to(dtype)
-            rec = _poisoned_records(1, k)
-            x = ops.rms_norm(torch.randn(1, k, device=DEV, generator=gen).to(dtype), norm_w, 1e-5, rec)
-            ours = ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)
-            _check(ours, F.linear(x, w32.to(dtype), b), x.double() @ w32.double().t() + b.double(), dtype)
-            x[0, k // 3] = float("inf")
-            rec = _poisoned_records(1, k)
-            x = ops.rms_norm(x, norm_w, 1e-5, rec)
-            assert not torch.isfinite(ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)).any()
+    cases = [(n, k) for n in (40, 16 * 2 * sms + 276) for k in (768, 4352, 14336)]
+    for n, k in cases + [(16 * 4 * sms + 276, k) for k in (768, 2304, 4096)]:
+        w = _weight("Q6_K", n, k, seed=k)
+        w32 = w.dequantize(torch.float32)
+        norm_w = (torch.randn(k, device=DEV, generator=gen) / (w32.abs().mean() * k ** 0.5)).to(dtype)
+        b = torch.randn(n, device=DEV, generator=gen).to(dtype)
+        rec = _poisoned_records(1, k)
+        x = ops.rms_norm(torch.randn(1, k, device=DEV, generator=gen).to(dtype), norm_w, 1e-5, rec)
+        ours = ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)
+        _check(ours, F.linear(x, w32.to(dtype), b), x.double() @ w32.double().t() + b.double(), dtype)
+        x[0, k // 3] = float("inf")
+        rec = _poisoned_records(1, k)
+        x = ops.rms_norm(x, norm_w, 1e-5, rec)
+        assert not torch.isfinite(ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,7 +4,9 @@ minfer: the seam's call (minfer.ops.quantized.linear): qlinear for M <= 32, else
 + minfer's dense linear. ref: W dequantized to x's dtype, then F.linear (cuBLAS); the dequantize is
 minfer's kernel, as torch's (minfer.quant) copies a host tensor to the GPU, which graph capture forbids.
 Paths: `dense` = cuBLAS on W already dense in x's dtype (the unquantized model's cost, its 2-byte W not
-counted in the bytes); `prefill` = dequantize + linear at any M. Bytes: the quantized W + x + out.
+counted in the bytes); `prefill` = dequantize + linear at any M; `records` = qlinear given x's records, written
+(untimed) by rms_norm as the engine's norms write them before Q4_K up to 16 rows and Q6_K at one row.
+Bytes: the quantized W + x + out.
 One case per format: qgemm (Q4_K), qgemm_q6_k, qgemm_q8_0, ...; Llama-3-8B's linear shapes.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ SCALES = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2],
 
 try:
     from minfer.ops import quantized  # registers torch.ops.minfer's quantized ops
+    from minfer.ops.cuda import records_for
 except ImportError:  # extension not built: the ref side still runs
     quantized = None
 
@@ -40,16 +43,23 @@ def _case(kind: str) -> Case:
     def inputs(shape, dtype):
         m, n, k = shape
         w = _weight(kind, n, k)
-        return {"x": torch.randn(m, k, device="cuda", dtype=dtype), "w": w,
-                "dense": w.dequantize(dtype), "scratch": torch.empty(n, k, device="cuda", dtype=dtype)}
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        rec = None
+        if quantized is not None and (rec := records_for(x, w)) is not None:
+            x = torch.ops.minfer.rms_norm(x, torch.ones(k, device="cuda", dtype=dtype), 1e-5, rec)
+        return {"x": x, "w": w, "dense": w.dequantize(dtype), "scratch": torch.empty(n, k, device="cuda", dtype=dtype),
+                "rec": rec}
 
-    def ref(x, w, dense, scratch):
+    def ref(x, w, dense, scratch, rec):
         return F.linear(x, quantized.dequantize(w, x.dtype, out=scratch))
 
-    def ours(x, w, dense, scratch):
+    def ours(x, w, dense, scratch, rec):
         return quantized.linear(x, w, None, static_weight=True, scratch=scratch)
 
-    def prefill(x, w, dense, scratch):
+    def with_records(x, w, dense, scratch, rec):
+        return quantized.linear(x, w, None, static_weight=True, scratch=scratch, x_records=rec)
+
+    def prefill(x, w, dense, scratch, rec):
         return torch.ops.minfer.linear(x, quantized.dequantize(w, x.dtype, out=scratch), None, "auto", False)
 
     def nbytes(shape, dtype):
@@ -64,7 +74,8 @@ def _case(kind: str) -> Case:
         bytes=nbytes,
         flops=lambda shape: 2 * shape[0] * shape[1] * shape[2],
         shape_names=f"M x N x K (x [M, K] @ W[N, K]^T, W {kind})",
-        paths={"dense": lambda x, w, dense, scratch: F.linear(x, dense), "prefill": prefill},
+        paths={"dense": lambda x, w, dense, scratch, rec: F.linear(x, dense), "prefill": prefill,
+               "records": with_records},
         dtypes=(torch.bfloat16,),
     )
 
