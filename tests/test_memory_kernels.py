@@ -187,7 +187,7 @@ def test_rope_qk_norm(cuda, dtype, is_neox, head_dim, rot, fused, heads, kv_head
     q.mul_(7.0)
     qw, kw = norm_weight(head_dim, dtype), norm_weight(head_dim, dtype)
     q_ref, k_ref = q.clone(), k.clone()
-    q32, k32 = q.float(), k.float()  # copies
+    q32, k32 = q.to(torch.float32, copy=True), k.to(torch.float32, copy=True)
     qkv_before = qkv.clone() if fused else None
     ref.rope(q_ref, k_ref, positions, cos_sin, is_neox, qw, kw, EPS)
     ref.rope(q32, k32, positions, cos_sin, is_neox, qw.float(), kw.float(), EPS)
