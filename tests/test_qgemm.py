@@ -398,8 +398,8 @@ def test_qlinear_q6k_on_int8_records(dtype):
     against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles (3 stages a warp)
     and on 18 tiles more than 2 CTAs an SM hold (2 stages; those CTAs loop to a second tile, the last one
     partial), K of 3, 17 and 56 chunks (56: rows a multiple of 16 bytes, so on sm_90 by TMA boxes from the 16-byte
-    boundary at or before each chunk; 3 and 17 by cp.async pieces); past 4 tiles an SM (each CTA looping over 4-5
-    tiles) at K of 3, 9 and 16 chunks; a non-finite x row gives non-finite outputs."""
+    boundary at or before each chunk; 3 and 17 by cp.async pieces); on 4 tiles an SM and 18 more (each CTA looping
+    over 2-3 tiles) at K of 3, 9 and 16 chunks; a non-finite x row gives non-finite outputs."""
     q, ops = _q(), torch.ops.minfer
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device=DEV).manual_seed(8)
