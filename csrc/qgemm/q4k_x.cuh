@@ -129,6 +129,7 @@ inline void check_records(const char* op, const torch::Tensor& records, const to
                ": records must have shape [", x.size(0), ", ", width, "] (rows, width / 256 * ", kRecord, "), got ",
                records.sizes());
   MINFER_CHECK(records.is_contiguous(), op, ": records must be contiguous");
+  MINFER_CHECK(reinterpret_cast<uintptr_t>(records.data_ptr()) % 16 == 0, op, ": records must be 16-byte aligned");
 }
 
 }  // namespace minfer::q4k_x

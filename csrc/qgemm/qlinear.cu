@@ -21,8 +21,8 @@
 // regs_kernel loads each lane's words of W straight into registers.
 // Q4_K up to M = 16 takes its own kernels (q4k below): at M = 1 the quants as they are against x as 22-bit
 // integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants.
-// At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel) run CTAs of 128 rows whose
-// warps walk the same chunks, reading each chunk's x into shared memory once a CTA.
+// At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel, also M 2-8) run CTAs of 16-row
+// warps (8, or 6-8 for Q4_K) that walk the same chunks, reading each chunk's x into shared memory once a CTA.
 //
 // qlinear_into writes a row-strided out (a fused output's columns: Q4_K_M's q|k in Q4_K beside v in Q6_K).
 //
@@ -436,8 +436,9 @@ __device__ __forceinline__ bool sum_splits(float (&sum)[NT * 4], float* ws, int*
   if (gridDim.y == 1) return true;
   __shared__ int s_last;
   constexpr int kWarpFloats = NT * 4 * 32;
-  const int64_t tile0 = int64_t(blockIdx.x) * gridDim.y * kWarps * kWarpFloats + warp * kWarpFloats + lane;
-  float* mine = ws + tile0 + int64_t(blockIdx.y) * kWarps * kWarpFloats;
+  const int warps = blockDim.x / 32;
+  const int64_t tile0 = int64_t(blockIdx.x) * gridDim.y * warps * kWarpFloats + warp * kWarpFloats + lane;
+  float* mine = ws + tile0 + int64_t(blockIdx.y) * warps * kWarpFloats;
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) __stcg(mine + 32 * i, sum[i]);
   __threadfence();
@@ -453,7 +454,7 @@ __device__ __forceinline__ bool sum_splits(float (&sum)[NT * 4], float* ws, int*
   for (int i = 0; i < NT * 4; ++i) sum[i] = 0.f;
   for (int s = 0; s < int(gridDim.y); ++s)  // split order, this CTA's own included
 #pragma unroll
-    for (int i = 0; i < NT * 4; ++i) sum[i] += __ldcg(ws + tile0 + int64_t(s) * kWarps * kWarpFloats + 32 * i);
+    for (int i = 0; i < NT * 4; ++i) sum[i] += __ldcg(ws + tile0 + int64_t(s) * warps * kWarpFloats + 32 * i);
   return true;
 }
 
@@ -1190,12 +1191,13 @@ __global__ void __launch_bounds__(kThreads, kCTAs)
       });
 }
 
-// ---- M 2-16 in CTAs of 128 rows: each chunk's records read into shared memory once a CTA ----
+// ---- M 2-16 in CTAs of 96-128 rows: each chunk's records read into shared memory once a CTA ----
 // rows_kernel's warps split K, so each warp reads its own chunks' records from L2: M x 560 bytes against its
-// 2304 bytes of weights, 3.9x them at M = 16. Here warp w owns rows 16 w .. 16 w + 15 of a 128-row tile and
-// all 8 walk the same chunks, whose records come into shared memory once for the CTA (0.5x the weights at
-// M = 16). Where the tiles alone leave SMs idle, the grid's y splits the chunks: each CTA writes its fp32
+// 2304 bytes of weights, 3.9x them at M = 16. Here warp w owns rows 16 w .. 16 w + 15 of a tile of 6-8 warps'
+// rows (tile_warps), and all walk the same chunks, whose records come into shared memory once for the CTA (0.5x
+// the weights at M = 16 and 8 warps). Where the tiles alone leave SMs idle, the grid's y splits the chunks: each CTA writes its fp32
 // sums to ws, and the last of a tile's CTAs to arrive adds them in split order and stores.
+constexpr int kMinTileWarps = 6;  // tile_kernel's CTAs: 16 rows a warp, 6 to 8 warps (shared memory for 8)
 constexpr int kXStride = 576;  // a record in shared memory, padded: rows g and g + 1 of a 16-byte fragment
                                // load fall in different banks
 
@@ -1209,7 +1211,8 @@ __host__ __device__ constexpr int tile_smem(int nt, int stages) {
 // division / pieces: 8 x 28672 x 4096 29.2 / 28.3, 2 x 28672 x 4096 27.3 / 26.4, 16 x 4096 x 14336 20.7 / 21.0.
 template <int NT>
 struct RecordPieces {
-  static constexpr int kPieces = kF16Bytes / 16, kPer = (8 * NT * kPieces + kThreads - 1) / kThreads;
+  static constexpr int kMinThreads = 32 * kMinTileWarps;
+  static constexpr int kPieces = kF16Bytes / 16, kPer = (8 * NT * kPieces + kMinThreads - 1) / kMinThreads;
   const uint8_t* src[kPer];
   uint32_t dst[kPer];
   int n;  // pieces this thread copies
@@ -1218,7 +1221,7 @@ struct RecordPieces {
     n = 0;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + kThreads * j, m = i / kPieces, p = i % kPieces;
+      const int i = threadIdx.x + blockDim.x * j, m = i / kPieces, p = i % kPieces;
       src[j] = records + int64_t(m) * chunks * kRecord + 16 * p;
       dst[j] = m * kXStride + 16 * p;
       n += i < M * kPieces;
@@ -1233,9 +1236,86 @@ struct RecordPieces {
   }
 };
 
-// Grid (tiles of 128 rows, splits of the chunks); ws and counters as sum_splits takes them where splits > 1.
-// S stages of weights a warp, S + 1 of records (the one a warp refills was read two chunks before, before the
-// last barrier). On sm_90 a stage is one TMA box by lane 0 (ChunkRing), where load_chunk's cp.async took 4.5
+// x's records on sm_90 (tile_kernel): S + 1 slots of [8 NT][kXStride] bytes, chunk i's in slot i % (S + 1), each
+// one TMA box of x_map (the records as [M][chunks kRecord / 8] 8-byte elements, boxes of [8 NT][kXStride / 8]: a
+// record's fp16 form and the 16 bytes after it; rows past M arrive as zeros) issued by thread 0 on the slot's full
+// mbarrier. Each warp, done with a slot, arrives on its empty mbarrier (one arrival a warp), which thread 0 waits
+// for before the slot's next box: the warps meet at no CTA barrier between chunks.
+template <int NT, int S>
+struct XSlots {
+  static constexpr int kSlots = S + 1, kBytes = 8 * NT * kXStride;
+  uint32_t xs, full0, empty0;  // the slots; the full and the empty mbarriers (8 bytes apart)
+  const CUtensorMap* map;
+
+  // bars: [2][kSlots] mbarriers, initialized here (every thread of the CTA calls it; a CTA barrier follows).
+  __device__ XSlots(uint8_t* slots, uint64_t (*bars)[kSlots], const CUtensorMap* map_)
+      : xs(smem_addr(slots)), full0(smem_addr(bars[0])), empty0(smem_addr(bars[1])), map(map_) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x < kSlots) mbar_init(full0 + 8 * threadIdx.x, 1);
+    else if (threadIdx.x < 2 * kSlots) mbar_init(empty0 + 8 * (threadIdx.x - kSlots), blockDim.x / 32);
+    mbar_init_fence();
+    __syncthreads();
+#endif
+  }
+  // Thread 0: chunk c (the CTA's i-th) into slot i % kSlots, once its chunk i - kSlots has been released.
+  __device__ __forceinline__ void fill(int i, int c) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int slot = i % kSlots;
+    if (i >= kSlots) mbar_wait(empty0 + 8 * slot, (i / kSlots - 1) & 1);
+    fence_proxy_async();  // the warps' reads of the slot (generic proxy) before the box's writes (async proxy)
+    const uint32_t bar = full0 + 8 * slot;
+    mbar_expect_tx(bar, kBytes);
+    tma_load_2d(xs + slot * kBytes, map, bar, c * (kRecord / 8), 0);
+#endif
+  }
+  __device__ __forceinline__ void wait(int i) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    mbar_wait(full0 + 8 * (i % kSlots), (i / kSlots) & 1);
+#endif
+  }
+  // Every lane of the warp is done with chunk i's slot (__syncwarp since).
+  __device__ __forceinline__ void release(int i, int lane) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (lane == 0) mbar_arrive(empty0 + 8 * (i % kSlots));
+#endif
+  }
+};
+
+// tile_pipeline with x's records by XSlots (sm_90): the weights as there (S stages a warp, S - 1 ahead, before
+// griddep_wait where static), x's chunks S - 1 ahead by thread 0; a warp waits for its chunk's weights and x only.
+template <int S, int NT, typename LoadW, typename Mma>
+__device__ __forceinline__ void tile_pipeline_tma(int mine, bool static_weight, const XSlots<NT, S>& x, int c0,
+                                                  LoadW load_w, Mma mma) {
+  const int lane = threadIdx.x % 32;
+  griddep_launch_dependents();
+  if (!static_weight) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i)
+    if (i < mine) load_w(i, i);
+  if (static_weight) griddep_wait();  // x, bias, out and ws may be the previous kernels'
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i)
+      if (i < mine) x.fill(i, c0 + i);
+  for (int i = 0; i < mine; ++i) {
+    const int ahead = i + S - 1;
+    if (ahead < mine) {
+      load_w(ahead % S, ahead);
+      if (threadIdx.x == 0) x.fill(ahead, c0 + ahead);
+    }
+    x.wait(i);
+    mma(i % S, i % (S + 1), i);
+    __syncwarp();  // every lane is done with the weight stage and the x slot
+    x.release(i, lane);
+  }
+}
+
+// Grid (tiles of 16 x warps rows, splits of the chunks); ws and counters as sum_splits takes them where splits > 1.
+// S stages of weights a warp, S + 1 slots of records: on sm_90 by XSlots, below it by every thread's cp.async and
+// one CTA barrier a chunk (tile_pipeline). XSlots against that pipeline, 8 warps (H200, one build, a switch, two
+// rounds, us): 16 x 28672 x 4096 35.5 / 33.6, 16 x 5120 x 4096 10.85 / 10.28, 16 x 6144 x 4096 12.3 / 11.4,
+// 16 x 4096 x 14336 19.7 / 18.4, 8 x 28672 x 4096 28.8 / 28.9; 99 registers -> 89 (NT = 2), the chunk loop 537
+// SASS instructions -> 483. On sm_90 a weight stage is one TMA box by lane 0 (ChunkRing), where load_chunk's cp.async took 4.5
 // pieces a lane and their addresses (H200, us, pieces / box: 16 x 28672 x 4096 40.5 / 35.8, 16 x 4096 x 14336
 // 22.0 / 20.7, 8 x 28672 x 4096 31.1 / 29.3; 8 x 6144 x 4096, 3-4 chunks a warp, 11.7 / 12.2). The records by
 // bulk copies, 16 lanes of warp 0 with an mbarrier a slot, lost (16 x 28672 x 4096 35.3 -> 40.3).
@@ -1243,7 +1323,8 @@ struct RecordPieces {
 // (ChunkRing's kPair; sm_90 only).
 template <typename T, int NT, int S, typename Act = void>
 __global__ void __launch_bounds__(kThreads, 2)
-    tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map) {
+    tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map,
+                const __grid_constant__ CUtensorMap x_map) {
   using R = Ring<kQ4_K>;
   constexpr bool kAct = !std::is_void_v<Act>;
   constexpr int kXStage = 8 * NT * kXStride;
@@ -1252,28 +1333,34 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint8_t* smem = aligned_128(smem_raw);
   __shared__ __align__(8) uint64_t bars[kWarps][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * 16 * kWarps + 16 * warp, chunks = a.K / 256;
+  const int warps = blockDim.x / 32;  // kMinTileWarps .. kWarps
+  const int n0 = blockIdx.x * 16 * warps + 16 * warp, chunks = a.K / 256;
   const int c0 = int(int64_t(blockIdx.y) * chunks / gridDim.y);
   const int mine = int(int64_t(blockIdx.y + 1) * chunks / gridDim.y) - c0;
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
-  uint8_t* xs = smem + kWarps * S * R::kStageBytes;
+  uint8_t* xs = smem + warps * S * R::kStageBytes;
   const ChunkRing<kQ4_K, S, true, kAct> stages(ring, bars[warp], &w_map, lane);
-  const RecordPieces<NT> pieces(records, a.M, chunks);
   float acc[1][NT][4] = {};
+  auto load_w = [&](int stage, int i) {
+    if (has_rows) stages.template tile_refill<true>(stage, i, n0, c0 + i, a);  // stage == i % S
+  };
+  auto mma = [&](int stage, int slot, int i) {
+    if (!has_rows) return;
+    stages.tile_wait(i);
+    XFrags<NT> xf;
+    load_frags<NT, kAheadSteps<NT>, true>(xf, xs + slot * kXStage, kXStride, a.M, g, t);
+    mma_chunk<NT, kAheadSteps<NT>, 1, true>(acc, ring + stage * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
+  };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ __align__(8) uint64_t x_bars[2][S + 1];
+  const XSlots<NT, S> slots(xs, x_bars, &x_map);
+  tile_pipeline_tma<S>(mine, a.static_weight, slots, c0, load_w, mma);
+#else
+  const RecordPieces<NT> pieces(records, a.M, chunks);
   tile_pipeline<S>(
-      mine, a.static_weight,
-      [&](int stage, int i) {
-        if (has_rows) stages.template tile_refill<true>(stage, i, n0, c0 + i, a);  // stage == i % S
-      },
-      [&](int slot, int i) { pieces.load(smem_addr(xs + slot * kXStage), c0 + i); },
-      [&](int stage, int slot, int i) {
-        if (!has_rows) return;
-        stages.tile_wait(i);
-        XFrags<NT> xf;
-        load_frags<NT, kAheadSteps<NT>, true>(xf, xs + slot * kXStage, kXStride, a.M, g, t);
-        mma_chunk<NT, kAheadSteps<NT>, 1, true>(acc, ring + stage * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
-      });
+      mine, a.static_weight, load_w, [&](int slot, int i) { pieces.load(smem_addr(xs + slot * kXStage), c0 + i); }, mma);
+#endif
   float sum[NT * 4];
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) sum[i] = acc[0][i / 4][i % 4];
@@ -1417,10 +1504,28 @@ bool launch_if_regs(const Args& a, int sms, cudaStream_t stream) {
   return false;
 }
 
-// qtile_kernel's (and q4k::tile_kernel's) splits of K: until the tiles fill 2 CTAs an SM, at least 2 chunks a CTA.
-inline int tile_splits(int N, int chunks, int sms) {
-  const int tiles = (N + 16 * kWarps - 1) / (16 * kWarps);
+// qtile_kernel's (and q4k::tile_kernel's) splits of K over tiles of 16 x warps rows: until the tiles fill 2 CTAs an
+// SM, at least 2 chunks a CTA.
+inline int tile_splits(int N, int chunks, int sms, int warps = kWarps) {
+  const int tiles = (N + 16 * warps - 1) / (16 * warps);
   return std::max(1, std::min(chunks / 2, 2 * sms / tiles));
+}
+
+// q4k::tile_kernel's warps a CTA (16 rows each, kMinTileWarps .. kWarps): the fewest chunk rounds on the busiest SM,
+// CTAs on it x warps x (chunks a CTA + 1.5 for the pipeline's fill and the split's sum), 2 CTAs an SM; within 3%
+// the most warps (x's records are read once a CTA). H200, us, 8 / 7 / 6 warps: 16 x 28672 x 4096 33.6 / 31.8 /
+// 43.7 (224 / 256 / 299 CTAs), 16 x 5120 x 4096 10.3 / 10.8 / 9.2, 16 x 6144 x 4096 11.4 / 10.8 / 9.95, 16 x 4096 x
+// 14336 18.4 / 18.7 / 18.9, 8 x 28672 x 4096 28.9 / 27.3 / 37.1.
+inline int tile_warps(int N, int chunks, int sms) {
+  int best = kWarps;
+  double best_cost = 0;
+  for (int w = kWarps; w >= q4k::kMinTileWarps; --w) {
+    const int tiles = (N + 16 * w - 1) / (16 * w), splits = tile_splits(N, chunks, sms, w);
+    const int per_sm = (tiles * splits + sms - 1) / sms, per_cta = (chunks + splits - 1) / splits;
+    const double cost = double(per_sm) * w * (per_cta + 1.5);
+    if (w == kWarps || cost < 0.97 * best_cost) best = w, best_cost = cost;
+  }
+  return best;
 }
 
 // W's bytes as a rank-D tensor for TMA (dims and strides innermost first, strides past the first dim), boxes of
@@ -1455,18 +1560,34 @@ CUtensorMap pair_map(const Args& a, int box_bytes) {
                        {(cuuint32_t)box_bytes, 8, 2});
 }
 
-// A tile kernel's grid (tiles of 128 rows, tile_splits of the chunks) and, where it splits, sum_splits' fp32
+// x's records [M, chunks x kRecord] as a 2D tensor of 8-byte elements, boxes of [rows, kXStride / 8] from a
+// chunk's first byte (q4k::XSlots): rows past M arrive as zeros.
+CUtensorMap records_map(const uint8_t* records, int M, int chunks, int rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(chunks) * (q4k::kRecord / 8), cuuint64_t(M)};
+  const cuuint64_t strides[1] = {cuuint64_t(chunks) * q4k::kRecord};
+  const cuuint32_t box[2] = {q4k::kXStride / 8, cuuint32_t(rows)}, elem_strides[2] = {1, 1};
+  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t*>(records),
+                                                dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed for x's records with error ", int(r),
+               " (rows=", M, ", chunks=", chunks, ")");
+  return map;
+}
+
+// A tile kernel's grid (tiles of 16 x warps rows, tile_splits of the chunks) and, where it splits, sum_splits' fp32
 // workspace (from the caching allocator) and arrival counters.
 struct TileGrid {
   dim3 dims;
   torch::Tensor ws_tensor, own_counters;
   float* ws = nullptr;
   int* counters = nullptr;
-  TileGrid(int N, int chunks, int nt, int sms, const torch::Tensor& x, cudaStream_t stream) {
-    const int tiles = (N + 16 * kWarps - 1) / (16 * kWarps), splits = tile_splits(N, chunks, sms);
+  TileGrid(int N, int chunks, int nt, int sms, const torch::Tensor& x, cudaStream_t stream, int warps = kWarps) {
+    const int tiles = (N + 16 * warps - 1) / (16 * warps), splits = tile_splits(N, chunks, sms, warps);
     dims = dim3((unsigned)tiles, (unsigned)splits);
     if (splits == 1) return;
-    ws_tensor = torch::empty({int64_t(tiles) * splits * kWarps * nt * 4 * 32}, x.options().dtype(torch::kFloat));
+    ws_tensor = torch::empty({int64_t(tiles) * splits * warps * nt * 4 * 32}, x.options().dtype(torch::kFloat));
     ws = ws_tensor.data_ptr<float>();
     counters = split_counters(tiles, x.get_device(), stream, x.options(), own_counters);
   }
@@ -1582,14 +1703,16 @@ inline bool q4k_tile(const Args& a, int sms) {
 // With Act (sm_90 only): the pair boxes, out [M, N / 2] = act(gate) * up.
 template <typename T, int NT, int S, typename Act = void>
 void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  constexpr auto kernel = q4k::tile_kernel<T, NT, S, Act>;
   constexpr int smem = q4k::tile_smem(NT, S) + 128;
+  const bool sm90 = cc_major(c10::cuda::current_device()) >= 9;
+  const CUtensorMap map = std::is_void_v<Act> ? chunk_map(a, Ring<kQ4_K>::kRowStride, sm90)
+                                              : pair_map(a, Ring<kQ4_K>::kRowStride);
+  const CUtensorMap x_map = sm90 ? records_map(records, a.M, a.K / 256, 8 * NT) : CUtensorMap{};
+  const int warps = tile_warps(a.N, a.K / 256, sms);
+  TileGrid grid(a.N, a.K / 256, NT, sms, x, stream, warps);
+  constexpr auto kernel = q4k::tile_kernel<T, NT, S, Act>;
   allow_smem<kernel, smem>();
-  const CUtensorMap map = std::is_void_v<Act>
-                              ? chunk_map(a, Ring<kQ4_K>::kRowStride, cc_major(c10::cuda::current_device()) >= 9)
-                              : pair_map(a, Ring<kQ4_K>::kRowStride);
-  TileGrid grid(a.N, a.K / 256, NT, sms, x, stream);
-  launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, records, grid.ws, grid.counters, map);
+  launch_pdl(kernel, grid.dims, dim3(32 * warps), smem, stream, a, records, grid.ws, grid.counters, map, x_map);
 }
 
 // x [M, K]'s records (q4k_x.cuh; the int8 form at M = 1) into records, a warp a row's chunk.
