@@ -4,7 +4,8 @@
 // Only the first rot dims of each head rotate (partial rotary); the rest are not touched.
 //
 // One block per token: the token's cos|sin row is staged once in shared memory, then the threads walk
-// (head, pack) items over q's and k's heads. A NeoX item is two packs of W elements (first and second
+// (head, pack) items over q's and k's heads; where every item has a thread (decode), each thread reads its own
+// cos|sin from global memory instead, and writes its rotated k packs to the cache (rope_one_pass). A NeoX item is two packs of W elements (first and second
 // half); a GPT-J item is one pack of W elements = W/2 pairs. W = 16 bytes when the layout allows it.
 // A position outside [0, max_position) never reads the table: its rotated dims become NaN.
 // With q_weight and k_weight (Gemma 3's and Qwen3's q/k norms), every head is first RMS-normalised over
@@ -46,6 +47,7 @@ struct CacheRows {
   int64_t v_stride;
   const int64_t* slots;  // [tokens]
   int64_t num_slots;
+  int64_t num_heads_dim;  // a cache row: kv_heads x head_dim
 };
 
 // After the rotation: the token's k row (rotated in place by the block's threads) and its v row to
@@ -68,36 +70,79 @@ __device__ __forceinline__ void write_cache_rows(const CacheRows<T>& c, const T*
   }
 }
 
-// Rotates item p of one head: NeoX, packs p of both halves; GPT-J, pack p (W / 2 pairs).
+// Item p of a head: NeoX, packs p of both halves (a at p W, b at half + p W); GPT-J, pack p (a: W / 2 pairs).
+template <typename T, int W, bool kNeox>
+struct Item {
+  Pack<T, W> a, b;
+  __device__ __forceinline__ void load(const T* head, int p, int half) {
+    a.load(head + p * W);
+    if constexpr (kNeox) b.load(head + half + p * W);
+  }
+  __device__ __forceinline__ void store(T* head, int p, int half) const {
+    a.store(head + p * W);
+    if constexpr (kNeox) b.store(head + half + p * W);
+  }
+  // Rotates it, cs_at(i) giving element i of the position's cos | sin.
+  template <typename CsAt>
+  __device__ __forceinline__ void rotate(int p, int half, CsAt cs_at) {
+    if constexpr (kNeox) {
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const float c = cs_at(p * W + e), s = cs_at(half + p * W + e);
+        const float x1 = to_float(a.v[e]), x2 = to_float(b.v[e]);
+        a.v[e] = from_float<T>(x1 * c - x2 * s);
+        b.v[e] = from_float<T>(x2 * c + x1 * s);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < W / 2; ++e) {
+        const int i = p * (W / 2) + e;
+        const float c = cs_at(i), s = cs_at(half + i);
+        const float x1 = to_float(a.v[2 * e]), x2 = to_float(a.v[2 * e + 1]);
+        a.v[2 * e] = from_float<T>(x1 * c - x2 * s);
+        a.v[2 * e + 1] = from_float<T>(x2 * c + x1 * s);
+      }
+    }
+  }
+};
+
+// Rotates item p of one head in place, cos | sin from cs.
 template <typename T, int W, bool kNeox>
 __device__ __forceinline__ void rotate_item(T* head, int p, const float* cs, int half) {
-  using P = Pack<T, W>;
-  if constexpr (kNeox) {
-    P a, b;
-    a.load(head + p * W);
-    b.load(head + half + p * W);
-#pragma unroll
-    for (int e = 0; e < W; ++e) {
-      const float c = cs[p * W + e], s = cs[half + p * W + e];
-      const float x1 = to_float(a.v[e]), x2 = to_float(b.v[e]);
-      a.v[e] = from_float<T>(x1 * c - x2 * s);
-      b.v[e] = from_float<T>(x2 * c + x1 * s);
-    }
-    a.store(head + p * W);
-    b.store(head + half + p * W);
-  } else {
-    P a;
-    a.load(head + p * W);
-#pragma unroll
-    for (int e = 0; e < W / 2; ++e) {
-      const int i = p * (W / 2) + e;
-      const float c = cs[i], s = cs[half + i];
-      const float x1 = to_float(a.v[2 * e]), x2 = to_float(a.v[2 * e + 1]);
-      a.v[2 * e] = from_float<T>(x1 * c - x2 * s);
-      a.v[2 * e + 1] = from_float<T>(x2 * c + x1 * s);
-    }
-    a.store(head + p * W);
-  }
+  Item<T, W, kNeox> it;
+  it.load(head, p, half);
+  it.rotate(p, half, [&](int i) { return cs[i]; });
+  it.store(head, p, half);
+}
+
+// A token whose items each have a thread (decode), where a cache row, if any, is rotated in full (rot == head_dim):
+// the item's packs, its v packs and the slot load beside the position, cos | sin right after it from global memory,
+// and the rotated k packs go to the cache from registers. After the wait that is two dependent L2 round trips
+// (position, then cos | sin), where the staged form below takes five (position, cos | sin, the packs, the slot,
+// k's row read back). The same values, in the same order: the same bits. 8B Q4_K_M batch-1 step, H200, one build, a
+// switch, two rounds: 2.100 / 2.103 -> 2.082 / 2.083 ms.
+template <typename T, int W, bool kNeox, typename index_t>
+__device__ __forceinline__ void rope_one_pass(T* q, int64_t q_stride, T* k, int64_t k_stride, index_t position,
+                                             const float* cos_sin, int64_t max_position, int heads, int head_dim,
+                                             int rot, int per_head, const CacheRows<T>& cache, int64_t token) {
+  const int h = threadIdx.x / per_head, p = threadIdx.x - h * per_head, half = rot / 2;
+  const bool is_k = h >= heads, to_cache = is_k && cache.k_cache != nullptr;
+  T* head = !is_k ? q + token * q_stride + static_cast<int64_t>(h) * head_dim
+                  : k + token * k_stride + static_cast<int64_t>(h - heads) * head_dim;
+  const int64_t slot = to_cache ? cache.slots[token] : -1;
+  Item<T, W, kNeox> it, v;
+  it.load(head, p, half);
+  const int64_t in_row = static_cast<int64_t>(h - heads) * head_dim;  // k's head in a cache row
+  if (to_cache) v.load(cache.v + token * cache.v_stride + in_row, p, half);
+  const int64_t pos = static_cast<int64_t>(position);
+  const bool ok = pos >= 0 && pos < max_position;
+  const float* cs = cos_sin + (ok ? pos : 0) * rot;
+  it.rotate(p, half, [&](int i) { return ok ? cs[i] : nan_f(); });
+  it.store(head, p, half);
+  if (!to_cache || slot < 0 || slot >= cache.num_slots) return;
+  const int64_t at = slot * cache.num_heads_dim + in_row;
+  it.store(cache.k_cache + at, p, half);
+  v.store(cache.v_cache + at, p, half);
 }
 
 // q and k are not __restrict__: they are usually views of the same qkv buffer (disjoint elements).
@@ -110,12 +155,18 @@ __global__ void rope_kernel(T* q, int64_t q_stride,                 // [tokens, 
                             CacheRows<T> cache, bool early) {
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
+  const int per_head = (kNeox ? rot / 2 : rot) / W;
+  const int items = (heads + kv_heads) * per_head;
   ptx::griddep_enter(early);  // launched early: q, k and positions may be the previous kernel's
+  if (items <= int(blockDim.x) && (cache.k_cache == nullptr || rot == head_dim)) {
+    if (int(threadIdx.x) < items)
+      rope_one_pass<T, W, kNeox>(q, q_stride, k, k_stride, positions[token], cos_sin, max_position, heads, head_dim,
+                                 rot, per_head, cache, token);
+    return;
+  }
   load_cos_sin(cs, cos_sin, positions[token], max_position, rot);
   __syncthreads();
 
-  const int per_head = (kNeox ? rot / 2 : rot) / W;
-  const int items = (heads + kv_heads) * per_head;
   for (int it = threadIdx.x; it < items; it += blockDim.x) {
     const int h = it / per_head, p = it - h * per_head;
     T* head = h < heads ? q + token * q_stride + static_cast<int64_t>(h) * head_dim
@@ -294,7 +345,7 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
       if (k_cache) {
         cache = {reinterpret_cast<scalar_t*>(k_cache->data_ptr()), reinterpret_cast<scalar_t*>(v_cache->data_ptr()),
                  reinterpret_cast<const scalar_t*>(v->data_ptr()), v->stride(0), slot_mapping->data_ptr<int64_t>(),
-                 k_cache->size(0) * k_cache->size(1)};
+                 k_cache->size(0) * k_cache->size(1), kv_heads * head_dim};
       }
       const int64_t row = kv_heads * head_dim;
       // 16-byte packs need every pack start aligned: base pointers, token strides, head_dim, and the

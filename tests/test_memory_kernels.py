@@ -160,8 +160,8 @@ def rope_inputs(tokens, heads, kv_heads, head_dim, rot, dtype, fused, pos_dtype,
 @pytest.mark.parametrize("head_dim,rot", [(64, 64), (128, 128), (128, 64), (64, 10)])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("tokens,pos_dtype", [(1, torch.int64), (7, torch.int32), (300, torch.int64)])
-def test_rope(cuda, dtype, is_neox, head_dim, rot, fused, tokens, pos_dtype):
-    heads, kv_heads = 6, 2
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (32, 8)])  # 40 heads at 300 tokens: more items than threads
+def test_rope(cuda, dtype, is_neox, head_dim, rot, fused, tokens, pos_dtype, heads, kv_heads):
     qkv, q, k, positions, cos_sin = rope_inputs(tokens, heads, kv_heads, head_dim, rot, dtype, fused, pos_dtype)
     q_ref, k_ref = q.clone(), k.clone()
     qkv_before = qkv.clone() if fused else None
