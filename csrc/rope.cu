@@ -5,8 +5,9 @@
 //
 // One block per token: the token's cos|sin row is staged once in shared memory, then the threads walk
 // (head, pack) items over q's and k's heads; where every item has a thread (decode), each thread reads its own
-// cos|sin from global memory instead, and writes its rotated k packs to the cache (rope_one_pass). A NeoX item is two packs of W elements (first and second
-// half); a GPT-J item is one pack of W elements = W/2 pairs. W = 16 bytes when the layout allows it.
+// cos|sin from global memory instead, and writes its rotated k packs to the cache (rope_one_pass). A NeoX item
+// is two packs of W elements (first and second half); a GPT-J item is one pack of W elements = W/2 pairs.
+// W = 16 bytes when the layout allows it.
 // A position outside [0, max_position) never reads the table: its rotated dims become NaN.
 // With q_weight and k_weight (Gemma 3's and Qwen3's q/k norms), every head is first RMS-normalised over
 // head_dim (rounded to the storage dtype, as a separate rms_norm's output), then rotated: one warp a head,

@@ -1195,8 +1195,8 @@ __global__ void __launch_bounds__(kThreads, kCTAs)
 // rows_kernel's warps split K, so each warp reads its own chunks' records from L2: M x 560 bytes against its
 // 2304 bytes of weights, 3.9x them at M = 16. Here warp w owns rows 16 w .. 16 w + 15 of a tile of 6-8 warps'
 // rows (tile_warps), and all walk the same chunks, whose records come into shared memory once for the CTA (0.5x
-// the weights at M = 16 and 8 warps). Where the tiles alone leave SMs idle, the grid's y splits the chunks: each CTA writes its fp32
-// sums to ws, and the last of a tile's CTAs to arrive adds them in split order and stores.
+// the weights at M = 16 and 8 warps). Where the tiles alone leave SMs idle, the grid's y splits the chunks: each
+// CTA writes its fp32 sums to ws, and the last of a tile's CTAs to arrive adds them in split order and stores.
 constexpr int kMinTileWarps = 6;  // tile_kernel's CTAs: 16 rows a warp, 6 to 8 warps (shared memory for 8)
 constexpr int kXStride = 576;  // a record in shared memory, padded: rows g and g + 1 of a 16-byte fragment
                                // load fall in different banks
@@ -1315,16 +1315,16 @@ __device__ __forceinline__ void tile_pipeline_tma(int mine, bool static_weight, 
 // one CTA barrier a chunk (tile_pipeline). XSlots against that pipeline, 8 warps (H200, one build, a switch, two
 // rounds, us): 16 x 28672 x 4096 35.5 / 33.6, 16 x 5120 x 4096 10.85 / 10.28, 16 x 6144 x 4096 12.3 / 11.4,
 // 16 x 4096 x 14336 19.7 / 18.4, 8 x 28672 x 4096 28.8 / 28.9; 99 registers -> 89 (NT = 2), the chunk loop 537
-// SASS instructions -> 483. On sm_90 a weight stage is one TMA box by lane 0 (ChunkRing), where load_chunk's cp.async took 4.5
-// pieces a lane and their addresses (H200, us, pieces / box: 16 x 28672 x 4096 40.5 / 35.8, 16 x 4096 x 14336
-// 22.0 / 20.7, 8 x 28672 x 4096 31.1 / 29.3; 8 x 6144 x 4096, 3-4 chunks a warp, 11.7 / 12.2). The records by
-// bulk copies, 16 lanes of warp 0 with an mbarrier a slot, lost (16 x 28672 x 4096 35.3 -> 40.3).
+// SASS instructions -> 483. On sm_90 a weight stage is one TMA box by lane 0 (ChunkRing), where load_chunk's
+// cp.async took 4.5 pieces a lane and their addresses (H200, us, pieces / box: 16 x 28672 x 4096 40.5 / 35.8,
+// 16 x 4096 x 14336 22.0 / 20.7, 8 x 28672 x 4096 31.1 / 29.3; 8 x 6144 x 4096, 3-4 chunks a warp, 11.7 / 12.2).
+// The records by bulk copies, 16 lanes of warp 0 with an mbarrier a slot, lost (16 x 28672 x 4096 35.3 -> 40.3).
 // Act: W is gate | up and out [M, inter] = act(gate) * up, a warp's 16 rows being 8 gate rows and their up rows
 // (ChunkRing's kPair; sm_90 only).
 template <typename T, int NT, int S, typename Act = void>
 __global__ void __launch_bounds__(kThreads, 2)
-    tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map,
-                const __grid_constant__ CUtensorMap x_map) {
+    tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters,
+                const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map) {
   using R = Ring<kQ4_K>;
   constexpr bool kAct = !std::is_void_v<Act>;
   constexpr int kXStage = 8 * NT * kXStride;
@@ -1358,8 +1358,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   tile_pipeline_tma<S>(mine, a.static_weight, slots, c0, load_w, mma);
 #else
   const RecordPieces<NT> pieces(records, a.M, chunks);
-  tile_pipeline<S>(
-      mine, a.static_weight, load_w, [&](int slot, int i) { pieces.load(smem_addr(xs + slot * kXStage), c0 + i); }, mma);
+  tile_pipeline<S>(mine, a.static_weight, load_w,
+                   [&](int slot, int i) { pieces.load(smem_addr(xs + slot * kXStage), c0 + i); }, mma);
 #endif
   float sum[NT * 4];
 #pragma unroll
