@@ -487,6 +487,11 @@ def test_records_bad_inputs_raise():
         ops.qlinear(x, w.blocks, q.QTYPE["Q4_K"], 32, k, None, False, _poisoned_records(2, 768))
     with pytest.raises(RuntimeError, match="records must be on"):
         ops.qlinear(x, w.blocks, q.QTYPE["Q4_K"], 32, k, None, False, _poisoned_records(2, k).cpu())
+    misaligned = torch.full((rec.numel() + 8,), 0xFF, dtype=torch.uint8, device=DEV)[8:].view(rec.shape)  # 8 bytes in
+    with pytest.raises(RuntimeError, match="records must be 16-byte aligned"):
+        ops.qlinear(x, w.blocks, q.QTYPE["Q4_K"], 32, k, None, False, misaligned)
+    with pytest.raises(RuntimeError, match="records must be 16-byte aligned"):
+        ops.rms_norm(x, nw, 1e-5, misaligned)
 
 
 # ---- the ops' registration (fakes, schemas) ----

@@ -1240,7 +1240,8 @@ struct RecordPieces {
 // one TMA box of x_map (the records as [M][chunks kRecord / 8] 8-byte elements, boxes of [8 NT][kXStride / 8]: a
 // record's fp16 form and the 16 bytes after it; rows past M arrive as zeros) issued by thread 0 on the slot's full
 // mbarrier. Each warp, done with a slot, arrives on its empty mbarrier (one arrival a warp), which thread 0 waits
-// for before the slot's next box: the warps meet at no CTA barrier between chunks.
+// for before the slot's next box: the warps meet at no CTA barrier between chunks. sm_90 only (tile_kernel's
+// other path is tile_pipeline's cp.async).
 template <int NT, int S>
 struct XSlots {
   static constexpr int kSlots = S + 1, kBytes = 8 * NT * kXStride;
@@ -1250,34 +1251,26 @@ struct XSlots {
   // bars: [2][kSlots] mbarriers, initialized here (every thread of the CTA calls it; a CTA barrier follows).
   __device__ XSlots(uint8_t* slots, uint64_t (*bars)[kSlots], const CUtensorMap* map_)
       : xs(smem_addr(slots)), full0(smem_addr(bars[0])), empty0(smem_addr(bars[1])), map(map_) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x < kSlots) mbar_init(full0 + 8 * threadIdx.x, 1);
     else if (threadIdx.x < 2 * kSlots) mbar_init(empty0 + 8 * (threadIdx.x - kSlots), blockDim.x / 32);
     mbar_init_fence();
     __syncthreads();
-#endif
   }
   // Thread 0: chunk c (the CTA's i-th) into slot i % kSlots, once its chunk i - kSlots has been released.
   __device__ __forceinline__ void fill(int i, int c) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int slot = i % kSlots;
     if (i >= kSlots) mbar_wait(empty0 + 8 * slot, (i / kSlots - 1) & 1);
     fence_proxy_async();  // the warps' reads of the slot (generic proxy) before the box's writes (async proxy)
     const uint32_t bar = full0 + 8 * slot;
     mbar_expect_tx(bar, kBytes);
     tma_load_2d(xs + slot * kBytes, map, bar, c * (kRecord / 8), 0);
-#endif
   }
   __device__ __forceinline__ void wait(int i) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     mbar_wait(full0 + 8 * (i % kSlots), (i / kSlots) & 1);
-#endif
   }
   // Every lane of the warp is done with chunk i's slot (__syncwarp since).
   __device__ __forceinline__ void release(int i, int lane) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (lane == 0) mbar_arrive(empty0 + 8 * (i % kSlots));
-#endif
   }
 };
 
