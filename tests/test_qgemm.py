@@ -100,11 +100,12 @@ def test_qlinear_large_grid(kind):
     of two tiles; Q6_K and
     Q8_0 with K of fewer chunks than a CTA's warps (the smaller k) run 128-row CTAs (qtile_kernel). 276 rows
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
-    rows; at M = 1 a tile of 4 rows, whose other 12 are never copied, or arrive as zeros in a TMA box)."""
+    rows; at M = 1 a tile of 4 rows, whose other 12 are never copied, or arrive as zeros in a TMA box). Q6_K at M = 1
+    with K of 8 chunks and more writes its own int8 records for its int8 kernel (k 4096: its stages by TMA boxes)."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):
-        for k in KS[kind]:
+        for k in KS[kind] + ([4096] if kind == "Q6_K" else []):
             for m in (1, 5, 13):
                 w, x, b, ref64, torch_out = _product_case(kind, m, n, k, torch.bfloat16, seed=m)
                 ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)

@@ -1614,11 +1614,32 @@ void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream)
              records);
 }
 
-// Q6_K at M = 1 on int8 records: 3 stages a warp where the grid is at most 2 CTAs an SM (92 KB each), else 2. On
-// sm_90, with rows a multiple of 16 bytes (K a multiple of 2048), the stages come by TMA boxes: the 8B Q4_K_M
-// batch-1 step (16 down projections, 16 v) 2.406-2.408 ms on load_chunk's pieces, 2.347-2.348 by boxes (H200).
+// x [M, K]'s records (q4k_x.cuh; the int8 form at M = 1) into records, a warp a row's chunk.
 template <typename T>
-void launch_q6_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
+void write_records(const T* x, uint8_t* records, int M, int K, cudaStream_t stream) {
+  const int64_t warps = int64_t(M) * (K / 256);
+  launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream, x,
+             records, M, K, q4k_x::int8_form(M));
+}
+
+// x's records: those given (written by the kernel before x's linear), else prepare_x_kernel's into own.
+template <typename T>
+const uint8_t* records_or_own(const Args& a, const uint8_t* records, const torch::Tensor& x, torch::Tensor& own,
+                              cudaStream_t stream) {
+  if (records != nullptr) return records;
+  own = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
+  write_records(static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K, stream);
+  return own.data_ptr<uint8_t>();
+}
+
+// Q6_K at M = 1 on int8 records (those given, else prepare_x_kernel's): 3 stages a warp where the grid is at most
+// 2 CTAs an SM (92 KB each), else 2. On sm_90, with rows a multiple of 16 bytes (K a multiple of 2048), the stages
+// come by TMA boxes: the 8B Q4_K_M batch-1 step (16 down projections, 16 v) 2.406-2.408 ms on load_chunk's pieces,
+// 2.347-2.348 by boxes (H200).
+template <typename T>
+void launch_q6_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  torch::Tensor own;
+  records = records_or_own<T>(a, records, x, own, stream);
   // W's blocks are 16-byte aligned (check_blocks)
   const bool box = cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
   const CUtensorMap map = chunk_map(a, Ring<kQ6_K>::kRowStride, box);
@@ -1708,14 +1729,6 @@ void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor&
   launch_pdl(kernel, grid.dims, dim3(32 * warps), smem, stream, a, records, grid.ws, grid.counters, map, x_map);
 }
 
-// x [M, K]'s records (q4k_x.cuh; the int8 form at M = 1) into records, a warp a row's chunk.
-template <typename T>
-void write_records(const T* x, uint8_t* records, int M, int K, cudaStream_t stream) {
-  const int64_t warps = int64_t(M) * (K / 256);
-  launch_pdl(q4k::prepare_x_kernel<T>, dim3((unsigned)((warps + kWarps - 1) / kWarps)), dim3(kThreads), 0, stream, x,
-             records, M, K, q4k_x::int8_form(M));
-}
-
 // Q4_K at M <= 16: i8_kernel at M = 1 (the int8 form), else rows_kernel or tile_kernel (q4k_tile) on x's records (uint8 [M,
 // K / 256 * kRecord]): those given (written by the kernel before, q4k_x.cuh), or prepare_x_kernel's into the
 // caching allocator. rows_kernel: 4 stages a warp where the grid is at most 2 CTAs an SM, else 3.
@@ -1732,12 +1745,7 @@ template <typename T>
 void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
   const bool i8 = q4k_x::int8_form(a.M);
   torch::Tensor own;
-  const uint8_t* r = records;
-  if (r == nullptr) {
-    own = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
-    write_records(static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K, stream);
-    r = own.data_ptr<uint8_t>();
-  }
+  const uint8_t* r = records_or_own<T>(a, records, x, own, stream);
   if (i8) {  // 3 CTAs an SM (71 registers) where the grid fills more than 2, but past 4 (launch_q4k_i8's held)
     if (small_grid(a, sms))
       launch_q4k_i8<T, 4>(a, r, sms, stream);
@@ -1844,9 +1852,14 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
       if (QT == qgemm::kQ4_K && a.M <= 16)
         qgemm::launch_q4k<scalar_t>(a, records, x, sms, stream);
       else if (QT == qgemm::kQ6_K && a.M == 1 && records != nullptr)
-        qgemm::launch_q6_i8<scalar_t>(a, records, sms, stream);
+        qgemm::launch_q6_i8<scalar_t>(a, records, x, sms, stream);
       else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, sms, stream))
         return;
+      // Q6_K at M = 1 past 2 CTAs an SM (a Q4_K_M lm_head) on records of its own: the int8 form and its
+      // prepare_x launch beat qlinear_kernel (H200, 1 x 128256 x 4096: 163.5 -> 127.1 us; the 8B Q4_K_M batch-1
+      // step 2.073 / 2.081 -> 2.043 / 2.040 ms, one build, a switch, two rounds)
+      else if (QT == qgemm::kQ6_K && a.M == 1 && !qgemm::small_grid(a, sms))
+        qgemm::launch_q6_i8<scalar_t>(a, nullptr, x, sms, stream);
       else if (qgemm::launch_if_regs<QT, scalar_t>(a, sms, stream))
         return;
       // x ahead where the grid is at most 2 CTAs an SM (latency-bound; see XAhead)
