@@ -20,7 +20,8 @@
 // The 4- and 5-bit legacy formats with K up to 2048 on small grids (a small model) skip the rings:
 // regs_kernel loads each lane's words of W straight into registers.
 // Q4_K up to M = 16 takes its own kernels (q4k below): at M = 1 the quants as they are against x as 22-bit
-// integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants.
+// integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants. Q6_K at M = 1
+// takes that int8 form too (q6 below) where x's records are given, and past 2 CTAs an SM on records of its own.
 // At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel, also M 2-8) run CTAs of 16-row
 // warps (8, or 6-8 for Q4_K) that walk the same chunks, reading each chunk's x into shared memory once a CTA.
 //
@@ -1855,9 +1856,9 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
         qgemm::launch_q6_i8<scalar_t>(a, records, x, sms, stream);
       else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, sms, stream))
         return;
-      // Q6_K at M = 1 past 2 CTAs an SM (a Q4_K_M lm_head) on records of its own: the int8 form and its
-      // prepare_x launch beat qlinear_kernel (H200, 1 x 128256 x 4096: 163.5 -> 127.1 us; the 8B Q4_K_M batch-1
-      // step 2.073 / 2.081 -> 2.043 / 2.040 ms, one build, a switch, two rounds)
+      // Q6_K at M = 1 past 2 CTAs an SM (a Q4_K_M lm_head; short K took qtile_kernel above) on records of its
+      // own: the int8 form and its prepare_x launch beat qlinear_kernel (H200, 1 x 128256 x 4096: 163.5 -> 127.1
+      // us; the 8B Q4_K_M batch-1 step 2.073 / 2.081 -> 2.043 / 2.040 ms, one build, a switch, two rounds)
       else if (QT == qgemm::kQ6_K && a.M == 1 && !qgemm::small_grid(a, sms))
         qgemm::launch_q6_i8<scalar_t>(a, nullptr, x, sms, stream);
       else if (qgemm::launch_if_regs<QT, scalar_t>(a, sms, stream))
