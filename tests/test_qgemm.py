@@ -101,11 +101,12 @@ def test_qlinear_large_grid(kind):
     Q8_0 with K of fewer chunks than a CTA's warps (the smaller k) run 128-row CTAs (qtile_kernel). 276 rows
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
     rows; at M = 1 a tile of 4 rows, whose other 12 are never copied, or arrive as zeros in a TMA box). Q6_K at M = 1
-    with K of 8 chunks and more writes its own int8 records for its int8 kernel (k 4096: its stages by TMA boxes)."""
+    with K of 8 chunks and more writes its own int8 records for its int8 kernel (k 4096: its stages by TMA boxes),
+    and so does Q8_0 on sm_90 (k 4096)."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):
-        for k in KS[kind] + ([4096] if kind == "Q6_K" else []):
+        for k in KS[kind] + ([4096] if kind in ("Q6_K", "Q8_0") else []):
             for m in (1, 5, 13):
                 w, x, b, ref64, torch_out = _product_case(kind, m, n, k, torch.bfloat16, seed=m)
                 ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)
@@ -130,7 +131,8 @@ def test_qlinear_q4k_x_held_across_tiles(dtype):
 @pytest.mark.parametrize("kind", ["Q6_K", "Q8_0"])
 def test_qlinear_x_row_in_shared_memory(kind, dtype):
     """Q6_K and Q8_0 at M = 1 on small grids stage x's row in shared memory up to K = 16384 and load x ahead
-    past it: K at the bound, one chunk past it, and (Q8_0) a last chunk of one 32-element block."""
+    past it: K at the bound, one chunk past it, and (Q8_0) a last chunk of one 32-element block (on sm_90 Q8_0's
+    K of whole chunks take its int8 kernel instead, on its own records)."""
     q = _q()
     ks = [16384, 16640] + ([16160] if kind == "Q8_0" else [])
     for k in ks:
@@ -394,30 +396,34 @@ def test_records_from_norms_and_activations(m, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_qlinear_q6k_on_int8_records(dtype):
-    """Q6_K at M = 1 given x's records (the int8 form, here written by rms_norm) multiplies its quants as bytes
-    against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles (3 stages a warp)
-    and on 18 tiles more than 2 CTAs an SM hold (2 stages; those CTAs loop to a second tile, the last one
-    partial), K of 3, 17 and 56 chunks (56: rows a multiple of 16 bytes, so on sm_90 by TMA boxes from the 16-byte
-    boundary at or before each chunk; 3 and 17 by cp.async pieces); on 4 tiles an SM and 18 more (each CTA looping
-    over 2-3 tiles) at K of 3, 9 and 16 chunks; a non-finite x row gives non-finite outputs."""
+@pytest.mark.parametrize("kind", ["Q6_K", "Q8_0"])
+def test_qlinear_on_int8_records(kind, dtype):
+    """Q6_K and Q8_0 at M = 1 given x's records (the int8 form, here written by rms_norm) multiply their quants as
+    bytes against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles and on 18 tiles more
+    than 2 CTAs an SM hold (those CTAs loop to a second tile, the last one partial), then on 4 tiles an SM and 18
+    more (each CTA looping over 2-3 tiles; x's chunks held across them where a warp has at most 2); a non-finite x
+    row gives non-finite outputs. Q6_K: K of 3, 17 and 56 chunks (56: rows a multiple of 16 bytes, so on sm_90 by
+    TMA boxes from the 16-byte boundary at or before each chunk; 3 and 17 by cp.async pieces), 3 stages a warp on
+    the small grid and 2 on the large; looping at 3, 9 and 16 chunks. Q8_0 (sm_90; other K ignore the records):
+    K of 8, 17 and 56 chunks by boxes of 2-byte elements; looping at 9 and 16."""
     q, ops = _q(), torch.ops.minfer
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device=DEV).manual_seed(8)
-    cases = [(n, k) for n in (40, 16 * 2 * sms + 276) for k in (768, 4352, 14336)]
-    for n, k in cases + [(16 * 4 * sms + 276, k) for k in (768, 2304, 4096)]:
-        w = _weight("Q6_K", n, k, seed=k)
+    ks, looping = ((768, 4352, 14336), (768, 2304, 4096)) if kind == "Q6_K" else ((2048, 4352, 14336), (2304, 4096))
+    cases = [(n, k) for n in (40, 16 * 2 * sms + 276) for k in ks]
+    for n, k in cases + [(16 * 4 * sms + 276, k) for k in looping]:
+        w = _weight(kind, n, k, seed=k)
         w32 = w.dequantize(torch.float32)
         norm_w = (torch.randn(k, device=DEV, generator=gen) / (w32.abs().mean() * k ** 0.5)).to(dtype)
         b = torch.randn(n, device=DEV, generator=gen).to(dtype)
         rec = _poisoned_records(1, k)
         x = ops.rms_norm(torch.randn(1, k, device=DEV, generator=gen).to(dtype), norm_w, 1e-5, rec)
-        ours = ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)
+        ours = ops.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True, rec)
         _check(ours, F.linear(x, w32.to(dtype), b), x.double() @ w32.double().t() + b.double(), dtype)
         x[0, k // 3] = float("inf")
         rec = _poisoned_records(1, k)
         x = ops.rms_norm(x, norm_w, 1e-5, rec)
-        assert not torch.isfinite(ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"], n, k, b, True, rec)).any()
+        assert not torch.isfinite(ops.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True, rec)).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

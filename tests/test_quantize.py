@@ -165,11 +165,12 @@ def write_bpe_tokenizer(folder):
                    "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}, f)
 
 
-def build_llama(folder, hidden=64, inter=128, tie=False, seed=0):
-    """A random tiny Llama (norms perturbed away from 1) with a byte-level BPE tokenizer; 320 ids for a
-    300-token tokenizer, so the file pads the vocabulary as llama.cpp's converter does."""
+def build_llama(folder, hidden=64, inter=128, tie=False, seed=0, heads=4):
+    """A random tiny Llama (norms perturbed away from 1; heads / 2 kv heads) with a byte-level BPE tokenizer; 320 ids
+    for a 300-token tokenizer, so the file pads the vocabulary as llama.cpp's converter does."""
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   num_attention_heads=heads, num_key_value_heads=heads // 2,
+                                   max_position_embeddings=256,
                                    rms_norm_eps=1e-5, initializer_range=0.08, tie_word_embeddings=tie,
                                    bos_token_id=0, eos_token_id=1,
                                    rope_parameters={"rope_type": "default", "rope_theta": 500.0})
@@ -379,21 +380,26 @@ def test_errors_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.gpu
-def test_q4_k_m_decode_on_records_equals_own_conversion(tmp_path):
+@pytest.mark.parametrize("ftype, hidden, inter, heads, kind",
+                         [("Q4_K_M", 1024, 1536, 4, "Q4_K"), ("Q8_0", 2048, 2304, 16, "Q8_0")])
+def test_decode_on_records_equals_own_conversion(ftype, hidden, inter, heads, kind, tmp_path):
     """On the cuda backend at decode rows, the norms and the activation write x's records for the Q4_K linears
-    after them (ops.records_for): the logits are those of each linear converting x itself, bit for bit (hidden
-    1024, inter 1536: every linear's input in the records' range), at batch 1 (the int8 form) and 5 (fp16)."""
+    after them, and at one row for the Q6_K and (sm_90, K of 8 chunks and more) Q8_0 ones (ops.records_for): the
+    logits are those of each linear converting x itself, bit for bit (every linear's input in the records'
+    range), at batch 1 (the int8 form) and 5 (fp16; Q8_0 takes no records there)."""
     from minfer import loader
     from minfer.kv_cache import KVCache
     from minfer.model import Transformer
     from minfer.ops import get_backend, reference
 
+    if kind == "Q8_0" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("Q8_0 reads x's records on sm_90")
     src = tmp_path / "hf"
-    build_llama(src, hidden=1024, inter=1536)
-    out = tmp_path / "model.Q4_K_M.gguf"
-    quantize_cli([src, out, "--type", "Q4_K_M"])
+    build_llama(src, hidden=hidden, inter=inter, heads=heads)
+    out = tmp_path / f"model.{ftype}.gguf"
+    quantize_cli([src, out, "--type", ftype])
     cfg, weights, _ = loader.load(str(out), torch.bfloat16, "cuda")
-    assert weights["model.layers.0.mlp.gate_proj.weight"].kind == "Q4_K"
+    assert weights["model.layers.0.mlp.gate_proj.weight"].kind == kind
     for batch in (1, 5):
         ids = torch.randint(0, VOCAB, (batch, 9), generator=torch.Generator().manual_seed(batch)).cuda()
         logits = []
@@ -402,8 +408,9 @@ def test_q4_k_m_decode_on_records_equals_own_conversion(tmp_path):
             if own_conversion:
                 ops.records_for = reference.records_for
             model = Transformer(cfg, weights, ops, 64)
-            assert (ops.records_for(ids.new_empty(batch, 1024, dtype=torch.bfloat16), model.layers[0]["gate_up"])
-                    is None) == own_conversion
+            takes = not own_conversion and (kind == "Q4_K" or batch == 1)
+            assert (ops.records_for(ids.new_empty(batch, hidden, dtype=torch.bfloat16), model.layers[0]["gate_up"])
+                    is not None) == takes
             cache = KVCache(cfg.num_layers, batch, 64, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cuda")
             start = torch.zeros(batch, dtype=torch.int32, device="cuda")
             model.forward(ids[:, :8], start, cache)  # prefill: 8 rows (records) and 40 (none)

@@ -16,12 +16,13 @@
 // in shared memory at the end (NT x 4 KB, within every format's rings).
 //
 // Q8_0 and Q6_K at M <= 8 on small grids load a chunk's x before waiting for its weights (XAhead); at M = 1
-// the CTA stages x's whole row in shared memory once instead (kXRow).
+// the CTA stages x's whole row in shared memory once instead (kXRow), where the int8 kernels do not take it.
 // The 4- and 5-bit legacy formats with K up to 2048 on small grids (a small model) skip the rings:
 // regs_kernel loads each lane's words of W straight into registers.
 // Q4_K up to M = 16 takes its own kernels (q4k below): at M = 1 the quants as they are against x as 22-bit
 // integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants. Q6_K at M = 1
-// takes that int8 form too (q6 below) where x's records are given, and past 2 CTAs an SM on records of its own.
+// takes that int8 form too (q6 below) where x's records are given, and past 2 CTAs an SM on records of its own;
+// Q8_0 at M = 1 on sm_90 (q8 below) on the records given or its own, where K is whole chunks, 8 and more.
 // At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel, also M 2-8) run CTAs of 16-row
 // warps (8, or 6-8 for Q4_K) that walk the same chunks, reading each chunk's x into shared memory once a CTA.
 //
@@ -134,7 +135,11 @@ __device__ __forceinline__ uint8_t* aligned_128(uint8_t* smem) {
   return smem + ((128 - (smem_addr(smem) & 127)) & 127);
 }
 
-// A warp's S stages of a format's chunks (Q4_K, Q6_K), each row's at its slot's offset chunk_start & 15 (0 for
+// A TMA box row is at most 256 elements: W's bytes are seen as 2-byte elements where a slot's row is wider (Q8_0's 288).
+template <int QT>
+constexpr int kBoxElem = Ring<QT>::kRowStride > 256 ? 2 : 1;
+
+// A warp's S stages of a format's chunks (Q4_K, Q6_K, Q8_0), each row's at its slot's offset chunk_start & 15 (0 for
 // Q4_K). On sm_90 the TMA fills them, each stage's bytes counted on its mbarrier:
 // - kBox: lane 0 copies the tile's chunk as one [16, kRowStride] box of a tensor map from the 16-byte boundary at
 //   or before it (a box from an unaligned start raised an illegal instruction); for Q4_K ~120 fewer instructions
@@ -181,10 +186,11 @@ struct ChunkRing {
     if constexpr (kBox) {
       if (lane == 0) {
         mbar_expect_tx(bar, R::kStageBytes);
+        const int x0 = ((c * R::kBytes) & ~15) / kBoxElem<QT>;
         if constexpr (kPair)
-          ptx::tma_load_3d(dst + (i % S) * R::kStageBytes, map, bar, (c * R::kBytes) & ~15, n0 / 2, 0);
+          ptx::tma_load_3d(dst + (i % S) * R::kStageBytes, map, bar, x0, n0 / 2, 0);
         else
-          ptx::tma_load_2d(dst + (i % S) * R::kStageBytes, map, bar, (c * R::kBytes) & ~15, n0);
+          ptx::tma_load_2d(dst + (i % S) * R::kStageBytes, map, bar, x0, n0);
       }
       return;
     } else if constexpr (QT == kQ4_K) {
@@ -1462,6 +1468,60 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 }  // namespace q6
 
+// ---- Q8_0 at M = 1 on x's int8 records: the quants as they are, on m16n8k32 (s8 x s8) ----
+// A 256-k chunk is 8 blocks of 34 bytes (d in fp16, then 32 int8 quants). In the records' order lane t takes
+// elements 8t .. 8t + 7 of each 32-element block s (x's v[2s], v[2s + 1]), so block s is one mma whose A words are
+// quants 8t .. 8t + 3 and 8t + 4 .. 8t + 7 of rows g and g + 8. Per block and row, C's hi and mid columns (lane t =
+// 0) meet in int32 as 128 hi + mid (|.| < 2^26), lane t = 1 keeps lo (column 3 repeats it), and d scales them in
+// fp32; 2^-e applies once a chunk, and the store adds 128 x lane 0's sums to lane 1's.
+namespace q8 {
+
+// Quants 8t .. 8t + 7 of block s of a row's chunk (16-byte aligned): at 34 s + 2 + 8t, 4-byte aligned for odd s,
+// else two byte_perms of the three words around them.
+__device__ __forceinline__ uint2 quants(const uint8_t* row, int s, int t) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(row + ((34 * s + 2 + 8 * t) & ~3));
+  if (s % 2 == 1) return {w[0], w[1]};
+  return {__byte_perm(w[0], w[1], 0x5432), __byte_perm(w[1], w[2], 0x5432)};
+}
+
+// acc[0] (row a) and acc[2] (row b) += 2^-e sum over the chunk's blocks of d (q . x) in lane t's columns of B.
+__device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint8_t* row_a, const uint8_t* row_b,
+                                          const q4k::I8X& x, int t) {
+  const int hi = t == 0 ? 128 : 0;  // lane 0: 128 hi + mid; lane 1: lo + 0 x lo
+  float fa = 0.f, fb = 0.f;
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const uint2 qa = quants(row_a, s, t), qb = quants(row_b, s, t);
+    int c[4] = {};
+    mma_m16n8k32_s8(c, {qa.x, qb.x, qa.y, qb.y}, {x.v[2 * s], x.v[2 * s + 1]});
+    fa = __fmaf_rn(f16_at(row_a + 34 * s), float(hi * c[0] + c[1]), fa);
+    fb = __fmaf_rn(f16_at(row_b + 34 * s), float(hi * c[2] + c[3]), fb);
+  }
+  acc[0] = __fmaf_rn(x.inv, fa, acc[0]);
+  acc[2] = __fmaf_rn(x.inv, fb, acc[2]);
+}
+
+// x's records in the int8 form; S stages a warp by [16 x 144] TMA boxes of 2-byte elements (sm_90; K a multiple of
+// 256, so every row's chunk starts 16-byte aligned, at its slot's start); the walk of q4k::i8_walk, kXRegs as there.
+template <typename T, int S, bool kXRegs>
+__global__ void __launch_bounds__(kThreads, 2)
+    i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
+  constexpr int kRow = Ring<kQ8_0>::kRowStride;
+  __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
+  q4k::i8_walk<kQ8_0, S, true, false, false, kXRegs>(
+      a, records, &w_map,
+      [&](float (&acc)[4], const uint8_t* stage, int, int, const q4k::I8X& x, int g, int t) {
+        mma_chunk(acc, stage + g * kRow, stage + (g + 8) * kRow, x, t);
+      },
+      [&](float (&acc)[1][4], int n0, int warp, int lane) {
+#pragma unroll
+        for (int i = 0; i < 4; i += 2) acc[0][i] = 128.f * acc[0][i] + __shfl_down_sync(0xFFFFFFFFu, acc[0][i], 1);
+        reduce_store<T, 1>(acc, red, a, n0, warp, lane);
+      });
+}
+
+}  // namespace q8
+
 // Whether a grid of 16-row CTAs is at most 2 CTAs an SM: there the kernels are bound by latency, not issue.
 inline bool small_grid(const Args& a, int sms) { return (a.N + 15) / 16 <= 2 * sms; }
 
@@ -1522,15 +1582,17 @@ inline int tile_warps(int N, int chunks, int sms) {
   return best;
 }
 
-// W's bytes as a rank-D tensor for TMA (dims and strides innermost first, strides past the first dim), boxes of
-// box, no swizzle, out-of-bounds bytes as zeros.
+// W's bytes as a rank-D tensor for TMA (dims and strides innermost first, strides past the first dim, in bytes),
+// boxes of box, of 1- or 2-byte elements (elem: dims[0] and box[0] count them), no swizzle, out-of-bounds bytes as
+// zeros.
 template <int D>
 CUtensorMap w_byte_map(const Args& a, const cuuint64_t (&dims)[D], const cuuint64_t (&strides)[D - 1],
-                       const cuuint32_t (&box)[D]) {
+                       const cuuint32_t (&box)[D], int elem = 1) {
   CUtensorMap map{};
   cuuint32_t elem_strides[D];
   for (int i = 0; i < D; ++i) elem_strides[i] = 1;
-  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, D, const_cast<uint8_t*>(a.w), dims,
+  const auto type = elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const CUresult r = sm90::tensor_map_encoder()(&map, type, D, const_cast<uint8_t*>(a.w), dims,
                                                 strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -1539,11 +1601,12 @@ CUtensorMap w_byte_map(const Args& a, const cuuint64_t (&dims)[D], const cuuint6
   return map;
 }
 
-// W [N, row_bytes] as a 2D byte tensor, boxes of box_bytes x 16 rows; zeros (an unused map) without the box.
-CUtensorMap chunk_map(const Args& a, int box_bytes, bool box) {
+// W [N, row_bytes] as a 2D tensor of elem-byte elements (kBoxElem), boxes of box_bytes x 16 rows; zeros (an unused
+// map) without the box.
+CUtensorMap chunk_map(const Args& a, int box_bytes, bool box, int elem = 1) {
   if (!box) return CUtensorMap{};
-  return w_byte_map<2>(a, {(cuuint64_t)a.row_bytes, (cuuint64_t)a.N}, {(cuuint64_t)a.row_bytes},
-                       {(cuuint32_t)box_bytes, 16});
+  return w_byte_map<2>(a, {(cuuint64_t)(a.row_bytes / elem), (cuuint64_t)a.N}, {(cuuint64_t)a.row_bytes},
+                       {(cuuint32_t)(box_bytes / elem), 16}, elem);
 }
 
 // W = gate | up [2 inter, row_bytes] as a 3D byte tensor [2][inter][row_bytes], boxes of [2, 8, box_bytes]: a
@@ -1662,6 +1725,37 @@ void launch_q6_i8(const Args& a, const uint8_t* records, const torch::Tensor& x,
     with_stages(std::true_type{});
   else
     with_stages(std::false_type{});
+}
+
+// Whether Q8_0 at M = 1 takes its int8 kernel (q8::i8_kernel): sm_90 (TMA boxes), K a multiple of 256 (x's records;
+// W's rows and chunks then 16-byte aligned) and of at least one chunk a warp.
+inline bool q8_i8(const Args& a, int device) {
+  return a.M == 1 && a.K % 256 == 0 && a.K >= 256 * kWarps && cc_major(device) >= 9;
+}
+
+// Q8_0 at M = 1 on int8 records (those given, else prepare_x_kernel's): 3 stages a warp, 2 CTAs an SM (110 KB each),
+// x's chunks held across tiles as Q4_K's (launch_q4k_i8). Against qlinear_kernel on bf16 x (H200, one build, a switch,
+// two rounds, us, with the prepare_x launch): 1 x 6144 x 4096 13.7 -> 9.4, 1 x 4096 x 4096 8.7 -> 8.0, 1 x 28672 x
+// 4096 48.0 -> 32.9 (62 -> 91% of copy), 1 x 4096 x 14336 23.6 -> 18.4, 1 x 128256 x 4096 180-182 -> 139; the 8B Q8_0
+// batch-1 step 3.460 / 3.463 -> 2.683 / 2.683 ms.
+template <typename T>
+void launch_q8_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  torch::Tensor own;
+  records = records_or_own<T>(a, records, x, own, stream);
+  const CUtensorMap map = chunk_map(a, Ring<kQ8_0>::kRowStride, true, kBoxElem<kQ8_0>);
+  const int tiles = (a.N + 15) / 16;
+  auto go = [&](auto held) {
+    constexpr int S = 3;
+    constexpr auto kernel = q8::i8_kernel<T, S, decltype(held)::value>;
+    constexpr int smem = S * kWarps * Ring<kQ8_0>::kStageBytes + 128;
+    allow_smem<kernel, smem>();
+    const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
+    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+  };
+  if (a.K / 256 <= 2 * kWarps && tiles > 4 * sms)
+    go(std::true_type{});
+  else
+    go(std::false_type{});
 }
 
 // On sm_90 a warp's stages come by one TMA box copy each where its ring runs over at least 4 chunks; with 2-3 (a
@@ -1854,6 +1948,8 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
         qgemm::launch_q4k<scalar_t>(a, records, x, sms, stream);
       else if (QT == qgemm::kQ6_K && a.M == 1 && records != nullptr)
         qgemm::launch_q6_i8<scalar_t>(a, records, x, sms, stream);
+      else if (QT == qgemm::kQ8_0 && qgemm::q8_i8(a, x.get_device()))
+        qgemm::launch_q8_i8<scalar_t>(a, records, x, sms, stream);
       else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, sms, stream))
         return;
       // Q6_K at M = 1 past 2 CTAs an SM (a Q4_K_M lm_head; short K took qtile_kernel above) on records of its

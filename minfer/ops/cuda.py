@@ -6,6 +6,8 @@ seed's teaching API (gemm, naive/tiled/flash_attention, ...) is in ops/baselines
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import minfer._C  # noqa: F401  registers torch.ops.minfer
@@ -145,16 +147,23 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
     return silu_and_mul(gate_up, records) if act == "silu" else gelu_tanh_and_mul(gate_up, records)
 
 
+@functools.cache
+def _sm90(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     """Room for x's records ahead of a linear on weight (a list: fuse()'s parts) whose x, [rows, in] like `like`,
     the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * record bytes]
-    where a Q4_K weight (decode rows) or a Q6_K one (one row) takes them (fp16/bf16, in within the norms' [768,
-    32768]), else None."""
+    where a Q4_K weight (decode rows), a Q6_K one (one row) or a Q8_0 one (one row, sm_90, in of 8 chunks and more:
+    qlinear's q8_i8) takes them (fp16/bf16, in within the norms' [768, 32768]), else None."""
     parts = weight if isinstance(weight, list) else [weight]
-    takes = ("Q4_K", "Q6_K") if like.shape[0] == 1 else ("Q4_K",)
+    k = parts[0].shape[1]
+    takes = ("Q4_K",)
+    if like.shape[0] == 1:
+        takes += ("Q6_K",) + (("Q8_0",) if k % 256 == 0 and k >= 2048 and _sm90(like.device) else ())
     if not any(isinstance(w, QuantizedWeight) and w.kind in takes for w in parts):
         return None
-    k = parts[0].shape[1]
     if not (1 <= like.shape[0] <= quantized.Q4K_RECORD_ROWS and like.dtype in (torch.float16, torch.bfloat16)
             and 768 <= k <= 32768):
         return None
