@@ -396,20 +396,20 @@ def test_records_from_norms_and_activations(m, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kind", ["Q6_K", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q5_K", "Q6_K", "Q8_0"])
 def test_qlinear_on_int8_records(kind, dtype):
-    """Q6_K and Q8_0 at M = 1 given x's records (the int8 form, here written by rms_norm) multiply their quants as
-    bytes against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles and on 18 tiles more
+    """Q5_K, Q6_K and Q8_0 at M = 1 given x's records (the int8 form, here written by rms_norm) multiply their quants
+    as bytes against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles and on 18 tiles more
     than 2 CTAs an SM hold (those CTAs loop to a second tile, the last one partial), then on 4 tiles an SM and 18
     more (each CTA looping over 2-3 tiles; x's chunks held across them where a warp has at most 2); a non-finite x
-    row gives non-finite outputs. Q6_K: K of 3, 17 and 56 chunks (56: rows a multiple of 16 bytes, so on sm_90 by
-    TMA boxes from the 16-byte boundary at or before each chunk; 3 and 17 by cp.async pieces), 3 stages a warp on
-    the small grid and 2 on the large; looping at 3, 9 and 16 chunks. Q8_0 (sm_90; other K ignore the records):
-    K of 8, 17 and 56 chunks by boxes of 2-byte elements; looping at 9 and 16."""
+    row gives non-finite outputs. Q5_K and Q6_K: K of 3, 17 and 56 chunks (Q5_K: on sm_90 by TMA boxes where a warp
+    takes 4 chunks and more, else cp.async pieces; Q6_K: 56 by boxes from the 16-byte boundary at or before each
+    chunk, its rows a multiple of 16 bytes, 3 and 17 by pieces), looping at 3, 9 and 16. Q8_0 (sm_90; other K ignore
+    the records): K of 8, 17 and 56 chunks by boxes of 2-byte elements; looping at 9 and 16."""
     q, ops = _q(), torch.ops.minfer
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device=DEV).manual_seed(8)
-    ks, looping = ((768, 4352, 14336), (768, 2304, 4096)) if kind == "Q6_K" else ((2048, 4352, 14336), (2304, 4096))
+    ks, looping = ((768, 4352, 14336), (768, 2304, 4096)) if kind != "Q8_0" else ((2048, 4352, 14336), (2304, 4096))
     cases = [(n, k) for n in (40, 16 * 2 * sms + 276) for k in ks]
     for n, k in cases + [(16 * 4 * sms + 276, k) for k in looping]:
         w = _weight(kind, n, k, seed=k)

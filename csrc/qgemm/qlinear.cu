@@ -20,9 +20,10 @@
 // The 4- and 5-bit legacy formats with K up to 2048 on small grids (a small model) skip the rings:
 // regs_kernel loads each lane's words of W straight into registers.
 // Q4_K up to M = 16 takes its own kernels (q4k below): at M = 1 the quants as they are against x as 22-bit
-// integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants. Q6_K at M = 1
-// takes that int8 form too (q6 below) where x's records are given, and past 2 CTAs an SM on records of its own;
-// Q8_0 at M = 1 on sm_90 (q8 below) on the records given or its own, where K is whole chunks, 8 and more.
+// integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants. At M = 1 Q5_K
+// takes Q4_K's int8 kernel with its 5th bits, on the records given or its own; Q6_K takes that int8 form too (q6
+// below) where x's records are given, and past 2 CTAs an SM on records of its own; Q8_0 on sm_90 (q8 below) on the
+// records given or its own, where K is whole chunks, 8 and more.
 // At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel, also M 2-8) run CTAs of 16-row
 // warps (8, or 6-8 for Q4_K) that walk the same chunks, reading each chunk's x into shared memory once a CTA.
 //
@@ -860,10 +861,12 @@ struct Chunk {
   uint32_t exp_lo, exp_hi;
 };
 
+// QT: Q4_K, or Q5_K (the same header: d, dmin, the packed scales and mins).
+template <int QT = kQ4_K>
 __device__ __forceinline__ Chunk chunk_at(const uint8_t* stage, uint32_t exps, int g) {
-  using R = Ring<kQ4_K>;
+  using R = Ring<QT>;
   Chunk c;
-  c.row_a = stage + g * R::kRowStride;  // Q4_K chunks start 16-byte aligned
+  c.row_a = stage + g * R::kRowStride;  // Q4_K and Q5_K chunks start 16-byte aligned (144, 176 = 16 x 9, 11)
   c.row_b = stage + (g + 8) * R::kRowStride;
   k_scales_mins(c.row_a + 4, c.sc_a, c.mn_a);
   k_scales_mins(c.row_b + 4, c.sc_b, c.mn_b);
@@ -1014,7 +1017,8 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[kTiles][NT][4], const uin
 // ---- M = 1 on x's int8 records: the quants as they are, on m16n8k32 (u8 x s8) ----
 // Lane (g, t) takes bytes 8t .. 8t + 7 of each 32-byte quant group p of rows g and g + 8: their low nibbles
 // are sub-block 2p's elements 8t .. 8t + 7 (A's k 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3), their high
-// nibbles, kept in place as 16 q (one LOP3 a word), sub-block 2p + 1's. B column n holds x's his, mids and los
+// nibbles, kept in place as 16 q (one LOP3 a word), sub-block 2p + 1's. Q5_K (the same super-block with qh's
+// 5th bits ahead of the quants) shifts the high nibbles down and puts each element's 5th bit above both. B column n holds x's his, mids and los
 // (n = 0, 1, 2; the int8 form, q4k_x.cuh): C's columns 0, 1 (lane t = 0) and 2 (t = 1), to which each
 // sub-block's scale applies in int32, exactly. ncu on 1 x 28672 x 4096 (H200): rows_kernel on the fp16 form
 // issues ~590 instructions a chunk and warp, at 2.5 an SM and cycle.
@@ -1038,22 +1042,50 @@ __device__ __forceinline__ I8X load_i8x(const uint8_t* record, int g, int t) {
   return x;
 }
 
+// Q5_K's quant words of sub-blocks 2p (lo) and 2p + 1 (hi) from q (4 quant bytes: their low and high nibbles)
+// and h (the 4 qh bytes of the same elements: bit j the 5th bit of sub-block j), as bytes 0 .. 31.
+// (p is a constant where the loops are unrolled.)
+__device__ __forceinline__ uint32_t fifth_bits(uint32_t h, int j) {
+  return (j <= 4 ? h << (4 - j) : h >> (j - 4)) & 0x10101010u;  // bit j of each byte to its bit 4
+}
+__device__ __forceinline__ void q5_words(uint32_t q, uint32_t h, int p, uint32_t& lo, uint32_t& hi) {
+  lo = (q & 0x0F0F0F0Fu) | fifth_bits(h, 2 * p);
+  hi = ((q >> 4) & 0x0F0F0F0Fu) | fifth_bits(h, 2 * p + 1);
+}
+
 // acc += W[n0 .. n0 + 15, chunk] . x[0, chunk] in lane t = 0 (acc[0]: row g, acc[2]: row g + 8; the other
 // lanes' and [1], [3] are x rows past M). Per part P of v (hi, mid, lo): sum_s sc_s (q . P)_s = (16 E + O) / 16,
-// E summing sc_s dot_s over the even sub-blocks (quants q), O over the odd ones (16 q): |16 E + O| < 2^29.
+// E summing sc_s dot_s over the even sub-blocks (quants q), O over the odd ones (Q4_K: 16 q, in place; Q5_K: q,
+// and the sum 16 (E + O)): |16 E + O| < 2^29, |16 (E + O)| < 2^30.
+template <int QT>
 __device__ __forceinline__ void mma_chunk_i8(float (&acc)[4], const uint8_t* stage, const I8X& x, uint32_t exps, int g,
                                              int t) {
-  const Chunk c = chunk_at(stage, exps, g);
+  constexpr bool kQ5 = QT == kQ5_K;
+  constexpr int kQs = kQ5 ? 48 : 16;  // the quants' offset in a super-block (Q5_K: qh[32] at 16 before them)
+  const Chunk c = chunk_at<QT>(stage, exps, g);
+  uint2 ha{}, hb{};  // Q5_K: rows g and g + 8's qh bytes 8t .. 8t + 7, the 5th bits of this lane's elements
+  if constexpr (kQ5) {
+    ha = *reinterpret_cast<const uint2*>(c.row_a + 16 + 8 * t);
+    hb = *reinterpret_cast<const uint2*>(c.row_b + 16 + 8 * t);
+  }
   int even[4] = {}, odd[4] = {};
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
-    const uint2 qa = *reinterpret_cast<const uint2*>(c.row_a + 16 + 32 * p + 8 * t);
-    const uint2 qb = *reinterpret_cast<const uint2*>(c.row_b + 16 + 32 * p + 8 * t);
+    const uint2 qa = *reinterpret_cast<const uint2*>(c.row_a + kQs + 32 * p + 8 * t);
+    const uint2 qb = *reinterpret_cast<const uint2*>(c.row_b + kQs + 32 * p + 8 * t);
+    // A fragments: rows g, g + 8 at k 4t .. 4t + 3, then at k 16 + 4t ..
+    const uint32_t q[4] = {qa.x, qb.x, qa.y, qb.y}, h[4] = {ha.x, hb.x, ha.y, hb.y};
+    uint32_t a_lo[4], a_hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (kQ5)
+        q5_words(q[i], h[i], p, a_lo[i], a_hi[i]);
+      else
+        a_lo[i] = q[i] & 0x0F0F0F0Fu, a_hi[i] = q[i] & 0xF0F0F0F0u;
+    }
     int lo[4] = {}, hi[4] = {};
-    mma_m16n8k32_u8s8(lo, {qa.x & 0x0F0F0F0Fu, qb.x & 0x0F0F0F0Fu, qa.y & 0x0F0F0F0Fu, qb.y & 0x0F0F0F0Fu}, x.v[4 * p],
-                      x.v[4 * p + 1]);
-    mma_m16n8k32_u8s8(hi, {qa.x & 0xF0F0F0F0u, qb.x & 0xF0F0F0F0u, qa.y & 0xF0F0F0F0u, qb.y & 0xF0F0F0F0u},
-                      x.v[4 * p + 2], x.v[4 * p + 3]);
+    mma_m16n8k32_u8s8(lo, a_lo, x.v[4 * p], x.v[4 * p + 1]);
+    mma_m16n8k32_u8s8(hi, a_hi, x.v[4 * p + 2], x.v[4 * p + 3]);
     const int sa = byte_i(c.sc_a, 2 * p), sb = byte_i(c.sc_b, 2 * p);  // the 6-bit scales
     const int sa1 = byte_i(c.sc_a, 2 * p + 1), sb1 = byte_i(c.sc_b, 2 * p + 1);
 #pragma unroll
@@ -1064,7 +1096,7 @@ __device__ __forceinline__ void mma_chunk_i8(float (&acc)[4], const uint8_t* sta
   }
   float part[4];  // 16 sum_s sc_s (q . P)_s: columns 2t, 2t + 1 of rows g, g + 8
 #pragma unroll
-  for (int i = 0; i < 4; ++i) part[i] = float(16 * even[i] + odd[i]);
+  for (int i = 0; i < 4; ++i) part[i] = kQ5 ? 16.f * float(even[i] + odd[i]) : float(16 * even[i] + odd[i]);
   const float lo_a = __shfl_down_sync(0xFFFFFFFFu, part[0], 1), lo_b = __shfl_down_sync(0xFFFFFFFFu, part[2], 1);
   // v = 2^14 hi + 2^7 mid + lo; finish's inv (2^-e) also scales the min's sums (v's / 2^12): 2^-12 here
   const float dot_a = (16384.f * part[0] + 128.f * part[1] + lo_a) * (1.f / (16 * 128));
@@ -1181,17 +1213,18 @@ __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, c
 }
 
 // Act (with kBox): W is gate | up (N = 2 inter rows), out [1, inter] = act(gate) * up, a tile of 16 rows being 8 gate
-// rows and their up rows (ChunkRing's kPair).
-template <typename T, int S, int kCTAs, bool kBox, typename Act = void, bool kXRegs = false>
+// rows and their up rows (ChunkRing's kPair). QT: Q4_K, or Q5_K (no Act).
+template <typename T, int S, int kCTAs, bool kBox, typename Act = void, bool kXRegs = false, int QT = kQ4_K>
 __global__ void __launch_bounds__(kThreads, kCTAs)
     i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
   constexpr bool kAct = !std::is_void_v<Act>;
   static_assert(!kAct || kBox, "i8_kernel: the activation's tiles come as pair boxes");
+  static_assert(QT == kQ4_K || !kAct, "i8_kernel: Q5_K takes no activation");
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
-  i8_walk<kQ4_K, S, kBox, true, kAct, kXRegs>(
+  i8_walk<QT, S, kBox, true, kAct, kXRegs>(
       a, records, &w_map,
       [&](float (&acc)[4], const uint8_t* stage, int, int, const I8X& x, int g, int t) {
-        mma_chunk_i8(acc, stage, x, a.pair_exps, g, t);
+        mma_chunk_i8<QT>(acc, stage, x, a.pair_exps, g, t);
       },
       [&](float (&acc)[1][4], int n0, int warp, int lane) {
         reduce_store<T, 1, Act>(acc, red, a, kAct ? n0 / 2 : n0, warp, lane);
@@ -1763,7 +1796,8 @@ void launch_q8_i8(const Args& a, const uint8_t* records, const torch::Tensor& x,
 // lanes / box: 1 x 28672 x 4096 26.13 / 21.48, 1 x 128256 x 4096 99.12 / 94.19, 1 x 4096 x 14336 13.87 / 13.36
 // (7 chunks a warp); 1 x 4096 x 4096 5.39 / 5.93, 1 x 6144 x 4096 6.91 / 7.79 (2).
 // With Act (the activation's pairs, sm_90 only): always the pair box.
-template <typename T, int S, int kCTAs = 2, typename Act = void>
+// QT: Q4_K, or Q5_K (launch_q5k_i8).
+template <typename T, int S, int kCTAs = 2, typename Act = void, int QT = kQ4_K>
 void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
   const int tiles = (a.N + 15) / 16;
   // held: x's chunks in registers across a warp's tiles (i8_walk's kXRegs), where there are at most 2 a warp and the
@@ -1775,8 +1809,8 @@ void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t 
     auto run = [&](auto stages, auto ctas, auto held_x) {
       constexpr int kS = decltype(stages)::value;
       constexpr auto kernel =
-          q4k::i8_kernel<T, kS, decltype(ctas)::value, decltype(use_box)::value, Act, decltype(held_x)::value>;
-      constexpr int smem = kS * kWarps * Ring<kQ4_K>::kStageBytes + 128;
+          q4k::i8_kernel<T, kS, decltype(ctas)::value, decltype(use_box)::value, Act, decltype(held_x)::value, QT>;
+      constexpr int smem = kS * kWarps * Ring<QT>::kStageBytes + 128;
       allow_smem<kernel, smem>();
       const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
       launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
@@ -1792,10 +1826,25 @@ void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t 
     const int ctas = std::min(tiles, kCTAs * sms);
     const int warp_chunks = (tiles + ctas - 1) / ctas * ((a.K / 256 + kWarps - 1) / kWarps);
     if (cc_major(c10::cuda::current_device()) >= 9 && warp_chunks >= 4)
-      go(std::true_type{}, chunk_map(a, Ring<kQ4_K>::kRowStride, true));
+      go(std::true_type{}, chunk_map(a, Ring<QT>::kRowStride, true));
     else
       go(std::false_type{}, CUtensorMap{});
   }
+}
+
+// Q5_K at M = 1 on int8 records (those given, else prepare_x_kernel's): Q4_K's kernel and walk with the 5th bits;
+// 4 stages a warp where the grid is at most 2 CTAs an SM (98 KB each), else 2 at 3 CTAs an SM (3 of 3 KB stages
+// leave room for 2). Against qlinear_kernel on bf16 x (H200, one build, a switch, two rounds, us, with the prepare_x
+// launch): 1 x 6144 x 4096 14.5 -> 8.4, 1 x 4096 x 4096 8.5 -> 6.6, 1 x 28672 x 4096 46.2 -> 23.4 (42 -> 83% of
+// copy), 1 x 4096 x 14336 24.5 -> 15.2, 1 x 128256 x 4096 182.8 -> 97.9; the 8B Q5_K_M batch-1 step 3.386 -> 2.295 ms.
+template <typename T>
+void launch_q5k_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  torch::Tensor own;
+  const uint8_t* r = records_or_own<T>(a, records, x, own, stream);
+  if (small_grid(a, sms))
+    launch_q4k_i8<T, 4, 2, void, kQ5_K>(a, r, sms, stream);
+  else
+    launch_q4k_i8<T, 2, 3, void, kQ5_K>(a, r, sms, stream);
 }
 
 // Whether Q4_K at M 2-16 takes tile_kernel (after prepare_x_kernel) rather than rows_kernel: where the tiles
@@ -1950,6 +1999,8 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
         qgemm::launch_q6_i8<scalar_t>(a, records, x, sms, stream);
       else if (QT == qgemm::kQ8_0 && qgemm::q8_i8(a, x.get_device()))
         qgemm::launch_q8_i8<scalar_t>(a, records, x, sms, stream);
+      else if (QT == qgemm::kQ5_K && a.M == 1)
+        qgemm::launch_q5k_i8<scalar_t>(a, records, x, sms, stream);
       else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, sms, stream))
         return;
       // Q6_K at M = 1 past 2 CTAs an SM (a Q4_K_M lm_head; short K took qtile_kernel above) on records of its
