@@ -102,11 +102,11 @@ def test_qlinear_large_grid(kind):
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
     rows; at M = 1 a tile of 4 rows, whose other 12 are never copied, or arrive as zeros in a TMA box). Q6_K at M = 1
     with K of 8 chunks and more writes its own int8 records for its int8 kernel (k 4096: its stages by TMA boxes),
-    and so does Q8_0 on sm_90 (k 4096)."""
+    and so do Q8_0, Q4_0 and Q4_1 on sm_90 (k 4096)."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):
-        for k in KS[kind] + ([4096] if kind in ("Q6_K", "Q8_0") else []):
+        for k in KS[kind] + ([4096] if kind in ("Q6_K", "Q8_0", "Q4_0", "Q4_1") else []):
             for m in (1, 5, 13):
                 w, x, b, ref64, torch_out = _product_case(kind, m, n, k, torch.bfloat16, seed=m)
                 ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)
@@ -396,20 +396,22 @@ def test_records_from_norms_and_activations(m, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kind", ["Q5_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1"])
 def test_qlinear_on_int8_records(kind, dtype):
-    """Q5_K, Q6_K and Q8_0 at M = 1 given x's records (the int8 form, here written by rms_norm) multiply their quants
-    as bytes against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles and on 18 tiles more
-    than 2 CTAs an SM hold (those CTAs loop to a second tile, the last one partial), then on 4 tiles an SM and 18
-    more (each CTA looping over 2-3 tiles; x's chunks held across them where a warp has at most 2); a non-finite x
-    row gives non-finite outputs. Q5_K and Q6_K: K of 3, 17 and 56 chunks (Q5_K: on sm_90 by TMA boxes where a warp
-    takes 4 chunks and more, else cp.async pieces; Q6_K: 56 by boxes from the 16-byte boundary at or before each
-    chunk, its rows a multiple of 16 bytes, 3 and 17 by pieces), looping at 3, 9 and 16. Q8_0 (sm_90; other K ignore
-    the records): K of 8, 17 and 56 chunks by boxes of 2-byte elements; looping at 9 and 16."""
+    """Q5_K, Q6_K, Q8_0, Q4_0 and Q4_1 at M = 1 given x's records (the int8 form, here written by rms_norm) multiply
+    their quants as bytes against x's int8 parts: against the reference with the 2x rule on a grid of 3 tiles and on
+    18 tiles more than 2 CTAs an SM hold (those CTAs loop to a second tile, the last one partial), then on 4 tiles an
+    SM and 18 more (each CTA looping over 2-3 tiles; x's chunks held across them where a warp has at most 2); a
+    non-finite x row gives non-finite outputs. Q5_K and Q6_K: K of 3, 17 and 56 chunks (Q5_K: on sm_90 by TMA boxes
+    where a warp takes 4 chunks and more, else cp.async pieces; Q6_K: 56 by boxes from the 16-byte boundary at or
+    before each chunk, its rows a multiple of 16 bytes, 3 and 17 by pieces), looping at 3, 9 and 16. The 32-element
+    blocks (sm_90; other K ignore the records) by TMA boxes (Q8_0's of 2-byte elements): Q8_0 at K of 8, 17 and 56
+    chunks, Q4_0 and Q4_1 at 9, 17 and 56 (8 and fewer stay on regs_kernel); looping at 9 and 16."""
     q, ops = _q(), torch.ops.minfer
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device=DEV).manual_seed(8)
-    ks, looping = ((768, 4352, 14336), (768, 2304, 4096)) if kind != "Q8_0" else ((2048, 4352, 14336), (2304, 4096))
+    ks, looping = {"Q5_K": ((768, 4352, 14336), (768, 2304, 4096)), "Q6_K": ((768, 4352, 14336), (768, 2304, 4096)),
+                   "Q8_0": ((2048, 4352, 14336), (2304, 4096))}.get(kind, ((2304, 4352, 14336), (2304, 4096)))
     cases = [(n, k) for n in (40, 16 * 2 * sms + 276) for k in ks]
     for n, k in cases + [(16 * 4 * sms + 276, k) for k in looping]:
         w = _weight(kind, n, k, seed=k)

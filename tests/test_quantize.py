@@ -382,19 +382,19 @@ def test_errors_are_one_line(tmp_path, capsys):
 @pytest.mark.gpu
 @pytest.mark.parametrize("ftype, hidden, inter, heads, kind",
                          [("Q4_K_M", 1024, 1536, 4, "Q4_K"), ("Q5_K_M", 1024, 1536, 8, "Q5_K"),
-                          ("Q8_0", 2048, 2304, 16, "Q8_0")])
+                          ("Q8_0", 2048, 2304, 16, "Q8_0"), ("Q4_0", 2304, 2560, 18, "Q4_0")])
 def test_decode_on_records_equals_own_conversion(ftype, hidden, inter, heads, kind, tmp_path):
     """On the cuda backend at decode rows, the norms and the activation write x's records for the Q4_K linears
-    after them, and at one row for the Q5_K, Q6_K and (sm_90, K of 8 chunks and more) Q8_0 ones (ops.records_for):
-    the logits are those of each linear converting x itself, bit for bit (every linear's input in the records'
-    range), at batch 1 (the int8 form) and 5 (fp16; only Q4_K takes records there)."""
+    after them, and at one row for the Q5_K, Q6_K and (sm_90, K of 8 chunks and more; Q4_0 past 8) Q8_0 and Q4_0 ones
+    (ops.records_for): the logits are those of each linear converting x itself, bit for bit (every linear's input in
+    the records' range), at batch 1 (the int8 form) and 5 (fp16; only Q4_K takes records there)."""
     from minfer import loader
     from minfer.kv_cache import KVCache
     from minfer.model import Transformer
     from minfer.ops import get_backend, reference
 
-    if kind == "Q8_0" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("Q8_0 reads x's records on sm_90")
+    if kind in ("Q8_0", "Q4_0") and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip(f"{kind} reads x's records on sm_90")
     src = tmp_path / "hf"
     build_llama(src, hidden=hidden, inter=inter, heads=heads)
     out = tmp_path / f"model.{ftype}.gguf"

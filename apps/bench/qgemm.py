@@ -5,8 +5,8 @@ minfer: the seam's call (minfer.ops.quantized.linear): qlinear for M <= 32, else
 minfer's kernel, as torch's (minfer.quant) copies a host tensor to the GPU, which graph capture forbids.
 Paths: `dense` = cuBLAS on W already dense in x's dtype (the unquantized model's cost, its 2-byte W not
 counted in the bytes); `prefill` = dequantize + linear at any M; `records` = qlinear given x's records, written
-(untimed) by rms_norm as the engine's norms write them before Q4_K up to 16 rows, Q6_K at one row and Q8_0 at one
-row (sm_90).
+(untimed) by rms_norm as the engine's norms write them before Q4_K up to 16 rows, Q5_K and Q6_K at one row, and
+Q8_0, Q4_0 and Q4_1 at one row (sm_90).
 Bytes: the quantized W + x + out.
 One case per format: qgemm (Q4_K), qgemm_q6_k, qgemm_q8_0, ...; Llama-3-8B's linear shapes.
 """

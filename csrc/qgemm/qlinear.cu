@@ -22,8 +22,8 @@
 // Q4_K up to M = 16 takes its own kernels (q4k below): at M = 1 the quants as they are against x as 22-bit
 // integers in three int8 parts (m16n8k32), above it the sub-block scales folded into fp16 quants. At M = 1 Q5_K
 // takes Q4_K's int8 kernel with its 5th bits, on the records given or its own; Q6_K takes that int8 form too (q6
-// below) where x's records are given, and past 2 CTAs an SM on records of its own; Q8_0 on sm_90 (q8 below) on the
-// records given or its own, where K is whole chunks, 8 and more.
+// below) where x's records are given, and past 2 CTAs an SM on records of its own; Q8_0, Q4_0 and Q4_1 on sm_90 (b32
+// below) on the records given or their own, where K is whole chunks, 8 and more (Q4_0, Q4_1: past 8).
 // At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel, also M 2-8) run CTAs of 16-row
 // warps (8, or 6-8 for Q4_K) that walk the same chunks, reading each chunk's x into shared memory once a CTA.
 //
@@ -58,11 +58,12 @@ using namespace ::minfer::ptx;
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 
 // One warp's ring of stages; a stage holds one chunk of 16 rows, row r at r * kRowStride. The 4- and
-// 5-bit legacy formats take 64 k a chunk, so that the small K of small models still spreads over the 8
-// warps; Q8_0 (8B Q8_0 decode: 11% slower at 64) and the super-blocks take 256.
-template <int QT>
+// 5-bit legacy formats take 64 k a chunk in qlinear_kernel, so that the small K of small models still spreads
+// over the 8 warps; Q8_0 (8B Q8_0 decode: 11% slower at 64) and the super-blocks take 256, as every format does
+// in ChunkRing (x's records are 256-k chunks).
+template <int QT, int kK = Format<QT>::kElems == 256 || QT == kQ8_0 ? 256 : 64>
 struct Ring {
-  static constexpr int kChunk = Format<QT>::kElems == 256 || QT == kQ8_0 ? 256 : 64;  // k per stage
+  static constexpr int kChunk = kK;  // k per stage
   static constexpr int kBytes = kChunk / Format<QT>::kElems * Format<QT>::kBytes;  // a row's chunk
   static constexpr int kPieces = (kBytes + 15 + 15) / 16;  // 16-byte pieces that cover it at any alignment
   static constexpr int kRowStride = 16 * kPieces, kStageBytes = 16 * kRowStride;
@@ -97,9 +98,9 @@ __device__ __forceinline__ int64_t chunk_start(const Args& a, int n0, int r, int
 // last one of W only up to W's end); the rest of the stage, and rows from N on, get zeros (decoded: 0).
 // kOffsets: the aligned case on 32-bit offsets, with no extra piece (Q8_0 16 x 4096 x 4096: 20.2 -> 15.7 us;
 // the compiler keeps them in ~10 registers across chunks, which lost 10% on Q4_K at M = 16).
-template <int QT, bool kOffsets>
+template <int QT, bool kOffsets, int kK = Ring<QT>::kChunk>
 __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0, int c, int lane) {
-  using R = Ring<QT>;
+  using R = Ring<QT, kK>;
   if (n0 + 16 < a.N && int64_t(c + 1) * R::kBytes <= a.row_bytes) {  // whole, and W goes on past it: no checks
     const int64_t base = int64_t(n0) * a.row_bytes + int64_t(c) * R::kBytes;  // row n0's chunk
     if (kOffsets && R::kBytes % 16 == 0 && a.aligned) {  // every row's chunk starts aligned: no extra piece
@@ -138,7 +139,7 @@ __device__ __forceinline__ uint8_t* aligned_128(uint8_t* smem) {
 
 // A TMA box row is at most 256 elements: W's bytes are seen as 2-byte elements where a slot's row is wider (Q8_0's 288).
 template <int QT>
-constexpr int kBoxElem = Ring<QT>::kRowStride > 256 ? 2 : 1;
+constexpr int kBoxElem = Ring<QT, 256>::kRowStride > 256 ? 2 : 1;
 
 // A warp's S stages of a format's chunks (Q4_K, Q6_K, Q8_0), each row's at its slot's offset chunk_start & 15 (0 for
 // Q4_K). On sm_90 the TMA fills them, each stage's bytes counted on its mbarrier:
@@ -154,7 +155,7 @@ constexpr int kBoxElem = Ring<QT>::kRowStride > 256 ? 2 : 1;
 //   [2, 8, kRowStride] box of pair_map.
 template <int QT, int S, bool kBox, bool kPair = false>
 struct ChunkRing {
-  using R = Ring<QT>;
+  using R = Ring<QT, 256>;
   static constexpr bool kBulk = kBox || QT == kQ4_K;  // on sm_90: TMA and mbarriers, not cp.async
   uint8_t* stages;  // [S][kStageBytes], 128-byte aligned
   const CUtensorMap* map;  // with kBox: W as bytes [N, row_bytes], boxes of [16, kRowStride] (chunk_map)
@@ -203,7 +204,7 @@ struct ChunkRing {
       return;
     }
 #endif
-    load_chunk<QT, QT == kQ4_K>(stages + (i % S) * R::kStageBytes, a, n0, c, lane);
+    load_chunk<QT, QT == kQ4_K, 256>(stages + (i % S) * R::kStageBytes, a, n0, c, lane);
     cp_async_commit();
   }
   // Chunk c into stage i % S, whose chunk every lane has read (__syncwarp since).
@@ -220,7 +221,7 @@ struct ChunkRing {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (kBulk) return refill(i, n0, c, a);
 #endif
-    load_chunk<QT, kOffsets>(stages + stage * R::kStageBytes, a, n0, c, lane);
+    load_chunk<QT, kOffsets, 256>(stages + stage * R::kStageBytes, a, n0, c, lane);
   }
   __device__ __forceinline__ void tile_wait(int i) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1162,7 +1163,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 2 : 1) rows_kernel(con
 template <int QT, int S, bool kBox, bool kEarly, bool kPair, bool kXRegs, typename Mma, typename Store>
 __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, const CUtensorMap* w_map, Mma mma,
                                         Store store) {
-  using R = Ring<QT>;
+  using R = Ring<QT, 256>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // [kWarps][S][kStageBytes]
   uint8_t* smem = aligned_128(smem_raw);
@@ -1501,50 +1502,77 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 }  // namespace q6
 
-// ---- Q8_0 at M = 1 on x's int8 records: the quants as they are, on m16n8k32 (s8 x s8) ----
-// A 256-k chunk is 8 blocks of 34 bytes (d in fp16, then 32 int8 quants). In the records' order lane t takes
-// elements 8t .. 8t + 7 of each 32-element block s (x's v[2s], v[2s + 1]), so block s is one mma whose A words are
-// quants 8t .. 8t + 3 and 8t + 4 .. 8t + 7 of rows g and g + 8. Per block and row, C's hi and mid columns (lane t =
-// 0) meet in int32 as 128 hi + mid (|.| < 2^26), lane t = 1 keeps lo (column 3 repeats it), and d scales them in
-// fp32; 2^-e applies once a chunk, and the store adds 128 x lane 0's sums to lane 1's.
-namespace q8 {
+// ---- Q8_0, Q4_0 and Q4_1 at M = 1 on x's int8 records: a 32-element block, one m16n8k32 ----
+// A 256-k chunk is 8 blocks (Q8_0: d, 32 int8 quants; Q4_0: d, 16 bytes of nibbles, element j low in byte j and
+// j + 16 high; Q4_1: d, m, the nibbles). In the records' order lane t takes elements 8t .. 8t + 7 of each block s
+// (x's v[2s], v[2s + 1]), so block s is one mma whose A words are quants 8t .. 8t + 3 and 8t + 4 .. 8t + 7 of rows g
+// and g + 8: Q8_0's as they are (s8), the 4-bit ones as u8 nibbles (bytes 8 (t % 2) .., their high nibbles for t >=
+// 2), -8 x (Q4_0) by a second mma into the same sums, m x (Q4_1) by a mma of ones. Per block and row, C's hi and mid
+// columns (lane t = 0) meet in int32 as 128 hi + mid (|.| < 2^26), lane t = 1 keeps lo (column 3 repeats it), and d
+// (m) scales them in fp32; 2^-e applies once a chunk, and the store adds 128 x lane 0's sums to lane 1's.
+namespace b32 {
 
-// Quants 8t .. 8t + 7 of block s of a row's chunk (16-byte aligned): at 34 s + 2 + 8t, 4-byte aligned for odd s,
-// else two byte_perms of the three words around them.
-__device__ __forceinline__ uint2 quants(const uint8_t* row, int s, int t) {
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(row + ((34 * s + 2 + 8 * t) & ~3));
-  if (s % 2 == 1) return {w[0], w[1]};
+template <int QT>
+constexpr int kQuantsAt = QT == kQ4_1 ? 4 : 2;  // in a block, after d (and m)
+
+// The 8 bytes at p as two words, p 2-byte aligned and p % 4 == mis (0 or 2; a constant where the loops are
+// unrolled): aligned words, or two byte_perms of the three words around them.
+__device__ __forceinline__ uint2 words_at(const uint8_t* p, int mis) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p - mis);
+  if (mis == 0) return {w[0], w[1]};
   return {__byte_perm(w[0], w[1], 0x5432), __byte_perm(w[1], w[2], 0x5432)};
 }
 
-// acc[0] (row a) and acc[2] (row b) += 2^-e sum over the chunk's blocks of d (q . x) in lane t's columns of B.
+// acc[0] (row a) and acc[2] (row b) += 2^-e sum over the chunk's blocks of w . x in lane t's columns of B; row_a, row_b:
+// the rows' chunks (16-byte aligned).
+template <int QT>
 __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint8_t* row_a, const uint8_t* row_b,
                                           const q4k::I8X& x, int t) {
+  constexpr int kBlock = Format<QT>::kBytes;
+  constexpr uint32_t kMinus8 = 0xF8F8F8F8u, kOnes = 0x01010101u;
   const int hi = t == 0 ? 128 : 0;  // lane 0: 128 hi + mid; lane 1: lo + 0 x lo
+  const int lane_at = QT == kQ8_0 ? 8 * t : 8 * (t % 2), nibble = 4 * (t / 2);
   float fa = 0.f, fb = 0.f;
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
-    const uint2 qa = quants(row_a, s, t), qb = quants(row_b, s, t);
+    const int at = kBlock * s + kQuantsAt<QT>;
+    const uint2 qa = words_at(row_a + at + lane_at, at % 4), qb = words_at(row_b + at + lane_at, at % 4);
+    const uint32_t xb[2] = {x.v[2 * s], x.v[2 * s + 1]};
     int c[4] = {};
-    mma_m16n8k32_s8(c, {qa.x, qb.x, qa.y, qb.y}, {x.v[2 * s], x.v[2 * s + 1]});
-    fa = __fmaf_rn(f16_at(row_a + 34 * s), float(hi * c[0] + c[1]), fa);
-    fb = __fmaf_rn(f16_at(row_b + 34 * s), float(hi * c[2] + c[3]), fb);
+    if constexpr (QT == kQ8_0) {
+      mma_m16n8k32_s8(c, {qa.x, qb.x, qa.y, qb.y}, xb);
+    } else {
+      const uint32_t q[4] = {(qa.x >> nibble) & 0x0F0F0F0Fu, (qb.x >> nibble) & 0x0F0F0F0Fu,
+                             (qa.y >> nibble) & 0x0F0F0F0Fu, (qb.y >> nibble) & 0x0F0F0F0Fu};
+      mma_m16n8k32_u8s8(c, q, xb[0], xb[1]);
+      if constexpr (QT == kQ4_0) mma_m16n8k32_s8(c, {kMinus8, kMinus8, kMinus8, kMinus8}, xb);
+    }
+    fa = __fmaf_rn(f16_at(row_a + kBlock * s), float(hi * c[0] + c[1]), fa);
+    fb = __fmaf_rn(f16_at(row_b + kBlock * s), float(hi * c[2] + c[3]), fb);
+    if constexpr (QT == kQ4_1) {  // + m sum(x): the same sums for both rows
+      int o[4] = {};
+      mma_m16n8k32_s8(o, {kOnes, kOnes, kOnes, kOnes}, xb);
+      const float sum = float(hi * o[0] + o[1]);
+      fa = __fmaf_rn(f16_at(row_a + kBlock * s + 2), sum, fa);
+      fb = __fmaf_rn(f16_at(row_b + kBlock * s + 2), sum, fb);
+    }
   }
   acc[0] = __fmaf_rn(x.inv, fa, acc[0]);
   acc[2] = __fmaf_rn(x.inv, fb, acc[2]);
 }
 
-// x's records in the int8 form; S stages a warp by [16 x 144] TMA boxes of 2-byte elements (sm_90; K a multiple of
-// 256, so every row's chunk starts 16-byte aligned, at its slot's start); the walk of q4k::i8_walk, kXRegs as there.
-template <typename T, int S, bool kXRegs>
-__global__ void __launch_bounds__(kThreads, 2)
+// x's records in the int8 form; S stages a warp by TMA boxes (sm_90; K a multiple of 256, so every row's chunk starts
+// 16-byte aligned, at its slot's start: [16 x 144] 2-byte elements for Q8_0's 288-byte slot rows, [16 x 160] and
+// [16 x 176] bytes for Q4_0 and Q4_1); the walk of q4k::i8_walk, kXRegs as there.
+template <int QT, typename T, int S, int kCTAs, bool kXRegs>
+__global__ void __launch_bounds__(kThreads, kCTAs)
     i8_kernel(const Args a, const uint8_t* records, const __grid_constant__ CUtensorMap w_map) {
-  constexpr int kRow = Ring<kQ8_0>::kRowStride;
+  constexpr int kRow = Ring<QT, 256>::kRowStride;
   __shared__ __align__(16) uint8_t red[kWarps * 4 * 32 * sizeof(float)];
-  q4k::i8_walk<kQ8_0, S, true, false, false, kXRegs>(
+  q4k::i8_walk<QT, S, true, false, false, kXRegs>(
       a, records, &w_map,
       [&](float (&acc)[4], const uint8_t* stage, int, int, const q4k::I8X& x, int g, int t) {
-        mma_chunk(acc, stage + g * kRow, stage + (g + 8) * kRow, x, t);
+        mma_chunk<QT>(acc, stage + g * kRow, stage + (g + 8) * kRow, x, t);
       },
       [&](float (&acc)[1][4], int n0, int warp, int lane) {
 #pragma unroll
@@ -1553,7 +1581,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       });
 }
 
-}  // namespace q8
+}  // namespace b32
 
 // Whether a grid of 16-row CTAs is at most 2 CTAs an SM: there the kernels are bound by latency, not issue.
 inline bool small_grid(const Args& a, int sms) { return (a.N + 15) / 16 <= 2 * sms; }
@@ -1760,35 +1788,52 @@ void launch_q6_i8(const Args& a, const uint8_t* records, const torch::Tensor& x,
     with_stages(std::false_type{});
 }
 
-// Whether Q8_0 at M = 1 takes its int8 kernel (q8::i8_kernel): sm_90 (TMA boxes), K a multiple of 256 (x's records;
-// W's rows and chunks then 16-byte aligned) and of at least one chunk a warp.
-inline bool q8_i8(const Args& a, int device) {
-  return a.M == 1 && a.K % 256 == 0 && a.K >= 256 * kWarps && cc_major(device) >= 9;
-}
 
-// Q8_0 at M = 1 on int8 records (those given, else prepare_x_kernel's): 3 stages a warp, 2 CTAs an SM (110 KB each),
-// x's chunks held across tiles as Q4_K's (launch_q4k_i8). Against qlinear_kernel on bf16 x (H200, one build, a switch,
-// two rounds, us, with the prepare_x launch): 1 x 6144 x 4096 13.7 -> 9.4, 1 x 4096 x 4096 8.7 -> 8.0, 1 x 28672 x
-// 4096 48.0 -> 32.9 (62 -> 91% of copy), 1 x 4096 x 14336 23.6 -> 18.4, 1 x 128256 x 4096 180-182 -> 139; the 8B Q8_0
-// batch-1 step 3.460 / 3.463 -> 2.683 / 2.683 ms.
-template <typename T>
-void launch_q8_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+// Q8_0, Q4_0 and Q4_1 at M = 1 on int8 records (those given, else prepare_x_kernel's), x's chunks held across tiles
+// as Q4_K's (launch_q4k_i8). Q8_0: 3 stages a warp, 2 CTAs an SM (110 KB each); Q4_0, Q4_1 as Q4_K: 4 stages at 2
+// CTAs an SM on small grids and held, else 3 at 3. Against qlinear_kernel on bf16 x (H200, one build, a switch, us,
+// with the prepare_x launch): Q8_0 (two rounds) 1 x 6144 x 4096 13.7 -> 9.4, 1 x 4096 x 4096 8.7 -> 8.0, 1 x 28672 x
+// 4096 48.0 -> 32.9 (62 -> 91% of copy), 1 x 4096 x 14336 23.6 -> 18.4, 1 x 128256 x 4096 180-182 -> 139; Q4_0 12.4 ->
+// 9.1, 9.0 -> 6.5, 41.7 -> 21.7 (38 -> 72%), 25.6 -> 14.8, 161.6 -> 87.9; Q4_1 12.8 -> 8.6, 9.1 -> 6.5, 44.0 -> 22.6,
+// 26.9 -> 15.1, 175.9 -> 96.5. The 8B batch-1 step: Q8_0 3.460 / 3.463 -> 2.683 / 2.683 ms, Q4_0 3.583 / 3.583 ->
+// 2.052 / 2.051.
+template <int QT, typename T>
+void launch_b32_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
   torch::Tensor own;
   records = records_or_own<T>(a, records, x, own, stream);
-  const CUtensorMap map = chunk_map(a, Ring<kQ8_0>::kRowStride, true, kBoxElem<kQ8_0>);
+  const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, true, kBoxElem<QT>);
   const int tiles = (a.N + 15) / 16;
-  auto go = [&](auto held) {
-    constexpr int S = 3;
-    constexpr auto kernel = q8::i8_kernel<T, S, decltype(held)::value>;
-    constexpr int smem = S * kWarps * Ring<kQ8_0>::kStageBytes + 128;
+  auto go = [&](auto stages, auto ctas, auto held) {
+    constexpr int S = decltype(stages)::value;
+    constexpr auto kernel = b32::i8_kernel<QT, T, S, decltype(ctas)::value, decltype(held)::value>;
+    constexpr int smem = S * kWarps * Ring<QT, 256>::kStageBytes + 128;
     allow_smem<kernel, smem>();
     const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
     launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
   };
+  using Two = std::integral_constant<int, 2>;
+  using Deep = std::integral_constant<int, QT == kQ8_0 ? 3 : 4>;  // Q8_0's 4.6 KB stages: 3
   if (a.K / 256 <= 2 * kWarps && tiles > 4 * sms)
-    go(std::true_type{});
-  else
-    go(std::false_type{});
+    go(Deep{}, Two{}, std::true_type{});
+  else if (QT == kQ8_0 || small_grid(a, sms))
+    go(Deep{}, Two{}, std::false_type{});
+  else if constexpr (QT != kQ8_0)
+    go(std::integral_constant<int, 3>{}, std::integral_constant<int, 3>{}, std::false_type{});
+}
+
+// Whether Q8_0, Q4_0 or Q4_1 at M = 1 takes its int8 kernel (b32::i8_kernel), and launches it if so: sm_90 (TMA
+// boxes), K a multiple of 256 (x's records; W's rows and chunks then 16-byte aligned) and of a chunk a warp and more;
+// for Q4_0 and Q4_1 past regs_kernel's K (2048: a small model's linears).
+template <int QT, typename T>
+bool launch_if_b32_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  if constexpr (QT == kQ8_0 || QT == kQ4_0 || QT == kQ4_1) {
+    const bool k_ok = a.K % 256 == 0 && (QT == kQ8_0 ? a.K >= 256 * kWarps : a.K > 256 * kWarps);
+    if (a.M == 1 && k_ok && cc_major(x.get_device()) >= 9) {
+      launch_b32_i8<QT, T>(a, records, x, sms, stream);
+      return true;
+    }
+  }
+  return false;
 }
 
 // On sm_90 a warp's stages come by one TMA box copy each where its ring runs over at least 4 chunks; with 2-3 (a
@@ -1997,8 +2042,8 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
         qgemm::launch_q4k<scalar_t>(a, records, x, sms, stream);
       else if (QT == qgemm::kQ6_K && a.M == 1 && records != nullptr)
         qgemm::launch_q6_i8<scalar_t>(a, records, x, sms, stream);
-      else if (QT == qgemm::kQ8_0 && qgemm::q8_i8(a, x.get_device()))
-        qgemm::launch_q8_i8<scalar_t>(a, records, x, sms, stream);
+      else if (qgemm::launch_if_b32_i8<QT, scalar_t>(a, records, x, sms, stream))
+        return;
       else if (QT == qgemm::kQ5_K && a.M == 1)
         qgemm::launch_q5k_i8<scalar_t>(a, records, x, sms, stream);
       else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, sms, stream))

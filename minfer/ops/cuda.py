@@ -155,13 +155,16 @@ def _sm90(device: torch.device) -> bool:
 def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     """Room for x's records ahead of a linear on weight (a list: fuse()'s parts) whose x, [rows, in] like `like`,
     the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * record bytes]
-    where a Q4_K weight (decode rows), a Q5_K or Q6_K one (one row) or a Q8_0 one (one row, sm_90, in of 8 chunks and
-    more: qlinear's q8_i8) takes them (fp16/bf16, in within the norms' [768, 32768]), else None."""
+    where a Q4_K weight (decode rows), a Q5_K or Q6_K one (one row), or at one row on sm_90 a Q8_0 one (in of 8 chunks
+    and more) or a Q4_0 or Q4_1 one (past 8 chunks: qlinear's b32_i8) takes them (fp16/bf16, in within the norms'
+    [768, 32768]), else None."""
     parts = weight if isinstance(weight, list) else [weight]
     k = parts[0].shape[1]
     takes = ("Q4_K",)
     if like.shape[0] == 1:
-        takes += ("Q5_K", "Q6_K") + (("Q8_0",) if k % 256 == 0 and k >= 2048 and _sm90(like.device) else ())
+        takes += ("Q5_K", "Q6_K")
+        if k % 256 == 0 and k >= 2048 and _sm90(like.device):
+            takes += ("Q8_0",) + (("Q4_0", "Q4_1") if k > 2048 else ())
     if not any(isinstance(w, QuantizedWeight) and w.kind in takes for w in parts):
         return None
     if not (1 <= like.shape[0] <= quantized.Q4K_RECORD_ROWS and like.dtype in (torch.float16, torch.bfloat16)
