@@ -137,7 +137,8 @@ __device__ __forceinline__ uint8_t* aligned_128(uint8_t* smem) {
   return smem + ((128 - (smem_addr(smem) & 127)) & 127);
 }
 
-// A TMA box row is at most 256 elements: W's bytes are seen as 2-byte elements where a slot's row is wider (Q8_0's 288).
+// A TMA box row is at most 256 elements: W's bytes are seen as 2-byte elements where a slot's row is wider (Q8_0's
+// 288).
 template <int QT>
 constexpr int kBoxElem = Ring<QT, 256>::kRowStride > 256 ? 2 : 1;
 
@@ -1019,10 +1020,10 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[kTiles][NT][4], const uin
 // Lane (g, t) takes bytes 8t .. 8t + 7 of each 32-byte quant group p of rows g and g + 8: their low nibbles
 // are sub-block 2p's elements 8t .. 8t + 7 (A's k 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3), their high
 // nibbles, kept in place as 16 q (one LOP3 a word), sub-block 2p + 1's. Q5_K (the same super-block with qh's
-// 5th bits ahead of the quants) shifts the high nibbles down and puts each element's 5th bit above both. B column n holds x's his, mids and los
-// (n = 0, 1, 2; the int8 form, q4k_x.cuh): C's columns 0, 1 (lane t = 0) and 2 (t = 1), to which each
-// sub-block's scale applies in int32, exactly. ncu on 1 x 28672 x 4096 (H200): rows_kernel on the fp16 form
-// issues ~590 instructions a chunk and warp, at 2.5 an SM and cycle.
+// 5th bits ahead of the quants) shifts the high nibbles down and puts each element's 5th bit above both. B
+// column n holds x's his, mids and los (n = 0, 1, 2; the int8 form, q4k_x.cuh): C's columns 0, 1 (lane t = 0)
+// and 2 (t = 1), to which each sub-block's scale applies in int32, exactly. ncu on 1 x 28672 x 4096 (H200):
+// rows_kernel on the fp16 form issues ~590 instructions a chunk and warp, at 2.5 an SM and cycle.
 struct I8X {
   uint32_t v[16];             // this lane's part of x: sub-block s at v[2s], v[2s + 1]
   uint32_t sums_hi, sums_lo;  // the min's B fragment
@@ -1523,8 +1524,8 @@ __device__ __forceinline__ uint2 words_at(const uint8_t* p, int mis) {
   return {__byte_perm(w[0], w[1], 0x5432), __byte_perm(w[1], w[2], 0x5432)};
 }
 
-// acc[0] (row a) and acc[2] (row b) += 2^-e sum over the chunk's blocks of w . x in lane t's columns of B; row_a, row_b:
-// the rows' chunks (16-byte aligned).
+// acc[0] (row a) and acc[2] (row b) += 2^-e sum over the chunk's blocks of w . x in lane t's columns of B; row_a,
+// row_b: the rows' chunks (16-byte aligned).
 template <int QT>
 __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint8_t* row_a, const uint8_t* row_b,
                                           const q4k::I8X& x, int t) {
