@@ -1740,6 +1740,21 @@ void launch_q4k_rows(const Args& a, const uint8_t* records, cudaStream_t stream)
              records);
 }
 
+// An M = 1 int8-form kernel (its CTAs loop over W's 16-row tiles: i8_walk) on the CTAs the SMs hold at once, or one a
+// tile where there are fewer tiles; kSmem: its rings and 128 bytes to align them.
+template <auto kKernel, int kSmem>
+void launch_i8_walk(const Args& a, const uint8_t* records, const CUtensorMap& map, int sms, cudaStream_t stream) {
+  allow_smem<kKernel, kSmem>();
+  const int grid = std::min((a.N + 15) / 16, resident_ctas<kKernel, kThreads, kSmem>() * sms);
+  launch_pdl(kKernel, dim3((unsigned)grid), dim3(kThreads), kSmem, stream, a, records, map);
+}
+
+// Whether an int8-form kernel holds x's chunks in registers across a warp's tiles (i8_walk's kXRegs): at most 2 a
+// warp, and the grid looping over several tiles a CTA; its 19 more registers take 2 CTAs an SM. H200, us, Q4_K 3
+// CTAs / held: 1 x 28672 x 4096 23.1 / 20.6; on one or two tiles a CTA it lost (1 x 4096 x 4096 5.3 / 5.6, 1 x 6144
+// x 4096 6.7 / 7.1).
+inline bool held_x(const Args& a, int sms) { return a.K / 256 <= 2 * kWarps && (a.N + 15) / 16 > 4 * sms; }
+
 // x [M, K]'s records (q4k_x.cuh; the int8 form at M = 1) into records, a warp a row's chunk.
 template <typename T>
 void write_records(const T* x, uint8_t* records, int M, int K, cudaStream_t stream) {
@@ -1771,11 +1786,8 @@ void launch_q6_i8(const Args& a, const uint8_t* records, const torch::Tensor& x,
   const CUtensorMap map = chunk_map(a, Ring<kQ6_K>::kRowStride, box);
   auto go = [&](auto stages, auto use_box) {
     constexpr int S = decltype(stages)::value;
-    constexpr auto kernel = q6::i8_kernel<T, S, decltype(use_box)::value>;
-    constexpr int smem = S * kWarps * Ring<kQ6_K>::kStageBytes + 128;
-    allow_smem<kernel, smem>();
-    const int grid = std::min((a.N + 15) / 16, resident_ctas<kernel, kThreads, smem>() * sms);
-    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+    launch_i8_walk<q6::i8_kernel<T, S, decltype(use_box)::value>, S * kWarps * Ring<kQ6_K>::kStageBytes + 128>(
+        a, records, map, sms, stream);
   };
   auto with_stages = [&](auto use_box) {
     if (small_grid(a, sms))
@@ -1788,7 +1800,6 @@ void launch_q6_i8(const Args& a, const uint8_t* records, const torch::Tensor& x,
   else
     with_stages(std::false_type{});
 }
-
 
 // Q8_0, Q4_0 and Q4_1 at M = 1 on int8 records (those given, else prepare_x_kernel's), x's chunks held across tiles
 // as Q4_K's (launch_q4k_i8). Q8_0: 3 stages a warp, 2 CTAs an SM (110 KB each); Q4_0, Q4_1 as Q4_K: 4 stages at 2
@@ -1803,18 +1814,14 @@ void launch_b32_i8(const Args& a, const uint8_t* records, const torch::Tensor& x
   torch::Tensor own;
   records = records_or_own<T>(a, records, x, own, stream);
   const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, true, kBoxElem<QT>);
-  const int tiles = (a.N + 15) / 16;
   auto go = [&](auto stages, auto ctas, auto held) {
     constexpr int S = decltype(stages)::value;
-    constexpr auto kernel = b32::i8_kernel<QT, T, S, decltype(ctas)::value, decltype(held)::value>;
-    constexpr int smem = S * kWarps * Ring<QT, 256>::kStageBytes + 128;
-    allow_smem<kernel, smem>();
-    const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
-    launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+    launch_i8_walk<b32::i8_kernel<QT, T, S, decltype(ctas)::value, decltype(held)::value>,
+                   S * kWarps * Ring<QT, 256>::kStageBytes + 128>(a, records, map, sms, stream);
   };
   using Two = std::integral_constant<int, 2>;
   using Deep = std::integral_constant<int, QT == kQ8_0 ? 3 : 4>;  // Q8_0's 4.6 KB stages: 3
-  if (a.K / 256 <= 2 * kWarps && tiles > 4 * sms)
+  if (held_x(a, sms))
     go(Deep{}, Two{}, std::true_type{});
   else if (QT == kQ8_0 || small_grid(a, sms))
     go(Deep{}, Two{}, std::false_type{});
@@ -1846,22 +1853,14 @@ bool launch_if_b32_i8(const Args& a, const uint8_t* records, const torch::Tensor
 template <typename T, int S, int kCTAs = 2, typename Act = void, int QT = kQ4_K>
 void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t stream) {
   const int tiles = (a.N + 15) / 16;
-  // held: x's chunks in registers across a warp's tiles (i8_walk's kXRegs), where there are at most 2 a warp and the
-  // grid loops over several tiles a CTA; its 19 more registers take 2 CTAs an SM, with 4 stages each. H200, us,
-  // 3 CTAs / held: 1 x 28672 x 4096 23.1 / 20.6; on one or two tiles a CTA it lost (1 x 4096 x 4096 5.3 / 5.6,
-  // 1 x 6144 x 4096 6.7 / 7.1).
-  const bool held = a.K / 256 <= 2 * kWarps && tiles > 4 * sms;
   auto go = [&](auto use_box, const CUtensorMap& map) {
-    auto run = [&](auto stages, auto ctas, auto held_x) {
+    auto run = [&](auto stages, auto ctas, auto held) {
       constexpr int kS = decltype(stages)::value;
-      constexpr auto kernel =
-          q4k::i8_kernel<T, kS, decltype(ctas)::value, decltype(use_box)::value, Act, decltype(held_x)::value, QT>;
-      constexpr int smem = kS * kWarps * Ring<QT>::kStageBytes + 128;
-      allow_smem<kernel, smem>();
-      const int grid = std::min(tiles, resident_ctas<kernel, kThreads, smem>() * sms);
-      launch_pdl(kernel, dim3((unsigned)grid), dim3(kThreads), smem, stream, a, records, map);
+      launch_i8_walk<q4k::i8_kernel<T, kS, decltype(ctas)::value, decltype(use_box)::value, Act,
+                                    decltype(held)::value, QT>,
+                     kS * kWarps * Ring<QT>::kStageBytes + 128>(a, records, map, sms, stream);
     };
-    if (held)
+    if (held_x(a, sms))  // 4 stages at 2 CTAs an SM
       run(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{}, std::true_type{});
     else
       run(std::integral_constant<int, S>{}, std::integral_constant<int, kCTAs>{}, std::false_type{});
