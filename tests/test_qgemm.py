@@ -97,8 +97,8 @@ def test_qlinear_large_grid(kind):
     """Past 2 CTAs an SM of 16-row tiles (H100/H200: 132 SMs, so n > 4224) qlinear runs its kernels without
     x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM (past 3, 18 of them loop to a second tile,
     their warps' 6 chunks by TMA boxes at k = 4352, the last box reading past the row's end) and at M > 8 in CTAs
-    of two tiles; Q6_K and
-    Q8_0 with K of fewer chunks than a CTA's warps (the smaller k) run 128-row CTAs (qtile_kernel). 276 rows
+    of two tiles; the other formats at M 5 and 13 with k from 4096, and Q6_K and Q8_0 with K of fewer chunks than a
+    CTA's warps (the smaller k), run 128-row CTAs (qtile_kernel). 276 rows
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
     rows; at M = 1 a tile of 4 rows, whose other 12 are never copied, or arrive as zeros in a TMA box). Q6_K at M = 1
     with K of 8 chunks and more writes its own int8 records for its int8 kernel (k 4096: its stages by TMA boxes),
@@ -206,18 +206,19 @@ def test_qlinear_q4k_tiles_split_over_k(m, dtype):
         assert torch.equal(ours, again)
 
 
-@pytest.mark.parametrize("m", [9, 16])
-@pytest.mark.parametrize("kind", ["Q6_K", "Q8_0"])
+@pytest.mark.parametrize("m", [2, 8, 9, 16])
+@pytest.mark.parametrize("kind", [kind for kind in quant.QUANTIZED if kind != "Q4_K"])
 def test_qlinear_tiles_split_over_k(kind, m):
-    """Q6_K and Q8_0 at M 9-16 on W of 4096 x 4096 and more run 128-row CTAs (qtile_kernel): 4100 x 4352 (33
-    tiles, the last of 4 rows; 17 chunks in 8 splits of 2-3), 4100 x 14336 (56 chunks in 8 splits of 7) and
-    256 x SMs + 40 rows x 4096 (one split). On sm_90 Q6_K's stages come by TMA boxes where its rows are
-    multiples of 16 bytes (K = 14336 and 4096: a split's boxes start mid-row, and a partial tile's rows past N
-    arrive as zeros), by cp.async pieces at K = 4352. Called twice: the arrival counters are left zero for the
-    next call."""
+    """Every format but Q4_K at M 2-16 on W of 4096 x 4096 and more runs 128-row CTAs of 256-k chunks
+    (qtile_kernel): 4100 x 4352 (33 tiles, the last of 4 rows; 17 chunks in 8 splits of 2-3), 4100 x 14336 (56
+    chunks in 8 splits of 7), 256 x SMs + 40 rows x 4096 (one split) and, for the 32-element formats, 4100 x 4128
+    (a last chunk of one block). On sm_90 Q6_K's stages come by TMA boxes where its rows are multiples of 16 bytes
+    (K = 14336 and 4096: a split's boxes start mid-row, and a partial tile's rows past N arrive as zeros), by
+    cp.async pieces at K = 4352. Called twice: the arrival counters are left zero for the next call."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for n, k in [(4100, 4352), (4100, 14336), (256 * sms + 40, 4096)]:
+    short = [(4100, 4128)] if kind in LEGACY else []
+    for n, k in [(4100, 4352), (4100, 14336), (256 * sms + 40, 4096)] + short:
         w, x, b, ref64, torch_out = _product_case(kind, m, n, k, torch.bfloat16, seed=m + n)
         ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)
         _check(ours, torch_out, ref64, torch.bfloat16)

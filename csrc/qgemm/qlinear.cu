@@ -24,8 +24,9 @@
 // takes Q4_K's int8 kernel with its 5th bits, on the records given or its own; Q6_K takes that int8 form too (q6
 // below) where x's records are given, and past 2 CTAs an SM on records of its own; Q8_0, Q4_0 and Q4_1 on sm_90 (b32
 // below) on the records given or their own, where K is whole chunks, 8 and more (Q4_0, Q4_1: past 8).
-// At M 9-16 on large W, Q6_K and Q8_0 (qtile_kernel) and Q4_K (q4k::tile_kernel, also M 2-8) run CTAs of 16-row
-// warps (8, or 6-8 for Q4_K) that walk the same chunks, reading each chunk's x into shared memory once a CTA.
+// At M 2-16 on large W (4096 x 4096 and more) every format runs CTAs of 16-row warps (8, or 6-8 for Q4_K:
+// qtile_kernel, q4k::tile_kernel) that walk the same 256-k chunks, reading each chunk's x into shared memory once a
+// CTA.
 //
 // qlinear_into writes a row-strided out (a fused output's columns: Q4_K_M's q|k in Q4_K beside v in Q6_K).
 //
@@ -330,12 +331,9 @@ __device__ __forceinline__ void load_x_ahead(XAhead<QT, NT, kAhead>& xa, const A
   if constexpr (kAhead) load_x_regs<QT, T, NT>(xa.v, a, c, g, t);
 }
 
-// qtile_kernel's x stage: 8 NT rows of a chunk of x (2-byte values), each padded by 32 bytes so that the 8-byte
-// loads of rows g .. g + 3 fall in different banks.
-template <int QT>
-struct XTile {
-  static constexpr int kRow = Ring<QT>::kChunk * 2 + 32;
-};
+// qtile_kernel's x stage: 8 NT rows of a 256-k chunk of x (2-byte values), each padded by 32 bytes so that the
+// 8-byte loads of rows g .. g + 3 fall in different banks.
+constexpr int kXTileRow = 256 * 2 + 32;
 
 // acc += one 32-wide step: rows g and g + 8's quants qa / qb ([mma j], step_quants' form) with their runs'
 // scales s and mins m, against x row tile nt's pairs xp[nt][j].
@@ -369,12 +367,12 @@ __device__ __forceinline__ void mma_quants(float (&acc)[NT][4], const uint32_t (
     }
 }
 
-// acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage; with kSharedX, x's chunk from xs (an
-// XTile stage; rows past M read as row 0, whose sums are never stored).
-template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false, bool kOnce = kAhead>
+// acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage (chunks of kK); with kSharedX, x's chunk from
+// xs (a qtile_kernel x stage; rows past M read as row 0, whose sums are never stored).
+template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false, bool kOnce = kAhead, int kK = Ring<QT>::kChunk>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const XAhead<QT, NT, kAhead>& xa,
                                           const Args& a, int n0, int c, int g, int t, const uint8_t* xs = nullptr) {
-  using R = Ring<QT>;
+  using R = Ring<QT, kK>;
   const uint8_t* row_a = stage + g * R::kRowStride + (chunk_start(a, n0, g, c, R::kBytes) & 15);
   const uint8_t* row_b = stage + (g + 8) * R::kRowStride + (chunk_start(a, n0, g + 8, c, R::kBytes) & 15);
   const ChunkHead<QT, kOnce> head_a(row_a), head_b(row_b);  // kOnce: the scales once a chunk
@@ -383,7 +381,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
   const uint8_t* xrow[NT];
   if constexpr (kSharedX)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xrow[nt] = xs + (8 * nt + g < a.M ? 8 * nt + g : 0) * XTile<QT>::kRow + 8 * t;
+    for (int nt = 0; nt < NT; ++nt) xrow[nt] = xs + (8 * nt + g < a.M ? 8 * nt + g : 0) * kXTileRow + 8 * t;
 #pragma unroll
   for (int s = 0; s < R::kChunk / 32; ++s) {
     if (Format<QT>::kElems == 32 && s >= steps) break;  // a super-block's chunk is always whole
@@ -727,41 +725,45 @@ __device__ __forceinline__ void tile_pipeline(int mine, bool static_weight, Load
   }
 }
 
-// ---- Q6_K and Q8_0 at M 9-16 in CTAs of 128 rows: x's chunk read into shared memory once a CTA ----
+// ---- Every format but Q4_K at M 2-16 in CTAs of 128 rows: x's chunk read into shared memory once a CTA ----
 // qlinear_kernel's warps split K and each reads its chunks' x from L2: at M = 16, 16 rows x 512 bytes against a
 // Q6_K warp's 3.4 KB of weights a chunk. Here warp w owns rows 16 w .. 16 w + 15 of a 128-row tile and all 8
-// walk the same chunks, whose x comes into shared memory once for the CTA; narrow W splits K over the grid's y.
-// On sm_90 Q6_K's stages come by ChunkRing's TMA boxes where its rows are multiples of 16 bytes (H200, us, pieces
-// / boxes: 16 x 4096 x 14336 28.1 / 24.6, 16 x 128256 x 4096 231 / 199, 16 x 6144 x 4096 15.7 / 13.8, 16 x 4096 x
-// 4096 11.1 / 11.3); Q8_0's chunk (272 bytes) is wider than a box row may be (256 elements).
+// walk the same 256-k chunks (the legacy 4- and 5-bit formats too, whose qlinear_kernel chunk is 64 k), whose x
+// comes into shared memory once for the CTA; narrow W splits K over the grid's y. H200, us, qlinear_kernel /
+// qtile_kernel: Q4_0 16 x 28672 x 4096 77.2 / 44.8, 16 x 4096 x 14336 46.6 / 22.7, 8 x 28672 x 4096 50.5 / 36.3;
+// Q5_K 16 x 28672 x 4096 70.8 / 59.6; Q8_0 8 x 28672 x 4096 72.1 / 52.3; Q6_K 4 x 4096 x 14336 25.4 / 20.8 (the
+// K-quants' 8 x 4096 x 4096 1-5% slower). On sm_90 Q6_K's stages come by
+// ChunkRing's TMA boxes where its rows are multiples of 16 bytes (H200, us, pieces / boxes: 16 x 4096 x 14336
+// 28.1 / 24.6, 16 x 128256 x 4096 231 / 199, 16 x 6144 x 4096 15.7 / 13.8, 16 x 4096 x 4096 11.1 / 11.3); Q8_0's
+// chunk (272 bytes) is wider than a box row may be (256 elements).
 template <int QT>
 constexpr int qtile_smem(int nt, int stages) {
-  return stages * kWarps * Ring<QT>::kStageBytes + (stages + 1) * 8 * nt * XTile<QT>::kRow;
+  return stages * kWarps * Ring<QT, 256>::kStageBytes + (stages + 1) * 8 * nt * kXTileRow;
 }
 // The most weight stages (2-4) that keep 2 CTAs an SM.
 template <int QT, int NT>
 constexpr int kQTileStages = qtile_smem<QT>(NT, 4) <= 110 * 1024 ? 4 : qtile_smem<QT>(NT, 3) <= 110 * 1024 ? 3 : 2;
 
-// Chunk c of x's rows 0 .. M - 1 into xs (cp.async, every thread of the CTA; zeros past K).
-template <int QT, typename T>
+// 256-k chunk c of x's rows 0 .. M - 1 into xs (cp.async, every thread of the CTA; zeros past K).
+template <typename T>
 __device__ __forceinline__ void load_x_chunk(uint8_t* xs, const Args& a, int c) {
-  constexpr int kPieces = Ring<QT>::kChunk / 8;
+  constexpr int kPieces = 256 / 8;
   const T* x = static_cast<const T*>(a.x);
   for (int i = threadIdx.x; i < a.M * kPieces; i += kThreads) {
-    const int m = i / kPieces, p = i % kPieces, k = c * Ring<QT>::kChunk + 8 * p;
+    const int m = i / kPieces, p = i % kPieces, k = c * 256 + 8 * p;
     const bool ok = k < a.K;  // K % 32 == 0: a piece lies wholly before K or past it
-    cp_async16(smem_addr(xs + m * XTile<QT>::kRow + 16 * p), ok ? x + int64_t(m) * a.K + k : x, ok ? 16 : 0);
+    cp_async16(smem_addr(xs + m * kXTileRow + 16 * p), ok ? x + int64_t(m) * a.K + k : x, ok ? 16 : 0);
   }
 }
 
 template <int QT, typename T, int NT, int S, bool kBox>
 __global__ void __launch_bounds__(kThreads, 2)
     qtile_kernel(const Args a, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map) {
-  using R = Ring<QT>;
-  constexpr int kXStage = 8 * NT * XTile<QT>::kRow;
+  using R = Ring<QT, 256>;
+  constexpr int kXStage = 8 * NT * kXTileRow;
   constexpr bool kOffsets = kOffsetsFormat<QT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  // [kWarps][S][kStageBytes], then [S + 1][8 NT][XTile::kRow]
+  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXTileRow]
   uint8_t* smem = aligned_128(smem_raw);
   __shared__ __align__(8) uint64_t bars[kWarps][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -779,12 +781,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       [&](int stage, int i) {
         if (has_rows) stages.template tile_refill<kOffsets>(stage, i, n0, c0 + i, a);  // stage == i % S
       },
-      [&](int slot, int i) { load_x_chunk<QT, T>(xs + slot * kXStage, a, c0 + i); },
+      [&](int slot, int i) { load_x_chunk<T>(xs + slot * kXStage, a, c0 + i); },
       [&](int stage, int slot, int i) {
         if (!has_rows) return;
         stages.tile_wait(i);
-        mma_chunk<QT, T, NT, false, true>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
-                                            xs + slot * kXStage);
+        mma_chunk<QT, T, NT, false, true, false, 256>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
+                                                      xs + slot * kXStage);
       });
   float sum[NT * 4];
 #pragma unroll
@@ -1717,8 +1719,8 @@ void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t s
   constexpr int S = kQTileStages<QT, NT>;
   // W's blocks are 16-byte aligned (check_blocks)
   const bool box = QT == kQ6_K && cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
-  const CUtensorMap map = chunk_map(a, Ring<QT>::kRowStride, box);
-  TileGrid grid(a.N, (a.K + Ring<QT>::kChunk - 1) / Ring<QT>::kChunk, NT, sms, x, stream);
+  const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, box);
+  TileGrid grid(a.N, (a.K + 255) / 256, NT, sms, x, stream);
   auto go = [&](auto use_box) {
     constexpr auto kernel = qtile_kernel<QT, T, NT, S, decltype(use_box)::value>;
     constexpr int smem = qtile_smem<QT>(NT, S) + 128;
@@ -1970,9 +1972,9 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
 //   200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5).
 template <int QT, typename T>
 bool launch_if_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  if constexpr (QT == kQ6_K || QT == kQ8_0) {
-    const bool wide = a.M > 8 && a.N >= 4096 && a.K >= 4096;
-    const bool short_k = a.K < kWarps * Ring<QT>::kChunk && !small_grid(a, sms);
+  if constexpr (QT != kQ4_K) {
+    const bool wide = a.M > 1 && a.N >= 4096 && a.K >= 4096;
+    const bool short_k = (QT == kQ6_K || QT == kQ8_0) && a.K < kWarps * 256 && !small_grid(a, sms);
     if (a.M <= 16 && (wide || short_k)) {
       if (a.M > 8)
         launch_qtile<QT, T, 2>(a, x, sms, stream);
