@@ -206,13 +206,13 @@ def test_qlinear_q4k_tiles_split_over_k(m, dtype):
         assert torch.equal(ours, again)
 
 
-@pytest.mark.parametrize("m", [2, 8, 9, 16])
-@pytest.mark.parametrize("kind", [kind for kind in quant.QUANTIZED if kind != "Q4_K"])
+@pytest.mark.parametrize("m", [2, 8, 9, 16, 17, 32])
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_tiles_split_over_k(kind, m):
-    """Every format but Q4_K at M 2-16 on W of 4096 x 4096 and more runs 128-row CTAs of 256-k chunks
-    (qtile_kernel): 4100 x 4352 (33 tiles, the last of 4 rows; 17 chunks in 8 splits of 2-3), 4100 x 14336 (56
-    chunks in 8 splits of 7), 256 x SMs + 40 rows x 4096 (one split) and, for the 32-element formats, 4100 x 4128
-    (a last chunk of one block). On sm_90 Q6_K's stages come by TMA boxes where its rows are multiples of 16 bytes
+    """Every format at M 2-32 on W of 4096 x 4096 and more runs 128-row CTAs of 256-k chunks (qtile_kernel; Q4_K up
+    to 16 rows its own tile_kernel): 4100 x 4352 (33 tiles, the last of 4 rows; 17 chunks in 8 splits of 2-3), 4100 x
+    14336 (56 chunks in 8 splits of 7), 256 x SMs + 40 rows x 4096 (one split) and, for the 32-element formats, 4100
+    x 4128 (a last chunk of one block). On sm_90 Q6_K's stages come by TMA boxes where its rows are multiples of 16 bytes
     (K = 14336 and 4096: a split's boxes start mid-row, and a partial tile's rows past N arrive as zeros), by
     cp.async pieces at K = 4352. Called twice: the arrival counters are left zero for the next call."""
     q = _q()

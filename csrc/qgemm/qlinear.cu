@@ -24,9 +24,9 @@
 // takes Q4_K's int8 kernel with its 5th bits, on the records given or its own; Q6_K takes that int8 form too (q6
 // below) where x's records are given, and past 2 CTAs an SM on records of its own; Q8_0, Q4_0 and Q4_1 on sm_90 (b32
 // below) on the records given or their own, where K is whole chunks, 8 and more (Q4_0, Q4_1: past 8).
-// At M 2-16 on large W (4096 x 4096 and more) every format runs CTAs of 16-row warps (8, or 6-8 for Q4_K:
-// qtile_kernel, q4k::tile_kernel) that walk the same 256-k chunks, reading each chunk's x into shared memory once a
-// CTA.
+// At M 2-32 on large W (4096 x 4096 and more) every format runs CTAs of 16-row warps (8, or 6-8 for Q4_K up to 16
+// rows: qtile_kernel, q4k::tile_kernel) that walk the same 256-k chunks, reading each chunk's x into shared memory
+// once a CTA.
 //
 // qlinear_into writes a row-strided out (a fused output's columns: Q4_K_M's q|k in Q4_K beside v in Q6_K).
 //
@@ -369,7 +369,8 @@ __device__ __forceinline__ void mma_quants(float (&acc)[NT][4], const uint32_t (
 
 // acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage (chunks of kK); with kSharedX, x's chunk from
 // xs (a qtile_kernel x stage; rows past M read as row 0, whose sums are never stored).
-template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false, bool kOnce = kAhead, int kK = Ring<QT>::kChunk>
+template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false, bool kOnce = kAhead,
+          int kK = Ring<QT>::kChunk>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const XAhead<QT, NT, kAhead>& xa,
                                           const Args& a, int n0, int c, int g, int t, const uint8_t* xs = nullptr) {
   using R = Ring<QT, kK>;
@@ -725,14 +726,16 @@ __device__ __forceinline__ void tile_pipeline(int mine, bool static_weight, Load
   }
 }
 
-// ---- Every format but Q4_K at M 2-16 in CTAs of 128 rows: x's chunk read into shared memory once a CTA ----
+// ---- M 2-32 in CTAs of 128 rows (Q4_K past 16): x's chunk read into shared memory once a CTA ----
 // qlinear_kernel's warps split K and each reads its chunks' x from L2: at M = 16, 16 rows x 512 bytes against a
 // Q6_K warp's 3.4 KB of weights a chunk. Here warp w owns rows 16 w .. 16 w + 15 of a 128-row tile and all 8
 // walk the same 256-k chunks (the legacy 4- and 5-bit formats too, whose qlinear_kernel chunk is 64 k), whose x
 // comes into shared memory once for the CTA; narrow W splits K over the grid's y. H200, us, qlinear_kernel /
 // qtile_kernel: Q4_0 16 x 28672 x 4096 77.2 / 44.8, 16 x 4096 x 14336 46.6 / 22.7, 8 x 28672 x 4096 50.5 / 36.3;
 // Q5_K 16 x 28672 x 4096 70.8 / 59.6; Q8_0 8 x 28672 x 4096 72.1 / 52.3; Q6_K 4 x 4096 x 14336 25.4 / 20.8 (the
-// K-quants' 8 x 4096 x 4096 1-5% slower). On sm_90 Q6_K's stages come by
+// K-quants' 8 x 4096 x 4096 1-5% slower); at 32 rows Q4_K 32 x 28672 x 4096 152.7 / 81.3, Q4_0 119.3 / 59.5, Q8_0
+// 123.8 / 93.5 (Q8_0 17 x 4096 x 4096 16.3 / 18.2 slower: 2 stages of its 288-byte rows and 4 x tiles fit one CTA an
+// SM). On sm_90 Q6_K's stages come by
 // ChunkRing's TMA boxes where its rows are multiples of 16 bytes (H200, us, pieces / boxes: 16 x 4096 x 14336
 // 28.1 / 24.6, 16 x 128256 x 4096 231 / 199, 16 x 6144 x 4096 15.7 / 13.8, 16 x 4096 x 4096 11.1 / 11.3); Q8_0's
 // chunk (272 bytes) is wider than a box row may be (256 elements).
@@ -1972,18 +1975,16 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
 //   200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5).
 template <int QT, typename T>
 bool launch_if_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  if constexpr (QT != kQ4_K) {
-    const bool wide = a.M > 1 && a.N >= 4096 && a.K >= 4096;
-    const bool short_k = (QT == kQ6_K || QT == kQ8_0) && a.K < kWarps * 256 && !small_grid(a, sms);
-    if (a.M <= 16 && (wide || short_k)) {
-      if (a.M > 8)
-        launch_qtile<QT, T, 2>(a, x, sms, stream);
-      else
-        launch_qtile<QT, T, 1>(a, x, sms, stream);
-      return true;
-    }
-  }
-  return false;
+  const bool wide = a.M > (QT == kQ4_K ? 16 : 1) && a.N >= 4096 && a.K >= 4096;  // Q4_K to 16 rows: q4k's kernels
+  const bool short_k = (QT == kQ6_K || QT == kQ8_0) && a.M <= 16 && a.K < kWarps * 256 && !small_grid(a, sms);
+  if (!wide && !short_k) return false;
+  if (a.M > 16)
+    launch_qtile<QT, T, 4>(a, x, sms, stream);
+  else if (a.M > 8)
+    launch_qtile<QT, T, 2>(a, x, sms, stream);
+  else
+    launch_qtile<QT, T, 1>(a, x, sms, stream);
+  return true;
 }
 
 }  // namespace
