@@ -732,18 +732,17 @@ __device__ __forceinline__ void tile_pipeline(int mine, bool static_weight, Load
 // walk the same 256-k chunks (the legacy 4- and 5-bit formats too, whose qlinear_kernel chunk is 64 k), whose x
 // comes into shared memory once for the CTA; narrow W splits K over the grid's y. H200, us, qlinear_kernel /
 // qtile_kernel: Q4_0 16 x 28672 x 4096 77.2 / 44.8, 16 x 4096 x 14336 46.6 / 22.7, 8 x 28672 x 4096 50.5 / 36.3;
-// Q5_K 16 x 28672 x 4096 70.8 / 59.6; Q8_0 8 x 28672 x 4096 72.1 / 52.3; Q6_K 4 x 4096 x 14336 25.4 / 20.8 (the
-// K-quants' 8 x 4096 x 4096 1-5% slower); at 32 rows Q4_K 32 x 28672 x 4096 152.7 / 81.3, Q4_0 119.3 / 59.5, Q8_0
-// 123.8 / 93.5 (Q8_0 17 x 4096 x 4096 16.3 / 18.2 slower: 2 stages of its 288-byte rows and 4 x tiles fit one CTA an
-// SM). On sm_90 Q6_K's stages come by
-// ChunkRing's TMA boxes where its rows are multiples of 16 bytes (H200, us, pieces / boxes: 16 x 4096 x 14336
-// 28.1 / 24.6, 16 x 128256 x 4096 231 / 199, 16 x 6144 x 4096 15.7 / 13.8, 16 x 4096 x 4096 11.1 / 11.3); Q8_0's
-// chunk (272 bytes) is wider than a box row may be (256 elements).
+// Q5_K 16 x 28672 x 4096 70.8 / 59.6; Q8_0 8 x 28672 x 4096 72.1 / 52.3; Q6_K 4 x 4096 x 14336 25.4 / 20.8; at 32
+// rows Q4_K 32 x 28672 x 4096 152.7 / 81.3, Q4_0 119.3 / 59.5, Q8_0 123.8 / 93.5. Slower: the K-quants at 8 x 4096 x
+// 4096 (1-5%), Q8_0 at 17 x 4096 x 4096 (16.3 / 18.2: its 2 stages of 288-byte rows and 4 x tiles fit one CTA an
+// SM). On sm_90 Q6_K's stages come by ChunkRing's TMA boxes where its rows are multiples of 16 bytes (H200, us,
+// pieces / boxes: 16 x 4096 x 14336 28.1 / 24.6, 16 x 128256 x 4096 231 / 199, 16 x 6144 x 4096 15.7 / 13.8, 16 x
+// 4096 x 4096 11.1 / 11.3); Q8_0's chunk (272 bytes) is wider than a box row may be (256 elements).
 template <int QT>
 constexpr int qtile_smem(int nt, int stages) {
   return stages * kWarps * Ring<QT, 256>::kStageBytes + (stages + 1) * 8 * nt * kXTileRow;
 }
-// The most weight stages (2-4) that keep 2 CTAs an SM.
+// The most weight stages (2-4) that keep 2 CTAs an SM; 2 where none does (Q6_K and Q8_0 at NT = 4).
 template <int QT, int NT>
 constexpr int kQTileStages = qtile_smem<QT>(NT, 4) <= 110 * 1024 ? 4 : qtile_smem<QT>(NT, 3) <= 110 * 1024 ? 3 : 2;
 
