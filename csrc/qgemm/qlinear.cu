@@ -1963,15 +1963,15 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
     launch_q4k_rows<T, 1, 3>(a, r, stream);
 }
 
-// Whether qlinear at M <= 16 takes qtile_kernel (Q6_K and Q8_0), and launches it if so:
-// - M 9-16 from 4096 x 4096 on. H200, one run, us, qlinear_kernel / qtile_kernel: Q8_0 16 x 28672 x 4096 88.4 /
-//   58.6, 16 x 4096 x 14336 49.7 / 29.3, 16 x 6144 x 4096 26.7 / 16.1, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x
-//   4096 x 14336 34.4 / 29.6, 16 x 128256 x 4096 262.7 / 233.2, 16 x 6144 x 4096 21.5 / 16.0. Smaller W lost
-//   (Q6_K 16 x 1024 x 4096 9.1 / 9.6; Q4_1 at SmolLM2's shapes, 2-3 chunks a CTA, 2.6-4.4 / 5.1-7.1).
-// - K of fewer chunks than a CTA has warps (a small model's tied lm_head), on grids past 2 CTAs an SM: there
-//   qlinear_kernel idles most warps (3 of 8 busy at K = 576) in CTAs of 16 rows. H200, two rounds, us: Q8_0 1 x
-//   49152 x 576 24.2 / 16.0, 16 x 49152 x 576 41.6 / 19.0, 1 x 262144 x 640 110.4 / 74.9, 16 x 262144 x 640
-//   200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5).
+// Whether qlinear takes qtile_kernel, and launches it if so (NT = 1, 2, 4 tiles of 8 x rows):
+// - M 2-32 (Q4_K: 17-32) from 4096 x 4096 on (measured at its section). H200, one run, us, qlinear_kernel /
+//   qtile_kernel at 16 rows: Q8_0 16 x 28672 x 4096 88.4 / 58.6, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x 128256 x
+//   4096 262.7 / 233.2. Smaller W lost (Q6_K 16 x 1024 x 4096 9.1 / 9.6; Q4_1 at SmolLM2's shapes, 2-3 chunks a
+//   CTA, 2.6-4.4 / 5.1-7.1).
+// - Q6_K and Q8_0 up to 16 rows with K of fewer chunks than a CTA has warps (a small model's tied lm_head), on
+//   grids past 2 CTAs an SM: there qlinear_kernel idles most warps (3 of 8 busy at K = 576) in CTAs of 16 rows.
+//   H200, two rounds, us: Q8_0 1 x 49152 x 576 24.2 / 16.0, 16 x 49152 x 576 41.6 / 19.0, 1 x 262144 x 640 110.4 /
+//   74.9, 16 x 262144 x 640 200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5).
 template <int QT, typename T>
 bool launch_if_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
   const bool wide = a.M > (QT == kQ4_K ? 16 : 1) && a.N >= 4096 && a.K >= 4096;  // Q4_K to 16 rows: q4k's kernels
