@@ -34,7 +34,7 @@ constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flig
 // throttle's round trips outlast a call this short (H100, 1 x 192: 3.12 us against 3.78 throttled). With
 // two pieces a tile both groups are in flight; the stream's waits then wait for a little more than they
 // need, never less.
-// At d 256 a CTA (141 KB of shared memory) holds its SM alone: no CTA of the previous call streams beside it, and
+// At d 256 a CTA (137 KB of shared memory) holds its SM alone: no CTA of the previous call streams beside it, and
 // its rings fill at once, long streams too (H200, bf16, us, throttled / at once: 16 x 8k x 8 / 4 heads, window
 // 512 12.45 / 11.26, 64 x 32k x 4 / 1, window 512 13.00 / 11.90, 16 x 4k 65.5 / 63.2; 1 x 32k 36.7 / 37.3).
 template <int D>
