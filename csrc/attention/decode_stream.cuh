@@ -317,9 +317,9 @@ template <bool FULL_GRID, int RING, typename T, int D>
 __device__ __forceinline__ void stream(const WarpRing<T, D>& w, const Heads<T, D>& h, int i0, int n, int issued) {
   constexpr int STAGES = kStages<T, D, RING>, SHALLOW = kFullGridStages<T, D>;
   static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
-  // A long stream loads no tile early but at d 256, whose shallow depth is its ring's (load_early)
+  // At d 64 / 128 a long stream loads no tile early; at d 256 it does, its shallow depth being its ring's (load_early)
   static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
-                "a shallow long stream loads no tile early (warps with at most 8 tiles, or a small call, do)");
+                "a long stream below d 256 loads no tile early (warps with at most 8 tiles, or a small call, do)");
   const bool shallow = FULL_GRID && long_stream(w.r.n_my);
   const int depth = shallow ? SHALLOW : STAGES;
   for (int j = issued; j < depth; ++j) {
