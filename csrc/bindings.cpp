@@ -50,6 +50,8 @@ TORCH_LIBRARY(minfer, m) {
   m.def("qlinear_act(Tensor x, Tensor blocks, int qtype, int n, int k, str act, bool static_weight=False, "
         "Tensor? x_records=None, Tensor(a!)? records=None) -> Tensor");
   m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
+  // whether qlinear on x [rows, k] reads x_records (rms_norm and the activations write them only then)
+  m.def("qlinear_reads_records(Tensor x, int qtype) -> bool");
   // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
         "bool trans_b=False, str path=\"auto\") -> Tensor");
@@ -84,6 +86,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("qlinear_into", &minfer::qlinear_into);
   m.impl("qlinear_act", &minfer::qlinear_act);
   m.impl("qembedding", &minfer::qembedding);
+  m.impl("qlinear_reads_records", &minfer::qlinear_reads_records);
   // ---- baselines (teaching API) ----
   m.impl("gemm", &minfer::gemm);
   m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);

@@ -46,6 +46,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64
 void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
                   const std::optional<torch::Tensor>& bias, bool static_weight,
                   const std::optional<torch::Tensor>& x_records);
+// whether qlinear on x [rows, k] reads x_records
+bool qlinear_reads_records(const torch::Tensor& x, int64_t qtype);
 // act(gate) * up of x @ W^T, W = gate | up [n, k] (n / 2 rows each) -> [M, n / 2]; act: silu | gelu_tanh
 torch::Tensor qlinear_act(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                           const std::string& act, bool static_weight, const std::optional<torch::Tensor>& x_records,

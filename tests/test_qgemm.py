@@ -458,6 +458,32 @@ def test_qlinear_act_q4k_pairs(dtype, act, m):
             assert torch.equal(rec, ref_rec)
 
 
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
+def test_records_read_where_the_rule_says(kind):
+    """qlinear_reads_records, the kernels' rule that ops.records_for asks before a norm writes records, is the
+    dispatch's: given records of poison (0xFF, NaN scales) a call that reads them gives non-finite outputs, one that
+    ignores them qlinear's own, bit for bit. Rows 1, 2, 16 and 17; K of 3, 8, 9 and 16 chunks (the 32-element
+    blocks' int8 kernel starts at 8 chunks for Q8_0, past 8 for Q4_0 and Q4_1, on sm_90)."""
+    q, ops = _q(), torch.ops.minfer
+    n, seen = 64, set()
+    for k in (768, 2048, 2304, 4096):
+        w = _weight(kind, n, k, seed=k)
+        scale = w.dequantize(torch.float32).abs().mean() * k ** 0.5
+        for m in (1, 2, 16, 17):
+            x = (torch.randn(m, k, device=DEV) / scale).to(torch.bfloat16)
+            plain = ops.qlinear(x, w.blocks, q.QTYPE[kind], n, k, None, True)
+            on_poison = ops.qlinear(x, w.blocks, q.QTYPE[kind], n, k, None, True, _poisoned_records(m, k))
+            reads = ops.qlinear_reads_records(x, q.QTYPE[kind])
+            assert torch.isfinite(plain).all()
+            if reads:
+                assert not torch.isfinite(on_poison).any(), f"{kind} {m} x {k}: the rule says it reads records"
+            else:
+                assert torch.equal(on_poison, plain), f"{kind} {m} x {k}: the rule says it ignores records"
+            seen.add(reads)
+    sm90 = torch.cuda.get_device_capability()[0] >= 9
+    assert (True in seen) == (kind in ("Q4_K", "Q5_K", "Q6_K") or sm90 and kind in ("Q8_0", "Q4_0", "Q4_1"))
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_qlinear_q4k_non_finite_x(m):
     """An inf in x makes every output of its row non-finite, as in the reference (at M = 1 the int8 form carries

@@ -1833,19 +1833,17 @@ void launch_b32_i8(const Args& a, const uint8_t* records, const torch::Tensor& x
     go(std::integral_constant<int, 3>{}, std::integral_constant<int, 3>{}, std::false_type{});
 }
 
-// Whether Q8_0, Q4_0 or Q4_1 at M = 1 takes its int8 kernel (b32::i8_kernel), and launches it if so: sm_90 (TMA
-// boxes), K a multiple of 256 (x's records; W's rows and chunks then 16-byte aligned) and of a chunk a warp and more;
-// for Q4_0 and Q4_1 past regs_kernel's K (2048: a small model's linears).
-template <int QT, typename T>
-bool launch_if_b32_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  if constexpr (QT == kQ8_0 || QT == kQ4_0 || QT == kQ4_1) {
-    const bool k_ok = a.K % 256 == 0 && (QT == kQ8_0 ? a.K >= 256 * kWarps : a.K > 256 * kWarps);
-    if (a.M == 1 && k_ok && cc_major(x.get_device()) >= 9) {
-      launch_b32_i8<QT, T>(a, records, x, sms, stream);
-      return true;
-    }
-  }
-  return false;
+// Whether qlinear's kernel for qtype at M rows of K reads x's records when it is given them (q4k_x.cuh), on a device
+// of compute capability major cc: Q4_K up to 16 rows; at one row Q5_K and Q6_K, and the int8 kernel of the 32-element
+// blocks (b32::i8_kernel) where it runs: sm_90 (TMA boxes), K a multiple of 256 (x's records; W's rows and chunks then
+// 16-byte aligned) and of a chunk a warp and more, for Q4_0 and Q4_1 past regs_kernel's K (2048: a small model's
+// linears). The norms and activations write records only for these (qlinear_reads_records; ops.records_for).
+inline bool reads_records(int qt, int64_t M, int64_t K, int cc) {
+  if (qt == kQ4_K) return M <= 16;
+  if (M != 1) return false;
+  if (qt == kQ5_K || qt == kQ6_K) return true;
+  const bool b32 = qt == kQ8_0 || qt == kQ4_0 || qt == kQ4_1;
+  return b32 && cc >= 9 && K % 256 == 0 && (qt == kQ8_0 ? K >= 256 * kWarps : K > 256 * kWarps);
 }
 
 // On sm_90 a warp's stages come by one TMA box copy each where its ring runs over at least 4 chunks; with 2-3 (a
@@ -1963,6 +1961,22 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
     launch_q4k_rows<T, 1, 3>(a, r, stream);
 }
 
+// The kernels that read x's records (reads_records), on those given or, where records is null, on records of their
+// own (a prepare_x launch).
+template <int QT, typename T>
+void launch_on_records(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+  if constexpr (QT == kQ4_K)
+    launch_q4k<T>(a, records, x, sms, stream);
+  else if constexpr (QT == kQ6_K)
+    launch_q6_i8<T>(a, records, x, sms, stream);
+  else if constexpr (QT == kQ5_K)
+    launch_q5k_i8<T>(a, records, x, sms, stream);
+  else if constexpr (QT == kQ8_0 || QT == kQ4_0 || QT == kQ4_1)
+    launch_b32_i8<QT, T>(a, records, x, sms, stream);
+  else
+    MINFER_CHECK(false, "qlinear: no records kernel for this type");
+}
+
 // Whether qlinear takes qtile_kernel, and launches it if so (NT = 1, 2, 4 tiles of 8 x rows):
 // - M 2-32 (Q4_K: 17-32) from 4096 x 4096 on (measured at its section). H200, one run, us, qlinear_kernel /
 //   qtile_kernel at 16 rows: Q8_0 16 x 28672 x 4096 88.4 / 58.6, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x 128256 x
@@ -2031,23 +2045,18 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
                  int64_t n, int64_t k, int64_t row_bytes, const std::optional<torch::Tensor>& bias,
                  bool static_weight, const std::optional<torch::Tensor>& x_records) {
   if (x.size(0) == 0 || n == 0) return;
-  // x's records (q4k_x.cuh) spare the Q4_K kernels that read records their prepare_x launch; Q6_K at M = 1 reads
-  // them too (the int8 form); the other formats ignore them
+  // x's records (q4k_x.cuh) spare the kernels that read them (reads_records) their prepare_x launch; the others
+  // ignore them
   const uint8_t* records = x_records ? x_records->data_ptr<uint8_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   const qgemm::Args a = make_args(out, x, blocks, n, k, row_bytes, bias, static_weight);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const int sms = sm_count(x.get_device());
+  const int sms = sm_count(x.get_device()), cc = cc_major(x.get_device());
   MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] {
-      if (QT == qgemm::kQ4_K && a.M <= 16)
-        qgemm::launch_q4k<scalar_t>(a, records, x, sms, stream);
-      else if (QT == qgemm::kQ6_K && a.M == 1 && records != nullptr)
-        qgemm::launch_q6_i8<scalar_t>(a, records, x, sms, stream);
-      else if (qgemm::launch_if_b32_i8<QT, scalar_t>(a, records, x, sms, stream))
-        return;
-      else if (QT == qgemm::kQ5_K && a.M == 1)
-        qgemm::launch_q5k_i8<scalar_t>(a, records, x, sms, stream);
+      // Q6_K at one row without records: below, by its grid
+      if (qgemm::reads_records(QT, a.M, a.K, cc) && (records != nullptr || QT != qgemm::kQ6_K))
+        qgemm::launch_on_records<QT, scalar_t>(a, records, x, sms, stream);
       else if (qgemm::launch_if_qtile<QT, scalar_t>(a, x, sms, stream))
         return;
       // Q6_K at M = 1 past 2 CTAs an SM (a Q4_K_M lm_head; short K took qtile_kernel above) on records of its
@@ -2104,6 +2113,14 @@ void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch:
   const int64_t n = out.size(1), k = x.size(1);
   const int64_t row_bytes = check_qlinear("qlinear_into", x, blocks, qtype, n, k, bias, x_records);
   run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
+}
+
+bool qlinear_reads_records(const torch::Tensor& x, int64_t qtype) {
+  MINFER_CHECK_CUDA(x);
+  MINFER_CHECK_DIM(x, 2);
+  bool reads = false;
+  MINFER_DISPATCH_QTYPE(qtype, QT, [&] { reads = qgemm::reads_records(QT, x.size(0), x.size(1), cc_major(x.get_device())); });
+  return reads;
 }
 
 torch::Tensor qlinear_act(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,

@@ -148,29 +148,27 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
 
 
 @functools.cache
-def _sm90(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 9
+@functools.lru_cache(maxsize=None)
+def _reads_records(kind: str, rows: int, k: int, device: torch.device) -> bool:
+    """Whether qlinear on rows x k of x reads x's records, by the kernels' own rule (qlinear_reads_records)."""
+    x = torch.empty((rows, k), dtype=torch.bfloat16, device=device)
+    return _ops.qlinear_reads_records(x, quantized.QTYPE[kind])
 
 
 def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     """Room for x's records ahead of a linear on weight (a list: fuse()'s parts) whose x, [rows, in] like `like`,
     the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * record bytes]
-    where a Q4_K weight (decode rows), a Q5_K or Q6_K one (one row), or at one row on sm_90 a Q8_0 one (in of 8 chunks
-    and more) or a Q4_0 or Q4_1 one (past 8 chunks: qlinear's b32_i8) takes them (fp16/bf16, in within the norms'
-    [768, 32768]), else None."""
+    where the linear's kernel reads them (csrc/qgemm/qlinear.cu, reads_records) and the writer can (fp16/bf16, at
+    most Q4K_RECORD_ROWS rows, in within the norms' [768, 32768]), else None."""
     parts = weight if isinstance(weight, list) else [weight]
-    k = parts[0].shape[1]
-    takes = ("Q4_K",)
-    if like.shape[0] == 1:
-        takes += ("Q5_K", "Q6_K")
-        if k % 256 == 0 and k >= 2048 and _sm90(like.device):
-            takes += ("Q8_0",) + (("Q4_0", "Q4_1") if k > 2048 else ())
-    if not any(isinstance(w, QuantizedWeight) and w.kind in takes for w in parts):
-        return None
-    if not (1 <= like.shape[0] <= quantized.Q4K_RECORD_ROWS and like.dtype in (torch.float16, torch.bfloat16)
+    rows, k = like.shape[0], parts[0].shape[1]
+    if not (1 <= rows <= quantized.Q4K_RECORD_ROWS and like.dtype in (torch.float16, torch.bfloat16)
             and 768 <= k <= 32768):
         return None
-    return torch.empty((like.shape[0], k // 256 * quantized.Q4K_RECORD_BYTES), dtype=torch.uint8, device=like.device)
+    if not any(isinstance(w, QuantizedWeight) and w.kind in quantized.QTYPE and
+               _reads_records(w.kind, rows, k, like.device) for w in parts):
+        return None
+    return torch.empty((rows, k // 256 * quantized.Q4K_RECORD_BYTES), dtype=torch.uint8, device=like.device)
 
 
 # ---- gemm family (csrc/gemm/) ----
