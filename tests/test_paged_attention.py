@@ -130,14 +130,17 @@ def assert_close(ours, ref32, lowp, q, dtype):
 
 
 def check_paged(q_lens, starts, heads=8, kv_heads=2, hd=128, dtype=torch.bfloat16, page=16, stable_prefix=False,
-                strided=False):
-    """The kernel against the fp32 reference: max error <= 2x torch's own in dtype + eps."""
+                strided=False, spare_pages=1):
+    """The kernel against the fp32 reference: max error <= 2x torch's own in dtype + eps. max_seqlen_k is the
+    table's width in keys (spare_pages past the longest sequence's pages)."""
     q, k, v, table, lens, cu = cuda_case(q_lens, starts, heads, kv_heads, hd, dtype, page)
+    table = torch.nn.functional.pad(table, (0, spare_pages - 1))  # case() leaves one spare column
+    bound = table.shape[1] * page if spare_pages > 1 else int(lens.max())
     if strided:  # q as the model passes it: a view into the fused qkv projection
         qkv = torch.randn(q.shape[0], (heads + 2 * kv_heads) * hd, device="cuda", dtype=dtype)
         qkv[:, :heads * hd] = q.reshape(q.shape[0], -1)
         q = qkv[:, :heads * hd].view(-1, heads, hd)
-    args = (table, lens, cu, max(q_lens), int(lens.max()), 1 / math.sqrt(hd))
+    args = (table, lens, cu, max(q_lens), bound, 1 / math.sqrt(hd))
     torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
     ours = _cuda().paged_attention(q, k, v, *args, stable_prefix=stable_prefix)
     ref32 = reference.paged_attention(q.float(), k.float(), v.float(), *args)
@@ -153,6 +156,16 @@ def check_paged(q_lens, starts, heads=8, kv_heads=2, hd=128, dtype=torch.bfloat1
 def test_cuda_paged_decode(ctx, hd, dtype, stable_prefix):
     starts = [ctx - 1, max(0, ctx // 3 - 1), 0]  # the newest key at ctx - 1, and shorter sequences beside it
     check_paged([1, 1, 1], starts, hd=hd, dtype=dtype, stable_prefix=stable_prefix)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spare_pages", [1, 2, 40])
+@pytest.mark.parametrize("hd", [128, 256])
+def test_cuda_paged_decode_bound_past_lengths(hd, spare_pages):
+    # max_seqlen_k a bound past the longest sequence (spare_pages > 1), as the engine's decode graphs pass one: the
+    # plan is laid out for the bound, each sequence's split by its own length, and no key past it is read
+    starts = [4095, 4000, 2047, 300, 16, 0]
+    check_paged([1] * len(starts), starts, heads=8, kv_heads=2, hd=hd, stable_prefix=True, spare_pages=spare_pages)
 
 
 @pytest.mark.gpu
