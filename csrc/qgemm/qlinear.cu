@@ -2119,7 +2119,8 @@ bool qlinear_reads_records(const torch::Tensor& x, int64_t qtype) {
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_DIM(x, 2);
   bool reads = false;
-  MINFER_DISPATCH_QTYPE(qtype, QT, [&] { reads = qgemm::reads_records(QT, x.size(0), x.size(1), cc_major(x.get_device())); });
+  const int cc = cc_major(x.get_device());
+  MINFER_DISPATCH_QTYPE(qtype, QT, [&] { reads = qgemm::reads_records(QT, x.size(0), x.size(1), cc); });
   return reads;
 }
 

@@ -148,7 +148,6 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
 
 
 @functools.cache
-@functools.lru_cache(maxsize=None)
 def _reads_records(kind: str, rows: int, k: int, device: torch.device) -> bool:
     """Whether qlinear on rows x k of x reads x's records, by the kernels' own rule (qlinear_reads_records)."""
     x = torch.empty((rows, k), dtype=torch.bfloat16, device=device)
