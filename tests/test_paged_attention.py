@@ -134,8 +134,10 @@ def check_paged(q_lens, starts, heads=8, kv_heads=2, hd=128, dtype=torch.bfloat1
     """The kernel against the fp32 reference: max error <= 2x torch's own in dtype + eps. max_seqlen_k is the
     table's width in keys (spare_pages past the longest sequence's pages)."""
     q, k, v, table, lens, cu = cuda_case(q_lens, starts, heads, kv_heads, hd, dtype, page)
-    table = torch.nn.functional.pad(table, (0, spare_pages - 1))  # case() leaves one spare column
-    bound = table.shape[1] * page if spare_pages > 1 else int(lens.max())
+    bound = int(lens.max())
+    if spare_pages > 1:  # case() leaves one spare column
+        table = torch.nn.functional.pad(table, (0, spare_pages - 1))
+        bound = table.shape[1] * page
     if strided:  # q as the model passes it: a view into the fused qkv projection
         qkv = torch.randn(q.shape[0], (heads + 2 * kv_heads) * hd, device="cuda", dtype=dtype)
         qkv[:, :heads * hd] = q.reshape(q.shape[0], -1)
