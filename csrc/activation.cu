@@ -58,7 +58,7 @@ void launch_act_and_mul(T* out, const T* x, uint8_t* records, int64_t x_stride, 
 
 // The launcher of both ops; `name` prefixes its error messages.
 template <typename Act>
-torch::Tensor act_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records, const char* name) {
+at::Tensor act_and_mul(const at::Tensor& x, const std::optional<at::Tensor>& records, const char* name) {
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_FLOAT(x);
   MINFER_CHECK(x.dim() == 2, name, ": x must be [tokens, 2 * inter], got shape ", x.sizes());
@@ -67,7 +67,7 @@ torch::Tensor act_and_mul(const torch::Tensor& x, const std::optional<torch::Ten
   MINFER_CHECK(x.size(1) < (int64_t(1) << 31), name, ": rows too long (", x.size(1), ")");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t tokens = x.size(0), inter = x.size(1) / 2;
-  auto out = torch::empty({tokens, inter}, x.options());
+  auto out = x.new_empty({tokens, inter});
   if (tokens == 0 || inter == 0) return out;
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_FLOAT(x.scalar_type(), name, [&] {
@@ -92,11 +92,11 @@ torch::Tensor act_and_mul(const torch::Tensor& x, const std::optional<torch::Ten
 
 }  // namespace
 
-torch::Tensor silu_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records) {
+at::Tensor silu_and_mul(const at::Tensor& x, const std::optional<at::Tensor>& records) {
   return act_and_mul<Silu>(x, records, "silu_and_mul");
 }
 
-torch::Tensor gelu_tanh_and_mul(const torch::Tensor& x, const std::optional<torch::Tensor>& records) {
+at::Tensor gelu_tanh_and_mul(const at::Tensor& x, const std::optional<at::Tensor>& records) {
   return act_and_mul<GeluTanh>(x, records, "gelu_tanh_and_mul");
 }
 

@@ -47,7 +47,7 @@ __global__ void embedding_kernel(T* __restrict__ out,              // [tokens, h
   }
 }
 
-torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight) {
+at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight) {
   MINFER_CHECK_CUDA(ids);
   MINFER_CHECK_CUDA(weight);
   MINFER_CHECK_SAME_DEVICE(ids, weight);
@@ -63,7 +63,7 @@ torch::Tensor embedding(const torch::Tensor& ids, const torch::Tensor& weight) {
   const int64_t vocab = weight.size(0), hidden = weight.size(1);
   auto out_sizes = ids.sizes().vec();
   out_sizes.push_back(hidden);
-  auto out = torch::empty(out_sizes, weight.options());
+  auto out = weight.new_empty(out_sizes);
   const int64_t tokens = ids.numel();
   if (tokens == 0) return out;
   auto stream = c10::cuda::getCurrentCUDAStream();

@@ -263,7 +263,7 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
   }
 }
 
-void check_norm_args(const torch::Tensor& x, const torch::Tensor& weight, const char* op) {
+void check_norm_args(const at::Tensor& x, const at::Tensor& weight, const char* op) {
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_CUDA(weight);
   MINFER_CHECK_SAME_DEVICE(x, weight);
@@ -281,7 +281,7 @@ void check_norm_args(const torch::Tensor& x, const torch::Tensor& weight, const 
 
 // records (q4k_x.cuh) for the [rows, hidden] output: checked, and the layout that writes them (16-byte packs,
 // >= 32 threads a row, registers) must be the one taken. Returns their pointer, or null.
-uint8_t* norm_records(const std::optional<torch::Tensor>& records, const torch::Tensor& x, bool wide, const char* op) {
+uint8_t* norm_records(const std::optional<at::Tensor>& records, const at::Tensor& x, bool wide, const char* op) {
   if (!records) return nullptr;
   q4k_x::check_records(op, *records, x);
   const int64_t hidden = x.size(1);
@@ -292,12 +292,12 @@ uint8_t* norm_records(const std::optional<torch::Tensor>& records, const torch::
 
 }  // namespace
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
-                       const std::optional<torch::Tensor>& records) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                    const std::optional<at::Tensor>& records) {
   check_norm_args(x, weight, "rms_norm");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), hidden = x.size(1);
-  auto out = torch::empty({rows, hidden}, x.options());
+  auto out = x.new_empty({rows, hidden});
   if (rows == 0) return out;
   auto stream = c10::cuda::getCurrentCUDAStream();
   MINFER_DISPATCH_FLOAT(x.scalar_type(), "rms_norm", [&] {
@@ -317,9 +317,9 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return out;
 }
 
-void fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight,
-                        double eps, const std::optional<torch::Tensor>& x_weight,
-                        const std::optional<torch::Tensor>& records) {
+void fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                        double eps, const std::optional<at::Tensor>& x_weight,
+                        const std::optional<at::Tensor>& records) {
   check_norm_args(x, weight, "fused_add_rms_norm");
   if (x_weight) {
     MINFER_CHECK(x_weight->device() == x.device() && x_weight->scalar_type() == x.scalar_type() &&

@@ -243,7 +243,7 @@ void launch_rope(T* q, int64_t q_stride, T* k, int64_t k_stride, const index_t* 
   }
 }
 
-void check_heads(const torch::Tensor& t, const char* name) {
+void check_heads(const at::Tensor& t, const char* name) {
   MINFER_CHECK(t.dim() == 3, "rope: ", name, " must be [tokens, heads, head_dim], got shape ", t.sizes());
   MINFER_CHECK(t.stride(2) == 1, "rope: ", name, " must have a contiguous head_dim (stride(2) == 1), got stride ",
               t.stride(2));
@@ -254,8 +254,8 @@ void check_heads(const torch::Tensor& t, const char* name) {
 
 // The paged cache write's arguments: v [tokens, kv_heads, head_dim] like k, the caches [num_pages,
 // page_size, kv_heads, head_dim] contiguous in k's dtype, slot_mapping [tokens] int64.
-void check_cache_rows(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_cache,
-                      const torch::Tensor& v_cache, const torch::Tensor& slot_mapping) {
+void check_cache_rows(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                      const at::Tensor& v_cache, const at::Tensor& slot_mapping) {
   MINFER_CHECK_SAME_DEVICE(k, v);
   MINFER_CHECK_SAME_DEVICE(k, k_cache);
   MINFER_CHECK_SAME_DEVICE(k, v_cache);
@@ -281,11 +281,11 @@ void check_cache_rows(const torch::Tensor& k, const torch::Tensor& v, const torc
 
 }  // namespace
 
-void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& positions,
-          const torch::Tensor& cos_sin, bool is_neox, const std::optional<torch::Tensor>& q_weight,
-          const std::optional<torch::Tensor>& k_weight, double eps, const std::optional<torch::Tensor>& v,
-          const std::optional<torch::Tensor>& k_cache, const std::optional<torch::Tensor>& v_cache,
-          const std::optional<torch::Tensor>& slot_mapping) {
+void rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions,
+          const at::Tensor& cos_sin, bool is_neox, const std::optional<at::Tensor>& q_weight,
+          const std::optional<at::Tensor>& k_weight, double eps, const std::optional<at::Tensor>& v,
+          const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
+          const std::optional<at::Tensor>& slot_mapping) {
   MINFER_CHECK_CUDA(q);
   MINFER_CHECK_CUDA(k);
   MINFER_CHECK_CUDA(positions);
@@ -315,7 +315,7 @@ void rope(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& p
   MINFER_CHECK(q_weight.has_value() == k_weight.has_value(), "rope: q_weight and k_weight come together");
   for (const auto* w : {&q_weight, &k_weight}) {
     if (!w->has_value()) continue;
-    const torch::Tensor& t = **w;
+    const at::Tensor& t = **w;
     MINFER_CHECK(t.device() == q.device() && t.scalar_type() == q.scalar_type() && t.dim() == 1 &&
                      t.size(0) == head_dim && t.is_contiguous(),
                  "rope: ", w == &q_weight ? "q_weight" : "k_weight", " must be a contiguous [head_dim] = [", head_dim,

@@ -21,7 +21,7 @@ namespace {
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 // The engine op's checks on q [batch, seq, heads, head_dim] and k_cache [batch, capacity, kv_heads, head_dim].
-void check_q_and_cache(const torch::Tensor& q, const torch::Tensor& k_cache) {
+void check_q_and_cache(const at::Tensor& q, const at::Tensor& k_cache) {
   MINFER_CHECK_CUDA(q);
   MINFER_CHECK_CUDA(k_cache);
   MINFER_CHECK_SAME_DEVICE(q, k_cache);
@@ -43,8 +43,8 @@ void check_q_and_cache(const torch::Tensor& q, const torch::Tensor& k_cache) {
 
 }  // namespace
 
-torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                        const torch::Tensor& start_pos, double scale, bool stable_prefix, int64_t window) {
+at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& start_pos, double scale, bool stable_prefix, int64_t window) {
   MINFER_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache and v_cache must have the same shape, got ",
               k_cache.sizes(), " and ", v_cache.sizes());
   check_q_and_cache(q_in, k_cache);
@@ -66,8 +66,8 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
               "attention: sizes too large, got q ", q_in.sizes(), " and cache ", k_cache.sizes());
   const c10::cuda::CUDAGuard guard(q_in.device());
   // q may be a strided view into the fused qkv projection; copy only when its rows are not 16-byte aligned.
-  const torch::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
-  auto out = torch::empty({batch, seq, heads, head_dim}, q.options());  // [batch, seq, heads, head_dim]
+  const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
+  auto out = q.new_empty({batch, seq, heads, head_dim});  // [batch, seq, heads, head_dim]
   if (out.numel() == 0) return out;
   if (seq == 1) {
     attn::flash_decode(q, k_cache, v_cache, start_pos, scale, stable_prefix, static_cast<int>(window), out);
@@ -88,12 +88,12 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_cache,
   return out;
 }
 
-torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                              const torch::Tensor& block_table, const torch::Tensor& seq_lens,
-                              const torch::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                              double scale, bool stable_prefix, int64_t window) {
+at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_table, const at::Tensor& seq_lens,
+                           const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                           double scale, bool stable_prefix, int64_t window) {
   MINFER_CHECK_CUDA(q_in);
-  for (const torch::Tensor* t : {&k_cache, &v_cache, &block_table, &seq_lens, &cu_seqlens_q}) {
+  for (const at::Tensor* t : {&k_cache, &v_cache, &block_table, &seq_lens, &cu_seqlens_q}) {
     MINFER_CHECK_CUDA(*t);
     MINFER_CHECK_SAME_DEVICE(q_in, *t);
   }
@@ -139,8 +139,8 @@ torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_
               "paged_attention: sizes too large, got q ", q_in.sizes(), ", caches ", k_cache.sizes(),
               " and block_table ", block_table.sizes());
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const torch::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
-  auto out = torch::empty({tokens, heads, head_dim}, q.options());  // [tokens, heads, head_dim]
+  const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
+  auto out = q.new_empty({tokens, heads, head_dim});  // [tokens, heads, head_dim]
   if (out.numel() == 0 || batch == 0) return out;
   if (max_seqlen_q == 1 && tokens == batch) {  // a decode step: one query per sequence
     attn::flash_decode_paged(q, k_cache, v_cache, block_table, seq_lens, static_cast<int>(max_seqlen_k), scale,
@@ -167,7 +167,7 @@ torch::Tensor paged_attention(const torch::Tensor& q_in, const torch::Tensor& k_
   return out;
 }
 
-std::string attention_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int64_t length,
+std::string attention_decode_plan(const at::Tensor& q, const at::Tensor& k_cache, int64_t length,
                                   int64_t window) {
   check_q_and_cache(q, k_cache);
   MINFER_CHECK(q.size(1) == 1, "attention_decode_plan: q must be [batch, 1, heads, head_dim], got ", q.sizes());

@@ -8,7 +8,7 @@
 
 namespace minfer::attn {
 
-std::string flash_decode_plan(const torch::Tensor& q, const torch::Tensor& k_cache, int length, int window) {
+std::string flash_decode_plan(const at::Tensor& q, const at::Tensor& k_cache, int length, int window) {
   if (q.size(0) == 0 || q.size(2) == 0) return "none (empty output)";
   decode::DecodeParams p = decode::shape_params(q.size(2), k_cache.size(2), k_cache.size(1));
   p.window = window;

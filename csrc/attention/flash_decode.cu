@@ -29,20 +29,20 @@ void launch_ring(const DecodeParams& p, const Launch& l, int batch, int kv_block
 }
 
 template <typename T, int D>
-void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cudaStream_t stream) {
+void launch(DecodeParams p, int batch, int kv_heads, const at::Tensor& q, cudaStream_t stream) {
   const int device = q.get_device();
   const int kv_blocks = kv_heads * p.hblocks;
   const int64_t pairs = static_cast<int64_t>(batch) * kv_blocks;
   const Launch l = plan_launch<D>(p, pairs, sm_count(device), dram_gbps_per_sm(device));
   p.num_splits = l.num_splits;
   p.all_resident = l.all_resident;
-  torch::Tensor ws, own_counters;
+  at::Tensor ws, own_counters;
   if (l.num_splits > 1) {
     const int64_t n_o = pairs * l.num_splits * p.rows * D;
-    ws = torch::empty({n_o + 4 * pairs * l.num_splits * p.rows}, q.options().dtype(torch::kFloat32));
+    ws = q.new_empty({n_o + 4 * pairs * l.num_splits * p.rows}, at::kFloat);
     p.ws_o = ws.data_ptr<float>();                      // [pairs, splits, rows, D]
     p.ws_ml = reinterpret_cast<float4*>(p.ws_o + n_o);  // [pairs, splits, rows]; n_o is a multiple of 4
-    p.counters = split_counters(pairs, device, stream, q.options(), own_counters);
+    p.counters = split_counters(pairs, device, stream, q, own_counters);
   }
   if constexpr (kHasShortRing<D>)
     if (l.short_ring) return launch_ring<T, D, kShortRingBytes>(p, l, batch, kv_blocks, stream);
@@ -50,7 +50,7 @@ void launch(DecodeParams p, int batch, int kv_heads, const torch::Tensor& q, cud
 }
 
 // Dispatches p (its layout fields set) for q's dtype and head_dim.
-void run(DecodeParams& p, int batch, int kv_heads, const torch::Tensor& q, double scale, bool stable_prefix) {
+void run(DecodeParams& p, int batch, int kv_heads, const at::Tensor& q, double scale, bool stable_prefix) {
   p.scale_log2 = static_cast<float>(scale) * kLog2e;
   p.stable_prefix = stable_prefix;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -61,8 +61,8 @@ void run(DecodeParams& p, int batch, int kv_heads, const torch::Tensor& q, doubl
 
 }  // namespace
 
-void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                  const torch::Tensor& start_pos, double scale, bool stable_prefix, int window, torch::Tensor& out) {
+void flash_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& start_pos, double scale, bool stable_prefix, int window, at::Tensor& out) {
   const int batch = q.size(0);
   if (batch == 0 || q.size(2) == 0) return;
   DecodeParams p = shape_params(q.size(2), k_cache.size(2), k_cache.size(1));
@@ -74,9 +74,9 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   run(p, batch, k_cache.size(2), q, scale, stable_prefix);
 }
 
-void flash_decode_paged(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                        const torch::Tensor& block_table, const torch::Tensor& seq_lens, int max_seqlen_k,
-                        double scale, bool stable_prefix, int window, torch::Tensor& out) {
+void flash_decode_paged(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_table, const at::Tensor& seq_lens, int max_seqlen_k,
+                        double scale, bool stable_prefix, int window, at::Tensor& out) {
   const int batch = q.size(0);
   if (batch == 0 || q.size(1) == 0) return;
   const int page_size = k_cache.size(1);

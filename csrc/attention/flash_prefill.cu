@@ -23,6 +23,7 @@
 // prefill_combine_kernel merges them.
 // Memory is O(N): no score matrix exists outside registers.
 #include "common/checks.h"
+#include <ATen/ops/empty.h>  // the workspace, which no tensor at hand gives options for
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -377,10 +378,10 @@ void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
   FlashParams sp = p;
   sp.pack = p.cu_seqlens_q != nullptr ? p.group : 1;
   sp.kv_splits = prefill_kv_splits(sp, BM, heads, int64_t(per_sm) * sm_count(c10::cuda::current_device()));
-  torch::Tensor ws;
+  at::Tensor ws;
   if (sp.kv_splits > 1) {
     const int64_t rows = int64_t(sp.kv_splits) * sp.total_q * heads;
-    ws = torch::empty({rows * (D + 2)}, torch::dtype(torch::kFloat).device(torch::kCUDA, c10::cuda::current_device()));
+    ws = at::empty({rows * (D + 2)}, at::dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()));
     sp.part_o = ws.data_ptr<float>(), sp.part_ml = sp.part_o + rows * D;
   }
   const dim3 grid((int64_t(p.seq_q) * sp.pack + BM - 1) / BM * sp.kv_splits, heads / sp.pack, batch);

@@ -18,7 +18,7 @@ namespace minfer {
 
 namespace {
 
-void check_seed(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const char* name) {
+void check_seed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* name) {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   MINFER_CHECK_CUDA(q);
   MINFER_CHECK_CUDA(k);
@@ -39,30 +39,30 @@ void check_seed(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
               name, ": sizes too large");
 }
 
-double seed_scale(const torch::Tensor& q, std::optional<double> scale) {
+double seed_scale(const at::Tensor& q, std::optional<double> scale) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 }
 
 }  // namespace
 
-torch::Tensor naive_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              std::optional<double> scale, bool is_causal) {
+at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           std::optional<double> scale, bool is_causal) {
   check_seed(q, k, v, "naive_attention");
   const c10::cuda::CUDAGuard guard(q.device());
   return baselines::naive_attention_impl(q.contiguous(), k.contiguous(), v.contiguous(), seed_scale(q, scale),
                                          is_causal);
 }
 
-torch::Tensor tiled_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              std::optional<double> scale, bool is_causal) {
+at::Tensor tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           std::optional<double> scale, bool is_causal) {
   check_seed(q, k, v, "tiled_attention");
   const c10::cuda::CUDAGuard guard(q.device());
   return baselines::tiled_attention_impl(q.contiguous(), k.contiguous(), v.contiguous(), seed_scale(q, scale),
                                          is_causal);
 }
 
-torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
-                              std::optional<double> scale, bool is_causal) {
+at::Tensor flash_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                           std::optional<double> scale, bool is_causal) {
   check_seed(q_in, k_in, v_in, "flash_attention");
   const c10::cuda::CUDAGuard guard(q_in.device());
   const int64_t head_dim = q_in.size(3);
@@ -71,10 +71,10 @@ torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_
   if (q_in.scalar_type() == at::kFloat || (head_dim != 64 && head_dim != 128 && head_dim != 256))
     return baselines::tiled_attention_impl(q_in.contiguous(), k_in.contiguous(), v_in.contiguous(),
                                            seed_scale(q_in, scale), is_causal);
-  auto aligned = [](const torch::Tensor& t) { return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous); };
-  const torch::Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
+  auto aligned = [](const at::Tensor& t) { return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous); };
+  const at::Tensor q = aligned(q_in), k = aligned(k_in), v = aligned(v_in);
   const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2);
-  auto out = torch::empty({batch, heads, seq_q, head_dim}, q.options());  // [batch, heads, seq_q, head_dim]
+  auto out = q.new_empty({batch, heads, seq_q, head_dim});  // [batch, heads, seq_q, head_dim]
   if (out.numel() == 0) return out;
   MINFER_CHECK(batch <= 65535 && heads <= 65535, "flash_attention: batch and heads must be <= 65535");
   attn::FlashParams p{};

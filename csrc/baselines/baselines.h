@@ -2,15 +2,15 @@
 // tensor_core_gemm, gemm_int8): kernels and launchers that the engine never calls, kept exposed and
 // benchmarked as baselines. Launchers: attention.cpp and gemm.cpp here; declared in ops.h.
 #pragma once
-#include <torch/all.h>
+#include "common/tensor.h"
 
 namespace minfer::baselines {
 
 // naive_attention.cu: one thread per query row, scores in global memory. Contiguous q, k, v.
-torch::Tensor naive_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   double scale, bool is_causal);
+at::Tensor naive_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                double scale, bool is_causal);
 // tiled_attention.cu: the CUDA-core tiled kernel (also the fp32 path of flash_attention). Contiguous q, k, v.
-torch::Tensor tiled_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   double scale, bool is_causal);
+at::Tensor tiled_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                double scale, bool is_causal);
 
 }  // namespace minfer::baselines

@@ -18,8 +18,8 @@
 namespace minfer {
 
 // alpha * op(A) @ op(B) + beta * C. op(A) [M, K], op(B) [K, N]; C broadcastable to [M, N]; beta == 0 ignores C.
-torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha, double beta,
-                   const std::optional<torch::Tensor>& c, bool trans_a, bool trans_b, const std::string& path_name) {
+at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, double alpha, double beta,
+                const std::optional<at::Tensor>& c, bool trans_a, bool trans_b, const std::string& path_name) {
   using namespace gemm_impl;
   const Path path = parse_path(path_name, "gemm");
   check_cuda(a, a, "a", "gemm");
@@ -29,7 +29,7 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha,
   check_dim2(a, "a", "gemm");
   check_dim2(b, "b", "gemm");
   // opA [M, K]; opBt = op(B)^T [N, K]: the kernels read B weight-like.
-  torch::Tensor opA = trans_a ? a.t() : a, opBt = trans_b ? b : b.t();
+  at::Tensor opA = trans_a ? a.t() : a, opBt = trans_b ? b : b.t();
   const int64_t M = opA.size(0), K = opA.size(1), N = opBt.size(0);
   MINFER_CHECK(opBt.size(1) == K, "gemm: op(A) is [M, K] = " + shape(opA) + " but op(B) is [K, N] = [" +
                                      num(opBt.size(1)) + ", " + num(N) + "]: the K dimensions differ");
@@ -37,7 +37,7 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha,
   check_int_range(N, "N", "gemm");
   check_int_range(K, "K", "gemm");
   const c10::cuda::CUDAGuard guard(a.device());
-  torch::Tensor cc;
+  at::Tensor cc;
   if (beta != 0.0 && c.has_value() && c->defined()) {
     check_cuda(*c, a, "c", "gemm");
     MINFER_CHECK_FLOAT((*c));
@@ -45,7 +45,7 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha,
                                    shape(*c));
     cc = c->to(a.scalar_type()).expand({M, N}).contiguous();
   }
-  auto out = torch::empty({M, N}, a.options());
+  auto out = a.new_empty({M, N});
   if (M == 0 || N == 0) return out;
   MINFER_DISPATCH_FLOAT(a.scalar_type(), "gemm", [&] {
     if constexpr (!std::is_same_v<scalar_t, float>) {
@@ -56,8 +56,8 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha,
       }
     }
     // A size-1 dimension's stride is arbitrary in torch: replace it by the one a packed tensor has.
-    auto row_stride = [](const torch::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); };
-    auto col_stride = [](const torch::Tensor& t) { return t.size(1) == 1 ? int64_t(1) : t.stride(1); };
+    auto row_stride = [](const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); };
+    auto col_stride = [](const at::Tensor& t) { return t.size(1) == 1 ? int64_t(1) : t.stride(1); };
     Params<scalar_t, scalar_t> p{ptr<scalar_t>(opA), row_stride(opA), col_stride(opA), ptr<scalar_t>(opBt),
                                  row_stride(opBt), col_stride(opBt), reinterpret_cast<scalar_t*>(out.data_ptr()), N,
                                  nullptr, ptr<scalar_t>(cc), N, (float)alpha, (float)beta, (int)M, (int)N, (int)K};
@@ -67,7 +67,7 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, double alpha,
 }
 
 // WMMA baseline: fp16 A [M, K] @ B [K, N] -> fp32 [M, N].
-torch::Tensor tensor_core_gemm(const torch::Tensor& a, const torch::Tensor& b) {
+at::Tensor tensor_core_gemm(const at::Tensor& a, const at::Tensor& b) {
   using namespace gemm_impl;
   check_cuda(a, a, "a", "tensor_core_gemm");
   check_cuda(b, a, "b", "tensor_core_gemm");
@@ -82,7 +82,7 @@ torch::Tensor tensor_core_gemm(const torch::Tensor& a, const torch::Tensor& b) {
   check_int_range(N, "N", "tensor_core_gemm");
   check_int_range(K, "K", "tensor_core_gemm");
   const c10::cuda::CUDAGuard guard(a.device());
-  auto out = torch::empty({M, N}, a.options().dtype(at::kFloat));
+  auto out = a.new_empty({M, N}, at::kFloat);
   if (M == 0 || N == 0) return out;
   Params<__half, float> p{ptr<__half>(a), a.stride(0), a.stride(1), ptr<__half>(b), b.stride(1), b.stride(0),
                           out.data_ptr<float>(), N, nullptr, nullptr, 0, 1.f, 0.f, (int)M, (int)N, (int)K};
@@ -91,7 +91,7 @@ torch::Tensor tensor_core_gemm(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 // int8 A [M, K] @ int8 B [K, N] -> int32 [M, N], exact (mma.sync m16n8k32, int32 accumulation).
-torch::Tensor gemm_int8(const torch::Tensor& a, const torch::Tensor& b) {
+at::Tensor gemm_int8(const at::Tensor& a, const at::Tensor& b) {
   using namespace gemm_impl;
   check_cuda(a, a, "a", "gemm_int8");
   check_cuda(b, a, "b", "gemm_int8");
@@ -109,17 +109,17 @@ torch::Tensor gemm_int8(const torch::Tensor& a, const torch::Tensor& b) {
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.device().index()));
   MINFER_CHECK(major >= 8, "gemm_int8: needs compute capability >= 8.0 (mma.sync m16n8k32 s8)");
-  auto out = torch::empty({M, N}, a.options().dtype(at::kInt));
+  auto out = a.new_empty({M, N}, at::kInt);
   if (M == 0 || N == 0) return out;
   // The kernel reads K in 16-byte chunks from K-contiguous rows: B is transposed to [N, Kp] and both
   // operands are zero-padded to Kp = K rounded up to 16 when needed (zeros add nothing).
   const int64_t Kp = (K + 15) / 16 * 16;
-  torch::Tensor ap = a;
+  at::Tensor ap = a;
   if (Kp != K || a.stride(1) != 1 || a.stride(0) % 16 != 0 || !is_aligned16(a.data_ptr())) {
-    ap = torch::zeros({M, Kp}, a.options());
+    ap = a.new_zeros({M, Kp});
     ap.narrow(1, 0, K).copy_(a);
   }
-  torch::Tensor bt = torch::zeros({N, Kp}, b.options());
+  at::Tensor bt = b.new_zeros({N, Kp});
   bt.narrow(1, 0, K).copy_(b.t());
   Params<int8_t, int32_t> p{ptr<int8_t>(ap), ap.stride(0), 1, ptr<int8_t>(bt), Kp, 1, out.data_ptr<int32_t>(), N,
                             nullptr, nullptr, 0, 1.f, 0.f, (int)M, (int)N, (int)Kp};

@@ -58,14 +58,14 @@ __global__ void naive_attention_kernel(const T* __restrict__ q, const T* __restr
 
 }  // namespace
 
-torch::Tensor naive_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   double scale, bool is_causal) {
+at::Tensor naive_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                double scale, bool is_causal) {
   const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2), D = q.size(3);
   const int64_t kv_heads = k.size(1), seq_k = k.size(2);
-  auto out = torch::empty_like(q, at::MemoryFormat::Contiguous);
+  auto out = q.new_empty(q.sizes());
   const int64_t rows = batch * heads * seq_q;
   if (rows == 0) return out;
-  auto scores = torch::empty({rows, std::max<int64_t>(seq_k, 1)}, q.options().dtype(torch::kFloat32));
+  auto scores = q.new_empty({rows, std::max<int64_t>(seq_k, 1)}, at::kFloat);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int threads = 128;
   const int64_t blocks = (rows + threads - 1) / threads;

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, int DPT>
-void launch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out, float scale,
+void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, float scale,
             bool causal) {
   const int batch = q.size(0), heads = q.size(1), seq_q = q.size(2), D = q.size(3);
   const int kv_heads = k.size(1), seq_k = k.size(2);
@@ -129,9 +129,9 @@ void launch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
 
 }  // namespace
 
-torch::Tensor tiled_attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   double scale, bool is_causal) {
-  auto out = torch::empty_like(q, at::MemoryFormat::Contiguous);
+at::Tensor tiled_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                double scale, bool is_causal) {
+  auto out = q.new_empty(q.sizes());
   const int64_t D = q.size(3);
   MINFER_CHECK(D >= 1 && D <= 256, "tiled_attention: head_dim must be in [1, 256], got ", D);
   if (out.numel() == 0) return out;

@@ -3,8 +3,7 @@
 #include <string>
 #include <type_traits>
 
-#include <torch/all.h>
-
+#include "common/tensor.h"
 #include "common/vec.h"
 
 namespace minfer::detail {
@@ -59,7 +58,7 @@ std::string msg(const Args&... args) {
 namespace minfer {
 // 16-byte rows for cp.async / vector loads: every stride but the last a multiple of 8 elements (16-bit
 // types), the last stride 1, and the base pointer 16-byte aligned.
-inline bool rows_aligned16(const torch::Tensor& t) {
+inline bool rows_aligned16(const at::Tensor& t) {
   if (t.stride(-1) != 1 || !is_aligned16(t.data_ptr())) return false;
   for (int i = 0; i + 1 < t.dim(); ++i)
     if (t.size(i) > 1 && t.stride(i) % 8 != 0) return false;

@@ -2,9 +2,9 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <torch/all.h>
 
-#include "checks.h"
+#include "common/checks.h"
+#include "common/tensor.h"
 
 #define MINFER_DISPATCH_FLOAT(dtype, name, ...)                                               \
   [&] {                                                                                       \

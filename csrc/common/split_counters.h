@@ -11,27 +11,28 @@
 #pragma once
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
-#include <torch/all.h>
 
 #include <mutex>
 
+#include "common/tensor.h"
+
 namespace minfer {
 
-inline int* split_counters(int64_t n, int device, cudaStream_t stream, const torch::TensorOptions& opts,
-                           torch::Tensor& own) {
+// like: any tensor on the device (the counters' device and allocator).
+inline int* split_counters(int64_t n, int device, cudaStream_t stream, const at::Tensor& like, at::Tensor& own) {
   constexpr int64_t kShared = 1 << 16;
   constexpr int kMaxDevices = 64;
   static std::mutex mu;
-  static torch::Tensor* shared[kMaxDevices] = {};
+  static at::Tensor* shared[kMaxDevices] = {};
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (n <= kShared && device >= 0 && device < kMaxDevices) {
     std::lock_guard<std::mutex> lock(mu);
     if (shared[device] == nullptr && capture == cudaStreamCaptureStatusNone)
-      shared[device] = new torch::Tensor(torch::zeros({kShared}, opts.dtype(torch::kInt32)));  // never freed
+      shared[device] = new at::Tensor(like.new_zeros({kShared}, at::kInt));  // never freed
     if (shared[device] != nullptr) return shared[device]->data_ptr<int>();
   }
-  own = torch::empty({n}, opts.dtype(torch::kInt32));
+  own = like.new_empty({n}, at::kInt);
   C10_CUDA_CHECK(cudaMemsetAsync(own.data_ptr(), 0, n * sizeof(int), stream));
   return own.data_ptr<int>();
 }

@@ -6,6 +6,7 @@
 // auto: fp32 -> simt; fp16/bf16 -> gemv for M <= 16, and up to M = 256 on small W (blocks of 16 rows x N x
 // K <= 2^24); on Hopper sm90 above M = 128 and its small-M kernel for M 32..128 on large W; else sm80;
 // wmma when the cp.async rules (K % 8 == 0, row strides % 8 == 0, 16-byte aligned bases) fail.
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -46,7 +47,7 @@ bool chunk_aligned(const Params<T, Out>& p) {
          is_aligned16(p.B);
 }
 
-int capability(const torch::Device& device, cudaDeviceAttr which) {
+int capability(const at::Device& device, cudaDeviceAttr which) {
   int v = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, which, device.index()));
   return v;
@@ -77,7 +78,7 @@ Path auto_path(const Params<T, T>& p, int major) {
 
 // plan != nullptr: launch nothing, say in *plan which path (and for gemv, which kernel) would run.
 template <typename T>
-void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, const char* op, std::string* plan) {
+void run_lowp(const Params<T, T>& p, Path path, const at::Device& device, const char* op, std::string* plan) {
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int major = cc_major(device.index());
   // "major.minor", for the errors
@@ -105,9 +106,9 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
           *plan = "sm80 split_k=" + num(splits);
           return;
         }
-        torch::Tensor ws;
+        at::Tensor ws;
         if (splits > 1)
-          ws = torch::empty({(int64_t)splits * p.M * p.N}, torch::TensorOptions().dtype(at::kFloat).device(device));
+          ws = at::empty({(int64_t)splits * p.M * p.N}, at::TensorOptions().dtype(at::kFloat).device(device));
         launch_sm80<T>(p, stream, splits > 1 ? ws.data_ptr<float>() : nullptr, splits);
       }
       return;
@@ -120,14 +121,14 @@ void run_lowp(const Params<T, T>& p, Path path, const torch::Device& device, con
           *plan = sm90_small_m(p.M, p.N, p.K) ? "sm90 small-M" : "sm90";
           return;
         }
-        torch::Tensor ws, own_counters;
+        at::Tensor ws, own_counters;
         float* ws_ptr = nullptr;
         int* counters = nullptr;
         if (sm90_small_m(p.M, p.N, p.K)) {
           const Sm90SmallM plan = sm90_small_m_plan(p.M, p.N, p.K, sms);
-          ws = torch::empty({plan.ws_floats}, torch::TensorOptions().dtype(at::kFloat).device(device));
+          ws = at::empty({plan.ws_floats}, at::TensorOptions().dtype(at::kFloat).device(device));
           ws_ptr = ws.data_ptr<float>();
-          counters = split_counters(plan.tiles, device.index(), stream, ws.options(), own_counters);
+          counters = split_counters(plan.tiles, device.index(), stream, ws, own_counters);
         }
         launch_sm90<T>(p, stream, sms, ws_ptr, counters);
       }
@@ -146,14 +147,14 @@ void run_fp32(const Params<float, float>& p, Path path, const char* op, std::str
 
 }  // namespace
 
-void run(const Params<__half, __half>& p, Path path, const torch::Device& device, const char* op, std::string* plan) {
+void run(const Params<__half, __half>& p, Path path, const at::Device& device, const char* op, std::string* plan) {
   run_lowp(p, path, device, op, plan);
 }
-void run(const Params<__nv_bfloat16, __nv_bfloat16>& p, Path path, const torch::Device& device, const char* op,
+void run(const Params<__nv_bfloat16, __nv_bfloat16>& p, Path path, const at::Device& device, const char* op,
          std::string* plan) {
   run_lowp(p, path, device, op, plan);
 }
-void run(const Params<float, float>& p, Path path, const torch::Device&, const char* op, std::string* plan) {
+void run(const Params<float, float>& p, Path path, const at::Device&, const char* op, std::string* plan) {
   run_fp32(p, path, op, plan);
 }
 
@@ -169,9 +170,9 @@ Act parse_act(const std::string& name) {
 // linear, or with plan != nullptr only the choice of kernel it would make (see linear_plan). With act, weight
 // is gate | up and the result act(gate) * up: in the gemv tiles' epilogue where auto takes them for more than
 // 16 rows (the activation's launch spared), else the linear and then the activation's own launch.
-torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight,
-                             const std::optional<torch::Tensor>& bias, const std::string& path_name,
-                             bool static_weight, std::string* plan, Act act = kActNone) {
+at::Tensor linear_or_plan(const at::Tensor& x, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, const std::string& path_name,
+                          bool static_weight, std::string* plan, Act act = kActNone) {
   const char* op = act == kActNone ? "linear" : "linear_act";
   const Path path = parse_path(path_name, op);
   check_cuda(x, x, "x", op);
@@ -187,7 +188,7 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
   MINFER_CHECK(weight.stride(1) == 1 || K <= 1, op, ": weight must have a contiguous last dimension (stride 1)");
   MINFER_CHECK(act == kActNone || N % 2 == 0, op,
                ": weight must be gate | up, an even number of rows, got " + shape(weight));
-  torch::Tensor b;
+  at::Tensor b;
   if (bias.has_value() && bias->defined()) {
     b = *bias;
     check_cuda(b, x, "bias", op);
@@ -209,15 +210,15 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
   if (act != kActNone && !fused) {  // the linear, then the activation
     const char* act_op = act == kActSilu ? "silu_and_mul" : "gelu_tanh_and_mul";
     std::string linear_plan;
-    torch::Tensor gate_up = linear_or_plan(x, weight, bias, path_name, static_weight, plan ? &linear_plan : nullptr);
+    at::Tensor gate_up = linear_or_plan(x, weight, bias, path_name, static_weight, plan ? &linear_plan : nullptr);
     if (plan) {
       *plan = linear_plan + ", then " + act_op;
-      return torch::Tensor();
+      return at::Tensor();
     }
     return act == kActSilu ? silu_and_mul(gate_up, std::nullopt) : gelu_tanh_and_mul(gate_up, std::nullopt);
   }
   const int64_t n_out = fused ? N / 2 : N;
-  auto out = plan ? torch::Tensor() : torch::empty({M, n_out}, x.options());
+  auto out = plan ? at::Tensor() : x.new_empty({M, n_out});
   if (M == 0 || N == 0) {
     if (plan) *plan = "none (empty output)";
     return out;
@@ -241,23 +242,23 @@ torch::Tensor linear_or_plan(const torch::Tensor& x, const torch::Tensor& weight
 // y = x W^T + bias. x [tokens, in] (last dim contiguous), weight [out, in], bias [out] -> [tokens, out].
 // static_weight: no kernel that may still be running when this one starts writes weight (a model's
 // weights); the gemv and sm90 small-M kernels then start reading it before they wait for the previous kernel.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
-                     const std::string& path, bool static_weight) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  const std::string& path, bool static_weight) {
   return gemm_impl::linear_or_plan(x, weight, bias, path, static_weight, nullptr);
 }
 
 // The gated activation of the gate | up linear: act(x gate^T) * (x up^T), weight [2 inter, in] -> [tokens, inter],
 // act silu | gelu_tanh. Equal to linear and then silu_and_mul / gelu_tanh_and_mul, in one launch where the gemv
 // tiles run (more than 16 rows on small W: a small model's batched decode).
-torch::Tensor linear_act(const torch::Tensor& x, const torch::Tensor& weight, const std::string& act,
-                         bool static_weight) {
+at::Tensor linear_act(const at::Tensor& x, const at::Tensor& weight, const std::string& act,
+                      bool static_weight) {
   return gemm_impl::linear_or_plan(x, weight, std::nullopt, "auto", static_weight, nullptr, gemm_impl::parse_act(act));
 }
 
 // Which path and kernel configuration linear(x, weight, path=path) would launch, as text, e.g.
 // "gemv: m1 U=4 4/SM ks=2 grid=512" (with act, linear_act's: "... +silu" fused, "..., then silu_and_mul" not);
 // nothing runs. For tests that check a shape reaches the kernel it is meant to exercise.
-std::string linear_plan(const torch::Tensor& x, const torch::Tensor& weight, const std::string& path,
+std::string linear_plan(const at::Tensor& x, const at::Tensor& weight, const std::string& path,
                         const std::string& act) {
   std::string plan;
   gemm_impl::linear_or_plan(x, weight, std::nullopt, path, false, &plan, gemm_impl::parse_act(act));

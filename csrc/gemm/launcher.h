@@ -7,24 +7,23 @@
 
 #include <string>
 
-#include <torch/all.h>
-
 #include "common/checks.h"
+#include "common/tensor.h"
 #include "gemm/gemm.h"
 
 namespace minfer::gemm_impl {
 
 // Messages are built from strings only: numbers go through std::to_string (see common/checks.h).
 inline std::string num(int64_t v) { return std::to_string(v); }
-inline std::string shape(const torch::Tensor& t) {
+inline std::string shape(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + num(t.size(i));
   return s + "]";
 }
-inline void check_dim2(const torch::Tensor& t, const char* name, const char* op) {
+inline void check_dim2(const at::Tensor& t, const char* name, const char* op) {
   MINFER_CHECK(t.dim() == 2, op, ": ", name, " must have 2 dimensions, got shape ", shape(t));
 }
-inline void check_cuda(const torch::Tensor& t, const torch::Tensor& ref, const char* name, const char* op) {
+inline void check_cuda(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* op) {
   MINFER_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got a ", t.device().type() == at::kCPU ? "CPU" : "non-CUDA", " tensor");
   MINFER_CHECK(t.get_device() == ref.get_device(), op, ": ", name, " must be on the same device as the first input");
 }
@@ -33,7 +32,7 @@ inline void check_int_range(int64_t v, const char* what, const char* op) {
 }
 
 template <typename T>
-const T* ptr(const torch::Tensor& t) {
+const T* ptr(const at::Tensor& t) {
   return t.defined() ? reinterpret_cast<const T*>(t.data_ptr()) : nullptr;
 }
 
@@ -44,11 +43,11 @@ Path parse_path(const std::string& name, const char* op);
 // Runs D = alpha * A . B^T (+ bias, + beta * C) on `path` (kAuto: the fastest path for the shape), or
 // with plan != nullptr launches nothing and says in *plan which path (for gemv, which kernel) would run.
 // `op` names the caller in error messages.
-void run(const Params<__half, __half>& p, Path path, const torch::Device& device, const char* op,
+void run(const Params<__half, __half>& p, Path path, const at::Device& device, const char* op,
          std::string* plan = nullptr);
-void run(const Params<__nv_bfloat16, __nv_bfloat16>& p, Path path, const torch::Device& device, const char* op,
+void run(const Params<__nv_bfloat16, __nv_bfloat16>& p, Path path, const at::Device& device, const char* op,
          std::string* plan = nullptr);
-void run(const Params<float, float>& p, Path path, const torch::Device& device, const char* op,
+void run(const Params<float, float>& p, Path path, const at::Device& device, const char* op,
          std::string* plan = nullptr);
 
 }  // namespace minfer::gemm_impl

@@ -29,7 +29,6 @@
 #include <cuda_fp16.h>
 
 #include <c10/cuda/CUDAException.h>
-#include <torch/all.h>
 
 #include <algorithm>
 #include <string>

@@ -1,9 +1,8 @@
 // Host-side checks shared by the quantized-weight launchers: the qtype's block size and the blocks tensor
 // of a W [n, k] kept as ggml blocks (row r = its k / elems blocks, uint8 [n, k / elems * bytes]).
 #pragma once
-#include <torch/all.h>
-
 #include "common/checks.h"
+#include "common/tensor.h"
 #include "common/vec.h"
 #include "qgemm/formats.cuh"
 
@@ -33,7 +32,7 @@ inline BlockSize block_size(int64_t qtype) {
 
 // blocks: uint8 [n, k / elems * bytes], contiguous, 16-byte aligned (the kernels read it in aligned
 // 16-byte pieces), on CUDA; k a positive multiple of the block's elements. Returns the bytes of a row.
-inline int64_t check_blocks(const char* op, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k) {
+inline int64_t check_blocks(const char* op, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k) {
   const BlockSize f = block_size(qtype);
   MINFER_CHECK_CUDA(blocks);
   MINFER_CHECK(blocks.scalar_type() == at::kByte, op, ": blocks must be uint8, got ", blocks.scalar_type());

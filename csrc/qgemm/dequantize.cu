@@ -15,7 +15,7 @@ namespace {
 
 // out [n, k] (contiguous, 16-byte aligned) <- W's rows, in order. static_weight: no kernel just ahead of this
 // one writes the blocks (a model's weights), which then load before the previous kernel completes.
-void launch_dequantize(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype, bool static_weight) {
+void launch_dequantize(const at::Tensor& out, const at::Tensor& blocks, int64_t qtype, bool static_weight) {
   const int64_t values = out.numel(), tiles = (values + qgemm::kDecodeTile - 1) / qgemm::kDecodeTile;
   if (values == 0) return;
   MINFER_CHECK(tiles < (int64_t(1) << 31), "dequantize: too many values (", values, ")");
@@ -31,16 +31,16 @@ void launch_dequantize(const torch::Tensor& out, const torch::Tensor& blocks, in
 
 }  // namespace
 
-torch::Tensor dequantize(const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype) {
+at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype) {
   qgemm::check_blocks("dequantize", blocks, qtype, n, k);
   qgemm::check_half_dtype("dequantize", "dtype", dtype);
   const c10::cuda::CUDAGuard guard(blocks.device());
-  auto out = torch::empty({n, k}, blocks.options().dtype(dtype));  // [n, k]
+  auto out = blocks.new_empty({n, k}, dtype);  // [n, k]
   launch_dequantize(out, blocks, qtype, false);
   return out;
 }
 
-void dequantize_into(const torch::Tensor& out, const torch::Tensor& blocks, int64_t qtype, bool static_weight) {
+void dequantize_into(const at::Tensor& out, const at::Tensor& blocks, int64_t qtype, bool static_weight) {
   MINFER_CHECK_CUDA(out);
   MINFER_CHECK_DIM(out, 2);
   qgemm::check_blocks("dequantize_into", blocks, qtype, out.size(0), out.size(1));

@@ -6,11 +6,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include <torch/all.h>
 
 #include <type_traits>
 
 #include "common/checks.h"
+#include "common/tensor.h"
 
 namespace minfer::q4k_x {
 
@@ -117,7 +117,7 @@ __device__ __forceinline__ void write_record(uint4 v, int lane, uint8_t* record,
 
 // Host: records for x [rows, k] (fp16/bf16, k a multiple of 256): uint8 [rows, k / 256 * kRecord], contiguous,
 // on x's device.
-inline void check_records(const char* op, const torch::Tensor& records, const torch::Tensor& x) {
+inline void check_records(const char* op, const at::Tensor& records, const at::Tensor& x) {
   MINFER_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, op,
                ": records are written for float16 or bfloat16 x, got ", x.scalar_type());
   MINFER_CHECK(x.size(-1) % 256 == 0, op, ": records need a width that is a multiple of 256, got ", x.size(-1));

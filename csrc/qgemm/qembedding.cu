@@ -12,8 +12,8 @@
 
 namespace minfer {
 
-torch::Tensor qembedding(const torch::Tensor& ids, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                         at::ScalarType dtype) {
+at::Tensor qembedding(const at::Tensor& ids, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                      at::ScalarType dtype) {
   MINFER_CHECK_CUDA(ids);
   qgemm::check_blocks("qembedding", blocks, qtype, n, k);
   MINFER_CHECK_SAME_DEVICE(ids, blocks);
@@ -25,7 +25,7 @@ torch::Tensor qembedding(const torch::Tensor& ids, const torch::Tensor& blocks, 
   const c10::cuda::CUDAGuard guard(blocks.device());
   auto out_sizes = ids.sizes().vec();
   out_sizes.push_back(k);
-  auto out = torch::empty(out_sizes, blocks.options().dtype(dtype));  // [*ids.shape, k]
+  auto out = blocks.new_empty(out_sizes, dtype);  // [*ids.shape, k]
   const int64_t rows = ids.numel();
   if (rows == 0) return out;
   const auto ids64 = ids.to(at::kLong).contiguous();  // [rows]

@@ -1703,21 +1703,21 @@ CUtensorMap records_map(const uint8_t* records, int M, int chunks, int rows) {
 // workspace (from the caching allocator) and arrival counters.
 struct TileGrid {
   dim3 dims;
-  torch::Tensor ws_tensor, own_counters;
+  at::Tensor ws_tensor, own_counters;
   float* ws = nullptr;
   int* counters = nullptr;
-  TileGrid(int N, int chunks, int nt, int sms, const torch::Tensor& x, cudaStream_t stream, int warps = kWarps) {
+  TileGrid(int N, int chunks, int nt, int sms, const at::Tensor& x, cudaStream_t stream, int warps = kWarps) {
     const int tiles = (N + 16 * warps - 1) / (16 * warps), splits = tile_splits(N, chunks, sms, warps);
     dims = dim3((unsigned)tiles, (unsigned)splits);
     if (splits == 1) return;
-    ws_tensor = torch::empty({int64_t(tiles) * splits * warps * nt * 4 * 32}, x.options().dtype(torch::kFloat));
+    ws_tensor = x.new_empty({int64_t(tiles) * splits * warps * nt * 4 * 32}, at::kFloat);
     ws = ws_tensor.data_ptr<float>();
-    counters = split_counters(tiles, x.get_device(), stream, x.options(), own_counters);
+    counters = split_counters(tiles, x.get_device(), stream, x, own_counters);
   }
 };
 
 template <int QT, typename T, int NT>
-void launch_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
+void launch_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t stream) {
   constexpr int S = kQTileStages<QT, NT>;
   // W's blocks are 16-byte aligned (check_blocks)
   const bool box = QT == kQ6_K && cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
@@ -1769,10 +1769,10 @@ void write_records(const T* x, uint8_t* records, int M, int K, cudaStream_t stre
 
 // x's records: those given (written by the kernel before x's linear), else prepare_x_kernel's into own.
 template <typename T>
-const uint8_t* records_or_own(const Args& a, const uint8_t* records, const torch::Tensor& x, torch::Tensor& own,
+const uint8_t* records_or_own(const Args& a, const uint8_t* records, const at::Tensor& x, at::Tensor& own,
                               cudaStream_t stream) {
   if (records != nullptr) return records;
-  own = torch::empty({a.M, a.K / 256 * q4k::kRecord}, x.options().dtype(torch::kUInt8));
+  own = x.new_empty({a.M, a.K / 256 * q4k::kRecord}, at::kByte);
   write_records(static_cast<const T*>(a.x), own.data_ptr<uint8_t>(), a.M, a.K, stream);
   return own.data_ptr<uint8_t>();
 }
@@ -1782,8 +1782,8 @@ const uint8_t* records_or_own(const Args& a, const uint8_t* records, const torch
 // come by TMA boxes: the 8B Q4_K_M batch-1 step (16 down projections, 16 v) 2.406-2.408 ms on load_chunk's pieces,
 // 2.347-2.348 by boxes (H200).
 template <typename T>
-void launch_q6_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  torch::Tensor own;
+void launch_q6_i8(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
+  at::Tensor own;
   records = records_or_own<T>(a, records, x, own, stream);
   // W's blocks are 16-byte aligned (check_blocks)
   const bool box = cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
@@ -1814,8 +1814,8 @@ void launch_q6_i8(const Args& a, const uint8_t* records, const torch::Tensor& x,
 // 26.9 -> 15.1, 175.9 -> 96.5. The 8B batch-1 step: Q8_0 3.460 / 3.463 -> 2.683 / 2.683 ms, Q4_0 3.583 / 3.583 ->
 // 2.052 / 2.051.
 template <int QT, typename T>
-void launch_b32_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  torch::Tensor own;
+void launch_b32_i8(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
+  at::Tensor own;
   records = records_or_own<T>(a, records, x, own, stream);
   const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, true, kBoxElem<QT>);
   auto go = [&](auto stages, auto ctas, auto held) {
@@ -1885,8 +1885,8 @@ void launch_q4k_i8(const Args& a, const uint8_t* records, int sms, cudaStream_t 
 // launch): 1 x 6144 x 4096 14.5 -> 8.4, 1 x 4096 x 4096 8.5 -> 6.6, 1 x 28672 x 4096 46.2 -> 23.4 (42 -> 83% of
 // copy), 1 x 4096 x 14336 24.5 -> 15.2, 1 x 128256 x 4096 182.8 -> 97.9; the 8B Q5_K_M batch-1 step 3.386 -> 2.295 ms.
 template <typename T>
-void launch_q5k_i8(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
-  torch::Tensor own;
+void launch_q5k_i8(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
+  at::Tensor own;
   const uint8_t* r = records_or_own<T>(a, records, x, own, stream);
   if (small_grid(a, sms))
     launch_q4k_i8<T, 4, 2, void, kQ5_K>(a, r, sms, stream);
@@ -1907,7 +1907,7 @@ inline bool q4k_tile(const Args& a, int sms) {
 
 // With Act (sm_90 only): the pair boxes, out [M, N / 2] = act(gate) * up.
 template <typename T, int NT, int S, typename Act = void>
-void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+void launch_q4k_tile(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
   constexpr int smem = q4k::tile_smem(NT, S) + 128;
   const bool sm90 = cc_major(c10::cuda::current_device()) >= 9;
   const CUtensorMap map = std::is_void_v<Act> ? chunk_map(a, Ring<kQ4_K>::kRowStride, sm90)
@@ -1933,9 +1933,9 @@ void launch_q4k_tile(const Args& a, const uint8_t* records, const torch::Tensor&
 // chunks (H100, us, 16 rows / 32: 16 x 4096 x 14336 32.3 / 29.8, 16 x 28672 x 4096 60.8 / 57.5, 16 x 128256
 // x 4096 261 / 234, 16 x 5120 x 4096 16.2 / 15.9; 16 x 4096 x 4096, 128 CTAs of 32 rows, 9.9 / 10.6).
 template <typename T>
-void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+void launch_q4k(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
   const bool i8 = q4k_x::int8_form(a.M);
-  torch::Tensor own;
+  at::Tensor own;
   const uint8_t* r = records_or_own<T>(a, records, x, own, stream);
   if (i8) {  // 3 CTAs an SM (71 registers) where the grid fills more than 2, but past 4 (launch_q4k_i8's held)
     if (small_grid(a, sms))
@@ -1964,7 +1964,7 @@ void launch_q4k(const Args& a, const uint8_t* records, const torch::Tensor& x, i
 // The kernels that read x's records (reads_records), on those given or, where records is null, on records of their
 // own (a prepare_x launch).
 template <int QT, typename T>
-void launch_on_records(const Args& a, const uint8_t* records, const torch::Tensor& x, int sms, cudaStream_t stream) {
+void launch_on_records(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
   if constexpr (QT == kQ4_K)
     launch_q4k<T>(a, records, x, sms, stream);
   else if constexpr (QT == kQ6_K)
@@ -1987,7 +1987,7 @@ void launch_on_records(const Args& a, const uint8_t* records, const torch::Tenso
 //   H200, two rounds, us: Q8_0 1 x 49152 x 576 24.2 / 16.0, 16 x 49152 x 576 41.6 / 19.0, 1 x 262144 x 640 110.4 /
 //   74.9, 16 x 262144 x 640 200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5).
 template <int QT, typename T>
-bool launch_if_qtile(const Args& a, const torch::Tensor& x, int sms, cudaStream_t stream) {
+bool launch_if_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t stream) {
   const bool wide = a.M > (QT == kQ4_K ? 16 : 1) && a.N >= 4096 && a.K >= 4096;  // Q4_K to 16 rows: q4k's kernels
   const bool short_k = (QT == kQ6_K || QT == kQ8_0) && a.M <= 16 && a.K < kWarps * 256 && !small_grid(a, sms);
   if (!wide && !short_k) return false;
@@ -2008,9 +2008,9 @@ namespace minfer {
 namespace {
 
 // Validates x [M, k], blocks (W [n, k]), bias [n] and x's records for op; returns W's row bytes.
-int64_t check_qlinear(const char* op, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n,
-                      int64_t k, const std::optional<torch::Tensor>& bias,
-                      const std::optional<torch::Tensor>& x_records) {
+int64_t check_qlinear(const char* op, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n,
+                      int64_t k, const std::optional<at::Tensor>& bias,
+                      const std::optional<at::Tensor>& x_records) {
   const int64_t row_bytes = qgemm::check_blocks(op, blocks, qtype, n, k);
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_SAME_DEVICE(x, blocks);
@@ -2032,8 +2032,8 @@ int64_t check_qlinear(const char* op, const torch::Tensor& x, const torch::Tenso
 }
 
 // The kernels' arguments: W [n, k] (row_bytes a row), x [M, k], out's rows out.stride(0) apart.
-qgemm::Args make_args(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t n, int64_t k,
-                      int64_t row_bytes, const std::optional<torch::Tensor>& bias, bool static_weight) {
+qgemm::Args make_args(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t n, int64_t k,
+                      int64_t row_bytes, const std::optional<at::Tensor>& bias, bool static_weight) {
   return {blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
           (int)x.size(0),             (int)n,         (int)k,                             row_bytes,
           static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31),
@@ -2041,9 +2041,9 @@ qgemm::Args make_args(const torch::Tensor& out, const torch::Tensor& x, const to
 }
 
 // out [M, n] = x [M, k] @ W^T (+ bias), out's rows possibly strided (qlinear_into's slice); arguments checked.
-void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
-                 int64_t n, int64_t k, int64_t row_bytes, const std::optional<torch::Tensor>& bias,
-                 bool static_weight, const std::optional<torch::Tensor>& x_records) {
+void run_qlinear(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                 int64_t n, int64_t k, int64_t row_bytes, const std::optional<at::Tensor>& bias,
+                 bool static_weight, const std::optional<at::Tensor>& x_records) {
   if (x.size(0) == 0 || n == 0) return;
   // x's records (q4k_x.cuh) spare the kernels that read them (reads_records) their prepare_x launch; the others
   // ignore them
@@ -2088,18 +2088,18 @@ void run_qlinear(const torch::Tensor& out, const torch::Tensor& x, const torch::
 
 }  // namespace
 
-torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                      const std::optional<torch::Tensor>& bias, bool static_weight,
-                      const std::optional<torch::Tensor>& x_records) {
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                   const std::optional<at::Tensor>& bias, bool static_weight,
+                   const std::optional<at::Tensor>& x_records) {
   const int64_t row_bytes = check_qlinear("qlinear", x, blocks, qtype, n, k, bias, x_records);
-  auto out = torch::empty({x.size(0), n}, x.options());  // [M, n]
+  auto out = x.new_empty({x.size(0), n});  // [M, n]
   run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
   return out;
 }
 
-void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype,
-                  const std::optional<torch::Tensor>& bias, bool static_weight,
-                  const std::optional<torch::Tensor>& x_records) {
+void qlinear_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                  const std::optional<at::Tensor>& bias, bool static_weight,
+                  const std::optional<at::Tensor>& x_records) {
   MINFER_CHECK_CUDA(out);
   MINFER_CHECK_DIM(out, 2);
   MINFER_CHECK_DIM(x, 2);
@@ -2115,7 +2115,7 @@ void qlinear_into(const torch::Tensor& out, const torch::Tensor& x, const torch:
   run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
 }
 
-bool qlinear_reads_records(const torch::Tensor& x, int64_t qtype) {
+bool qlinear_reads_records(const at::Tensor& x, int64_t qtype) {
   MINFER_CHECK_CUDA(x);
   MINFER_CHECK_DIM(x, 2);
   bool reads = false;
@@ -2124,13 +2124,13 @@ bool qlinear_reads_records(const torch::Tensor& x, int64_t qtype) {
   return reads;
 }
 
-torch::Tensor qlinear_act(const torch::Tensor& x, const torch::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
-                          const std::string& act, bool static_weight, const std::optional<torch::Tensor>& x_records,
-                          const std::optional<torch::Tensor>& records) {
+at::Tensor qlinear_act(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                       const std::string& act, bool static_weight, const std::optional<at::Tensor>& x_records,
+                       const std::optional<at::Tensor>& records) {
   MINFER_CHECK(act == "silu" || act == "gelu_tanh", "qlinear_act: act must be silu or gelu_tanh, got ", act);
   MINFER_CHECK(n % 2 == 0, "qlinear_act: n must be even (the gate rows, then as many up rows), got ", n);
   const int64_t row_bytes = check_qlinear("qlinear_act", x, blocks, qtype, n, k, std::nullopt, x_records);
-  auto out = torch::empty({x.size(0), n / 2}, x.options());  // [M, n / 2]
+  auto out = x.new_empty({x.size(0), n / 2});  // [M, n / 2]
   if (records) q4k_x::check_records("qlinear_act", *records, out);
   if (x.size(0) == 0 || n == 0) return out;
   const c10::cuda::CUDAGuard guard(x.device());
@@ -2176,7 +2176,7 @@ torch::Tensor qlinear_act(const torch::Tensor& x, const torch::Tensor& blocks, i
   });
   if (fused) return out;
   // the other formats and sizes: the linear, then the activation's own launch
-  auto gate_up = torch::empty({x.size(0), n}, x.options());  // [M, n]
+  auto gate_up = x.new_empty({x.size(0), n});  // [M, n]
   run_qlinear(gate_up, x, blocks, qtype, n, k, row_bytes, std::nullopt, static_weight, x_records);
   return act == "silu" ? silu_and_mul(gate_up, records) : gelu_tanh_and_mul(gate_up, records);
 }
