@@ -157,7 +157,7 @@ def _reads_records(kind: str, rows: int, k: int, device: torch.device) -> bool:
 def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     """Room for x's records ahead of a linear on weight (a list: fuse()'s parts) whose x, [rows, in] like `like`,
     the kernel before it writes (rms_norm, fused_add_rms_norm, the activations): uint8 [rows, in / 256 * record bytes]
-    where the linear's kernel reads them (csrc/qgemm/qlinear.cu, reads_records) and the writer can (fp16/bf16, at
+    where the linear's kernel reads them (csrc/qgemm/qlinear.h, reads_records) and the writer can (fp16/bf16, at
     most Q4K_RECORD_ROWS rows, in within the norms' [768, 32768]), else None."""
     parts = weight if isinstance(weight, list) else [weight]
     rows, k = like.shape[0], parts[0].shape[1]

@@ -1,0 +1,55 @@
+// qlinear's seam: the ops (qlinear.cu: checks, outputs, the choice of dtype and format) and the kernels
+// (qlinear_kernels.cuh), which are instantiated one format a translation unit (qlinear_<format>.cu) so that
+// they compile in parallel.
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/tensor.h"
+#include "qgemm/formats.cuh"
+
+namespace minfer::qgemm {
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+
+struct Args {
+  const uint8_t* w;  // [N, row_bytes]
+  const void* x;     // [M, K]
+  const void* bias;  // [N] or null
+  void* out;         // [M, N]
+  int M, N, K;
+  int64_t row_bytes;
+  bool static_weight;
+  bool aligned;  // row_bytes % 16 == 0 and 16 rows < 2^31 bytes: every row's chunk starts 16-byte aligned
+                 // where the chunk's size is a multiple of 16
+  // q4k::byte_pair's exponent bytes (0x64, 0x54), as an argument: as constants, ptxas made them PRMT's
+  // immediate and its selector a register, reloaded ~32 times a chunk.
+  uint32_t pair_exps;
+  int64_t out_stride;  // elements between rows of out (a slice of a wider tensor when qlinear_into)
+};
+
+// Whether qlinear's kernel for qtype at M rows of K reads x's records when it is given them (q4k_x.cuh), on a device
+// of compute capability major cc: Q4_K up to 16 rows; at one row Q5_K and Q6_K, and the int8 kernel of the 32-element
+// blocks (b32::i8_kernel) where it runs: sm_90 (TMA boxes), K a multiple of 256 (x's records; W's rows and chunks then
+// 16-byte aligned) and of a chunk a warp and more, for Q4_0 and Q4_1 past regs_kernel's K (2048: a small model's
+// linears). The norms and activations write records only for these (qlinear_reads_records; ops.records_for).
+inline bool reads_records(int qt, int64_t M, int64_t K, int cc) {
+  if (qt == kQ4_K) return M <= 16;
+  if (M != 1) return false;
+  if (qt == kQ5_K || qt == kQ6_K) return true;
+  const bool b32 = qt == kQ8_0 || qt == kQ4_0 || qt == kQ4_1;
+  return b32 && cc >= 9 && K % 256 == 0 && (qt == kQ8_0 ? K >= 256 * kWarps : K > 256 * kWarps);
+}
+
+// out = x @ W^T (+ bias) for format QT and activation dtype T, arguments checked (qlinear_kernels.cuh).
+// records: x's records (q4k_x.cuh) or null.
+template <int QT, typename T>
+void run(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, int cc, cudaStream_t stream);
+
+// gate | up and its activation (silu, else gelu_tanh) in one launch where a kernel of QT takes it (a.out [M, N / 2];
+// out_records: the output's records, or null); false where none does, having launched nothing.
+template <int QT, typename T>
+bool run_act(const Args& a, bool silu, const uint8_t* x_records, uint8_t* out_records, const at::Tensor& x, int sms,
+             int cc, cudaStream_t stream);
+
+}  // namespace minfer::qgemm
