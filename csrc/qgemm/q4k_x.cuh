@@ -1,4 +1,4 @@
-// x in the form the Q4_K decode kernels take (csrc/qgemm/qlinear_kernels.cuh, q4k): per row and 256-k chunk a record,
+// x in the form the Q4_K decode kernels take (csrc/qgemm/q4k_kernels.cuh): per row and 256-k chunk a record,
 // written by one warp whose lane l holds elements 8l .. 8l + 7 of the chunk. qlinear's prepare_x_kernel writes
 // them, and so do RMSNorm and the gated activations beside their output (the records argument), which spares
 // the Q4_K linear after them a launch.

@@ -1,4 +1,4 @@
-// The qlinear ops (ops.h): argument checks and outputs, then each format's kernels (qlinear_kernels.cuh, compiled a
+// The qlinear ops (ops.h): argument checks and outputs, then each format's kernels (qlinear_launch.cuh, compiled a
 // format a translation unit) through qgemm::run and qgemm::run_act.
 //
 // qlinear_into writes a row-strided out (a fused output's columns: Q4_K_M's q|k in Q4_K beside v in Q6_K).

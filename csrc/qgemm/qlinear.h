@@ -1,6 +1,6 @@
 // qlinear's seam: the ops (qlinear.cu: checks, outputs, the choice of dtype and format) and the kernels
-// (qlinear_kernels.cuh), which are instantiated one format a translation unit (qlinear_<format>.cu) so that
-// they compile in parallel.
+// (qlinear_kernels.cuh, q4k_kernels.cuh, i8_kernels.cuh; chosen in qlinear_launch.cuh), which are instantiated one
+// format a translation unit (qlinear_<format>.cu) so that they compile in parallel.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -41,7 +41,7 @@ inline bool reads_records(int qt, int64_t M, int64_t K, int cc) {
   return b32 && cc >= 9 && K % 256 == 0 && (qt == kQ8_0 ? K >= 256 * kWarps : K > 256 * kWarps);
 }
 
-// out = x @ W^T (+ bias) for format QT and activation dtype T, arguments checked (qlinear_kernels.cuh).
+// out = x @ W^T (+ bias) for format QT and activation dtype T, arguments checked (qlinear_launch.cuh).
 // records: x's records (q4k_x.cuh) or null.
 template <int QT, typename T>
 void run(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, int cc, cudaStream_t stream);
