@@ -35,7 +35,6 @@
 // the first stages of W are in flight before griddep_wait; x, bias and out only after it.
 #pragma once
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAFunctions.h>
 
 #include <algorithm>
 #include <type_traits>

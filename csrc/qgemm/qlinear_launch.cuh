@@ -1,6 +1,8 @@
 // qlinear's launchers: which kernel takes a call (by format, rows, shape and GPU), and qgemm::run / run_act, the
 // entry points that qlinear.cu calls (qlinear.h), instantiated one format a translation unit (qlinear_<format>.cu).
 #pragma once
+#include <c10/cuda/CUDAFunctions.h>
+
 #include "qgemm/i8_kernels.cuh"
 
 namespace minfer::qgemm {
