@@ -70,7 +70,9 @@ __host__ __device__ __forceinline__ bool small_call(int64_t pairs, int n_tiles) 
 // A length that one CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split, since a
 // combine costs more than such a stream (H200, 1 x 128, 32 q / 8 kv heads: 4.13 -> 2.72 us); in a small
 // call so is a length up to kOneSplitKeys, its second round streaming after the wait (H100, 1 x 384:
-// 6.33 -> 4.72 us; at 1 x 512 one split lost, 4.49 -> 5.92).
+// 6.33 -> 4.72 us; at 1 x 512 one split lost, 4.49 -> 5.92), and at most two rounds of the rings: at d 256
+// (two tiles a warp) 256 keys, since a third round lost (H200, 1 x 320, 8 q / 4 kv heads: 7.90 us one split,
+// 5.30 split).
 struct Split {
   int n_active, base, extra;
   __host__ __device__ __forceinline__ int tiles() const { return n_active * base + extra; }  // of the sequence
@@ -78,8 +80,9 @@ struct Split {
 template <typename T, int D, int RING>
 __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int64_t pairs) {
   constexpr int ring_keys = kWarps * kStages<T, D, RING> * kTK;
+  constexpr int one_keys = kOneSplitKeys < 2 * ring_keys ? kOneSplitKeys : 2 * ring_keys;
   const int n_tiles = (len + kTK - 1) / kTK;
-  const bool one = len <= ring_keys || (len <= kOneSplitKeys && small_call<T, D>(pairs, n_tiles));
+  const bool one = len <= ring_keys || (len <= one_keys && small_call<T, D>(pairs, n_tiles));
   const int n_active = one ? 1 : min(num_splits, n_tiles / (kMinChunk / kTK));
   return {n_active, n_tiles / n_active, n_tiles % n_active};
 }
