@@ -163,8 +163,9 @@ PLANS = [
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),
     (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (16, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"),
     (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
-    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M"), (4097, 576, 1536, "sm90"),
-    (144, 2048, 8192, "sm90 small-M"), (192, 28672, 4096, "sm90 small-M"), (144, 16384, 2048, "sm90"),
+    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M split=4 cluster=2"),
+    (4097, 576, 1536, "sm90"), (144, 2048, 8192, "sm90 small-M split=8 cluster=2"), (192, 28672, 4096, "sm90 small-M"),
+    (144, 16384, 2048, "sm90"),
     (160, 6144, 4096, "sm90"), (193, 4096, 14336, "sm90"), (192, 3072, 576, "sm90"),
 ]
 
@@ -299,12 +300,16 @@ def test_sm90_tails_persistent_epilogue(mnk, dtype):
 # is 33 x 65, 4 CTAs a tile (ranges of 16 and 17 steps; an N tail of 4 rows); 12000 x 1032 is 94 x 17 over
 # 132 CTAs (ranges cross tile boundaries; an N tail); 28680 x 136 is 225 x 3 (K tail; whole and shared
 # tiles mixed); 1000 x 40 is 8 tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's
-# square. Above M = 128 the shorter K take the persistent kernel.
+# square. Split-K with clusters (partials summed through distributed shared memory; on 132 SMs): 8100 x 264
+# is 64 tiles x 2, a tile one pair (ranges of 2 and 3 steps, a K tail), 6000 x 4104 47 x 2 (an N tail of 112
+# rows); 4000 x 4104 is 32 x 4 in pairs whose rank 0 sums through the workspace (ranges of 16 and 17 steps, an
+# N tail of 32 rows), 2000 x 2056 16 x 8 in pairs; 3000 x 1032 is 24 x 5 without clusters (ranges of 3 and 4
+# steps). Above M = 128 the shorter K take the persistent kernel.
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="sm90 path needs Hopper")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("nk", [(200, 8200), (200, 20488), (4100, 4104), (12000, 1032), (28680, 136), (1000, 40),
-                                (576, 576)])
+                                (576, 576), (8100, 264), (6000, 4104), (4000, 4104), (2000, 2056), (3000, 1032)])
 @pytest.mark.parametrize("m", [1, 8, 9, 17, 64, 65, 128, 129, 144, 145, 192])
 def test_sm90_small_m_stream_k(m, nk, dtype):
     ops = _ops()
@@ -322,6 +327,19 @@ def test_sm90_small_m_stream_k(m, nk, dtype):
     _nan_next(m, n, dtype)
     _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
            0.5 * prod64 + 1.5 * c.double(), dtype)
+
+
+# The split-K shapes above run as planned on a 132-SM Hopper GPU, so that their cases cover each way of summing.
+@pytest.mark.parametrize("n, k, plan", [(8100, 264, "split=2 cluster=2"), (6000, 4104, "split=2 cluster=2"),
+                                        (4000, 4104, "split=4 cluster=2"), (2000, 2056, "split=8 cluster=2"),
+                                        (3000, 1032, "split=5 cluster=1")])
+def test_sm90_small_m_split_plan(n, k, plan):
+    if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
+    _ops()
+    for m in (1, 64, 128):
+        x, w = torch.empty(m, k, device=DEV, dtype=torch.float16), torch.empty(n, k, device=DEV, dtype=torch.float16)
+        assert torch.ops.minfer.linear_plan(x, w, "sm90") == "sm90 small-M " + plan
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -80,8 +80,10 @@ int resident_ctas() {
 // arch it was compiled for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
 // The version is looked up once per kernel signature: every kernel of a signature is built for the
 // same archs.
+// cluster > 1: CTAs in clusters of that many along x (the grid a multiple of it).
 template <typename Kernel, typename... Args>
-void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
+void launch_pdl_cluster(Kernel kernel, int cluster, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        Args... args) {
   static const int ptx_version = [&] {
     cudaFuncAttributes attr;
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -92,12 +94,46 @@ void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t 
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = pdl;
-  config.numAttrs = ptx_version >= 90 ? 1 : 0;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (ptx_version >= 90) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n++].val.clusterDim = {unsigned(cluster), 1, 1};
+  }
+  config.attrs = attrs;
+  config.numAttrs = n;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+template <typename Kernel, typename... Args>
+void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
+  launch_pdl_cluster(kernel, 1, grid, block, smem, stream, args...);
+}
+
+// Clusters of `cluster` CTAs of kKernel (kThreads threads, kBytes of dynamic shared memory) the device holds at
+// once, looked up once per kernel and cluster size (2..8): whether a grid of clusters runs in one wave.
+template <auto kKernel, int kThreads, int kBytes>
+int resident_clusters(int cluster) {
+  static int cached[9] = {};
+  if (cluster < 2 || cluster > 8) return 0;
+  if (cached[cluster] == 0) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(cluster);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kBytes;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim = {unsigned(cluster), 1, 1};
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kKernel, &config));
+    cached[cluster] = n > 0 ? n : -1;
+  }
+  return cached[cluster];
 }
 
 }  // namespace minfer

@@ -117,18 +117,20 @@ void run_lowp(const Params<T, T>& p, Path path, const at::Device& device, const 
       MINFER_CHECK(aligned, op, ": path sm90 needs ", rule, " (got K=" + num(p.K) + ")");
       {
         const int sms = sm_count(device.index());
+        const bool small_m = sm90_small_m(p.M, p.N, p.K);
+        const Sm90SmallM small = small_m ? sm90_small_m_plan(p.M, p.N, p.K, sms) : Sm90SmallM{};
         if (plan) {
-          *plan = sm90_small_m(p.M, p.N, p.K) ? "sm90 small-M" : "sm90";
+          *plan = !small_m ? "sm90" : "sm90 small-M";
+          if (small_m && small.splits > 1) *plan += " split=" + num(small.splits) + " cluster=" + num(small.cluster);
           return;
         }
         at::Tensor ws, own_counters;
         float* ws_ptr = nullptr;
         int* counters = nullptr;
-        if (sm90_small_m(p.M, p.N, p.K)) {
-          const Sm90SmallM plan = sm90_small_m_plan(p.M, p.N, p.K, sms);
-          ws = at::empty({plan.ws_floats}, at::TensorOptions().dtype(at::kFloat).device(device));
+        if (small_m && small.ws_floats > 0) {
+          ws = at::empty({small.ws_floats}, at::TensorOptions().dtype(at::kFloat).device(device));
           ws_ptr = ws.data_ptr<float>();
-          counters = split_counters(plan.tiles, device.index(), stream, ws, own_counters);
+          counters = split_counters(small.tiles, device.index(), stream, ws, own_counters);
         }
         launch_sm90<T>(p, stream, sms, ws_ptr, counters);
       }

@@ -44,7 +44,8 @@ void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      //
 // sak = sbk = 1, 16B rows. plan != nullptr: nothing runs; *plan says which kernel and configuration would.
 template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* plan = nullptr);
 // sm90, sak = sbk = 1, 16B rows. Where sm90_small_m: W as the wgmma M operand, stream-K (or split-K) over
-// at most sms CTAs, with the fp32 workspace and the zeroed per-tile counters that sm90_small_m_plan sizes;
+// at most sms CTAs, with the fp32 workspace and the zeroed per-tile counters that sm90_small_m_plan sizes
+// (split-K in clusters needs neither);
 // elsewhere persistent, min(tiles, sms) CTAs (ws and counters unused).
 constexpr int kSm90SmallMAll = 128, kSm90SmallM = 192;
 // Whether launch_sm90 runs the small-M kernel: every M <= kSm90SmallMAll, and M <= kSm90SmallM where K is
@@ -54,7 +55,9 @@ struct Sm90SmallM {
   int bn;              // activation rows per tile: the smallest of 8, 16, 32, 64, 128, 144, 192 >= M
   int grid;            // CTAs, one per SM at most
   int64_t tiles;       // 128-row tiles of W: the counters needed
-  int64_t ws_floats;   // workspace: grid x 2 partial tiles of 128 x bn
+  int64_t ws_floats;   // workspace: grid x 2 partial tiles of 128 x bn (0 where a tile is one cluster)
+  int splits;          // split-K: CTAs a tile (grid = tiles x splits); 1: stream-K
+  int cluster;         // split-K in clusters of this many CTAs summing through shared memory (splits, or 2); 1: none
 };
 Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms);
 template <typename T> void launch_sm90(const Params<T, T>& p, cudaStream_t s, int sms, float* ws, int* counters);

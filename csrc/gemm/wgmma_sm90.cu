@@ -251,12 +251,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 // sm90_small_m_plan): a CTA runs across tile boundaries with one ring, stores the tiles it
 // covers whole, and writes the fp32 partial sums of a tile it shares (at most its first and its last)
 // to a workspace; the last sharer to arrive (a per-tile counter) adds the partials in CTA order, so the
-// result does not depend on the arrival order, and stores the tile.
+// result does not depend on the arrival order, and stores the tile. Split-K launched as clusters of a
+// tile's S CTAs (sk.cluster = S) sums through distributed shared memory instead: each CTA leaves its
+// partial in its drained ring, and rank q adds registers q, q + S, ... of all S partials in rank (= K)
+// order and stores them, so no CTA waits on another's global writes and the tail is spread over S SMs.
+// Where clusters of S do not fit at once (32 x 4 on a 132-SM H200: 30 do), pairs (sk.cluster = 2) sum
+// through shared memory first and each pair's rank 0 goes on through the workspace as one of S / 2 sharers.
+// (A shared tile's fix-up through the workspace costs ~4.5 us at 64 x 4096 x 4096: 15.8 us against 11.3
+// with the partials left unsummed, H200.)
 struct StreamK {
   float* ws;       // [grid][2][kBM * BN] partial tiles: a CTA's first (0) and last (1) tile
   int* counters;   // [tiles], zero between launches (the last sharer of a tile resets it)
   int64_t iters;   // tiles * k_steps
   int k_steps;
+  int cluster;     // split-K in clusters of this many CTAs (S: ws and counters unused; 2 of S: pairs); 1: none
 };
 
 template <int BN>
@@ -365,6 +373,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(acc);
     if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
 
+    // Register 4 j + e of the m64nBN fragment is W row 16 warp + g (+ 8 for e >= 2) of this warpgroup's 64
+    // and activation row 8 j + 2 t4 + (e & 1), i.e. D[m][n] with n along W. Lanes of one t4 write 8
+    // neighbouring n (16 bytes); D is M x N, small next to W.
+    const int n_base = tile * kBM + c * 64 + warp * 16 + g;
+    auto store = [&](int r, float v) {
+      const int n = n_base + 8 * ((r & 3) >> 1), m = 8 * (r >> 2) + 2 * t4 + (r & 1);
+      if (m < p.M && n < p.N) p.D[int64_t(m) * p.ldd + n] = from_float<T>(epilogue_value<kWithC>(p, m, n, v));
+    };
+    if (!whole && sk.cluster > 1) {
+      // Thread-major partials (conflict-free), once both warpgroups' last wgmmas have read the ring.
+      named_bar_sync(1, 256);
+      const uint32_t part = base + tc * 4;
+#pragma unroll
+      for (int r = 0; r < BN / 2; ++r) st_shared_f32(part + r * 1024, acc[r]);
+      cluster_sync();
+      const int C = sk.cluster, rank = int(cluster_ctarank());
+      auto cluster_sum = [&](int r) {
+        float v = 0.f;
+#pragma unroll
+        for (int o = 0; o < 8; ++o)
+          if (o < C) v += ld_cluster_f32(part + r * 1024, o);
+        return v;
+      };
+      if (range_owner(tile_end - 1, sk.iters, gridDim.x) - range_owner(tile_begin, sk.iters, gridDim.x) + 1 == C) {
+#pragma unroll 4
+        for (int r = rank; r < BN / 2; r += C) store(r, cluster_sum(r));
+        cluster_sync();  // no CTA leaves while another still reads its ring
+        continue;
+      }
+      // Pairs (C = 2), several a tile: each pair's rank 0 takes the pair's sum on to the workspace.
+      if (rank == 0)
+#pragma unroll
+        for (int r = 0; r < BN / 2; ++r) acc[r] += ld_cluster_f32(part + r * 1024, 1);
+      cluster_sync();
+      if (rank != 0) continue;
+    }
     if (!whole) {
       // A shared tile: write the partial (thread-major, so every access is coalesced), count it in,
       // and only the last sharer goes on. Writers fence before the count, the last one after it, and
@@ -376,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_bar_sync(1, 256);
       const int first = range_owner(tile_begin, sk.iters, gridDim.x), last = range_owner(tile_end - 1, sk.iters, gridDim.x);
       if (tc == 0) {
-        s_last = atomicAdd(sk.counters + tile, 1) == last - first;
+        s_last = atomicAdd(sk.counters + tile, 1) == (last - first) / sk.cluster;
         if (s_last) atomicExch(sk.counters + tile, 0);  // every sharer has arrived: ready for the next launch
       }
       named_bar_sync(1, 256);
@@ -384,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __threadfence();
 #pragma unroll
       for (int r = 0; r < BN / 2; ++r) acc[r] = 0.f;
-      for (int o = first; o <= last; ++o) {  // CTA order, this CTA's own partial included
+      for (int o = first; o <= last; o += sk.cluster) {  // CTA order, this CTA's own partial included
         const bool o_first = range_begin(o, sk.iters, gridDim.x) >= tile_begin;  // the tile is o's first
         const float* src = sk.ws + (int64_t(o) * 2 + (o_first ? 0 : 1)) * kTile + tc;
 #pragma unroll
@@ -392,17 +436,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 
-    // Store: register 4 j + e of the m64nBN fragment is W row 16 warp + g (+ 8 for e >= 2) of this
-    // warpgroup's 64 and activation row 8 j + 2 t4 + (e & 1), i.e. D[m][n] with n along W. Lanes of
-    // one t4 write 8 neighbouring n (16 bytes); D is M x N, small next to W.
-    const int n_base = tile * kBM + c * 64 + warp * 16 + g;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = n_base + 8 * (e >> 1), m = 8 * j + 2 * t4 + (e & 1);
-        if (m < p.M && n < p.N) p.D[int64_t(m) * p.ldd + n] = from_float<T>(epilogue_value<kWithC>(p, m, n, acc[4 * j + e]));
-      }
+    for (int r = 0; r < BN / 2; ++r) store(r, acc[r]);
   }
 #else
   __trap();  // built without sm_90a; the dispatcher only launches this on compute capability 9.x
@@ -444,10 +479,30 @@ void launch_small_m_kernel(const Params<T, T>& p, cudaStream_t stream, const Sm9
   const CUtensorMap map_w = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, kBM);
   const CUtensorMap map_x = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, BN);
   const int k_steps = (k_map + kBK - 1) / kBK;
-  const StreamK sk{ws, counters, plan.tiles * k_steps, k_steps};
+  const StreamK sk{ws, counters, plan.tiles * k_steps, k_steps, plan.cluster};
   constexpr auto kernel = small_m_kernel<T, BN, kWithC>;
   allow_smem<kernel, small_m_smem_bytes<BN>()>();
-  launch_pdl(kernel, dim3(plan.grid), dim3(kThreads), small_m_smem_bytes<BN>(), stream, map_w, map_x, p, sk);
+  launch_pdl_cluster(kernel, plan.cluster, dim3(plan.grid), dim3(kThreads), small_m_smem_bytes<BN>(), stream, map_w, map_x,
+                     p, sk);
+}
+
+// Whether `clusters` clusters of `cluster` small-M CTAs at BN fit the device at once.
+template <int BN>
+bool small_m_clusters_fit(int cluster, int64_t clusters) {
+  constexpr auto kernel = small_m_kernel<__nv_bfloat16, BN, false>;  // every instance of a BN has its resources
+  allow_smem<kernel, small_m_smem_bytes<BN>()>();
+  return resident_clusters<kernel, kThreads, small_m_smem_bytes<BN>()>(cluster) >= clusters;
+}
+bool small_m_clusters_fit(int bn, int cluster, int64_t clusters) {
+  switch (bn) {
+    case 8: return small_m_clusters_fit<8>(cluster, clusters);
+    case 16: return small_m_clusters_fit<16>(cluster, clusters);
+    case 32: return small_m_clusters_fit<32>(cluster, clusters);
+    case 64: return small_m_clusters_fit<64>(cluster, clusters);
+    case 128: return small_m_clusters_fit<128>(cluster, clusters);
+    case 144: return small_m_clusters_fit<144>(cluster, clusters);
+    default: return small_m_clusters_fit<192>(cluster, clusters);
+  }
 }
 
 template <typename T, int BN>
@@ -478,10 +533,23 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
   // boundaries, so each CTA writes one partial and a tile has S sharers, not the S + 1 of ranges that
   // straddle two tiles (H200, us, stream-K over 132 / S a tile: 64 x 4096 x 4096 16.9 / 15.7, 64 x 4096 x
   // 14336 38.8 / 36.5, 128 x 4096 x 14336 46.5 / 43.9, 144 x 2048 x 8192 25.2 / 23.6, and 64 x 16384 x 2048,
-  // 128 whole tiles, 24.9 / 19.2). Fewer busy SMs (64 x 6144 x 4096: 48 tiles, 2 a tile = 96) keep stream-K.
+  // 128 whole tiles, 24.9 / 19.2).
+  // A tile's S CTAs as one cluster where all the clusters fit at once (S <= 8, the portable size): the fix-up
+  // then costs little, and split-K pays from 7/10 of the SMs (H200, us, against stream-K over 132 CTAs: 64 x
+  // 6144 x 4096, 48 tiles in pairs on 96 SMs, 21.45 / 20.50; 32 x 6144 x 4096 19.3 / 18.0; 64 x 4096 x 4096 in
+  // pairs on 64 SMs lost, 15.8 / 18.2). Else split-K in pairs where S is even (64 x 2048 x 8192, 16 tiles x 8,
+  // 18.56 / 17.35 through the workspace alone / in pairs; 64 x 4096 x 4096 15.76 / 15.5).
   const int64_t splits = std::min<int64_t>(k_steps, sms / plan.tiles);
-  if (splits >= 1 && 10 * plan.tiles * splits >= 9 * int64_t(sms)) plan.grid = static_cast<int>(plan.tiles * splits);
-  plan.ws_floats = int64_t(plan.grid) * 2 * kBM * plan.bn;
+  plan.splits = 1;
+  plan.cluster = 1;
+  const bool whole_clusters = splits >= 2 && splits <= 8 && small_m_clusters_fit(plan.bn, int(splits), plan.tiles);
+  if (splits >= 1 && 10 * plan.tiles * splits >= (whole_clusters ? 7 : 9) * int64_t(sms)) {
+    plan.grid = static_cast<int>(plan.tiles * splits);
+    plan.splits = static_cast<int>(splits);
+    if (whole_clusters) plan.cluster = plan.splits;
+    else if (splits % 2 == 0 && small_m_clusters_fit(plan.bn, 2, plan.tiles * splits / 2)) plan.cluster = 2;
+  }
+  plan.ws_floats = plan.cluster == plan.splits && plan.splits > 1 ? 0 : int64_t(plan.grid) * 2 * kBM * plan.bn;
   return plan;
 }
 
