@@ -411,24 +411,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (!whole) {
       // A shared tile: write the partial (thread-major, so every access is coalesced), count it in,
-      // and only the last sharer goes on. Writers fence before the count, the last one after it, and
-      // it reads the partials from L2 (__ldcg; L1 may hold lines of an earlier launch).
+      // and only the last sharer goes on. One thread fences for the CTA (the barrier orders the others'
+      // writes before it) ahead of the count, and the last one after it; it reads the partials from L2
+      // (__ldcg; L1 may hold lines of an earlier launch).
       float* mine = sk.ws + (int64_t(blockIdx.x) * 2 + (first_seg ? 0 : 1)) * kTile + tc;
 #pragma unroll
       for (int r = 0; r < BN / 2; ++r) __stcg(mine + r * 256, acc[r]);
-      __threadfence();
       named_bar_sync(1, 256);
       const int first = range_owner(tile_begin, sk.iters, gridDim.x), last = range_owner(tile_end - 1, sk.iters, gridDim.x);
       if (tc == 0) {
+        __threadfence();
         s_last = atomicAdd(sk.counters + tile, 1) == (last - first) / sk.cluster;
-        if (s_last) atomicExch(sk.counters + tile, 0);  // every sharer has arrived: ready for the next launch
+        if (s_last) {
+          atomicExch(sk.counters + tile, 0);  // every sharer has arrived: ready for the next launch
+          __threadfence();
+        }
       }
       named_bar_sync(1, 256);
       if (!s_last) continue;
-      __threadfence();
+      // The sum in CTA order; this CTA's own partial from its registers where a copy fits (BN <= 64).
+      constexpr bool kOwn = BN <= 64;
+      float own[kOwn ? BN / 2 : 1];
 #pragma unroll
-      for (int r = 0; r < BN / 2; ++r) acc[r] = 0.f;
-      for (int o = first; o <= last; o += sk.cluster) {  // CTA order, this CTA's own partial included
+      for (int r = 0; r < BN / 2; ++r) {
+        if constexpr (kOwn) own[r] = acc[r];
+        acc[r] = 0.f;
+      }
+      for (int o = first; o <= last; o += sk.cluster) {
+        if (kOwn && o == int(blockIdx.x)) {
+#pragma unroll
+          for (int r = 0; r < (kOwn ? BN / 2 : 0); ++r) acc[r] += own[r];
+          continue;
+        }
         const bool o_first = range_begin(o, sk.iters, gridDim.x) >= tile_begin;  // the tile is o's first
         const float* src = sk.ws + (int64_t(o) * 2 + (o_first ? 0 : 1)) * kTile + tc;
 #pragma unroll
