@@ -3,6 +3,8 @@ on its own.
 
 Low-precision results are bounded by torch's own error at the same precision (flash-attention's
 rule): |ours - ref64| <= 2 |torch_lowp - ref64| + eps, elementwise, with eps one output ulp."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -163,8 +165,8 @@ PLANS = [
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),
     (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (16, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"),
     (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
-    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M split=4 cluster=2"),
-    (4097, 576, 1536, "sm90"), (144, 2048, 8192, "sm90 small-M split=8 cluster=2"), (192, 28672, 4096, "sm90 small-M"),
+    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M split=4 cluster=[24]"),
+    (4097, 576, 1536, "sm90"), (144, 2048, 8192, "sm90 small-M split=8 cluster=[28]"), (192, 28672, 4096, "sm90 small-M"),
     (144, 16384, 2048, "sm90"),
     (160, 6144, 4096, "sm90"), (193, 4096, 14336, "sm90"), (192, 3072, 576, "sm90"),
 ]
@@ -185,12 +187,14 @@ def _plan(m, n, k, dtype=torch.float16):
     return torch.ops.minfer.linear_plan(x, w).split(" grid=")[0]
 
 
+# A plan is matched whole as a regular expression: split-K's cluster size depends on how many clusters fit at
+# once, which the chip's GPCs decide (a tile's S CTAs where all fit, else pairs).
 @pytest.mark.parametrize("m, n, k, plan", PLANS)
 def test_linear_plan(m, n, k, plan):
     if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
     got = _plan(m, n, k)
-    assert got == plan, f"{m} x {n} x {k}: expected {plan!r}, the launcher picks {got!r}"
+    assert re.fullmatch(plan, got), f"{m} x {n} x {k}: expected {plan!r}, the launcher picks {got!r}"
 
 
 def test_linear_plan_fp32_and_empty():
@@ -200,7 +204,7 @@ def test_linear_plan_fp32_and_empty():
 
 # On Hopper gemv and sm90's small-M kernel launch as programmatic dependents of the previous kernel: X
 # and W written by the kernel just before must still be read fresh, eagerly and inside a CUDA graph
-# (gemv M = 1, K >= 2048: the row-pair kernel; M = 3: the tiles; sm90 M = 40: stream-K, whose per-tile
+# (gemv M = 1, K >= 2048: the row-pair kernel; M = 3: the tiles; sm90 M = 40: split-K in pairs, whose per-tile
 # counters must be zero again at every replay).
 @pytest.mark.parametrize("m, n, path", [(3, 1032, "gemv"), (1, 2056, "gemv"), (40, 1032, "sm90")])
 def test_pdl_chained_dependencies(m, n, path):
@@ -329,17 +333,19 @@ def test_sm90_small_m_stream_k(m, nk, dtype):
            0.5 * prod64 + 1.5 * c.double(), dtype)
 
 
-# The split-K shapes above run as planned on a 132-SM Hopper GPU, so that their cases cover each way of summing.
+# The split-K shapes above run as planned on a 132-SM Hopper GPU, so that their cases cover each way of summing
+# (whole clusters of 4, 5 or 8 fit on some chips and not on others: the H200 measured holds 30, none and 15).
 @pytest.mark.parametrize("n, k, plan", [(8100, 264, "split=2 cluster=2"), (6000, 4104, "split=2 cluster=2"),
-                                        (4000, 4104, "split=4 cluster=2"), (2000, 2056, "split=8 cluster=2"),
-                                        (3000, 1032, "split=5 cluster=1")])
+                                        (4000, 4104, "split=4 cluster=[24]"), (2000, 2056, "split=8 cluster=[28]"),
+                                        (3000, 1032, "split=5 cluster=[15]")])
 def test_sm90_small_m_split_plan(n, k, plan):
     if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
     _ops()
     for m in (1, 64, 128):
         x, w = torch.empty(m, k, device=DEV, dtype=torch.float16), torch.empty(n, k, device=DEV, dtype=torch.float16)
-        assert torch.ops.minfer.linear_plan(x, w, "sm90") == "sm90 small-M " + plan
+        got = torch.ops.minfer.linear_plan(x, w, "sm90")
+        assert re.fullmatch("sm90 small-M " + plan, got), f"{m} x {n} x {k}: the launcher picks {got!r}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
