@@ -165,8 +165,8 @@ PLANS = [
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),
     (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (16, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"),
     (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
-    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M split=4 cluster=[24]"),
-    (4097, 576, 1536, "sm90"), (144, 2048, 8192, "sm90 small-M split=8 cluster=[28]"), (192, 28672, 4096, "sm90 small-M"),
+    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M split=(4 cluster=[24]|3 cluster=3)"),
+    (4097, 576, 1536, "sm90"), (144, 2048, 8192, "sm90 small-M split=(8 cluster=[28]|7 cluster=7)"), (192, 28672, 4096, "sm90 small-M"),
     (144, 16384, 2048, "sm90"),
     (160, 6144, 4096, "sm90"), (193, 4096, 14336, "sm90"), (192, 3072, 576, "sm90"),
 ]
@@ -306,14 +306,16 @@ def test_sm90_tails_persistent_epilogue(mnk, dtype):
 # tiles mixed); 1000 x 40 is 8 tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's
 # square. Split-K with clusters (partials summed through distributed shared memory; on 132 SMs): 8100 x 264
 # is 64 tiles x 2, a tile one pair (ranges of 2 and 3 steps, a K tail), 6000 x 4104 47 x 2 (an N tail of 112
-# rows); 4000 x 4104 is 32 x 4 in pairs whose rank 0 sums through the workspace (ranges of 16 and 17 steps, an
-# N tail of 32 rows), 2000 x 2056 16 x 8 in pairs; 3000 x 1032 is 24 x 5 without clusters (ranges of 3 and 4
-# steps). Above M = 128 the shorter K take the persistent kernel.
+# rows); 4000 x 8200 is 32 x 4 in pairs whose rank 0 sums through the workspace (ranges of 32 and 33 steps, an
+# N tail of 32 rows), 4000 x 4104 32 x 3 in whole clusters of 3 (ranges of 21 and 22 steps), 2000 x 2056 16 x 7
+# in whole clusters of 7 (or 8 in pairs); 3000 x 12296 is 24 x 5 without clusters, 3000 x 1032 24 x 4 in whole
+# clusters of 4. Above M = 128 the shorter K take the persistent kernel.
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="sm90 path needs Hopper")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("nk", [(200, 8200), (200, 20488), (4100, 4104), (12000, 1032), (28680, 136), (1000, 40),
-                                (576, 576), (8100, 264), (6000, 4104), (4000, 4104), (2000, 2056), (3000, 1032)])
+                                (576, 576), (8100, 264), (6000, 4104), (4000, 8200), (4000, 4104), (2000, 2056),
+                                (3000, 12296), (3000, 1032)])
 @pytest.mark.parametrize("m", [1, 8, 9, 17, 64, 65, 128, 129, 144, 145, 192])
 def test_sm90_small_m_stream_k(m, nk, dtype):
     ops = _ops()
@@ -336,8 +338,9 @@ def test_sm90_small_m_stream_k(m, nk, dtype):
 # The split-K shapes above run as planned on a 132-SM Hopper GPU, so that their cases cover each way of summing
 # (whole clusters of 4, 5 or 8 fit on some chips and not on others: the H200 measured holds 30, none and 15).
 @pytest.mark.parametrize("n, k, plan", [(8100, 264, "split=2 cluster=2"), (6000, 4104, "split=2 cluster=2"),
-                                        (4000, 4104, "split=4 cluster=[24]"), (2000, 2056, "split=8 cluster=[28]"),
-                                        (3000, 1032, "split=5 cluster=[15]")])
+                                        (4000, 8200, "split=4 cluster=[24]"), (4000, 4104, "split=(4 cluster=[24]|3 cluster=3)"),
+                                        (2000, 2056, "split=(8 cluster=[28]|7 cluster=7)"),
+                                        (3000, 12296, "split=5 cluster=[15]"), (3000, 1032, "split=(5 cluster=[15]|4 cluster=4)")])
 def test_sm90_small_m_split_plan(n, k, plan):
     if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")

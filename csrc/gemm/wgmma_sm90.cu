@@ -255,8 +255,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // tile's S CTAs (sk.cluster = S) sums through distributed shared memory instead: each CTA leaves its
 // partial in its drained ring, and rank q adds registers q, q + S, ... of all S partials in rank (= K)
 // order and stores them, so no CTA waits on another's global writes and the tail is spread over S SMs.
-// Where clusters of S do not fit at once (32 x 4 on a 132-SM H200: 30 do), pairs (sk.cluster = 2) sum
-// through shared memory first and each pair's rank 0 goes on through the workspace as one of S / 2 sharers.
+// Where clusters of S do not fit at once (32 x 4 on a 132-SM H200: 30 do), S - 1 whole ones may (sm90_small_m_plan);
+// else pairs (sk.cluster = 2) sum through shared memory first and each pair's rank 0 goes on through the
+// workspace as one of S / 2 sharers.
 // (A shared tile's fix-up through the workspace costs ~4.5 us at 64 x 4096 x 4096: 15.8 us against 11.3
 // with the partials left unsummed, H200.)
 struct StreamK {
@@ -553,10 +554,20 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
   // 6144 x 4096, 48 tiles in pairs on 96 SMs, 21.45 / 20.50; 32 x 6144 x 4096 19.3 / 18.0; 64 x 4096 x 4096 in
   // pairs on 64 SMs lost, 15.8 / 18.2). Else split-K in pairs where S is even (64 x 2048 x 8192, 16 tiles x 8,
   // 18.56 / 17.35 through the workspace alone / in pairs; 64 x 4096 x 4096 15.76 / 15.5).
-  const int64_t splits = std::min<int64_t>(k_steps, sms / plan.tiles);
+  int64_t splits = std::min<int64_t>(k_steps, sms / plan.tiles);
   plan.splits = 1;
   plan.cluster = 1;
-  const bool whole_clusters = splits >= 2 && splits <= 8 && small_m_clusters_fit(plan.bn, int(splits), plan.tiles);
+  bool whole_clusters = splits >= 2 && splits <= 8 && small_m_clusters_fit(plan.bn, int(splits), plan.tiles);
+  // Where S of them do not fit, S - 1 may (32 tiles: 30 clusters of 4 fit on an H200, 32 of 3 do): an SM in S
+  // idles and the workspace fix-up goes, which pays while a CTA streams little W (H200, us, S pairs / S - 1
+  // whole: 64 x 4096 x 4096 15.3 / 14.4, 128 x 4096 x 4096 19.2 / 18.2) and not on long streams (64 x 4096 x
+  // 14336, 1.2 MB a CTA, 35.7 / 37.1): up to 512 KB of W a CTA.
+  if (!whole_clusters && splits - 1 >= 2 && splits - 1 <= 8 && 10 * plan.tiles * (splits - 1) >= 7 * int64_t(sms) &&
+      int64_t(N) * K * 2 <= plan.tiles * (splits - 1) * (int64_t(512) << 10) &&
+      small_m_clusters_fit(plan.bn, int(splits - 1), plan.tiles)) {
+    splits -= 1;
+    whole_clusters = true;
+  }
   if (splits >= 1 && 10 * plan.tiles * splits >= (whole_clusters ? 7 : 9) * int64_t(sms)) {
     plan.grid = static_cast<int>(plan.tiles * splits);
     plan.splits = static_cast<int>(splits);
