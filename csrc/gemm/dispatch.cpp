@@ -132,7 +132,7 @@ void run_lowp(const Params<T, T>& p, Path path, const at::Device& device, const 
           ws_ptr = ws.data_ptr<float>();
           counters = split_counters(small.tiles, device.index(), stream, ws, own_counters);
         }
-        launch_sm90<T>(p, stream, sms, ws_ptr, counters);
+        launch_sm90<T>(p, stream, sms, small_m ? &small : nullptr, ws_ptr, counters);
       }
       return;
     default:

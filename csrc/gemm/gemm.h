@@ -43,10 +43,6 @@ int sm80_split_k(int M, int N, int K, int sms);
 void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      // K % 16 == 0, 16B rows
 // sak = sbk = 1, 16B rows. plan != nullptr: nothing runs; *plan says which kernel and configuration would.
 template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* plan = nullptr);
-// sm90, sak = sbk = 1, 16B rows. Where sm90_small_m: W as the wgmma M operand, stream-K (or split-K) over
-// at most sms CTAs, with the fp32 workspace and the zeroed per-tile counters that sm90_small_m_plan sizes
-// (split-K in clusters needs neither);
-// elsewhere persistent, min(tiles, sms) CTAs (ws and counters unused).
 constexpr int kSm90SmallMAll = 128, kSm90SmallM = 192;
 // Whether launch_sm90 runs the small-M kernel: every M <= kSm90SmallMAll, and M <= kSm90SmallM where K is
 // long (see there).
@@ -60,7 +56,11 @@ struct Sm90SmallM {
   int cluster;         // split-K in clusters of this many CTAs summing through shared memory (splits, or 2); 1: none
 };
 Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms);
-template <typename T> void launch_sm90(const Params<T, T>& p, cudaStream_t s, int sms, float* ws, int* counters);
+// sm90, sak = sbk = 1, 16B rows. small (sm90_small_m_plan's, where sm90_small_m): W as the wgmma M operand,
+// stream-K (or split-K) over at most sms CTAs, with the fp32 workspace and the zeroed per-tile counters the plan
+// sizes (split-K in clusters needs neither); null: persistent, min(tiles, sms) CTAs (ws and counters unused).
+template <typename T>
+void launch_sm90(const Params<T, T>& p, cudaStream_t s, int sms, const Sm90SmallM* small, float* ws, int* counters);
 void launch_simt(const Params<float, float>& p, cudaStream_t s);               // any strides
 
 }  // namespace minfer::gemm_impl

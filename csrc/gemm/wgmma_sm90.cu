@@ -501,23 +501,28 @@ void launch_small_m_kernel(const Params<T, T>& p, cudaStream_t stream, const Sm9
                      p, sk);
 }
 
-// Whether `clusters` clusters of `cluster` small-M CTAs at BN fit the device at once.
-template <int BN>
-bool small_m_clusters_fit(int cluster, int64_t clusters) {
-  constexpr auto kernel = small_m_kernel<__nv_bfloat16, BN, false>;  // every instance of a BN has its resources
-  allow_smem<kernel, small_m_smem_bytes<BN>()>();
-  return resident_clusters<kernel, kThreads, small_m_smem_bytes<BN>()>(cluster) >= clusters;
-}
-bool small_m_clusters_fit(int bn, int cluster, int64_t clusters) {
+// f(std::integral_constant<int, BN>) for the small-M kernel's BN = bn (a plan's: 8 .. 128, 144 or 192).
+template <typename F>
+decltype(auto) with_small_m_bn(int bn, F f) {
   switch (bn) {
-    case 8: return small_m_clusters_fit<8>(cluster, clusters);
-    case 16: return small_m_clusters_fit<16>(cluster, clusters);
-    case 32: return small_m_clusters_fit<32>(cluster, clusters);
-    case 64: return small_m_clusters_fit<64>(cluster, clusters);
-    case 128: return small_m_clusters_fit<128>(cluster, clusters);
-    case 144: return small_m_clusters_fit<144>(cluster, clusters);
-    default: return small_m_clusters_fit<192>(cluster, clusters);
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 144: return f(std::integral_constant<int, 144>{});
+    default: return f(std::integral_constant<int, 192>{});
   }
+}
+
+// Whether `clusters` clusters of `cluster` small-M CTAs at BN = bn fit the device at once.
+bool small_m_clusters_fit(int bn, int cluster, int64_t clusters) {
+  return with_small_m_bn(bn, [&](auto b) {
+    constexpr int BN = decltype(b)::value;
+    constexpr auto kernel = small_m_kernel<__nv_bfloat16, BN, false>;  // every instance of a BN has its resources
+    allow_smem<kernel, small_m_smem_bytes<BN>()>();
+    return resident_clusters<kernel, kThreads, small_m_smem_bytes<BN>()>(cluster) >= clusters;
+  });
 }
 
 template <typename T, int BN>
@@ -579,19 +584,12 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
 }
 
 template <typename T>
-void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, float* ws, int* counters) {
-  if (sm90_small_m(p.M, p.N, p.K)) {
-    const Sm90SmallM plan = sm90_small_m_plan(p.M, p.N, p.K, sms);
-    switch (plan.bn) {
-      case 8: return launch_small_m<T, 8>(p, stream, plan, ws, counters);
-      case 16: return launch_small_m<T, 16>(p, stream, plan, ws, counters);
-      case 32: return launch_small_m<T, 32>(p, stream, plan, ws, counters);
-      case 64: return launch_small_m<T, 64>(p, stream, plan, ws, counters);
-      case 128: return launch_small_m<T, 128>(p, stream, plan, ws, counters);
-      case 144: return launch_small_m<T, 144>(p, stream, plan, ws, counters);
-      default: return launch_small_m<T, 192>(p, stream, plan, ws, counters);
-    }
-  }
+void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, const Sm90SmallM* small, float* ws,
+                 int* counters) {
+  if (small != nullptr)
+    return with_small_m_bn(small->bn, [&](auto b) {
+      launch_small_m<T, decltype(b)::value>(p, stream, *small, ws, counters);
+    });
   // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
@@ -614,7 +612,9 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, float* ws,
   else if (bn == 144) (p.C ? launch<T, 144, true> : launch<T, 144, false>)(p, stream, grid, map_a);
   else (p.C ? launch<T, 256, true> : launch<T, 256, false>)(p, stream, grid, map_a);
 }
-template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int, float*, int*);
-template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int, float*, int*);
+template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int, const Sm90SmallM*, float*,
+                                  int*);
+template void launch_sm90<__nv_bfloat16>(const Params<__nv_bfloat16, __nv_bfloat16>&, cudaStream_t, int, const Sm90SmallM*,
+                                         float*, int*);
 
 }  // namespace minfer::gemm_impl
