@@ -41,7 +41,8 @@ import torch
 
 from minfer import shapes
 from minfer.engine import Engine
-from minfer.engine.core import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE, EngineCore
+from minfer.engine.core import EngineCore
+from minfer.engine_args import add_engine_args, engine_kwargs
 from minfer.sampling import SamplingParams
 
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
@@ -261,16 +262,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", help="default: cuda when present")
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
     p.add_argument("--dequantize", action="store_true")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", metavar="N",
-                   help="decode graph buckets: N (1, 2, 4, multiples of 8 up to N) or a list")
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                   help="a prompt's chunk in a step with decodes, at most (0: no cap)")
-    p.add_argument("--num-pages", type=int)
-    p.add_argument("--block-size", type=int, default=DEFAULT_PAGE_SIZE)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false")
+    add_engine_args(p)
     p.add_argument("--long-prompt-len", type=int, default=0,
                    help="measure the requests' decode latency while a prompt of this many tokens prefills")
     p.add_argument("--itl-steps", type=int, default=32, help="with --long-prompt-len: decode steps before it")
@@ -301,12 +293,7 @@ def main(argv=None) -> int:
         make_kwargs["random_weights"] = shapes.config(args.shape)
     else:
         make_kwargs.update(checkpoint=args.checkpoint, dequantize=args.dequantize)
-    core = EngineCore(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                      long_prefill_token_threshold=args.long_prefill_token_threshold,
-                      cuda_graph_sizes=args.cuda_graph_sizes,
-                      num_pages=args.num_pages, page_size=args.block_size,
-                      gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching,
-                      **make_kwargs)
+    core = EngineCore(**engine_kwargs(args), **make_kwargs)
     dev = core.device
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     if args.decode_batch:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .engine_args import add_engine_args
+
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -53,23 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--dequantize", action="store_true",
                    help="expand a GGUF's quantized matrices to --dtype at load (default: they stay quantized on the "
                         "cuda backend; the ref backend always expands them)")
-    engine = p.add_argument_group("engine (continuous batching over a paged KV cache)")
-    engine.add_argument("--max-num-seqs", type=int, default=256,
-                        help="sequences in a step, at most (default: %(default)s)")
-    engine.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                        help="tokens in a step, at most: long prompts prefill in chunks (default: %(default)s)")
-    engine.add_argument("--cuda-graph-sizes", type=int, nargs="+", metavar="N",
-                        help="decode steps' batch sizes captured as CUDA graphs: N (1, 2, 4 and multiples of 8 up to N) "
-                        "or a list (default: 1, 2, 4, ..., 256)")
-    engine.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                        help="a prompt's chunk in a step with decodes, at most (default: %(default)s, no cap)")
-    engine.add_argument("--num-pages", type=int,
-                        help="KV cache pages (default: from --gpu-memory-utilization on a GPU; up to 1 GiB on the CPU)")
-    engine.add_argument("--block-size", "--page-size", type=int, default=16, help="tokens a page (default: %(default)s)")
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                        help="share of GPU memory for weights, activations and KV cache (default: %(default)s)")
-    engine.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
-                        help="do not reuse the KV pages of prompt prefixes seen before")
+    add_engine_args(p)
     p.add_argument("-v", "--verbose", action="store_true", help="also print the load time's parts and peak GPU memory")
     args = p.parse_args(argv)
     if args.model and args.checkpoint:

@@ -13,7 +13,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from .engine.core import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE, EngineCore, RequestOutput
+from .engine.core import EngineCore, RequestOutput
+from .engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE
 from .errors import MinferError
 from .sampling import SamplingParams
 

@@ -27,6 +27,7 @@ import torch
 from ..errors import MinferError
 from ..kv_cache import AttentionMetadata, PagedKVCache
 from ..sampling import SamplingParams, SamplingTensors, sample_batch, upload
+from ..engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
 from .graphs import try_chunk_graphs, try_decode_graphs
@@ -35,12 +36,6 @@ from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, Status
 from .stats import Stats
 
-# Page size in tokens: the decode kernel's key tile and vLLM's default (32 and 64 not measured against it yet).
-DEFAULT_PAGE_SIZE = 16
-# Tokens a step, at most (vLLM's server default on 70+ GB GPUs): a prefill step's host work (~14 ms of launches on
-# the default model) is paid once per 8192 tokens. H100, apps/bench_throughput.py: 2048 -> 8192 took the default
-# model from 30832 to 36022 output tok/s and the Llama-3-8B shape from 7011 to 7532.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # Without --num-pages on the CPU: pages for max_num_seqs full contexts, but at most this many bytes.
 CPU_CACHE_BYTES = 1 << 30
 

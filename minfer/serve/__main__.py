@@ -13,6 +13,7 @@ import sys
 import torch
 
 from .. import shapes
+from ..engine_args import add_engine_args, engine_kwargs
 from ..errors import MinferError, run_cli
 from ..generate import DTYPES
 
@@ -37,21 +38,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=DTYPES, help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto", help="default: %(default)s")
-    p.add_argument("--max-context", "--max-model-len", type=int, help="positions per sequence (default: the model's)")
+    p.add_argument("-c", "--max-context", "--max-model-len", "--ctx-size", type=int,
+                   help="positions per sequence, prompt included (default: the model's)")
     p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in a step, at most (default: %(default)s)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                   help="tokens in a step, at most (default: %(default)s)")
-    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", metavar="N",
-                   help="decode steps' batch sizes captured as CUDA graphs: N (1, 2, 4 and multiples of 8 up to N) "
-                   "or a list (default: 1, 2, 4, ..., 256)")
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                   help="a prompt's chunk in a step with decodes, at most: bounds the streams' inter-token latency "
-                        "while a long prompt prefills (default: %(default)s, no cap)")
-    p.add_argument("--num-pages", type=int, help="KV cache pages (default: from --gpu-memory-utilization)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens a page (default: %(default)s)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="default: %(default)s")
-    p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false")
+    add_engine_args(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     if args.model and args.checkpoint:
@@ -77,10 +67,7 @@ def main(argv=None):
     model = dict(random_weights=shapes.config(args.shape)) if args.shape else dict(checkpoint=args.checkpoint)
     core = EngineCore(**model, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                       backend=args.backend, max_context=args.max_context, dequantize=args.dequantize,
-                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                      long_prefill_token_threshold=args.long_prefill_token_threshold, num_pages=args.num_pages,
-                      cuda_graph_sizes=args.cuda_graph_sizes, page_size=args.block_size,
-                      gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching)
+                      **engine_kwargs(args))
     if args.shape:  # a byte-level placeholder vocabulary of the shape's size: the server decodes text as for a model
         from ..quantize import placeholder_vocab
         from ..tokenizer import from_gguf_fields
