@@ -18,6 +18,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/checks.h"
 #include "common/launch.h"
 #include "gemm/gemv_m1.cuh"
 #include "gemm/gemv_ring.cuh"
@@ -79,10 +80,12 @@ Variant<T> variant() {
 // more than ~10% apart.
 template <typename T, int NT, int U, int MIN_BLOCKS>
 bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  static const int per_sm = ctas_per_sm<gemv_stream_kernel<T, NT, U, MIN_BLOCKS>, MIN_BLOCKS>();
+  static const int per_sm = ctas_per_sm<gemv_stream_kernel<T, NT, U, MIN_BLOCKS, false>, MIN_BLOCKS>();
   const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
   if (tiles * 2 < grid * kWarps || sm_balance(double(tiles) / sms) < 0.9) return false;
-  launch_or_describe(plan, [] { return config("stream", U, MIN_BLOCKS); }, gemv_stream_kernel<T, NT, U, MIN_BLOCKS>,
+  MINFER_CHECK(!p.act || NT == 1, "linear_act: the gemv stream applies the activation up to 8 rows");
+  launch_or_describe(plan, [] { return config("stream", U, MIN_BLOCKS); },
+                     p.act ? gemv_stream_kernel<T, NT, U, MIN_BLOCKS, NT == 1> : gemv_stream_kernel<T, NT, U, MIN_BLOCKS, false>,
                      dim3((unsigned)grid), dim3(kThreads), 0, stream, p);
   return true;
 }
@@ -110,7 +113,8 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::str
 //   tile); three 16-row blocks of 3072 x 576 take 288 CTAs of 3 per SM in one wave, where 2 per SM
 //   run 264 + 24 (H200, fp16: 37 x 3072 x 576 6.9 -> 5.5 us, M = 33..48 alike; no other shape of the
 //   decode sweep or of M 17..64 on small W moved).
-// With p.act (linear_act) M is over 16, so grid_y >= 2: the tiles kernel runs, whose epilogue applies it.
+// With p.act (linear_act: up to 8 rows, or past 16 on small W) every kernel here applies it in its epilogue
+// (see w_row).
 template <typename T, int NT, int U_BIG, int U_SMALL>
 void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T>> variants, cudaStream_t stream,
                  std::string* plan) {
@@ -177,10 +181,12 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
 // other kernels. Returns false where the ring does not apply.
 template <typename T, int R, int NT, int WARPS>
 bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  constexpr auto kernel = gemv_ring_kernel<T, R, NT, WARPS>;
+  // The activation in the epilogue up to 8 rows (NT = 1; see linear_or_plan): no kAct build of the others.
+  constexpr auto kernel = gemv_ring_kernel<T, R, NT, WARPS, false>, act_kernel = gemv_ring_kernel<T, R, NT, WARPS, NT == 1>;
   constexpr int smem = ring_smem_bytes(WARPS);
   static const int per_sm = [&] {
     allow_smem<kernel, smem>();
+    allow_smem<act_kernel, smem>();
     int n = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WARPS * 32, smem));
     return std::max(n, 1);
@@ -192,10 +198,13 @@ bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::
   // 4 x 28672 x 4096 60.6 / 59.7).
   const int granule = tiles >= 8 * grid ? R : 1;
   if (WARPS == 4 && p.K < 4096 && granule == 1) return false;  // K = 2048 gains only in whole tiles (see above)
+  const int range_granule = p.act ? std::max(granule, 16) : granule;  // whole tiles of w_row's order
   auto what = [&] {
-    return "ring R=" + std::to_string(R) + (WARPS == 4 ? "" : " 12 warps") + " granule=" + std::to_string(granule);
+    return "ring R=" + std::to_string(R) + (WARPS == 4 ? "" : " 12 warps") + " granule=" + std::to_string(range_granule);
   };
-  launch_or_describe(plan, what, kernel, dim3((unsigned)grid), dim3(WARPS * 32), smem, stream, p, granule);
+  MINFER_CHECK(!p.act || NT == 1, "linear_act: the gemv ring applies the activation up to 8 rows");
+  launch_or_describe(plan, what, p.act ? act_kernel : kernel, dim3((unsigned)grid), dim3(WARPS * 32), smem, stream, p,
+                     range_granule);
   return true;
 }
 
@@ -244,7 +253,8 @@ template <typename T, int U, int MIN_BLOCKS, bool TWO_FULL_ROUNDS>
 bool launch_gemv_m1(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   if (p.M != 1) return false;
   static const int per_sm = ctas_per_sm<gemv_m1_kernel<T, U, MIN_BLOCKS>, MIN_BLOCKS>();
-  const int64_t resident = int64_t(per_sm) * sms, pairs = (p.N + 1) / 2, steps = (p.K / 8 + 31) / 32;
+  const int64_t resident = int64_t(per_sm) * sms, steps = (p.K / 8 + 31) / 32;
+  const int64_t pairs = p.act ? p.N / 2 : (p.N + 1) / 2;  // with p.act a gate row and its up row
   int l = 0;
   while (l < 3 && (pairs << l) * 10 < resident * kWarps * 9 && (steps >> (l + 1)) >= U) ++l;
   if (steps < U || (pairs << l) > resident * kWarps || (steps >> l) > 2 * U) return false;

@@ -1,5 +1,5 @@
 // gemv_m1_kernel: M = 1 on small W, two W rows per warp read in 512-byte runs (see launch_gemv_m1 in
-// gemv.cu).
+// gemv.cu); with p.act a gate row and its up row, so that the warp stores act(gate) * up.
 #pragma once
 #include <type_traits>
 
@@ -22,7 +22,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_m1_kernel(const Par
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int ks = 1 << ks_log2, split = warp & (ks - 1), group_in_cta = warp >> ks_log2;
   const int64_t groups = (int64_t)gridDim.x * (kWarps >> ks_log2);
-  const int64_t group = (int64_t)blockIdx.x * (kWarps >> ks_log2) + group_in_cta, pairs = (p.N + 1) / 2;
+  const int64_t group = (int64_t)blockIdx.x * (kWarps >> ks_log2) + group_in_cta;
+  const int half = p.N / 2;
+  const int64_t pairs = p.act ? half : (p.N + 1) / 2;
   const int pr_begin = (int)(group * pairs / groups), pr_end = (int)((group + 1) * pairs / groups);
   const int chunks = p.K / 8, steps = (chunks + 31) / 32, c = 4 * g + t;  // c: this thread's chunk of a step
   const int s_begin = (split * steps) >> ks_log2, s_end = ((split + 1) * steps) >> ks_log2;
@@ -31,12 +33,13 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_m1_kernel(const Par
   const bool x_ok[1] = {true};
   __shared__ float partial[2][kWarps][2];  // [pair parity][warp][row of the pair]
   uint4 pre_a[U], pre_b[U];
-  // One pair of W rows; `preloaded`: its first round is in pre_a / pre_b (then it waits for the grid).
+  // One pair of W rows (with p.act gate row pr and its up row, half rows on); `preloaded`: its first round is
+  // in pre_a / pre_b (then it waits for the grid).
   auto w_pair = [&](int pr, int parity, auto preloaded) {
-    const int n0 = 2 * pr;
-    const bool b_ok = n0 + 1 < p.N;
+    const int n0 = p.act ? pr : 2 * pr, n1 = p.act ? half + pr : n0 + 1;
+    const bool b_ok = n1 < p.N;
     const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)n0 * p.sbn) + c;
-    const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 1 : n0) * p.sbn) + c;
+    const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n1 : n0) * p.sbn) + c;
     float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
     if constexpr (decltype(preloaded)::value) {
       load_w_round<U, 32>(pre_a, pre_b, wa, wb, true, b_ok, s_begin, s_end, chunks, c);
@@ -64,8 +67,12 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_m1_kernel(const Par
       for (int w = 0; w < ks; ++w) r0 += partial[parity][warp + w][0], r1 += partial[parity][warp + w][1];
     }
     if (lane == 0) {
+      if (p.act) {
+        store_gated(p, 0, pr, r0, r1);
+        return;
+      }
       store_out(p, 0, n0, r0);
-      if (b_ok) store_out(p, 0, n0 + 1, r1);
+      if (b_ok) store_out(p, 0, n1, r1);
     }
   };
   // A static W: the first pair's first round loads before the wait (the same for the warps of a

@@ -13,7 +13,8 @@ namespace {
 // refilled as each is consumed, so the bytes in flight never drop to zero between rounds as they do
 // with register loads. Each CTA takes an equal contiguous range of W rows in units of `granule` rows
 // (R: whole tiles; 1: to the row, so that SMs finish together where whole tiles would leave some with
-// one more, e.g. 13 or 14 per SM at 1 x 28672 x 4096), tiled by R from its first row; its warps split
+// one more, e.g. 13 or 14 per SM at 1 x 28672 x 4096; with kAct (p.act) 16, whole tiles of w_row's order),
+// tiled by R from its first row; its warps split
 // the CTA's (tile, k chunk) stages evenly. A tile that two or more warps share is summed in warp order
 // through shared memory (the rings' space, once they are drained; deterministic);
 // whole tiles are stored by their warp.
@@ -38,8 +39,8 @@ constexpr int kRingStages = 2;
 constexpr int ring_smem_bytes(int warps) { return warps * kRingStages * kStageBytes; }
 
 // R: W rows per stage (16 or 32); NT: n8 tiles of X rows (M <= 8 NT); WARPS: 4 (three CTAs per SM) or
-// 12 (one).
-template <typename T, int R, int NT, int WARPS>
+// 12 (one); kAct: p.act (see w_row).
+template <typename T, int R, int NT, int WARPS, bool kAct>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kernel(const Params<T, T> p, int granule) {
   constexpr int kRowChunks = kStageVecs / R;     // 16-byte chunks of a row in a stage: 32 or 16
   constexpr int kRowsPerCopy = 32 / kRowChunks;  // rows one copy instruction of the warp covers
@@ -67,12 +68,18 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kern
   auto load = [&](int s, int slot) {
     const int n_base = row0 + s / kc * R, cl = lane % kRowChunks, c = (s % kc) * kRowChunks + cl;
     const uint32_t dst = smem_addr(ring + slot * kStageVecs);
+    // With kAct, row n_base + r of w_row's order (n_base a multiple of 16: the launcher's granule) is r % 8
+    // rows on from the W row of its 8-row group, whose start r / 8 picks at compile time.
+    int group[R / 8];
+#pragma unroll
+    for (int j = 0; j < R / 8; ++j) group[j] = kAct ? w_row(p, n_base + 8 * j, true) : 0;
 #pragma unroll
     for (int i = 0; i < R / kRowsPerCopy; ++i) {
       const int r = i * kRowsPerCopy + lane / kRowChunks;
+      const int w = kAct ? group[(i * kRowsPerCopy) / 8] + (r & 7) : n_base + r;
       const bool ok = c < chunks && n_base + r < row1;  // past the range or K: zeros, nothing read
-      cp_async16(dst + 16 * (r * kRowChunks + (cl ^ ((r & 1) << 2))),
-                 p.B + (ok ? (int64_t)(n_base + r) * p.sbn + 8 * c : 0), ok ? 16 : 0);
+      cp_async16(dst + 16 * (r * kRowChunks + (cl ^ ((r & 1) << 2))), p.B + (ok ? (int64_t)w * p.sbn + 8 * c : 0),
+                 ok ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -110,7 +117,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kern
     for (int q = 1; q < kPar; ++q) each([&](int i, int nt, int e) { acc[0][i][nt][e] += acc[q][i][nt][e]; });
     if (whole(tile_local)) {
 #pragma unroll
-      for (int i = 0; i < kSub; ++i) store_tile(p, acc[0][i], row0 + tile_local * R + 16 * i + g, row1, t);
+      for (int i = 0; i < kSub; ++i) store_tile(p, acc[0][i], row0 + tile_local * R + 16 * i + g, row1, t, kAct);
     } else if (tile_local == s_begin / kc) {
       each([&](int i, int nt, int e) { first[i][nt][e] = acc[0][i][nt][e]; });
     }
@@ -184,7 +191,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kern
       each([&](int i, int nt, int e) { sum[i][nt][e] += partial[w][w_side][i][nt][e][lane]; });
     }
 #pragma unroll
-    for (int i = 0; i < kSub; ++i) store_tile(p, sum[i], row0 + tile_local * R + 16 * i + g, row1, t);
+    for (int i = 0; i < kSub; ++i) store_tile(p, sum[i], row0 + tile_local * R + 16 * i + g, row1, t, kAct);
   }
 }
 

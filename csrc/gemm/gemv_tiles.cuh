@@ -2,20 +2,20 @@
 // gemv_kernel: KS = 1..8 warps of a CTA split one tile's K and meet in shared memory; larger M walks
 // 16-row blocks of A along grid.y, re-reading W once per block. With p.act (gate | up rows) a tile is 8 gate
 // rows and their 8 up rows, so that the meeting in shared memory has both halves of each output.
-// gemv_stream_kernel: many tiles, every warp of a one-wave grid takes an equal range of whole tiles.
+// gemv_stream_kernel: many tiles, every warp of a one-wave grid takes an equal range of whole tiles (kAct:
+// p.act, tiles of w_row's order).
 // launch_best (gemv.cu) picks U and KS.
 #pragma once
 #include <type_traits>
 
-#include "common/activation.cuh"
 #include "gemm/gemv_common.cuh"
 
 namespace minfer::gemm_impl {
 namespace {
 
 // gemv_kernel's outputs with p.act: the CTA's tiles' sums (red, as the kernel leaves them: fragment j of
-// warp w at lane l) met over the ks warps of each tile, gate and up (the fragments two on) rounded to T, then
-// act(gate) * up (gated); consecutive threads take consecutive outputs of one row.
+// warp w at lane l) met over the ks warps of each tile, gate and up the fragments two on (store_gated);
+// consecutive threads take consecutive outputs of one row.
 template <typename T, int NT>
 __device__ __forceinline__ void store_act_tiles(const Params<T, T>& p, const float (*red)[NT * 4][32], int tiles,
                                                 int ks, int m_base) {
@@ -27,8 +27,7 @@ __device__ __forceinline__ void store_act_tiles(const Params<T, T>& p, const flo
       const int src_lane = 4 * nl + ((ml & 7) >> 1), j = (ml >> 3) * 4 + (ml & 1);  // gate; up at j + 2
       float gate = 0.f, up = 0.f;
       for (int w = 0; w < ks; ++w) gate += red[tl * ks + w][j][src_lane], up += red[tl * ks + w][j + 2][src_lane];
-      const T a = from_float<T>(gate), u = from_float<T>(up);
-      p.D[(int64_t)m * p.ldd + n] = p.act == kActSilu ? gated<T, Silu>(a, u) : gated<T, GeluTanh>(a, u);
+      store_gated(p, m, n, gate, up);
     }
   }
 }
@@ -43,9 +42,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
   const int ks = 1 << ks_log2, tiles = kWarps >> ks_log2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int split = warp & (ks - 1), tile = blockIdx.x * tiles + (warp >> ks_log2);
-  // This thread's W rows: na, nb = na + 8; with p.act gate row 8 tile + g and its up row, half rows on.
+  // This thread's W rows: na, nb = na + 8; with p.act gate row 8 tile + g and its up row, half rows on (w_row).
   const int half = p.N / 2;
-  const int na = p.act ? tile * 8 + g : tile * 16 + g, nb = p.act ? half + na : na + 8;
+  const int na = w_row(p, tile * 16 + g, p.act), nb = w_row(p, tile * 16 + g + 8, p.act);
 
   // K in 32-wide steps (4 chunks of 8), split in whole pairs of steps so that warps meet on 128-byte lines.
   const int chunks = p.K / 8, steps = (chunks + 3) / 4, pairs = (steps + 1) / 2;
@@ -101,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_kernel(const Params
 // range of whole tiles (all of K, no split, no shared memory) and writes its outputs itself. Each SM
 // then carries the same number of tiles within one, where CTAs of whole tiles would leave a partial
 // last wave (28672 x 4096: 448 CTAs of 4 tiles on 264 slots). M <= 8 * NT.
-template <typename T, int NT, int U, int MIN_BLOCKS>
+template <typename T, int NT, int U, int MIN_BLOCKS, bool kAct>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_stream_kernel(const Params<T, T> p) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t warps = (int64_t)gridDim.x * kWarps, gw = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
@@ -113,10 +112,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_stream_kernel(const
   // One tile of 16 W rows; `preloaded`: its first round is in pre_a / pre_b.
   uint4 pre_a[U], pre_b[U];
   auto w_tile = [&](int tile, auto preloaded) {
-    const int n0 = tile * 16 + g;
+    const int n0 = tile * 16 + g;  // rows n0 and n0 + 8 in w_row's order
     const bool a_ok = n0 < p.N, b_ok = n0 + 8 < p.N;
-    const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? n0 : 0) * p.sbn) + t;
-    const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? n0 + 8 : 0) * p.sbn) + t;
+    const uint4* wa = reinterpret_cast<const uint4*>(p.B + (int64_t)(a_ok ? w_row(p, n0, kAct) : 0) * p.sbn) + t;
+    const uint4* wb = reinterpret_cast<const uint4*>(p.B + (int64_t)(b_ok ? w_row(p, n0 + 8, kAct) : 0) * p.sbn) + t;
     float acc[NT][4];
     zero(acc);
     if constexpr (decltype(preloaded)::value) {
@@ -127,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) gemv_stream_kernel(const
     } else {
       accumulate<T, NT, U>(acc, wa, wb, a_ok, b_ok, xp, x_ok, 0, steps, chunks, t);
     }
-    store_tile(p, acc, n0, p.N, t);
+    store_tile(p, acc, n0, p.N, t, kAct);
   };
   // A static W: the first tile's first round loads before the wait, where the registers allow (6-step
   // rounds at 3 CTAs per SM, 80 registers, spilled holding it).
