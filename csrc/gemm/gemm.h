@@ -11,8 +11,9 @@
 
 namespace minfer::gemm_impl {
 
-// A gated activation in the epilogue (linear_act; the gemv kernels, up to 8 rows or past 16): B's rows are gate [N / 2] then
-// up [N / 2], and D is [M, N / 2] = act(gate) * up, each rounded to Out first as a separate launch would.
+// A gated activation in the epilogue (linear_act; the gemv kernels, up to 8 rows or past 16): B's rows are
+// gate [N / 2] then up [N / 2], and D is [M, N / 2] = act(gate) * up, each rounded to Out first as a separate
+// launch would.
 enum Act : int { kActNone = 0, kActSilu = 1, kActGeluTanh = 2 };
 
 template <typename T, typename Out>

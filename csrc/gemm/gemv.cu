@@ -80,12 +80,13 @@ Variant<T> variant() {
 // more than ~10% apart.
 template <typename T, int NT, int U, int MIN_BLOCKS>
 bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  static const int per_sm = ctas_per_sm<gemv_stream_kernel<T, NT, U, MIN_BLOCKS, false>, MIN_BLOCKS>();
+  constexpr auto kernel = gemv_stream_kernel<T, NT, U, MIN_BLOCKS, false>;
+  constexpr auto act_kernel = gemv_stream_kernel<T, NT, U, MIN_BLOCKS, NT == 1>;  // up to 8 rows (linear_or_plan)
+  static const int per_sm = ctas_per_sm<kernel, MIN_BLOCKS>();
   const int64_t grid = int64_t(per_sm) * sms, tiles = (p.N + 15) / 16;
   if (tiles * 2 < grid * kWarps || sm_balance(double(tiles) / sms) < 0.9) return false;
   MINFER_CHECK(!p.act || NT == 1, "linear_act: the gemv stream applies the activation up to 8 rows");
-  launch_or_describe(plan, [] { return config("stream", U, MIN_BLOCKS); },
-                     p.act ? gemv_stream_kernel<T, NT, U, MIN_BLOCKS, NT == 1> : gemv_stream_kernel<T, NT, U, MIN_BLOCKS, false>,
+  launch_or_describe(plan, [] { return config("stream", U, MIN_BLOCKS); }, p.act ? act_kernel : kernel,
                      dim3((unsigned)grid), dim3(kThreads), 0, stream, p);
   return true;
 }
@@ -182,7 +183,8 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
 template <typename T, int R, int NT, int WARPS>
 bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   // The activation in the epilogue up to 8 rows (NT = 1; see linear_or_plan): no kAct build of the others.
-  constexpr auto kernel = gemv_ring_kernel<T, R, NT, WARPS, false>, act_kernel = gemv_ring_kernel<T, R, NT, WARPS, NT == 1>;
+  constexpr auto kernel = gemv_ring_kernel<T, R, NT, WARPS, false>;
+  constexpr auto act_kernel = gemv_ring_kernel<T, R, NT, WARPS, NT == 1>;
   constexpr int smem = ring_smem_bytes(WARPS);
   static const int per_sm = [&] {
     allow_smem<kernel, smem>();
@@ -200,7 +202,8 @@ bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::
   if (WARPS == 4 && p.K < 4096 && granule == 1) return false;  // K = 2048 gains only in whole tiles (see above)
   const int range_granule = p.act ? std::max(granule, 16) : granule;  // whole tiles of w_row's order
   auto what = [&] {
-    return "ring R=" + std::to_string(R) + (WARPS == 4 ? "" : " 12 warps") + " granule=" + std::to_string(range_granule);
+    return "ring R=" + std::to_string(R) + (WARPS == 4 ? "" : " 12 warps") + " granule=" +
+           std::to_string(range_granule);
   };
   MINFER_CHECK(!p.act || NT == 1, "linear_act: the gemv ring applies the activation up to 8 rows");
   launch_or_describe(plan, what, p.act ? act_kernel : kernel, dim3((unsigned)grid), dim3(WARPS * 32), smem, stream, p,
