@@ -13,11 +13,10 @@ namespace {
 // refilled as each is consumed, so the bytes in flight never drop to zero between rounds as they do
 // with register loads. Each CTA takes an equal contiguous range of W rows in units of `granule` rows
 // (R: whole tiles; 1: to the row, so that SMs finish together where whole tiles would leave some with
-// one more, e.g. 13 or 14 per SM at 1 x 28672 x 4096; with kAct (p.act) 16, whole tiles of w_row's order),
-// tiled by R from its first row; its warps split
-// the CTA's (tile, k chunk) stages evenly. A tile that two or more warps share is summed in warp order
-// through shared memory (the rings' space, once they are drained; deterministic);
-// whole tiles are stored by their warp.
+// one more, e.g. 13 or 14 per SM at 1 x 28672 x 4096; with kAct 16, whole tiles of w_row's order), tiled
+// by R from its first row; its warps split the CTA's (tile, k chunk) stages evenly. A tile that two or
+// more warps share is summed in warp order through shared memory (the rings' space, once they are drained;
+// deterministic); whole tiles are stored by their warp.
 // - A warp copies its stage's W fragments into registers and refills the slot before its mmas, so the
 //   slot is back in flight while X's loads land: at M > 4, X (64 KB at M = 8 and K = 4096) no longer
 //   fits in the ~30 KB of L1 that the rings leave and comes from L2 at DRAM-queue latency (H200, fp16,

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE
 from ..errors import MinferError
 from ..kv_cache import AttentionMetadata, PagedKVCache
 from ..sampling import SamplingParams, SamplingTensors, sample_batch, upload
-from ..engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
 from .graphs import try_chunk_graphs, try_decode_graphs
