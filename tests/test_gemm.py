@@ -470,7 +470,13 @@ ACT_PLANS = [(17, 1536, 576, "gemv: tiles "), (40, 100, 328, "gemv: tiles "), (1
              (1, 4096, 8192, "gemv: ring R=16 12 warps"), (7, 4096, 8192, "gemv: ring R=16 12 warps"),
              (1, 10240, 2560, "gemv: stream "),  # Gemma-3-4B's gate | up
              (1, 16384, 1024, "gemv: stream "), (8, 16384, 1024, "gemv: stream "),
-             (8, 100, 328, None), (9, 1536, 576, None), (16, 8448, 4096, None), (256, 1536, 576, None)]
+             # sm90 small-M at 32-64 rows (on an H200: split-K in clusters of 3; in pairs through the workspace, with
+             # inter 1000 a last tile past the rows and K past the last 64-k step; stream-K over 80 tiles); 65 and
+             # more rows unfused
+             (64, 2048, 2048, "sm90 small-M"), (32, 2048, 4096, "sm90 small-M"), (40, 1000, 4200, "sm90 small-M"),
+             (40, 5120, 1024, "sm90 small-M"),
+             (8, 100, 328, None), (9, 1536, 576, None), (16, 8448, 4096, None), (256, 1536, 576, None),
+             (65, 2048, 2048, None), (144, 2048, 8192, None)]
 ACT_CASES = [c[:3] for c in ACT_PLANS]
 
 
@@ -494,11 +500,13 @@ def test_linear_act(m, inter, k, dtype, act):
     ours = ops.linear_act(x, w, act, True)
     _check(ours, _gated(F.linear(x, w), act), ref64, dtype, slack=slack)
     # the same bits as the linear and then the activation's own launch (each half rounded to dtype first), but
-    # for the ring: its CTA ranges are whole tiles of gate | up pairs where the plain linear's are cut to the
-    # row, so some rows' K splits, and their fp32 sums' rounding, are not that launch's
+    # for the ring and sm90's stream-K: their CTA ranges cut the pairs' tiles elsewhere than the plain linear's
+    # (the ring's are whole tiles of gate | up pairs, stream-K's fall at other k in a tile of 64 pairs than in
+    # one of 128 rows), so some rows' K splits, and their fp32 sums' rounding, are not that launch's
     split = ops.silu_and_mul(ops.linear(x, w)) if act == "silu" else ops.gelu_tanh_and_mul(ops.linear(x, w))
-    if "ring" not in torch.ops.minfer.linear_plan(x, w, "auto", act):
-        assert torch.equal(ours, split)
+    plan = torch.ops.minfer.linear_plan(x, w, "auto", act)
+    if "ring" not in plan and not (plan.startswith("sm90 small-M") and "split=" not in plan):
+        assert torch.equal(ours, split), plan
 
 
 @pytest.mark.parametrize("m, inter, k, kernel", ACT_PLANS)
@@ -531,6 +539,8 @@ def test_opcheck():
     torch.library.opcheck(ops.linear_act, (_rand(40, 64, dtype=torch.float16), w, "silu"))  # fused
     torch.library.opcheck(ops.linear_act, (x, w, "gelu_tanh"))  # the linear, then the activation (12 outputs)
     torch.library.opcheck(ops.linear_act, (x, _rand(32, 64, dtype=torch.float16), "gelu_tanh"))  # fused
+    big = _rand(4096, 2048, dtype=torch.bfloat16) / 45
+    torch.library.opcheck(ops.linear_act, (_rand(40, 2048, dtype=torch.bfloat16), big, "silu"))  # Hopper: sm90 small-M
     a, bb, c = _rand(16, 64, dtype=torch.bfloat16), _rand(64, 24, dtype=torch.bfloat16), _rand(16, 24, dtype=torch.bfloat16)
     torch.library.opcheck(ops.gemm, (a, bb, 0.5, 2.0, c, False, False))
     torch.library.opcheck(ops.tensor_core_gemm, (_rand(16, 32, dtype=torch.float16), _rand(32, 8, dtype=torch.float16)))

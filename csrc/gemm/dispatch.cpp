@@ -171,7 +171,8 @@ Act parse_act(const std::string& name) {
 
 // linear, or with plan != nullptr only the choice of kernel it would make (see linear_plan). With act, weight
 // is gate | up and the result act(gate) * up: in the gemv kernels' epilogue where auto takes them for up to 8
-// rows or more than 16 (the activation's launch spared), else the linear and then the activation's own launch.
+// rows or more than 16, and in the sm90 small-M kernel's at 32-64 rows (the activation's launch spared), else
+// the linear and then the activation's own launch.
 at::Tensor linear_or_plan(const at::Tensor& x, const at::Tensor& weight,
                           const std::optional<at::Tensor>& bias, const std::string& path_name,
                           bool static_weight, std::string* plan, Act act = kActNone) {
@@ -205,14 +206,16 @@ at::Tensor linear_or_plan(const at::Tensor& x, const at::Tensor& weight,
   // Up to 8 rows the kernels walk gate | up in tiles of 8 gate and 8 up rows (w_row): N / 2 in whole 8s. At
   // 9-16 rows the two launches stay: the fused stream kernel took 1.4 us a call more and the down projection
   // after it waited the activation's launch out (Gemma-3-4B shape, batch 16, H200: 3.117 -> 3.16 ms a step).
-  const bool fused = act != kActNone && path == Path::kAuto && (M > 16 || (M <= 8 && (N / 2) % 8 == 0)) &&
-                     x.scalar_type() != at::kFloat && [&] {
+  // The sm90 small-M kernel's tiles pair them alike at 32-64 rows (sm90_small_m_act).
+  const Path fused_path = act == kActNone || path != Path::kAuto || x.scalar_type() == at::kFloat ? Path::kAuto : [&] {
     return MINFER_DISPATCH_HALF(x.scalar_type(), "linear_act", [&] {
       const Params<scalar_t, scalar_t> p{ptr<scalar_t>(x), x.stride(0), 1, ptr<scalar_t>(weight), weight.stride(0), 1,
                                          nullptr, N / 2, nullptr, nullptr, 0, 1.f, 0.f, (int)M, (int)N, (int)K};
-      return auto_path(p, cc_major(x.device().index())) == Path::kGemv;
+      return auto_path(p, cc_major(x.device().index()));
     });
   }();
+  const bool fused = (fused_path == Path::kGemv && (M > 16 || (M <= 8 && (N / 2) % 8 == 0))) ||
+                     (fused_path == Path::kSm90 && sm90_small_m_act(M, N));
   if (act != kActNone && !fused) {  // the linear, then the activation
     const char* act_op = act == kActSilu ? "silu_and_mul" : "gelu_tanh_and_mul";
     std::string linear_plan;
@@ -236,7 +239,7 @@ at::Tensor linear_or_plan(const at::Tensor& x, const at::Tensor& weight,
                                  (int)M, (int)N, (int)K};
     p.static_b = static_weight;
     p.act = fused ? act : kActNone;
-    run(p, fused ? Path::kGemv : path, x.device(), op, plan);  // fused: auto's choice, made above
+    run(p, fused ? fused_path : path, x.device(), op, plan);  // fused: auto's choice, made above
   });
   if (plan && fused) *plan += act == kActSilu ? " +silu" : " +gelu_tanh";
   return out;

@@ -2,6 +2,7 @@
 #pragma once
 #include <type_traits>
 
+#include "common/activation.cuh"
 #include "common/vec.h"
 #include "gemm/gemm.h"
 
@@ -54,6 +55,14 @@ __device__ __forceinline__ void store_out2(const Params<T, Out>& p, int m, int n
   }
   if (n < p.N) store_out(p, m, n, a0);
   if (n + 1 < p.N) store_out(p, m, n + 1, a1);
+}
+
+// D[m, n] = act(gate) * up (p.act), each half rounded to T first, as the linear's store and the activation's own
+// launch would (the gemv and sm90 small-M kernels' linear_act epilogue).
+template <typename T>
+__device__ __forceinline__ void store_gated(const Params<T, T>& p, int m, int n, float gate, float up) {
+  const T a = from_float<T>(gate), u = from_float<T>(up);
+  p.D[(int64_t)m * p.ldd + n] = p.act == kActSilu ? gated<T, Silu>(a, u) : gated<T, GeluTanh>(a, u);
 }
 
 }  // namespace minfer::gemm_impl

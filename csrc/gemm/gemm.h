@@ -11,9 +11,9 @@
 
 namespace minfer::gemm_impl {
 
-// A gated activation in the epilogue (linear_act; the gemv kernels, up to 8 rows or past 16): B's rows are
-// gate [N / 2] then up [N / 2], and D is [M, N / 2] = act(gate) * up, each rounded to Out first as a separate
-// launch would.
+// A gated activation in the epilogue (linear_act; the gemv kernels up to 8 rows or past 16, the sm90 small-M
+// kernel at 32-64): B's rows are gate [N / 2] then up [N / 2], and D is [M, N / 2] = act(gate) * up, each
+// rounded to Out first as a separate launch would.
 enum Act : int { kActNone = 0, kActSilu = 1, kActGeluTanh = 2 };
 
 template <typename T, typename Out>
@@ -48,6 +48,8 @@ constexpr int kSm90SmallMAll = 128, kSm90SmallM = 192;
 // Whether launch_sm90 runs the small-M kernel: every M <= kSm90SmallMAll, and M <= kSm90SmallM where K is
 // long (see there).
 bool sm90_small_m(int M, int N, int K);
+// Whether the small-M kernel applies linear_act's activation: M 32-64 rows, gate | up of N / 2 % 8 == 0 rows.
+bool sm90_small_m_act(int M, int N);
 struct Sm90SmallM {
   int bn;              // activation rows per tile: the smallest of 8, 16, 32, 64, 128, 144, 192 >= M
   int grid;            // CTAs, one per SM at most

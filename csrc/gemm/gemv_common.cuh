@@ -27,7 +27,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/activation.cuh"
 #include "common/ptx.cuh"
 #include "gemm/epilogue.h"
 
@@ -70,14 +69,6 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 template <typename T>
 __device__ __forceinline__ int w_row(const Params<T, T>& p, int n, bool act) {
   return act ? ((n & 8) ? p.N / 2 : 0) + 8 * (n >> 4) + (n & 7) : n;
-}
-
-// D[m, n] = act(gate) * up, each half rounded to T first, as the linear's store and the activation's own
-// launch would.
-template <typename T>
-__device__ __forceinline__ void store_gated(const Params<T, T>& p, int m, int n, float gate, float up) {
-  const T a = from_float<T>(gate), u = from_float<T>(up);
-  p.D[(int64_t)m * p.ldd + n] = p.act == kActSilu ? gated<T, Silu>(a, u) : gated<T, GeluTanh>(a, u);
 }
 
 // One warp's 16-row tile of D from its accumulators: acc[nt][2h + e] is D[m = 8 nt + 2t + e][n = n0 + 8h]

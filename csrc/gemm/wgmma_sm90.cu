@@ -260,6 +260,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // workspace as one of S / 2 sharers.
 // (A shared tile's fix-up through the workspace costs ~4.5 us at 64 x 4096 x 4096: 15.8 us against 11.3
 // with the partials left unsummed, H200.)
+// kAct (linear_act, M 32-64, sm90_small_m_act): W is gate | up, loaded through make_pair_map so that a tile's rows
+// are 8 gate rows and their 8 up rows, 8 times over; a thread's registers 4 j + e and 4 j + 2 + e (e < 2) are then
+// one output's gate and up, and the epilogue stores act(gate) * up (store_gated): the activation's launch is spared.
 struct StreamK {
   float* ws;       // [grid][2][kBM * BN] partial tiles: a CTA's first (0) and last (1) tile
   int* counters;   // [tiles], zero between launches (the last sharer of a tile resets it)
@@ -291,7 +294,7 @@ __device__ __forceinline__ int range_owner(int64_t i, int64_t iters, int grid) {
 }
 #endif
 
-template <typename T, int BN, bool kWithC>
+template <typename T, int BN, bool kWithC, bool kAct>
 __global__ void __launch_bounds__(kThreads, 1)
     small_m_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
                    const Params<T, T> p, const StreamK sk) {
@@ -317,11 +320,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // producer fills the first stages' W halves while that kernel finishes, and their X after the wait.
   // (An L2 prefetch of W here instead cost 1-3 us per call on H200.)
   const int64_t early = p.static_b ? min(int64_t(S), end - begin) : 0;
+  auto load_w = [&](uint32_t dst, uint32_t bar, int64_t i) {  // iteration i's W tile: 128 rows x 64 k
+    const int tile = int(i / sk.k_steps), k0 = int(i % sk.k_steps) * kBK;
+    if constexpr (kAct) tma_load_4d(dst, &map_w, bar, k0, 0, 0, tile * (kBM / 16));  // 8 (gate 8, up 8) groups
+    else tma_load_2d(dst, &map_w, bar, k0, tile * kBM);
+  };
   if (threadIdx.x == 0)
     for (int64_t i = begin; i < begin + early; ++i) {
       const uint32_t bar = smem_addr(&full[i - begin]);
       mbar_expect_tx(bar, kStage);  // the whole stage: the phase completes once X has landed too
-      tma_load_2d(base + (i - begin) * kStage, &map_w, bar, int(i % sk.k_steps) * kBK, int(i / sk.k_steps) * kBM);
+      load_w(base + (i - begin) * kStage, bar, i);
     }
   griddep_wait();
   griddep_launch_dependents();
@@ -332,14 +340,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid_wg == 0) {
       Ring<S> ring;
       for (int64_t i = begin; i < end; ++i, ring.next()) {
-        const int tile = int(i / sk.k_steps), kt = int(i % sk.k_steps);
         const uint32_t bar = smem_addr(&full[ring.s]), sa = base + ring.s * kStage;
         if (i >= begin + early) {
           mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
           mbar_expect_tx(bar, kStage);  // whole boxes, zero-filled rows (M < BN, the N and K tails) too
-          tma_load_2d(sa, &map_w, bar, kt * kBK, tile * kBM);
+          load_w(sa, bar, i);
         }
-        tma_load_2d(sa + kATileBytes, &map_x, bar, kt * kBK, 0);
+        tma_load_2d(sa + kATileBytes, &map_x, bar, int(i % sk.k_steps) * kBK, 0);
       }
     }
     return;
@@ -377,10 +384,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Register 4 j + e of the m64nBN fragment is W row 16 warp + g (+ 8 for e >= 2) of this warpgroup's 64
     // and activation row 8 j + 2 t4 + (e & 1), i.e. D[m][n] with n along W. Lanes of one t4 write 8
     // neighbouring n (16 bytes); D is M x N, small next to W.
+    // With kAct, registers r and r + 2 (r % 4 < 2) are gate and up of output (n_base - g) / 2 + g.
     const int n_base = tile * kBM + c * 64 + warp * 16 + g;
     auto store = [&](int r, float v) {
       const int n = n_base + 8 * ((r & 3) >> 1), m = 8 * (r >> 2) + 2 * t4 + (r & 1);
       if (m < p.M && n < p.N) p.D[int64_t(m) * p.ldd + n] = from_float<T>(epilogue_value<kWithC>(p, m, n, v));
+    };
+    auto store_act = [&](int r, float gate, float up) {
+      const int n = (n_base - g) / 2 + g, m = 8 * (r >> 2) + 2 * t4 + (r & 1);
+      if (m < p.M && n < p.N / 2) store_gated(p, m, n, gate, up);
     };
     if (!whole && sk.cluster > 1) {
       // Thread-major partials (conflict-free), once both warpgroups' last wgmmas have read the ring.
@@ -398,8 +410,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         return v;
       };
       if (range_owner(tile_end - 1, sk.iters, gridDim.x) - range_owner(tile_begin, sk.iters, gridDim.x) + 1 == C) {
+        if constexpr (kAct) {  // rank q: registers 4 j .. 4 j + 3 for j = q, q + C, ... (gate and up together)
+          for (int j = rank; j < BN / 8; j += C)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) store_act(4 * j + e, cluster_sum(4 * j + e), cluster_sum(4 * j + 2 + e));
+        } else {
 #pragma unroll 4
-        for (int r = rank; r < BN / 2; r += C) store(r, cluster_sum(r));
+          for (int r = rank; r < BN / 2; r += C) store(r, cluster_sum(r));
+        }
         cluster_sync();  // no CTA leaves while another still reads its ring
         continue;
       }
@@ -452,7 +470,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
 #pragma unroll
-    for (int r = 0; r < BN / 2; ++r) store(r, acc[r]);
+    for (int r = 0; r < BN / 2; ++r) {
+      if constexpr (kAct) {
+        if ((r & 2) == 0) store_act(r, acc[r], acc[r + 2]);
+      } else {
+        store(r, acc[r]);
+      }
+    }
   }
 #else
   __trap();  // built without sm_90a; the dispatcher only launches this on compute capability 9.x
@@ -476,6 +500,25 @@ CUtensorMap make_map(const T* ptr, int rows, int K, int64_t row_stride, int box_
   return map;
 }
 
+// W = gate | up [2 inter, K] for kAct's tiles: a 4D map (K, 8 rows, 2 halves, inter / 8 groups), boxes of 64 K x
+// 8 rows x 2 x 8 groups = 128 rows, [gate 8 j .. 8 j + 7, up 8 j .. 8 j + 7] for 8 groups j, with the 128-byte
+// swizzle of make_map's boxes (a box row is 128 bytes either way). Needs inter % 8 == 0.
+template <typename T>
+CUtensorMap make_pair_map(const T* ptr, int inter, int K, int64_t row_stride) {
+  CUtensorMap map;
+  const cuuint64_t row = (cuuint64_t)row_stride * sizeof(T);
+  const cuuint64_t dims[4] = {(cuuint64_t)K, 8, 2, (cuuint64_t)inter / 8};
+  const cuuint64_t strides[3] = {row, row * inter, row * 8};
+  const cuuint32_t box[4] = {kBK, 8, 2, kBM / 16}, elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = sm90::tensor_map_encoder()(
+      &map, sm90::tensor_map_dtype<T>(), 4, const_cast<T*>(ptr), dims, strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MINFER_CHECK(r == CUDA_SUCCESS, "linear_act: sm90 path: cuTensorMapEncodeTiled failed with error ", int(r),
+               " (inter=", inter, ", K=", K, ", row stride=", row_stride, ")");
+  return map;
+}
+
 template <typename T, int BN, bool kWithC>
 void launch(const Params<T, T>& p, cudaStream_t stream, int grid, const CUtensorMap& map_a) {
   const int k_map = p.K > 0 ? p.K : 8;
@@ -488,14 +531,16 @@ void launch(const Params<T, T>& p, cudaStream_t stream, int grid, const CUtensor
 
 // The small-M kernel, launched as a programmatic dependent of the previous kernel in the stream (its
 // launch and barrier setup overlap that kernel's tail; see small_m_kernel).
-template <typename T, int BN, bool kWithC>
+template <typename T, int BN, bool kWithC, bool kAct = false>
 void launch_small_m_kernel(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM& plan, float* ws, int* counters) {
   const int k_map = p.K > 0 ? p.K : 8;  // K = 0: one zero-filled K step (a zero-sized map is invalid)
-  const CUtensorMap map_w = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, kBM);
+  const int64_t w_stride = p.sbn > 0 ? p.sbn : k_map;
+  const CUtensorMap map_w =
+      kAct ? make_pair_map(p.B, p.N / 2, k_map, w_stride) : make_map(p.B, p.N, k_map, w_stride, kBM);
   const CUtensorMap map_x = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, BN);
   const int k_steps = (k_map + kBK - 1) / kBK;
   const StreamK sk{ws, counters, plan.tiles * k_steps, k_steps, plan.cluster};
-  constexpr auto kernel = small_m_kernel<T, BN, kWithC>;
+  constexpr auto kernel = small_m_kernel<T, BN, kWithC, kAct>;
   allow_smem<kernel, small_m_smem_bytes<BN>()>();
   launch_pdl_cluster(kernel, plan.cluster, dim3(plan.grid), dim3(kThreads), small_m_smem_bytes<BN>(), stream, map_w, map_x,
                      p, sk);
@@ -519,7 +564,7 @@ decltype(auto) with_small_m_bn(int bn, F f) {
 bool small_m_clusters_fit(int bn, int cluster, int64_t clusters) {
   return with_small_m_bn(bn, [&](auto b) {
     constexpr int BN = decltype(b)::value;
-    constexpr auto kernel = small_m_kernel<__nv_bfloat16, BN, false>;  // every instance of a BN has its resources
+    constexpr auto kernel = small_m_kernel<__nv_bfloat16, BN, false, false>;  // a BN's instances: the same resources
     allow_smem<kernel, small_m_smem_bytes<BN>()>();
     return resident_clusters<kernel, kThreads, small_m_smem_bytes<BN>()>(cluster) >= clusters;
   });
@@ -527,6 +572,12 @@ bool small_m_clusters_fit(int bn, int cluster, int64_t clusters) {
 
 template <typename T, int BN>
 void launch_small_m(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM& plan, float* ws, int* counters) {
+  if (p.act != kActNone) {  // built for sm90_small_m_act's rows only
+    MINFER_CHECK((BN == 32 || BN == 64) && !p.C && p.N % 16 == 0,
+                 "linear_act: the sm90 small-M kernel fuses the activation at 32-64 rows, without C, N / 2 % 8 == 0");
+    if constexpr (BN == 32 || BN == 64) launch_small_m_kernel<T, BN, false, true>(p, stream, plan, ws, counters);
+    return;
+  }
   (p.C ? launch_small_m_kernel<T, BN, true> : launch_small_m_kernel<T, BN, false>)(p, stream, plan, ws, counters);
 }
 
@@ -540,6 +591,11 @@ void launch_small_m(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM
 bool sm90_small_m(int M, int N, int K) {
   return M <= kSm90SmallMAll || (M <= kSm90SmallM && (K >= 8192 || (K >= 4096 && (M <= 144 || N >= 16384))));
 }
+
+// Up to 64 rows: at 65-128 the fused kernel took 2.5-4.5 us a call more than the linear alone and the 8B decode
+// step at batch 128 lost (H200, ms, two launches / fused: 11.12-11.13 / 11.17-11.25; batch 32 6.13-6.15 / 6.01-6.04,
+// 64 7.57-7.59 / 7.47-7.49).
+bool sm90_small_m_act(int M, int N) { return M >= 32 && M <= 64 && N % 16 == 0; }
 
 Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
   Sm90SmallM plan{};
@@ -586,6 +642,8 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
 template <typename T>
 void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, const Sm90SmallM* small, float* ws,
                  int* counters) {
+  MINFER_CHECK(p.act == kActNone || small != nullptr,
+               "linear_act: the persistent sm90 kernel has no activation epilogue");
   if (small != nullptr)
     return with_small_m_bn(small->bn, [&](auto b) {
       launch_small_m<T, decltype(b)::value>(p, stream, *small, ws, counters);
