@@ -5,6 +5,9 @@ SmolLM2-135M's at M in {1, 4096}. Everything in ALL_SHAPES can be run with --sha
 gemm_decode: every model's linear shapes at M in {1, 8, 16} (the gemv path's range).
 gemm_batch: Llama-3-8B's linear shapes at M in {32, 64, 128, 144, 192, 256} (batched decode; 144 is 16
 decodes beside a 128-token prompt chunk), bf16.
+linear_act: the gate | up linear with SiLU(gate) * up (ours: one launch where its kernel fuses the activation,
+see linear_plan; ref: cuBLAS, then torch's eager SiLU and product), each model's gate | up at M in {1, 8, 16, 32,
+64, 128}, bf16.
 --path wmma|sm80|sm90|gemv forces one kernel path.
 Baselines (the seed's teaching API, minfer/ops/baselines.py), on squares: gemm_baseline (gemm, auto path;
 ref: torch.mm), tensor_core_gemm (WMMA, fp16 -> fp32; ref: torch.mm in fp16) and gemm_int8 (int8 -> int32;
@@ -112,6 +115,16 @@ CASES = {
 # fp16 only by default (45 shapes); --dtype bfloat16 for the other.
 CASES["gemm_decode"] = dataclasses.replace(CASES["gemm"], shapes=DECODE, dtypes=(torch.float16,))
 CASES["gemm_batch"] = dataclasses.replace(CASES["gemm"], shapes=BATCH, dtypes=(torch.bfloat16,))
+CASES["linear_act"] = Case(
+    shapes=[(m, 2 * inter, h) for name, (h, inter, *_) in MODELS.items() for m in (1, 8, 16, 32, 64, 128)],
+    make_inputs=_inputs,
+    ref=lambda x, w: (lambda gate, up: F.silu(gate) * up)(*F.linear(x, w).chunk(2, dim=-1)),
+    minfer=lambda x, w: torch.ops.minfer.linear_act(x, w, "silu", True),
+    bytes=lambda shape, dtype: (shape[0] * shape[2] + shape[1] * shape[2] + shape[0] * shape[1] // 2) * dtype.itemsize,
+    flops=lambda shape: 2 * shape[0] * shape[1] * shape[2],
+    shape_names="M x N x K (x [M, K] @ gate | up [N, K]^T -> [M, N / 2])",
+    dtypes=(torch.bfloat16,),
+)
 CASES["gemm_baseline"] = _baseline_case("gemm", torch.mm, (torch.float16, torch.bfloat16))
 CASES["tensor_core_gemm"] = _baseline_case("tensor_core_gemm", torch.mm, (torch.float16,), out_itemsize=4)
 CASES["gemm_int8"] = _baseline_case("gemm_int8", torch._int_mm, (torch.int8,), out_itemsize=4)
