@@ -457,7 +457,8 @@ def _gated(gate_up, act):
     return (a * u).to(gate_up.dtype)
 
 
-# (m, inter, k, plan): every gemv kernel applies the activation in its epilogue. Past 16 rows on small W the
+# (m, inter, k, plan): every gemv kernel, and the sm90 small-M kernel at 32-64 rows (below), applies the activation
+# in its epilogue. Past 16 rows on small W the
 # tiles (inter 100: a partial last tile of 8 outputs; 1536 x 576: the default model's gate | up); up to 8 rows
 # each kernel in its turn (the plans as a 132-SM Hopper GPU makes them), walking gate | up in tiles of 8 gate and
 # 8 up rows, so only where inter is a multiple of 8. 8 x 100 x 328, 9-16 rows and 256 x 1536 x 576 (sm90) run

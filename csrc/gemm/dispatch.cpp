@@ -258,7 +258,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 
 // The gated activation of the gate | up linear: act(x gate^T) * (x up^T), weight [2 inter, in] -> [tokens, inter],
 // act silu | gelu_tanh. Equal to linear and then silu_and_mul / gelu_tanh_and_mul, in one launch where the gemv
-// kernels run for up to 8 rows (decode), or past 16 on small W (a small model's batched decode).
+// kernels run for up to 8 rows (decode), or past 16 on small W (a small model's batched decode), and where the
+// sm90 small-M kernel runs 32-64 rows (a large model's batched decode).
 at::Tensor linear_act(const at::Tensor& x, const at::Tensor& weight, const std::string& act,
                       bool static_weight) {
   return gemm_impl::linear_or_plan(x, weight, std::nullopt, "auto", static_weight, nullptr, gemm_impl::parse_act(act));
