@@ -458,11 +458,10 @@ def _gated(gate_up, act):
 
 
 # (m, inter, k, plan): every gemv kernel, and the sm90 small-M kernel at 32-64 rows (below), applies the activation
-# in its epilogue. Past 16 rows on small W the
-# tiles (inter 100: a partial last tile of 8 outputs; 1536 x 576: the default model's gate | up); up to 8 rows
-# each kernel in its turn (the plans as a 132-SM Hopper GPU makes them), walking gate | up in tiles of 8 gate and
-# 8 up rows, so only where inter is a multiple of 8. 8 x 100 x 328, 9-16 rows and 256 x 1536 x 576 (sm90) run
-# the linear and then the activation's launch.
+# in its epilogue. Past 16 rows on small W the tiles (inter 100: a partial last tile of 8 outputs; 1536 x 576: the
+# default model's gate | up); up to 8 rows each kernel in its turn (the plans as a 132-SM Hopper GPU makes them),
+# walking gate | up in tiles of 8 gate and 8 up rows, so only where inter is a multiple of 8. 8 x 100 x 328, 9-16
+# rows and 256 x 1536 x 576 (sm90) run the linear and then the activation's launch.
 ACT_PLANS = [(17, 1536, 576, "gemv: tiles "), (40, 100, 328, "gemv: tiles "), (113, 1536, 576, "gemv: tiles "),
              (128, 1536, 576, "gemv: tiles "), (8, 1536, 576, "gemv: "), (1, 1536, 576, "gemv: "),
              (1, 2048, 4096, "gemv: m1 "),  # a gate row and its up row a warp
