@@ -10,9 +10,10 @@
 // W = 16 bytes when the layout allows it.
 // A position outside [0, max_position) never reads the table: its rotated dims become NaN.
 // With q_weight and k_weight (Gemma 3's and Qwen3's q/k norms), every head is first RMS-normalised over
-// head_dim (rounded to the storage dtype, as a separate rms_norm's output), then rotated: one warp a head,
-// a pass for the sum of squares, one that writes the normalised head, and the rotation, which reads
-// the pairs back (other lanes wrote them: L1-hot, ordered by __syncwarp).
+// head_dim (rounded to the storage dtype, as a separate rms_norm's output), then rotated, one warp a head: where
+// the rotation is whole and a head is at most a pack a lane, the head stays in the warp's registers
+// (qk_norm_rope_one_pass); else a pass for the sum of squares, one that writes the normalised head, and the
+// rotation, which reads the pairs back (other lanes wrote them: L1-hot, ordered by __syncwarp).
 // With a paged cache (k_cache, v_cache, slot_mapping), the block then copies its token's rotated k row and
 // its v row to cache row slot_mapping[token] (skipped outside the pool), so that the decode step needs no
 // separate cache-write launch.
@@ -177,6 +178,86 @@ __global__ void rope_kernel(T* q, int64_t q_stride,                 // [tokens, 
   write_cache_rows<T, W>(cache, k + token * k_stride, token, kv_heads * head_dim);
 }
 
+// A pack moved from lane src of the warp (every lane calls it).
+template <typename T, int W>
+__device__ __forceinline__ Pack<T, W> shfl_pack(const Pack<T, W>& p, int src) {
+  Pack<T, W> r;
+  if constexpr (sizeof(p) % 4 == 0) {
+    const uint32_t* in = reinterpret_cast<const uint32_t*>(p.v);
+    uint32_t* out = reinterpret_cast<uint32_t*>(r.v);
+#pragma unroll
+    for (int i = 0; i < int(sizeof(p) / 4); ++i) out[i] = __shfl_sync(0xffffffffu, in[i], src);
+  } else {
+    static_assert(sizeof(T) == 2, "a pack of under 4 bytes holds 2-byte elements");
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      uint16_t bits;
+      memcpy(&bits, &p.v[e], 2);
+      bits = static_cast<uint16_t>(__shfl_sync(0xffffffffu, static_cast<uint32_t>(bits), src));
+      memcpy(&r.v[e], &bits, 2);
+    }
+  }
+  return r;
+}
+
+// q/k norm and rope where a warp holds a head as a pack a lane (rot == head_dim, head_dim / W <= 32): the head, its
+// norm weight, the slot and v's pack load together with the position, cos | sin right after it from global memory;
+// the sum of squares is the warp's shuffles, a NeoX pair's other half comes from lane p +- packs / 2 by shuffle, and
+// k goes to the cache from registers. After the wait that is two dependent L2 round trips (position, then cos | sin)
+// where the staged form below takes about six (position, cos | sin, the head, its weight, the slot, k's
+// row after the block's barrier). The same values in the same order as the staged form.
+template <typename T, int W, bool kNeox, typename index_t>
+__device__ __forceinline__ void qk_norm_rope_one_pass(T* q, int64_t q_stride, T* k, int64_t k_stride, index_t position,
+                                                      const float* cos_sin, const T* q_weight, const T* k_weight,
+                                                      float eps, int64_t max_position, int heads, int kv_heads,
+                                                      int head_dim, const CacheRows<T>& cache, int64_t token) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int packs = head_dim / W, half_packs = packs / 2, half = head_dim / 2;
+  const bool mine = lane < packs;
+  const bool first = lane < half_packs;                          // NeoX: this lane's pack is in the first half
+  const int partner = first ? lane + half_packs : lane - half_packs;  // the pack it pairs with
+  const int64_t slot = cache.k_cache != nullptr ? cache.slots[token] : -1;
+  const bool slot_ok = slot >= 0 && slot < cache.num_slots;
+  const int64_t pos = static_cast<int64_t>(position);
+  const bool ok = pos >= 0 && pos < max_position;
+  const float* cs = cos_sin + (ok ? pos : 0) * head_dim;
+  for (int h = warp; h < heads + kv_heads; h += warps) {
+    const bool is_k = h >= heads, to_cache = is_k && slot_ok;
+    T* head = !is_k ? q + token * q_stride + static_cast<int64_t>(h) * head_dim
+                    : k + token * k_stride + static_cast<int64_t>(h - heads) * head_dim;
+    const int64_t in_row = static_cast<int64_t>(h - heads) * head_dim + lane * W;  // k's pack in a cache row
+    Pack<T, W> x{}, g{}, v{};
+    if (mine) {
+      x.load(head + lane * W);
+      g.load((is_k ? k_weight : q_weight) + lane * W);
+      if (to_cache) v.load(cache.v + token * cache.v_stride + in_row);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < W; ++e) ss += to_float(x.v[e]) * to_float(x.v[e]);
+    const float scale = rsqrtf(warp_sum(ss) / head_dim + eps);
+#pragma unroll
+    for (int e = 0; e < W; ++e) x.v[e] = from_float<T>(to_float(x.v[e]) * scale * to_float(g.v[e]));
+    Item<T, W, kNeox> it;
+    auto cs_at = [&](int i) { return ok ? cs[i] : nan_f(); };
+    if constexpr (kNeox) {
+      const Pack<T, W> other = shfl_pack(x, partner);
+      it.a = first ? x : other, it.b = first ? other : x;
+      it.rotate(first ? lane : partner, half, cs_at);
+      x = first ? it.a : it.b;
+    } else {
+      it.a = x;
+      it.rotate(lane, half, cs_at);
+      x = it.a;
+    }
+    if (!mine) continue;
+    x.store(head + lane * W);
+    if (!to_cache) continue;
+    x.store(cache.k_cache + slot * cache.num_heads_dim + in_row);
+    v.store(cache.v_cache + slot * cache.num_heads_dim + in_row);
+  }
+}
+
 // q/k norm, then rope: one warp a head (see the top).
 template <typename T, int W, bool kNeox, typename index_t>
 __global__ void qk_norm_rope_kernel(T* q, int64_t q_stride,                 // [tokens, heads, head_dim]
@@ -190,6 +271,11 @@ __global__ void qk_norm_rope_kernel(T* q, int64_t q_stride,                 // [
   extern __shared__ float cs[];  // [rot]: cos | sin at this token's position
   const int64_t token = blockIdx.x;
   ptx::griddep_enter(early);  // launched early: q, k and positions may be the previous kernel's
+  if (rot == head_dim && head_dim / W <= 32) {
+    qk_norm_rope_one_pass<T, W, kNeox>(q, q_stride, k, k_stride, positions[token], cos_sin, q_weight, k_weight, eps,
+                                       max_position, heads, kv_heads, head_dim, cache, token);
+    return;
+  }
   load_cos_sin(cs, cos_sin, positions[token], max_position, rot);
   __syncthreads();
 
