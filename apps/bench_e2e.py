@@ -45,10 +45,10 @@ def profile_decode(engine: Engine, batch: int, context: int, steps: int = 20) ->
     """The kernels of `steps` decode steps (the captured step of this batch size) at `context` positions,
     over the KV cache the timed runs left."""
     step = engine.steps[batch]
-    ids = torch.zeros(batch, dtype=torch.int64, device=engine.device)
-    pos = torch.full((batch,), context, dtype=torch.int32, device=engine.device)
     with torch.inference_mode():  # the graph's static inputs are inference tensors
-        return profile_steps(lambda: step(ids, pos), steps, cuda=True)
+        step.ids.zero_()
+        step.pos.fill_(context)  # each step advances it by one
+        return profile_steps(step.run, steps, cuda=True)
 
 
 def run_batch(engine: Engine, batch: int, args, copy_gbs: float) -> dict:

@@ -139,7 +139,9 @@ class Transformer:
         cfg, ops = self.cfg, self.ops
         batch, seq = ids.shape
         heads, hd = cfg.num_heads, cfg.head_dim
-        positions = start_pos[:, None] + torch.arange(seq, device=ids.device, dtype=start_pos.dtype)  # [batch, seq]
+        # [batch, seq]; a decode step's are start_pos itself, no launch
+        positions = start_pos[:, None] if seq == 1 else \
+            start_pos[:, None] + torch.arange(seq, device=ids.device, dtype=start_pos.dtype)
         if start_pos.device.type == "cpu":  # on a GPU this check would cost a host sync per step; the
             end = int(start_pos.max()) + seq  # engine sizes the cache so that it cannot overflow there
             cache.check_fits(end)
@@ -147,8 +149,8 @@ class Transformer:
 
         flat_positions = positions.reshape(-1)  # [tokens]
         # rope writes k and v into the cache in its launch: a layer's [batch, capacity, kv_heads, hd] seen as
-        # [batch * capacity] rows, sequence b's position p at row b * capacity + p (past capacity: -1, no row)
-        slots = torch.where(positions < cache.capacity, cache.row_base[:batch] + positions, -1).reshape(-1)  # [tokens]
+        # [batch * capacity] rows, sequence b's position p at row b * capacity + p
+        slots = (cache.row_base[:batch] + positions).reshape(-1)  # [tokens]
 
         def attend(i, q, k, v):
             self._rope(i, q, k, flat_positions, v=v, k_cache=cache.k[i], v_cache=cache.v[i], slot_mapping=slots)

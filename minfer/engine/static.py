@@ -25,6 +25,16 @@ from .stats import Stats
 
 
 @dataclass
+class DecodeStep:
+    """One decode step of a batch: run() takes the tokens in `ids` [batch] at positions `pos` [batch] (its own
+    buffers: fill them in place) and returns their logits [batch, vocab] (valid until the next run), advancing
+    `pos` by one, clamped to the cache's last row. The advance is in the step's graph: no launches of its own."""
+    ids: torch.Tensor
+    pos: torch.Tensor
+    run: callable
+
+
+@dataclass
 class Output:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -35,7 +45,7 @@ class Engine(LoadedModel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.cache: KVCache | None = None  # [max batch, capacity], grown by _cache_rows
-        self.steps: dict[int, callable] = {}  # batch -> decode step over the cache's first `batch` rows
+        self.steps: dict[int, DecodeStep] = {}  # batch -> decode step over the cache's first `batch` rows
         self.warm: set[tuple] = set()  # warmup() keys: batch, prompt length, sampling switches
 
     def _cache_rows(self, batch: int, capacity: int) -> KVCache:
@@ -75,41 +85,45 @@ class Engine(LoadedModel):
         self.warm.add(key)
         return time.perf_counter() - t0
 
-    def _decode_step(self, cache: KVCache, batch: int):
-        """A function (ids [batch], pos [batch]) -> logits [batch, vocab] for one decode step, run once here.
+    def _decode_step(self, cache: KVCache, batch: int) -> DecodeStep:
+        """The decode step over `cache`'s first `batch` rows, run once here.
 
         On the cuda backend with no ref fallbacks among the dense ops the step is captured once in a CUDA graph: a decode
         step at batch 1 is ~30 layers x 10 small launches, and replaying them as one graph removes the
         CPU launch cost that otherwise dominates. MINFER_NO_GRAPH=1 turns this off."""
-        def eager(ids, p):
-            return self.model.forward(ids[:, None], p, cache)[:, 0]
+        ids = torch.zeros(batch, dtype=torch.int64, device=self.device)  # [batch]
+        pos = torch.zeros(batch, dtype=torch.int32, device=self.device)  # [batch]; writes position 0, rewritten later
+        last = cache.capacity - 1
 
-        static_ids = torch.zeros(batch, dtype=torch.int64, device=self.device)
-        static_pos = torch.zeros(batch, dtype=torch.int32, device=self.device)  # writes position 0, rewritten later
+        def eager():
+            logits = self.model.forward(ids[:, None], pos, cache)[:, 0]
+            # Finished sequences keep stepping (the batch's shape is fixed); they rewrite their own last cache
+            # row instead of running past the cache.
+            pos.add_(1).clamp_(max=last)
+            return logits
+
         dense_fallbacks = set(self.ops.fallbacks) & set(DENSE_OPS)
         if self.ops.name != "cuda" or dense_fallbacks or os.environ.get("MINFER_NO_GRAPH"):
-            eager(static_ids, static_pos)  # the first call's costs, outside any timing
-            return eager
+            eager()  # the first call's costs, outside any timing
+            return DecodeStep(ids, pos, eager)
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):  # warm-up outside capture: lazy init, workspace allocation
-                eager(static_ids, static_pos)
+                eager()
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                static_logits = eager(static_ids, static_pos)
+                logits = eager()
         except RuntimeError as e:
             capture_failed(e, "decoding eagerly")
-            return eager
+            return DecodeStep(ids, pos, eager)
 
-        def replay(ids, p):
-            static_ids.copy_(ids)
-            static_pos.copy_(p)
+        def replay():
             graph.replay()
-            return static_logits  # overwritten by the next replay
+            return logits  # overwritten by the next replay
 
-        return replay
+        return DecodeStep(ids, pos, replay)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
@@ -154,7 +168,7 @@ class Engine(LoadedModel):
             seen = torch.zeros(batch, logits.shape[-1], dtype=torch.bool, device=dev)  # [batch, vocab]
             seen.scatter_(1, ids, True)
         next_ids = sample(logits, params, generator, seen)  # [batch]
-        pos = torch.tensor(lens, dtype=torch.int32, device=dev)  # [batch] position of next_ids
+        decode_step.pos.copy_(torch.tensor(lens, dtype=torch.int32))  # [batch] position of next_ids
 
         outputs = [Output() for _ in range(batch)]
         decoders = [StreamDecoder(self.tokenizer) for _ in range(batch)] if self.tokenizer else None
@@ -171,10 +185,8 @@ class Engine(LoadedModel):
             if step + 1 < steps:
                 if seen is not None:
                     seen.scatter_(1, ids_now[:, None], True)
-                logits = decode_step(ids_now, pos)  # [batch, vocab]
-                # Finished sequences keep stepping (the batch's shape is fixed); they rewrite their own last
-                # cache row instead of running past the cache.
-                pos.add_(1).clamp_(max=cache.capacity - 1)
+                decode_step.ids.copy_(ids_now)
+                logits = decode_step.run()  # [batch, vocab]
                 next_ids = sample(logits, params, generator, seen)
             if ready is not None:
                 ready.synchronize()
