@@ -238,8 +238,8 @@ def test_decode_gqa(ratio, hd):
 # at most one per 32 keys of the capacity (ctx + 7 here) and 128; the actual length's 16-key tiles are
 # dealt evenly over as many of them as get at least two tiles (all of them from 32 keys a split up). A
 # length the CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split and no combine, and
-# so is one up to 384 keys in a call of at most 1.5 MiB of K/V (at d 128 two rounds of the rings; at d 256,
-# two tiles a warp, two rounds are 256 keys); up
+# so is one up to 384 keys in a call of at most 1.5 MiB of K/V whose second round is at most 24 KB a warp (at d
+# 128 two rounds of the rings; at d 256, two 16 KB tiles a warp, one tile more: 192 keys); up
 # to 16 splits merge from L2 in one round of loads (predicated past the count); more that fit in shared
 # memory (small rows) come in by cp.async; more that do not are spread: every split merges a slice of
 # the outputs. Depth: the tiles a warp keeps in flight, its whole ring (3 at d 128, 6 at d 64) unless
@@ -251,8 +251,9 @@ MERGE_CASES = [
     (32, 8, 128, 384, "splits=13 active=1 merge=none depth=3"),     # two rounds of the rings, 1.5 MiB: one split
     (32, 8, 128, 385, "splits=13 active=12 merge=last from L2 depth=3"),  # one key more: 25 tiles, 2-3 a split
     (32, 16, 128, 384, "splits=8 active=8 merge=last from L2 depth=3"),  # 16 kv heads, 3 MiB of K/V: not small
-    (8, 4, 256, 256, "splits=9 active=1 merge=none depth=2"),       # d 256: two rounds of its rings, 1 MiB
-    (8, 4, 256, 272, "splits=9 active=8 merge=last from L2 depth=2"),  # a third round: 17 tiles, 2-3 a split
+    (8, 4, 256, 192, "splits=7 active=1 merge=none depth=2"),       # d 256: its rings and a tile a warp
+    (8, 4, 256, 193, "splits=7 active=6 merge=last from L2 depth=2"),  # one key more: 13 tiles, 2-3 a split
+    (8, 4, 256, 256, "splits=9 active=8 merge=last from L2 depth=2"),  # two rounds of its rings: 2 tiles a split
     (4, 1, 256, 320, "splits=11 active=10 merge=last from L2 depth=2"),  # gemma-3-270m's heads
     (9, 3, 64, 384, "splits=13 active=1 merge=none depth=6"),       # the default model's heads
     (9, 3, 64, 385, "splits=13 active=12 merge=last from L2 depth=6"),

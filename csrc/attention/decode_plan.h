@@ -15,7 +15,8 @@ namespace minfer::attn::decode {
 constexpr int kMinChunk = 2 * kTK;    // fewest keys worth a split
 constexpr int kMaxSplits = 128;
 constexpr int kBurstBytes = 3 << 19;  // a call of at most this much K/V is small (1.5 MiB): see small_call
-constexpr int kOneSplitKeys = 384;    // the longest length that is one split (no combine) in a small call
+constexpr int kOneSplitKeys = 384;    // the longest length that is one split (no combine) in a small call ...
+constexpr int kSecondRoundBytes = 24 << 10;  // ... and the most K/V a warp streams past its ring's first fill there
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
 
 // A grid that fills the GPU streams its long ranges with fewer tiles in flight than the ring holds: about
@@ -70,9 +71,10 @@ __host__ __device__ __forceinline__ bool small_call(int64_t pairs, int n_tiles) 
 // A length that one CTA's rings hold at once (192 keys at d 128, 384 at d 64) is one split, since a
 // combine costs more than such a stream (H200, 1 x 128, 32 q / 8 kv heads: 4.13 -> 2.72 us); in a small
 // call so is a length up to kOneSplitKeys, its second round streaming after the wait (H100, 1 x 384:
-// 6.33 -> 4.72 us; at 1 x 512 one split lost, 4.49 -> 5.92), and at most two rounds of the rings: at d 256
-// (two tiles a warp) 256 keys, since a third round lost (H200, 1 x 320, 8 q / 4 kv heads: 7.90 us one split,
-// 5.30 split).
+// 6.33 -> 4.72 us; at 1 x 512 one split lost, 4.49 -> 5.92), and that second round at most kSecondRoundBytes a
+// warp: a whole ring at d 128 (three 8 KB tiles), one 16 KB tile at d 256, so 192 keys there (H200, 8 q / 4 kv
+// heads, one split against split, us: 1 x 208 6.49 / 5.14, 1 x 240 6.64 / 5.14; 4 q / 1 kv, 1 x 176 4.97 /
+// 5.51; the Gemma-3-4B shape's batch-1 step 2.492 -> 2.482 ms from 256 keys one split to 192).
 struct Split {
   int n_active, base, extra;
   __host__ __device__ __forceinline__ int tiles() const { return n_active * base + extra; }  // of the sequence
@@ -80,7 +82,8 @@ struct Split {
 template <typename T, int D, int RING>
 __host__ __device__ __forceinline__ Split split_of(int len, int num_splits, int64_t pairs) {
   constexpr int ring_keys = kWarps * kStages<T, D, RING> * kTK;
-  constexpr int one_keys = kOneSplitKeys < 2 * ring_keys ? kOneSplitKeys : 2 * ring_keys;
+  constexpr int second_keys = kWarps * (kSecondRoundBytes / kTileBytes<T, D>) * kTK;
+  constexpr int one_keys = kOneSplitKeys < ring_keys + second_keys ? kOneSplitKeys : ring_keys + second_keys;
   const int n_tiles = (len + kTK - 1) / kTK;
   const bool one = len <= ring_keys || (len <= one_keys && small_call<T, D>(pairs, n_tiles));
   const int n_active = one ? 1 : min(num_splits, n_tiles / (kMinChunk / kTK));
