@@ -168,10 +168,10 @@ class Transformer:
 
     @torch.inference_mode()
     def forward_paged(self, ids: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache,
-                      logit_index: torch.Tensor) -> torch.Tensor:
+                      logit_index: torch.Tensor | None) -> torch.Tensor:
         """The paged cache's forward: the new tokens of several sequences, each at its own position (prefill
-        chunks and decodes mixed). ids [tokens]; logit_index [rows]: the tokens whose logits are wanted.
-        Returns fp32 logits [rows, vocab]."""
+        chunks and decodes mixed). ids [tokens]; logit_index [rows]: the tokens whose logits are wanted (None:
+        every token's, as in a decode step). Returns fp32 logits [rows, vocab]."""
         ops, heads, hd = self.ops, self.cfg.num_heads, self.cfg.head_dim
         if ids.device.type == "cpu" and ids.numel():
             self._check_positions(meta.max_seqlen_k)
@@ -201,8 +201,8 @@ class Transformer:
                                            stable_prefix=decode)  # [tokens, heads, hd]
             return attn.reshape(-1, heads * hd)
 
-        x = self._layers(ids, attend)[logit_index]  # [rows, hidden]
-        return self._logits(x)
+        x = self._layers(ids, attend)  # [tokens, hidden]
+        return self._logits(x if logit_index is None else x[logit_index])  # [rows, vocab]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, hidden] -> fp32 logits [rows, vocab]."""

@@ -152,7 +152,6 @@ class DecodeGraphs:
         # The host buffers are refilled once the previous step's copies have run (the host may be a step ahead).
         self.copied = torch.cuda.Event() if device.type == "cuda" else None
         self.cu = torch.arange(B + 1, dtype=torch.int32, device=device)  # one query per row
-        self.rows = torch.arange(B, dtype=torch.int64, device=device)  # every row's logits
         self.classes = context_classes(max_context)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # (bucket, class)
         self._capture()
@@ -163,7 +162,7 @@ class DecodeGraphs:
                                  max_seqlen_k=max_len)  # a bound: the graph serves every length up to it
         if self.local is not None:
             meta.local_slot_mapping, meta.local_block_table = self.local_slots[:b], self.local.table[:b]
-        return self.model.forward_paged(self.ids[:b], meta, self.cache, self.rows[:b])  # [b, vocab] fp32
+        return self.model.forward_paged(self.ids[:b], meta, self.cache, None)  # [b, vocab] fp32: every row's
 
     def _capture(self) -> None:
         capture_graphs(self.graphs, self.buckets, self.classes, self._forward, self.device)
