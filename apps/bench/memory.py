@@ -1,4 +1,4 @@
-"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, silu_mul, gelu_mul.
+"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, rope_qk_norm, silu_mul, gelu_mul.
 
 Every shape is (tokens, hidden). What the other dims are, per kernel:
 - embed: table [32000, hidden], int64 ids [tokens] (one table per (hidden, dtype), shared by the input sets).
@@ -8,6 +8,8 @@ Every shape is (tokens, hidden). What the other dims are, per kernel:
 - rope: head_dim 128, heads = hidden / 128, kv_heads = heads / 4 (hidden 576: head_dim 64, 9 / 3 heads),
   full rotary, NeoX pairs; q and k are views into a fused qkv [tokens, (heads + 2 kv_heads) * head_dim];
   int64 positions (decode: random in [0, 32768); prefill: 0 .. tokens-1); cos_sin [32768, head_dim] fp32.
+- rope_qk_norm (tokens, heads, kv_heads, head_dim): the engine's call for Qwen3 and Gemma 3: each q and k head
+  RMSNorm'd, rotated as rope's, and k and v written to a paged cache of 65536 rows at distinct random slots.
 The ref side is torch eager (minfer.ops.reference), with the host-synced range check of embedding replaced by
 the plain torch expression so that it can be captured in a CUDA graph.
 """
@@ -135,6 +137,36 @@ def _rope_bytes(shape, dtype):
     return 2 * tokens * (heads + kv_heads) * hd * _size(dtype) + tokens * (hd * 4 + 8)
 
 
+# The heads of Gemma-3-4B (8 / 4, d 256), gemma-3-270m (4 / 1, d 256) and Qwen3-8B (32 / 8, d 128): decode
+# rows and a prefill chunk.
+QK_NORM_SHAPES = [(t, h, kvh, d) for h, kvh, d in ((8, 4, 256), (4, 1, 256), (32, 8, 128)) for t in (1, 16, 2048)]
+CACHE_ROWS = 65536
+
+
+def _rope_qk_norm_inputs(shape, dtype):
+    tokens, heads, kv_heads, hd = shape
+    qkv = _randn(tokens, (heads + 2 * kv_heads) * hd, dtype=dtype)  # [tokens, (heads + 2 kv_heads) hd]
+    q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+
+    def cache():  # pages of 16 rows, shared by the input sets
+        return torch.zeros(CACHE_ROWS // 16, 16, kv_heads, hd, device="cuda", dtype=dtype)
+
+    return dict(q=q.view(tokens, heads, hd), k=k.view(tokens, kv_heads, hd), positions=_positions(tokens, MAX_POS),
+                cos_sin=_cos_sin(hd), is_neox=True, q_weight=1 + 0.1 * _randn(hd, dtype=dtype),
+                k_weight=1 + 0.1 * _randn(hd, dtype=dtype), eps=EPS, v=v.view(tokens, kv_heads, hd),
+                k_cache=_once(("k_cache", kv_heads, hd, dtype), cache),
+                v_cache=_once(("v_cache", kv_heads, hd, dtype), cache),
+                slot_mapping=torch.randperm(CACHE_ROWS, device="cuda")[:tokens])
+
+
+def _rope_qk_norm_bytes(shape, dtype):
+    tokens, heads, kv_heads, hd = shape
+    # q, k read + written, v read, k and v written to the cache; a cos|sin row (fp32), a position and a slot per
+    # token; the two norm weights
+    return ((2 * (heads + kv_heads) + 3 * kv_heads) * tokens * hd * _size(dtype) + tokens * (hd * 4 + 16)
+            + 2 * hd * _size(dtype))
+
+
 CASES = {
     "embed": Case(SHAPES, _embed_inputs, _embed_ref, lambda **kw: _cuda().embedding(**kw), _embed_bytes,
                   shape_names="tokens x hidden"),
@@ -145,6 +177,8 @@ CASES = {
                               shape_names="tokens x hidden"),
     "rope": Case(SHAPES, _rope_inputs, ref.rope, lambda **kw: _cuda().rope(**kw), _rope_bytes,
                  shape_names="tokens x hidden (heads = hidden/128, kv = heads/4, hd 128; 576: 9/3 x 64)"),
+    "rope_qk_norm": Case(QK_NORM_SHAPES, _rope_qk_norm_inputs, ref.rope, lambda **kw: _cuda().rope(**kw),
+                         _rope_qk_norm_bytes, shape_names="tokens x heads x kv_heads x head_dim"),
     "silu_mul": Case(SHAPES, _act_mul_inputs, ref.silu_and_mul, lambda **kw: _cuda().silu_and_mul(**kw),
                      _act_mul_bytes, shape_names="tokens x inter (x = [tokens, 2 inter])"),
     "gelu_mul": Case(SHAPES, _act_mul_inputs, ref.gelu_tanh_and_mul, lambda **kw: _cuda().gelu_tanh_and_mul(**kw),
