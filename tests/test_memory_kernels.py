@@ -206,15 +206,18 @@ def test_rope_qk_norm(cuda, dtype, is_neox, head_dim, rot, fused, heads, kv_head
         assert torch.equal(qkv[:, v_cols], qkv_before[:, v_cols])
 
 
-def test_rope_position_out_of_range_gives_nan(cuda):
-    _, q, k, positions, cos_sin = rope_inputs(5, 4, 2, 64, 64, torch.bfloat16, True, torch.int64, max_pos=128)
+@pytest.mark.parametrize("qk_norm", [False, True])  # each form reads cos | sin its own way
+def test_rope_position_out_of_range_gives_nan(cuda, qk_norm):
+    dtype = torch.float32 if qk_norm else torch.bfloat16  # fp32: the normed rows match the reference closely
+    _, q, k, positions, cos_sin = rope_inputs(5, 4, 2, 64, 64, dtype, True, torch.int64, max_pos=128)
     positions[2] = 128
+    weights = (norm_weight(64, dtype), norm_weight(64, dtype), EPS) if qk_norm else ()
     q0, k0 = q.clone(), k.clone()
-    cuda.rope(q, k, positions, cos_sin, True)
+    cuda.rope(q, k, positions, cos_sin, True, *weights)
     assert q[2].isnan().all() and k[2].isnan().all()  # never reads past the table; the error shows
     ok = torch.tensor([0, 1, 3, 4], device="cuda")
     q_ok, k_ok = q0[ok], k0[ok]  # copies
-    ref.rope(q_ok, k_ok, positions[ok], cos_sin, True)
+    ref.rope(q_ok, k_ok, positions[ok], cos_sin, True, *weights)
     assert_close(q[ok], q_ok)
     assert_close(k[ok], k_ok)
 
