@@ -1,11 +1,12 @@
 // The one home of minfer's inline PTX: every kernel reaches these instructions through minfer::ptx.
 // Device-only. Provides:
 //   addresses      smem_addr(p)                         generic -> 32-bit shared address
-//   async copy     cp_async16(dst, src, src_bytes | pred), cp_async_commit(), cp_async_wait<N>()
+//   L2 policy      evict_first_policy() (weight streams: the *_stream copies and ld_nc_stream_v4 take it)
+//   async copy     cp_async16(dst, src, src_bytes | pred), cp_async16_stream, cp_async_commit(), cp_async_wait<N>()
 //   ldmatrix       ldmatrix_x4(r, addr | ptr), ldmatrix_x4_trans(r, addr | ptr)
 //   mma.sync       mma_m16n8k16<T>(d, a, b0, b1 | b[2]) (T = __half / __nv_bfloat16, fp32 accumulate),
 //                  mma_m16n8k32_s8(d, a, b) (int8, int32 accumulate), mma_m16n8k32_u8s8 (u8 A, s8 B)
-//   loads          ld_nc_stream_v4(p, pred) (read once: no L1 allocation, 256-byte L2 fetch),
+//   loads          ld_nc_stream_v4(p, pred) (read once: no L1 allocation, evict_first, 256-byte L2 fetch),
 //                  ld_nc_v4 / ld_nc_v2 / ld_nc_f32(p, pred) (read-only, L1-resident; v2 and f32 volatile),
 //                  ld_cg_v4f32_if(p, pred, fallback),
 //                  prefetch_l2(p), st_shared_v4(addr, x)
@@ -15,7 +16,8 @@
 //   barriers       named_bar_sync(id, count), named_bar_arrive(id, count)
 //   sm_90          griddep_wait(), griddep_launch_dependents() (programmatic dependent launch; no-ops
 //                  below sm_90, where nothing launches early), mbar_init, mbar_init_fence, mbar_expect_tx,
-//                  mbar_arrive, mbar_wait, tma_load_2d, tma_load_3d, tma_load_4d
+//                  mbar_arrive, mbar_wait, bulk_load, tma_load_2d, tma_load_3d, tma_load_4d and their
+//                  *_stream forms for weights
 // The wgmma instructions and setmaxnreg (sm_90a only) live in common/sm90.cuh, which includes this.
 //
 // m16n8k16 fragment layouts (PTX ISA), with g = lane / 4, t = lane % 4:
@@ -38,6 +40,16 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// ---- L2 policy ----
+// The L2 policy of a weight stream: a decode step reads each weight once, so its lines are the first to go,
+// and what the step reads again (the residual, x's records, the KV cache, norm weights, rope tables) stays in
+// L2 instead of following ~5-16 GB of weights through it.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
 // ---- cp.async (sm_80) ----
 // 16-byte global -> shared copy; src_bytes = 0 reads nothing and zero-fills (tile edges).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
@@ -46,6 +58,13 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
 // The same to a shared pointer; when !pred nothing is read and the 16 bytes are zero-filled.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
   cp_async16(smem_addr(dst), src, pred ? 16 : 0);
+}
+// cp_async16 for a weight stream: its L2 lines evict_first (evict_first_policy). Whole pieces or none: with the
+// hint a src-size of 1-15 bytes raised an illegal instruction (H200), and so did qlinear_kernel's whole pieces
+// (load_chunk, not understood), which keep cp_async16.
+__device__ __forceinline__ void cp_async16_stream(uint32_t dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(pred ? 16 : 0), "l"(evict_first_policy()));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Blocks until at most N of this thread's committed groups are still in flight.
@@ -110,16 +129,16 @@ __device__ __forceinline__ void mma_m16n8k32_u8s8(int (&d)[4], const uint32_t (&
 }
 
 // ---- loads and stores ----
-// 16 bytes read once (a weight stream): not kept in L1, and L2 fetches the 256-byte run around them.
+// 16 bytes of a weight stream: not kept in L1, evict_first in L2, which fetches the 256-byte run around them.
 // pred false: zeros, nothing read.
 __device__ __forceinline__ uint4 ld_nc_stream_v4(const uint4* ptr, bool pred) {
   uint4 v;
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
       " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
-      " @p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      " @p ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %6;\n}\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(ptr), "r"((int)pred));
+      : "l"(ptr), "r"((int)pred), "l"(evict_first_policy()));
   return v;
 }
 // 16 read-only bytes that are read again soon (they stay in L1). pred false: zeros, nothing read.
@@ -261,6 +280,37 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int byt
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+// The same copies of a weight stream: their L2 lines evict_first (evict_first_policy).
+__device__ __forceinline__ void bulk_load_stream(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+      "%4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(evict_first_policy())
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d_stream(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, "
+      "%4}], [%2], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "l"(evict_first_policy())
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_stream(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                                   int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4, "
+      "%5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(evict_first_policy())
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d_stream(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                                   int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4, "
+      "%5, %6}], [%2], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(evict_first_policy())
+      : "memory");
 }
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
   asm volatile(

@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 3 : 1) gemv_ring_kern
       const int r = i * kRowsPerCopy + lane / kRowChunks;
       const int w = kAct ? group[(i * kRowsPerCopy) / 8] + (r & 7) : n_base + r;
       const bool ok = c < chunks && n_base + r < row1;  // past the range or K: zeros, nothing read
-      cp_async16(dst + 16 * (r * kRowChunks + (cl ^ ((r & 1) << 2))), p.B + (ok ? (int64_t)w * p.sbn + 8 * c : 0),
-                 ok ? 16 : 0);
+      const auto* src = p.B + (ok ? (int64_t)w * p.sbn + 8 * c : 0);
+      cp_async16_stream(dst + 16 * (r * kRowChunks + (cl ^ ((r & 1) << 2))), src, ok);
     }
     cp_async_commit();
   };

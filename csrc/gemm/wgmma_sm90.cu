@@ -322,8 +322,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t early = p.static_b ? min(int64_t(S), end - begin) : 0;
   auto load_w = [&](uint32_t dst, uint32_t bar, int64_t i) {  // iteration i's W tile: 128 rows x 64 k
     const int tile = int(i / sk.k_steps), k0 = int(i % sk.k_steps) * kBK;
-    if constexpr (kAct) tma_load_4d(dst, &map_w, bar, k0, 0, 0, tile * (kBM / 16));  // 8 (gate 8, up 8) groups
-    else tma_load_2d(dst, &map_w, bar, k0, tile * kBM);
+    if constexpr (kAct) tma_load_4d_stream(dst, &map_w, bar, k0, 0, 0, tile * (kBM / 16));  // 8 (gate 8, up 8) groups
+    else tma_load_2d_stream(dst, &map_w, bar, k0, tile * kBM);
   };
   if (threadIdx.x == 0)
     for (int64_t i = begin; i < begin + early; ++i) {

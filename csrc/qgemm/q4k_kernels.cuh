@@ -387,7 +387,7 @@ __device__ __forceinline__ void i8_walk(const Args& a, const uint8_t* records, c
   TileWalk w(a, warp);
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   static_assert(S <= 4, "i8_walk: ChunkRing's cp.async wait keeps at most 3 groups in flight");
-  const ChunkRing<QT, S, kBox, kPair> stages(ring, bars[warp], w_map, lane);
+  const ChunkRing<QT, S, kBox, kPair, true> stages(ring, bars[warp], w_map, lane);
   if (kEarly) griddep_launch_dependents();
   if (!a.static_weight) griddep_wait();
 #pragma unroll

@@ -136,7 +136,10 @@ constexpr int kBoxElem = Ring<QT, 256>::kRowStride > 256 ? 2 : 1;
 // Other formats without the box, and the sm_80 build, take load_chunk, one cp.async group a chunk.
 // - kPair (with kBox): W is gate | up and a tile's rows are gate rows n0 / 2 .. + 7, then the same up rows, one
 //   [2, 8, kRowStride] box of pair_map.
-template <int QT, int S, bool kBox, bool kPair = false>
+// - kEvictFirst: the TMA copies mark W's lines evict_first in L2 (evict_first_policy). The one-row kernels take it
+//   (H200, the 8B batch-1 step: Q4_K_M 2.016 -> 2.006 ms, Q8_0 2.651 -> 2.632); the 16-row tiles lost with it (the
+//   Q4_K_M batch-16 step 3.155 -> 3.25-3.30 ms).
+template <int QT, int S, bool kBox, bool kPair = false, bool kEvictFirst = false>
 struct ChunkRing {
   using R = Ring<QT, 256>;
   static constexpr bool kBulk = kBox || QT == kQ4_K;  // on sm_90: TMA and mbarriers, not cp.async
@@ -172,18 +175,21 @@ struct ChunkRing {
       if (lane == 0) {
         mbar_expect_tx(bar, R::kStageBytes);
         const int x0 = ((c * R::kBytes) & ~15) / kBoxElem<QT>;
-        if constexpr (kPair)
-          ptx::tma_load_3d(dst + (i % S) * R::kStageBytes, map, bar, x0, n0 / 2, 0);
-        else
-          ptx::tma_load_2d(dst + (i % S) * R::kStageBytes, map, bar, x0, n0);
+        const uint32_t to = dst + (i % S) * R::kStageBytes;
+        if constexpr (kPair && kEvictFirst) ptx::tma_load_3d_stream(to, map, bar, x0, n0 / 2, 0);
+        else if constexpr (kPair) ptx::tma_load_3d(to, map, bar, x0, n0 / 2, 0);
+        else if constexpr (kEvictFirst) ptx::tma_load_2d_stream(to, map, bar, x0, n0);
+        else ptx::tma_load_2d(to, map, bar, x0, n0);
       }
       return;
     } else if constexpr (QT == kQ4_K) {
       const int rows = min(16, a.N - n0);
       if (lane == 0) mbar_expect_tx(bar, rows * R::kBytes);
-      if (lane < rows)
-        bulk_load(dst + (i % S) * R::kStageBytes, a.w + int64_t(n0 + lane) * a.row_bytes + int64_t(c) * R::kBytes,
-                  R::kBytes, bar);
+      const uint8_t* from = a.w + int64_t(n0 + lane) * a.row_bytes + int64_t(c) * R::kBytes;
+      if (lane < rows) {
+        if constexpr (kEvictFirst) bulk_load_stream(dst + (i % S) * R::kStageBytes, from, R::kBytes, bar);
+        else bulk_load(dst + (i % S) * R::kStageBytes, from, R::kBytes, bar);
+      }
       return;
     }
 #endif
