@@ -487,52 +487,6 @@ class EngineCore(LoadedModel):
                                                     self.device)
         return self.model.forward_paged(host_ids if ids is None else ids, meta, cache, logit_index)
 
-    def _sample(self, batch: ScheduledBatch, sampled: list[int], logits: torch.Tensor, begin) -> list[RequestOutput]:
-        seqs = [batch.seqs[i] for i in sampled]
-        t = SamplingTensors.build([s.params for s in seqs], [s.seed for s in seqs], [s.num_tokens for s in seqs],
-                                  [s.prompt_ids for s in seqs], [s.output_ids for s in seqs], logits.shape[-1],
-                                  self.device)
-        ids, logprobs = sample_batch(logits, t)
-        self._end_step(begin)
-        host_ids = ids.tolist()  # the step's one sync
-        if logprobs is not None:
-            chosen, top, top_ids = logprobs.chosen.tolist(), logprobs.top.tolist(), logprobs.top_ids.tolist()
-        outputs = []
-        for i, (seq, tok) in enumerate(zip(seqs, host_ids)):
-            entry = None
-            if logprobs is not None and seq.params.logprobs is not None:
-                n = seq.params.logprobs
-                entry = {"token_id": tok, "logprob": chosen[i], "top": list(zip(top_ids[i][:n], top[i][:n]))}
-            outputs.append(self._append(seq, tok, entry))
-        return outputs
-
-    def _append(self, seq: Sequence, tok: int, logprob: dict | None) -> RequestOutput:
-        """Applies one sampled token to its sequence: stop ids, stop strings, the length cap."""
-        params = seq.params
-        if seq.first_token_time is None:
-            seq.first_token_time = time.perf_counter()
-        reason = None
-        if (tok in self.stop_ids and not params.ignore_eos) or tok in params.stop_token_ids:
-            reason = "stop"
-        else:
-            seq.append(tok)
-            if logprob is not None:
-                seq.logprobs.append(logprob)
-            seq.text += seq.decoder.push(tok) if seq.decoder else ""
-            cut = min((i for i in (seq.text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                seq.text, reason = seq.text[:cut], "stop"
-            elif seq.num_output_tokens >= seq.max_tokens:
-                reason = "length"
-        if reason:
-            self.scheduler.finish(seq, reason)
-            del self.seqs[seq.request_id]
-        hold = max((len(s) for s in params.stop), default=1) - 1  # text that may still become a stop string
-        end = len(seq.text) if reason else max(seq.emitted, len(seq.text) - hold)
-        new_text, seq.emitted = seq.text[seq.emitted:end], max(seq.emitted, end)
-        return RequestOutput(seq.request_id, seq.prompt_ids, seq.output_ids, seq.text, new_text, reason is not None,
-                             reason, seq.logprobs if params.logprobs is not None else None, seq.num_cached_tokens)
-
     # ---- offline batches ----
 
     def warmup(self) -> float:
