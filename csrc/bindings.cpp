@@ -10,6 +10,8 @@
 TORCH_LIBRARY(minfer, m) {
   // ---- engine ops ----
   m.def("embedding(Tensor ids, Tensor weight) -> Tensor");
+  // greedy sampling: the index of each row's largest logit (the first among equals; NaN the largest)
+  m.def("argmax(Tensor logits) -> Tensor");
   // memory-bound kernels
   // records: the output also written as the Q4_K linears' x records (csrc/qgemm/q4k_x.cuh), sparing them a launch
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? records=None) -> Tensor");
@@ -65,6 +67,7 @@ TORCH_LIBRARY(minfer, m) {
 TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   // ---- engine ops ----
   m.impl("embedding", &minfer::embedding);
+  m.impl("argmax", &minfer::argmax);
   // memory-bound kernels
   m.impl("rms_norm", &minfer::rms_norm);
   m.impl("fused_add_rms_norm", &minfer::fused_add_rms_norm);
@@ -100,6 +103,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
 // (instead of the dispatcher's generic "could not run ... with arguments from the 'CPU' backend").
 TORCH_LIBRARY_IMPL(minfer, CPU, m) {
   m.impl("embedding", &minfer::embedding);
+  m.impl("argmax", &minfer::argmax);
   m.impl("rms_norm", &minfer::rms_norm);
   m.impl("fused_add_rms_norm", &minfer::fused_add_rms_norm);
   m.impl("rope", &minfer::rope);

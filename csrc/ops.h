@@ -8,6 +8,9 @@ namespace minfer {
 // embedding.cu
 at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight);
 
+// argmax.cu: greedy sampling
+at::Tensor argmax(const at::Tensor& logits);
+
 // memory-bound kernels: rmsnorm.cu, rope.cu, activation.cu
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
                     const std::optional<at::Tensor>& records);

@@ -132,10 +132,11 @@ class Transformer:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start_pos: torch.Tensor, cache: KVCache,
-                logit_index: torch.Tensor | None = None) -> torch.Tensor:
+                logit_index: torch.Tensor | None = None, raw_logits: bool = False) -> torch.Tensor:
         """The dense cache's forward. ids [batch, seq]; start_pos [batch] int32 (position of ids[:, 0], on the
         device). logit_index [batch]: the row of each sequence whose logits are wanted (None: every row).
-        Returns fp32 logits [batch, vocab], or [batch, seq, vocab] when logit_index is None."""
+        Returns fp32 logits [batch, vocab], or [batch, seq, vocab] when logit_index is None; with raw_logits, the
+        lm_head's output in the model's dtype (final_logits)."""
         cfg, ops = self.cfg, self.ops
         batch, seq = ids.shape
         heads, hd = cfg.num_heads, cfg.head_dim
@@ -163,15 +164,16 @@ class Transformer:
         x = self._layers(ids.reshape(-1), attend).view(batch, seq, -1)  # [batch, seq, hidden]
         if logit_index is not None:
             x = x[torch.arange(batch, device=x.device), logit_index]  # [batch, hidden]
-        logits = self._logits(x.reshape(-1, x.shape[-1]))
-        return logits.view(*x.shape[:-1], -1)
+        raw = self.ops.linear(x.reshape(-1, x.shape[-1]), self.lm_head, static_weight=True)
+        return (raw if raw_logits else self.final_logits(raw)).view(*x.shape[:-1], -1)
 
     @torch.inference_mode()
     def forward_paged(self, ids: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache,
-                      logit_index: torch.Tensor | None) -> torch.Tensor:
+                      logit_index: torch.Tensor | None, raw_logits: bool = False) -> torch.Tensor:
         """The paged cache's forward: the new tokens of several sequences, each at its own position (prefill
         chunks and decodes mixed). ids [tokens]; logit_index [rows]: the tokens whose logits are wanted (None:
-        every token's, as in a decode step). Returns fp32 logits [rows, vocab]."""
+        every token's, as in a decode step). Returns fp32 logits [rows, vocab]; with raw_logits, the lm_head's
+        output in the model's dtype, which final_logits turns into them."""
         ops, heads, hd = self.ops, self.cfg.num_heads, self.cfg.head_dim
         if ids.device.type == "cpu" and ids.numel():
             self._check_positions(meta.max_seqlen_k)
@@ -202,11 +204,12 @@ class Transformer:
             return attn.reshape(-1, heads * hd)
 
         x = self._layers(ids, attend)  # [tokens, hidden]
-        return self._logits(x if logit_index is None else x[logit_index])  # [rows, vocab]
+        raw = self.ops.linear(x if logit_index is None else x[logit_index], self.lm_head, static_weight=True)
+        return raw if raw_logits else self.final_logits(raw)  # [rows, vocab]
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, hidden] -> fp32 logits [rows, vocab]."""
-        logits = self.ops.linear(x, self.lm_head, static_weight=True).float()
+    def final_logits(self, raw: torch.Tensor) -> torch.Tensor:
+        """The lm_head's output [rows, vocab] -> fp32 logits (soft-capped where the model caps them)."""
+        logits = raw.float()
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

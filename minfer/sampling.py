@@ -164,6 +164,11 @@ class SamplingTensors:
     filters: tuple[bool, bool, bool]  # some row uses top-k, top-p, min-p
     num_logprobs: int | None  # the largest top-n asked for; None: no row wants logprobs
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row greedy, with no penalty and no logprobs: the ids are the logits' argmax."""
+        return self.all_greedy and self.seen is None and self.counts is None and self.num_logprobs is None
+
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], positions: list[int], prompts: list[list[int]],
               outputs: list[list[int]], vocab: int, device) -> "SamplingTensors":

@@ -12,7 +12,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-3),
        torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 HIDDEN = [111, 576, 4096, 8191]
-TOKENS = [1, 7, 4099]
+TOKENS = [1, 7, 64, 4099]
 EPS = 1e-6
 
 

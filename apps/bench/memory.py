@@ -1,4 +1,4 @@
-"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, rope_qk_norm, silu_mul, gelu_mul.
+"""Memory-bound kernels: embed, rmsnorm, fused_add_rmsnorm, rope, rope_qk_norm, silu_mul, gelu_mul, argmax.
 
 Every shape is (tokens, hidden). What the other dims are, per kernel:
 - embed: table [32000, hidden], int64 ids [tokens] (one table per (hidden, dtype), shared by the input sets).
@@ -10,6 +10,8 @@ Every shape is (tokens, hidden). What the other dims are, per kernel:
   int64 positions (decode: random in [0, 32768); prefill: 0 .. tokens-1); cos_sin [32768, head_dim] fp32.
 - rope_qk_norm (tokens, heads, kv_heads, head_dim): the engine's call for Qwen3 and Gemma 3: each q and k head
   RMSNorm'd, rotated as rope's, and k and v written to a paged cache of 65536 rows at distinct random slots.
+- argmax (rows, vocab): greedy sampling over the lm_head's output [rows, vocab] in its dtype; ref = what the
+  engine ran before it, the fp32 copy and torch.argmax over it.
 The ref side is torch eager (minfer.ops.reference), with the host-synced range check of embedding replaced by
 the plain torch expression so that it can be captured in a CUDA graph.
 """
@@ -167,6 +169,21 @@ def _rope_qk_norm_bytes(shape, dtype):
             + 2 * hd * _size(dtype))
 
 
+# ---- argmax (greedy sampling) ----
+
+# Decode rows over Llama-3's 128256 and Gemma 3's 262144 vocabularies.
+ARGMAX_SHAPES = [(r, v) for v in (128256, 262144) for r in (1, 16, 64, 256)]
+
+
+def _argmax_inputs(shape, dtype):
+    return dict(logits=_randn(*shape, dtype=dtype))
+
+
+def _argmax_bytes(shape, dtype):
+    rows, vocab = shape
+    return rows * vocab * _size(dtype) + rows * 8
+
+
 CASES = {
     "embed": Case(SHAPES, _embed_inputs, _embed_ref, lambda **kw: _cuda().embedding(**kw), _embed_bytes,
                   shape_names="tokens x hidden"),
@@ -183,4 +200,6 @@ CASES = {
                      _act_mul_bytes, shape_names="tokens x inter (x = [tokens, 2 inter])"),
     "gelu_mul": Case(SHAPES, _act_mul_inputs, ref.gelu_tanh_and_mul, lambda **kw: _cuda().gelu_tanh_and_mul(**kw),
                      _act_mul_bytes, shape_names="tokens x inter (x = [tokens, 2 inter])"),
+    "argmax": Case(ARGMAX_SHAPES, _argmax_inputs, lambda logits: logits.float().argmax(-1),
+                   lambda **kw: _cuda().argmax(**kw), _argmax_bytes, shape_names="rows x vocab"),
 }

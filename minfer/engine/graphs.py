@@ -162,7 +162,7 @@ class DecodeGraphs:
                                  max_seqlen_k=max_len)  # a bound: the graph serves every length up to it
         if self.local is not None:
             meta.local_slot_mapping, meta.local_block_table = self.local_slots[:b], self.local.table[:b]
-        return self.model.forward_paged(self.ids[:b], meta, self.cache, None)  # [b, vocab] fp32: every row's
+        return self.model.forward_paged(self.ids[:b], meta, self.cache, None, raw_logits=True)  # [b, vocab]
 
     def _capture(self) -> None:
         capture_graphs(self.graphs, self.buckets, self.classes, self._forward, self.device)
@@ -175,7 +175,8 @@ class DecodeGraphs:
         """One decode step: row i is one new token, ids[i], at positions[i] of a sequence with pages tables[i]
         (and local_tables[i] in the sliding group). ids: host ints, or a device tensor (the step before's sampled
         ids: async scheduling). slots[i]: the sequence's own row of the page table while it runs (default: i).
-        Returns the logits [n, vocab] (a view into the graph's output, valid until the next run)."""
+        Returns the lm_head's output [n, vocab] (raw logits: Model.final_logits; a view into the graph's output,
+        valid until the next run)."""
         n = len(positions)
         b = next(x for x in self.buckets if x >= n)
         if self.copied is not None:
@@ -272,7 +273,7 @@ class ChunkGraphs:
                                  max_seqlen_q=c, max_seqlen_k=max_len)  # bounds: the graph serves every length
         meta.num_decodes, meta.chunk_cu_seqlens_q = b, self.chunk_cu
         meta.decode_max_seqlen_k = meta.chunk_max_seqlen_k = max_len
-        return self.model.forward_paged(self.ids[:b + c], meta, self.cache, self.logit_rows[b])  # [b, vocab]
+        return self.model.forward_paged(self.ids[:b + c], meta, self.cache, self.logit_rows[b], raw_logits=True)
 
     def _capture(self) -> None:
         capture_graphs(self.graphs, self.buckets, self.classes, self._forward, self.device)
@@ -286,8 +287,8 @@ class ChunkGraphs:
 
     def run(self, work: list[tuple[list[int], int, list[int]]], ids: torch.Tensor | None) -> torch.Tensor:
         """work as EngineCore._forward's, fitting fits(). ids: the step's tokens on the device (async
-        scheduling; work's lists then give only counts), or None. Returns the n decodes' logits [n, vocab] (a
-        view into the graph's output, valid until the next run)."""
+        scheduling; work's lists then give only counts), or None. Returns the n decodes' raw logits [n, vocab]
+        (as DecodeGraphs.run's)."""
         n, c, page = len(work) - 1, self.chunk, self.page
         b = next(x for x in self.buckets if x >= n)
         if self.copied is not None:

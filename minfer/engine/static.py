@@ -27,8 +27,9 @@ from .stats import Stats
 @dataclass
 class DecodeStep:
     """One decode step of a batch: run() takes the tokens in `ids` [batch] at positions `pos` [batch] (its own
-    buffers: fill them in place) and returns their logits [batch, vocab] (valid until the next run), advancing
-    `pos` by one, clamped to the cache's last row. The advance is in the step's graph: no launches of its own."""
+    buffers: fill them in place) and returns the lm_head's output [batch, vocab] (raw logits: Model.final_logits;
+    valid until the next run), advancing `pos` by one, clamped to the cache's last row. The advance is in the step's
+    graph: no launches of its own."""
     ids: torch.Tensor
     pos: torch.Tensor
     run: callable
@@ -96,7 +97,7 @@ class Engine(LoadedModel):
         last = cache.capacity - 1
 
         def eager():
-            logits = self.model.forward(ids[:, None], pos, cache)[:, 0]
+            logits = self.model.forward(ids[:, None], pos, cache, raw_logits=True)[:, 0]
             # Finished sequences keep stepping (the batch's shape is fixed); they rewrite their own last cache
             # row instead of running past the cache.
             pos.add_(1).clamp_(max=last)
@@ -150,6 +151,13 @@ class Engine(LoadedModel):
         stats.warmup_s = warmup_s
         return outputs, stats
 
+    def _next_ids(self, raw: torch.Tensor, params: SamplingParams, generator, seen) -> torch.Tensor:
+        """[batch] ids from the lm_head's output [batch, vocab]: greedy with no penalty takes its argmax as it is, in
+        the model's dtype (no fp32 copy); soft-capped logits are compared after the cap, as sample() does."""
+        if params.temperature <= 0.0 and seen is None and self.model.cfg.final_logit_softcapping is None:
+            return self.ops.argmax(raw)
+        return sample(self.model.final_logits(raw), params, generator, seen)
+
     def _generate(self, prompts, params, caps, cache, stop, on_text, stop_ids) -> tuple[list[Output], Stats]:
         """The timed part of generate(): caps[b] tokens at most for prompt b, over `cache` (batch rows)."""
         batch, lens, longest, dev = len(prompts), [len(p) for p in prompts], max(map(len, prompts)), self.device
@@ -162,12 +170,12 @@ class Engine(LoadedModel):
         ids = torch.tensor([p + p[:1] * (longest - len(p)) for p in prompts], device=dev)  # [batch, longest]
         start = torch.zeros(batch, dtype=torch.int32, device=dev)
         last = torch.tensor([n - 1 for n in lens], device=dev)
-        logits = self.model.forward(ids, start, cache, logit_index=last)  # [batch, vocab]
+        logits = self.model.forward(ids, start, cache, logit_index=last, raw_logits=True)  # [batch, vocab]
         seen = None
         if params.repetition_penalty != 1.0:
             seen = torch.zeros(batch, logits.shape[-1], dtype=torch.bool, device=dev)  # [batch, vocab]
             seen.scatter_(1, ids, True)
-        next_ids = sample(logits, params, generator, seen)  # [batch]
+        next_ids = self._next_ids(logits, params, generator, seen)  # [batch]
         decode_step.pos.copy_(torch.tensor(lens, dtype=torch.int32))  # [batch] position of next_ids
 
         outputs = [Output() for _ in range(batch)]
@@ -187,7 +195,7 @@ class Engine(LoadedModel):
                     seen.scatter_(1, ids_now[:, None], True)
                 decode_step.ids.copy_(ids_now)
                 logits = decode_step.run()  # [batch, vocab]
-                next_ids = sample(logits, params, generator, seen)
+                next_ids = self._next_ids(logits, params, generator, seen)
             if ready is not None:
                 ready.synchronize()
             host_ids = host.tolist()

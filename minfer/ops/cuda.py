@@ -25,6 +25,11 @@ def _embedding_fake(ids, weight):
     return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
+@torch.library.register_fake("minfer::argmax")
+def _argmax_fake(logits):
+    return logits.new_empty(logits.shape[0], dtype=torch.int64)
+
+
 # memory-bound kernels (csrc/rmsnorm.cu, rope.cu, activation.cu)
 @torch.library.register_fake("minfer::rms_norm")
 def _rms_norm_fake(x, weight, eps, records=None):
@@ -66,6 +71,11 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight, scale: 
     if scale is not None:
         out.mul_(torch.tensor(scale, dtype=out.dtype).item())  # the scale rounded to the dtype, as reference
     return out
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    # logits [rows, vocab] (fp32, fp16 or bf16; rows may be strided) -> [rows] int64, as torch.argmax(-1)
+    return _ops.argmax(logits if logits.stride(-1) == 1 else logits.contiguous())
 
 
 def check_ids(ids: torch.Tensor, vocab: int) -> None:
