@@ -12,6 +12,7 @@
 #include "common/dispatch.h"
 #include "common/launch.h"
 #include "common/ptx.cuh"
+#include "common/reduce.h"
 #include "common/split_counters.h"
 #include "common/vec.h"
 
@@ -32,20 +33,14 @@ __device__ __forceinline__ Key argmax_key(float v, uint32_t index) {
   return (static_cast<Key>(order) << 32) | (0xffffffffu - index);
 }
 
-__device__ __forceinline__ Key warp_max_u64(Key x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x = max(x, __shfl_xor_sync(0xffffffff, x, offset));
-  return x;
-}
-
 // Every thread of warp 0 gets the block's max.
 __device__ __forceinline__ Key block_max_u64(Key x) {
   __shared__ Key partial[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  x = warp_max_u64(x);
+  x = warp_max(x);
   if (lane == 0) partial[warp] = x;
   __syncthreads();
-  return warp_max_u64(lane < kThreads / 32 ? partial[lane] : 0);
+  return warp_max(lane < kThreads / 32 ? partial[lane] : 0);
 }
 
 template <typename T, int W>
@@ -95,7 +90,7 @@ __global__ void __launch_bounds__(kThreads)
     __threadfence();
     best = 0;
     for (int s = threadIdx.x; s < splits; s += 32) best = max(best, __ldcg(&partials[static_cast<int64_t>(row) * splits + s]));
-    best = warp_max_u64(best);
+    best = warp_max(best);
     if (threadIdx.x == 0) counters[row] = 0;
   }
   if (threadIdx.x == 0) out[row] = 0xffffffffu - static_cast<uint32_t>(best);

@@ -213,6 +213,13 @@ class Transformer:
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
+    def greedy_ids(self, raw: torch.Tensor) -> torch.Tensor:
+        """[rows] the argmax of each row's logits, from the lm_head's output: taken as it is, in the model's dtype (no
+        fp32 copy of [rows, vocab]), unless the logits are soft-capped, whose rounding may tie."""
+        if self.cfg.final_logit_softcapping is None:
+            return self.ops.argmax(raw)
+        return self.final_logits(raw).argmax(-1)
+
     def _check_positions(self, end: int) -> None:
         if end > self.cos_sin.shape[0]:
             raise MinferError(f"position {end - 1} is past the {self.cos_sin.shape[0]} positions the model was built for")

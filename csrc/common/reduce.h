@@ -15,6 +15,12 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
+__device__ __forceinline__ unsigned long long warp_max(unsigned long long x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = max(x, __shfl_xor_sync(0xffffffff, x, offset));
+  return x;
+}
+
 // Every thread of the block gets the total. blockDim.x must be a multiple of 32, at most 1024.
 __device__ __forceinline__ float block_sum(float x) {
   __shared__ float partial[32];

@@ -152,10 +152,9 @@ class Engine(LoadedModel):
         return outputs, stats
 
     def _next_ids(self, raw: torch.Tensor, params: SamplingParams, generator, seen) -> torch.Tensor:
-        """[batch] ids from the lm_head's output [batch, vocab]: greedy with no penalty takes its argmax as it is, in
-        the model's dtype (no fp32 copy); soft-capped logits are compared after the cap, as sample() does."""
-        if params.temperature <= 0.0 and seen is None and self.model.cfg.final_logit_softcapping is None:
-            return self.ops.argmax(raw)
+        """[batch] ids from the lm_head's output [batch, vocab]: greedy with no penalty takes Model.greedy_ids."""
+        if params.temperature <= 0.0 and seen is None:
+            return self.model.greedy_ids(raw)
         return sample(self.model.final_logits(raw), params, generator, seen)
 
     def _generate(self, prompts, params, caps, cache, stop, on_text, stop_ids) -> tuple[list[Output], Stats]:
