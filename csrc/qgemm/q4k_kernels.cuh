@@ -492,73 +492,6 @@ struct RecordPieces {
   }
 };
 
-// x's records on sm_90 (tile_kernel): S + 1 slots of [8 NT][kXStride] bytes, chunk i's in slot i % (S + 1), each
-// one TMA box of x_map (the records as [M][chunks kRecord / 8] 8-byte elements, boxes of [8 NT][kXStride / 8]: a
-// record's fp16 form and the 16 bytes after it; rows past M arrive as zeros) issued by thread 0 on the slot's full
-// mbarrier. Each warp, done with a slot, arrives on its empty mbarrier (one arrival a warp), which thread 0 waits
-// for before the slot's next box: the warps meet at no CTA barrier between chunks. sm_90 only (tile_kernel's
-// other path is tile_pipeline's cp.async).
-template <int NT, int S>
-struct XSlots {
-  static constexpr int kSlots = S + 1, kBytes = 8 * NT * kXStride;
-  uint32_t xs, full0, empty0;  // the slots; the full and the empty mbarriers (8 bytes apart)
-  const CUtensorMap* map;
-
-  // bars: [2][kSlots] mbarriers, initialized here (every thread of the CTA calls it; a CTA barrier follows).
-  __device__ XSlots(uint8_t* slots, uint64_t (*bars)[kSlots], const CUtensorMap* map_)
-      : xs(smem_addr(slots)), full0(smem_addr(bars[0])), empty0(smem_addr(bars[1])), map(map_) {
-    if (threadIdx.x < kSlots) mbar_init(full0 + 8 * threadIdx.x, 1);
-    else if (threadIdx.x < 2 * kSlots) mbar_init(empty0 + 8 * (threadIdx.x - kSlots), blockDim.x / 32);
-    mbar_init_fence();
-    __syncthreads();
-  }
-  // Thread 0: chunk c (the CTA's i-th) into slot i % kSlots, once its chunk i - kSlots has been released.
-  __device__ __forceinline__ void fill(int i, int c) const {
-    const int slot = i % kSlots;
-    if (i >= kSlots) mbar_wait(empty0 + 8 * slot, (i / kSlots - 1) & 1);
-    fence_proxy_async();  // the warps' reads of the slot (generic proxy) before the box's writes (async proxy)
-    const uint32_t bar = full0 + 8 * slot;
-    mbar_expect_tx(bar, kBytes);
-    tma_load_2d(xs + slot * kBytes, map, bar, c * (kRecord / 8), 0);
-  }
-  __device__ __forceinline__ void wait(int i) const {
-    mbar_wait(full0 + 8 * (i % kSlots), (i / kSlots) & 1);
-  }
-  // Every lane of the warp is done with chunk i's slot (__syncwarp since).
-  __device__ __forceinline__ void release(int i, int lane) const {
-    if (lane == 0) mbar_arrive(empty0 + 8 * (i % kSlots));
-  }
-};
-
-// tile_pipeline with x's records by XSlots (sm_90): the weights as there (S stages a warp, S - 1 ahead, before
-// griddep_wait where static), x's chunks S - 1 ahead by thread 0; a warp waits for its chunk's weights and x only.
-template <int S, int NT, typename LoadW, typename Mma>
-__device__ __forceinline__ void tile_pipeline_tma(int mine, bool static_weight, const XSlots<NT, S>& x, int c0,
-                                                  LoadW load_w, Mma mma) {
-  const int lane = threadIdx.x % 32;
-  griddep_launch_dependents();
-  if (!static_weight) griddep_wait();
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i)
-    if (i < mine) load_w(i, i);
-  if (static_weight) griddep_wait();  // x, bias, out and ws may be the previous kernels'
-  if (threadIdx.x == 0)
-#pragma unroll
-    for (int i = 0; i < S - 1; ++i)
-      if (i < mine) x.fill(i, c0 + i);
-  for (int i = 0; i < mine; ++i) {
-    const int ahead = i + S - 1;
-    if (ahead < mine) {
-      load_w(ahead % S, ahead);
-      if (threadIdx.x == 0) x.fill(ahead, c0 + ahead);
-    }
-    x.wait(i);
-    mma(i % S, i % (S + 1), i);
-    __syncwarp();  // every lane is done with the weight stage and the x slot
-    x.release(i, lane);
-  }
-}
-
 // Grid (tiles of 16 x warps rows, splits of the chunks); ws and counters as sum_splits takes them where splits > 1.
 // S stages of weights a warp, S + 1 slots of records: on sm_90 by XSlots, below it by every thread's cp.async and
 // one CTA barrier a chunk (tile_pipeline). XSlots against that pipeline, 8 warps (H200, one build, a switch, two
@@ -603,8 +536,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ __align__(8) uint64_t x_bars[2][S + 1];
-  const XSlots<NT, S> slots(xs, x_bars, &x_map);
-  tile_pipeline_tma<S>(mine, a.static_weight, slots, c0, load_w, mma);
+  const XSlots<S, kXStage, kRecord / 8> slots(xs, x_bars, &x_map);
+  tile_pipeline_tma<S, false>(mine, a.static_weight, slots, c0, load_w, mma);
 #else
   const RecordPieces<NT> pieces(records, a.M, chunks);
   tile_pipeline<S>(mine, a.static_weight, load_w,

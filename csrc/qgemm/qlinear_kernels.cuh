@@ -713,6 +713,82 @@ __device__ __forceinline__ void tile_pipeline(int mine, bool static_weight, Load
   }
 }
 
+// x's chunks on sm_90 (the tile kernels): S + 1 slots of kBytes, chunk i's in slot i % (S + 1), each one TMA box
+// of a 2D map of 8-byte elements, chunk c's box from element c kChunkElems, rows past M as zeros (q4k::tile_kernel:
+// the records, a record's fp16 form and the 16 bytes after it; qtile_kernel: x itself, a chunk's 512 bytes and the
+// 32 after them as its rows' padding), issued by thread 0 on the slot's full mbarrier. Each warp, done with a
+// slot, arrives on its empty mbarrier (one arrival a warp), which thread 0 waits for before the slot's next box:
+// the warps meet at no CTA barrier between chunks.
+template <int S, int kBytes, int kChunkElems>
+struct XSlots {
+  static constexpr int kSlots = S + 1;
+  static_assert(kBytes % 128 == 0, "XSlots: each slot a TMA destination (128-byte aligned)");
+  uint32_t xs, full0, empty0;  // the slots; the full and the empty mbarriers (8 bytes apart)
+  const CUtensorMap* map;
+
+  // bars: [2][kSlots] mbarriers, initialized here (every thread of the CTA calls it; a CTA barrier follows).
+  __device__ XSlots(uint8_t* slots, uint64_t (*bars)[kSlots], const CUtensorMap* map_)
+      : xs(smem_addr(slots)), full0(smem_addr(bars[0])), empty0(smem_addr(bars[1])), map(map_) {
+    if (threadIdx.x < kSlots) mbar_init(full0 + 8 * threadIdx.x, 1);
+    else if (threadIdx.x < 2 * kSlots) mbar_init(empty0 + 8 * (threadIdx.x - kSlots), blockDim.x / 32);
+    mbar_init_fence();
+    __syncthreads();
+  }
+  // Thread 0: chunk c (the CTA's i-th) into slot i % kSlots, once its chunk i - kSlots has been released.
+  __device__ __forceinline__ void fill(int i, int c) const {
+    const int slot = i % kSlots;
+    if (i >= kSlots) mbar_wait(empty0 + 8 * slot, (i / kSlots - 1) & 1);
+    fence_proxy_async();  // the warps' reads of the slot (generic proxy) before the box's writes (async proxy)
+    const uint32_t bar = full0 + 8 * slot;
+    mbar_expect_tx(bar, kBytes);
+    tma_load_2d(xs + slot * kBytes, map, bar, c * kChunkElems, 0);
+  }
+  __device__ __forceinline__ void wait(int i) const {
+    mbar_wait(full0 + 8 * (i % kSlots), (i / kSlots) & 1);
+  }
+  // Every lane of the warp is done with chunk i's slot (__syncwarp since).
+  __device__ __forceinline__ void release(int i, int lane) const {
+    if (lane == 0) mbar_arrive(empty0 + 8 * (i % kSlots));
+  }
+};
+
+// tile_pipeline with x by XSlots (sm_90): the weights as there (S stages a warp, S - 1 ahead, before griddep_wait
+// where static), x's chunks S - 1 ahead by thread 0; a warp waits for its chunk's weights and x only. kCpAsyncW:
+// load_w's copies are this warp's cp.async, one group a chunk (else they are waited for in mma: TMA).
+template <int S, bool kCpAsyncW, typename Slots, typename LoadW, typename Mma>
+__device__ __forceinline__ void tile_pipeline_tma(int mine, bool static_weight, const Slots& x, int c0, LoadW load_w,
+                                                  Mma mma) {
+  const int lane = threadIdx.x % 32;
+  griddep_launch_dependents();
+  if (!static_weight) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < mine) load_w(i, i);
+    if constexpr (kCpAsyncW) cp_async_commit();
+  }
+  if (static_weight) griddep_wait();  // x, bias, out and ws may be the previous kernels'
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i)
+      if (i < mine) x.fill(i, c0 + i);
+  for (int i = 0; i < mine; ++i) {
+    const int ahead = i + S - 1;
+    if (ahead < mine) {
+      load_w(ahead % S, ahead);
+      if (threadIdx.x == 0) x.fill(ahead, c0 + ahead);
+    }
+    if constexpr (kCpAsyncW) {
+      cp_async_commit();
+      cp_async_wait<S - 1>();  // chunk i's group, of the S - 1 + i + 1 committed
+      __syncwarp();
+    }
+    x.wait(i);
+    mma(i % S, i % (S + 1), i);
+    __syncwarp();  // every lane is done with the weight stage and the x slot
+    x.release(i, lane);
+  }
+}
+
 // ---- M 2-32 in CTAs of 128 rows (Q4_K past 16): x's chunk read into shared memory once a CTA ----
 // qlinear_kernel's warps split K and each reads its chunks' x from L2: at M = 16, 16 rows x 512 bytes against a
 // Q6_K warp's 3.4 KB of weights a chunk. Here warp w owns rows 16 w .. 16 w + 15 of a 128-row tile and all 8
@@ -745,12 +821,19 @@ __device__ __forceinline__ void load_x_chunk(uint8_t* xs, const Args& a, int c) 
   }
 }
 
+// x's chunks: on sm_90 at NT >= 2 by XSlots (x_map: x [M, K] as 8-byte elements, boxes of [8 NT][kXTileRow / 8]),
+// else by every thread's cp.async and one CTA barrier a chunk (tile_pipeline). H200, us, cp.async / XSlots: Q6_K
+// 16 x 28672 x 4096 49.1 / 46.3, 16 x 128256 x 4096 210-213 / 189-192, 16 x 4096 x 14336 24.9-25.0 / 24.2-24.5,
+// 32 x 28672 x 4096 72.0-72.8 / 68.9-70.3; Q8_0 16 x 28672 x 4096 59.3-59.4 / 56.6-56.8, 32 x 28672 x 4096 94.1-94.5 /
+// 80.1-81.8; slower at 16 x 6144 x 4096 (Q6_K 13.7 / 14.1) and at NT = 1 (Q6_K 2 x 28672 x 4096 39.1 / 42.1; at 8
+// rows 40.2-40.8 / 39.4-39.7), which keeps cp.async.
 template <int QT, typename T, int NT, int S, bool kBox>
 __global__ void __launch_bounds__(kThreads, 2)
-    qtile_kernel(const Args a, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map) {
+    qtile_kernel(const Args a, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map,
+                 const __grid_constant__ CUtensorMap x_map) {
   using R = Ring<QT, 256>;
   constexpr int kXStage = 8 * NT * kXTileRow;
-  constexpr bool kOffsets = kOffsetsFormat<QT>;
+  constexpr bool kOffsets = kOffsetsFormat<QT>, kXBox = NT >= 2;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXTileRow]
   uint8_t* smem = aligned_128(smem_raw);
@@ -762,25 +845,36 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   uint8_t* xs = smem + kWarps * S * R::kStageBytes;
-  const ChunkRing<QT, S, kBox> stages(ring, bars[warp], &w_map, lane);
+  using Stages = ChunkRing<QT, S, kBox>;
+  const Stages stages(ring, bars[warp], &w_map, lane);
   float acc[NT][4] = {};
   const XAhead<QT, NT, false> none{};
-  tile_pipeline<S>(
-      mine, a.static_weight,
-      [&](int stage, int i) {
-        if (has_rows) stages.template tile_refill<kOffsets>(stage, i, n0, c0 + i, a);  // stage == i % S
-      },
-      [&](int slot, int i) { load_x_chunk<T>(xs + slot * kXStage, a, c0 + i); },
-      [&](int stage, int slot, int i) {
-        if (!has_rows) return;
-        stages.tile_wait(i);
-        mma_chunk<QT, T, NT, false, true, false, 256>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
-                                                      xs + slot * kXStage);
-      });
-  float sum[NT * 4];
+  auto load_w = [&](int stage, int i) {
+    if (has_rows) stages.template tile_refill<kOffsets>(stage, i, n0, c0 + i, a);  // stage == i % S
+  };
+  auto mma = [&](int stage, int slot, int i) {
+    if (!has_rows) return;
+    stages.tile_wait(i);
+    mma_chunk<QT, T, NT, false, true, false, 256>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
+                                                  xs + slot * kXStage);
+  };
+  auto store = [&](const float (&sums)[NT][4]) {
+    float sum[NT * 4];
 #pragma unroll
-  for (int i = 0; i < NT * 4; ++i) sum[i] = acc[i / 4][i % 4];
-  if (sum_splits<NT>(sum, ws, counters, warp, lane)) store_rows<T, NT>(sum, a, n0, g, t);
+    for (int i = 0; i < NT * 4; ++i) sum[i] = sums[i / 4][i % 4];
+    if (sum_splits<NT>(sum, ws, counters, warp, lane)) store_rows<T, NT>(sum, a, n0, g, t);
+  };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kXBox) {
+    __shared__ __align__(8) uint64_t x_bars[2][S + 1];
+    const XSlots<S, kXStage, 256 * 2 / 8> slots(xs, x_bars, &x_map);
+    tile_pipeline_tma<S, !Stages::kBulk>(mine, a.static_weight, slots, c0, load_w, mma);
+    return store(acc);
+  }
+#endif
+  tile_pipeline<S>(
+      mine, a.static_weight, load_w, [&](int slot, int i) { load_x_chunk<T>(xs + slot * kXStage, a, c0 + i); }, mma);
+  store(acc);
 }
 
 }  // namespace

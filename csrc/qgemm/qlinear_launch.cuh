@@ -119,6 +119,22 @@ CUtensorMap records_map(const uint8_t* records, int M, int chunks, int rows) {
   return map;
 }
 
+// x [M, K] (2-byte values, contiguous, 16-byte aligned, K % 8 == 0) as a 2D tensor of 8-byte elements, boxes of
+// [rows, kXTileRow / 8] from a 256-k chunk's first value (qtile_kernel's XSlots): a chunk's 512 bytes and the 32
+// after them, rows past M and values past K as zeros.
+CUtensorMap x_tile_map(const Args& a, int rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(a.K) * 2 / 8, cuuint64_t(a.M)}, strides[1] = {cuuint64_t(a.K) * 2};
+  const cuuint32_t box[2] = {kXTileRow / 8, cuuint32_t(rows)}, elem_strides[2] = {1, 1};
+  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<void*>(a.x), dims,
+                                                strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed for x with error ", int(r), " (rows=", a.M,
+               ", k=", a.K, ")");
+  return map;
+}
+
 // A tile kernel's grid (tiles of 16 x warps rows, tile_splits of the chunks) and, where it splits, sum_splits' fp32
 // workspace (from the caching allocator) and arrival counters.
 struct TileGrid {
@@ -142,12 +158,14 @@ void launch_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t stre
   // W's blocks are 16-byte aligned (check_blocks)
   const bool box = QT == kQ6_K && cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
   const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, box);
+  const bool x_box = NT >= 2 && cc_major(c10::cuda::current_device()) >= 9;  // qtile_kernel's kXBox
+  const CUtensorMap x_map = x_box ? x_tile_map(a, 8 * NT) : CUtensorMap{};
   TileGrid grid(a.N, (a.K + 255) / 256, NT, sms, x, stream);
   auto go = [&](auto use_box) {
     constexpr auto kernel = qtile_kernel<QT, T, NT, S, decltype(use_box)::value>;
     constexpr int smem = qtile_smem<QT>(NT, S) + 128;
     allow_smem<kernel, smem>();
-    launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, grid.ws, grid.counters, map);
+    launch_pdl(kernel, grid.dims, dim3(kThreads), smem, stream, a, grid.ws, grid.counters, map, x_map);
   };
   if constexpr (QT == kQ6_K) {
     if (box) return go(std::true_type{});
