@@ -6,11 +6,14 @@ import os
 import pytest
 import torch
 
+from minfer import loader
 from minfer.engine import Engine
 from minfer.quant import QuantizedWeight
 from minfer.sampling import SamplingParams
 
-pytestmark = pytest.mark.gpu
+MODEL_PATH = os.path.join(loader.cache_dir(), loader.DEFAULT_MODEL_FILE)
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not os.path.exists(MODEL_PATH), reason=f"default model not at {MODEL_PATH}")]
 
 PROMPT = "The capital of France is"
 TEXT = os.environ.get("MINFER_TINYSHAKESPEARE",
