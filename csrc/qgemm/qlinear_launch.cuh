@@ -103,36 +103,33 @@ CUtensorMap pair_map(const Args& a, int box_bytes) {
                        {(cuuint32_t)box_bytes, 8, 2});
 }
 
-// x's records [M, chunks x kRecord] as a 2D tensor of 8-byte elements, boxes of [rows, kXStride / 8] from a
-// chunk's first byte (q4k::XSlots): rows past M arrive as zeros.
-CUtensorMap records_map(const uint8_t* records, int M, int chunks, int rows) {
+// [rows, width] 8-byte elements at base, row_bytes apart, as a 2D tensor map, boxes of [box_rows, box_width]; rows
+// past the tensor's and elements past width arrive as zeros. what: the tensor, for the error.
+CUtensorMap u64_rows_map(const void* base, int64_t width, int64_t rows, int64_t row_bytes, int box_width, int box_rows,
+                         const char* what) {
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(chunks) * (q4k::kRecord / 8), cuuint64_t(M)};
-  const cuuint64_t strides[1] = {cuuint64_t(chunks) * q4k::kRecord};
-  const cuuint32_t box[2] = {q4k::kXStride / 8, cuuint32_t(rows)}, elem_strides[2] = {1, 1};
-  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t*>(records),
-                                                dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed for x's records with error ", int(r),
-               " (rows=", M, ", chunks=", chunks, ")");
-  return map;
-}
-
-// x [M, K] (2-byte values, contiguous, 16-byte aligned, K % 8 == 0) as a 2D tensor of 8-byte elements, boxes of
-// [rows, kXTileRow / 8] from a 256-k chunk's first value (qtile_kernel's XSlots): a chunk's 512 bytes and the 32
-// after them, rows past M and values past K as zeros.
-CUtensorMap x_tile_map(const Args& a, int rows) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(a.K) * 2 / 8, cuuint64_t(a.M)}, strides[1] = {cuuint64_t(a.K) * 2};
-  const cuuint32_t box[2] = {kXTileRow / 8, cuuint32_t(rows)}, elem_strides[2] = {1, 1};
-  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<void*>(a.x), dims,
+  const cuuint64_t dims[2] = {cuuint64_t(width), cuuint64_t(rows)}, strides[1] = {cuuint64_t(row_bytes)};
+  const cuuint32_t box[2] = {cuuint32_t(box_width), cuuint32_t(box_rows)}, elem_strides[2] = {1, 1};
+  const CUresult r = sm90::tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<void*>(base), dims,
                                                 strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed for x with error ", int(r), " (rows=", a.M,
-               ", k=", a.K, ")");
+  MINFER_CHECK(r == CUDA_SUCCESS, "qlinear: cuTensorMapEncodeTiled failed for ", what, " with error ", int(r),
+               " (rows=", rows, ", row bytes=", row_bytes, ")");
   return map;
+}
+
+// x's records [M, chunks x kRecord], boxes of [rows, kXStride / 8] from a chunk's first byte (q4k::tile_kernel's
+// XSlots).
+CUtensorMap records_map(const uint8_t* records, int M, int chunks, int rows) {
+  const int64_t row_bytes = int64_t(chunks) * q4k::kRecord;
+  return u64_rows_map(records, row_bytes / 8, M, row_bytes, q4k::kXStride / 8, rows, "x's records");
+}
+
+// x [M, K] (2-byte values, contiguous, 16-byte aligned, K % 8 == 0), boxes of [rows, kXTileRow / 8] from a 256-k
+// chunk's first value (qtile_kernel's XSlots): a chunk's 512 bytes and the 32 after them.
+CUtensorMap x_tile_map(const Args& a, int rows) {
+  return u64_rows_map(a.x, int64_t(a.K) * 2 / 8, a.M, int64_t(a.K) * 2, kXTileRow / 8, rows, "x");
 }
 
 // A tile kernel's grid (tiles of 16 x warps rows, tile_splits of the chunks) and, where it splits, sum_splits' fp32
