@@ -214,7 +214,8 @@ def test_qlinear_tiles_split_over_k(kind, m):
     14336 (56 chunks in 8 splits of 7), 256 x SMs + 40 rows x 4096 (one split) and, for the 32-element formats, 4100
     x 4128 (a last chunk of one block). On sm_90 Q6_K's stages come by TMA boxes where its rows are multiples of 16 bytes
     (K = 14336 and 4096: a split's boxes start mid-row, and a partial tile's rows past N arrive as zeros), by
-    cp.async pieces at K = 4352. Called twice: the arrival counters are left zero for the next call."""
+    cp.async pieces at K = 4352; x's chunks at 9-32 rows by TMA boxes too (rows past M and values past K arrive as
+    zeros). Called twice: the arrival counters are left zero for the next call."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     short = [(4100, 4128)] if kind in LEGACY else []

@@ -821,6 +821,10 @@ __device__ __forceinline__ void load_x_chunk(uint8_t* xs, const Args& a, int c) 
   }
 }
 
+// Whether qtile_kernel's x comes by XSlots on sm_90: at 2 and 4 tiles of 8 x rows (see below).
+template <int NT>
+constexpr bool kQTileXBox = NT >= 2;
+
 // x's chunks: on sm_90 at NT >= 2 by XSlots (x_map: x [M, K] as 8-byte elements, boxes of [8 NT][kXTileRow / 8]),
 // else by every thread's cp.async and one CTA barrier a chunk (tile_pipeline). H200, us, cp.async / XSlots: Q6_K
 // 16 x 28672 x 4096 49.1 / 46.3, 16 x 128256 x 4096 210-213 / 189-192, 16 x 4096 x 14336 24.9-25.0 / 24.2-24.5,
@@ -833,7 +837,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                  const __grid_constant__ CUtensorMap x_map) {
   using R = Ring<QT, 256>;
   constexpr int kXStage = 8 * NT * kXTileRow;
-  constexpr bool kOffsets = kOffsetsFormat<QT>, kXBox = NT >= 2;
+  constexpr bool kOffsets = kOffsetsFormat<QT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXTileRow]
   uint8_t* smem = aligned_128(smem_raw);
@@ -865,7 +869,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (sum_splits<NT>(sum, ws, counters, warp, lane)) store_rows<T, NT>(sum, a, n0, g, t);
   };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kXBox) {
+  if constexpr (kQTileXBox<NT>) {
     __shared__ __align__(8) uint64_t x_bars[2][S + 1];
     const XSlots<S, kXStage, 256 * 2 / 8> slots(xs, x_bars, &x_map);
     tile_pipeline_tma<S, !Stages::kBulk>(mine, a.static_weight, slots, c0, load_w, mma);

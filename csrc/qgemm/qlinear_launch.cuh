@@ -155,7 +155,7 @@ void launch_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t stre
   // W's blocks are 16-byte aligned (check_blocks)
   const bool box = QT == kQ6_K && cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
   const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, box);
-  const bool x_box = NT >= 2 && cc_major(c10::cuda::current_device()) >= 9;  // qtile_kernel's kXBox
+  const bool x_box = kQTileXBox<NT> && cc_major(c10::cuda::current_device()) >= 9;
   const CUtensorMap x_map = x_box ? x_tile_map(a, 8 * NT) : CUtensorMap{};
   TileGrid grid(a.N, (a.K + 255) / 256, NT, sms, x, stream);
   auto go = [&](auto use_box) {
