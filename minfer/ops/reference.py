@@ -27,12 +27,12 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight, scale: 
     return (rows.float() * torch.tensor(scale, dtype=rows.dtype).float()).to(rows.dtype)
 
 
-# records, x_records, records_for: the cuda backend's Q4_K x records (ops/cuda.py); none here.
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [rows, vocab] -> [rows] int64: each row's largest (the first among equals; NaN the largest)."""
     return logits.argmax(-1)
 
 
+# records, x_records, records_for: the cuda backend's Q4_K x records (ops/cuda.py); none here.
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, hidden], weight [hidden] -> [tokens, hidden]
     xf = x.float()
