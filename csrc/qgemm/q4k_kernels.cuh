@@ -155,7 +155,7 @@ __device__ __forceinline__ void finish(float (&acc)[4], const float (&dot)[4], c
 // (32 registers a tile) spilled under 2 CTAs an SM at NT = 2: 2 ahead at NT = 1, 1 at NT = 2.
 template <int NT>
 struct XFrags {
-  const uint8_t* row[NT];  // x row 8 nt + g's record of the chunk (row 0's past M)
+  const uint8_t* row[NT];  // x row 8 nt + g's record of the chunk (row 0's past M but where kZeroed)
   uint4 v[4][2][NT];       // [P][lo, hi][nt]
   uint32_t sums[NT][2];
   float inv[NT][2];
@@ -177,14 +177,15 @@ __device__ __forceinline__ void load_step(XFrags<NT>& xf, int M, int g, int t) {
     }
 }
 
-// chunk0: row 0's record of this chunk; stride: a row's records.
-template <int NT, int kAhead, bool kShared = false>
+// chunk0: row 0's record of this chunk; stride: a row's records. kZeroed: the rows past M are zeros there (a TMA
+// box's fill), read as they are.
+template <int NT, int kAhead, bool kShared = false, bool kZeroed = false>
 __device__ __forceinline__ void load_frags(XFrags<NT>& xf, const uint8_t* chunk0, int64_t stride, int M, int g,
                                            int t) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int m = 8 * nt + g;
-    xf.row[nt] = chunk0 + (m < M ? m : 0) * stride;
+    xf.row[nt] = chunk0 + (kZeroed || m < M ? m : 0) * stride;
   }
   load_step<0, NT, kShared>(xf, M, g, t);
   if constexpr (kAhead == 2) load_step<1, NT, kShared>(xf, M, g, t);  // the steps ahead of the wait
@@ -196,7 +197,7 @@ __device__ __forceinline__ void load_frags(XFrags<NT>& xf, const uint8_t* chunk0
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int mi = 8 * nt + 2 * t + e;
-      const float* inv_at = reinterpret_cast<const float*>(chunk0 + (mi < M ? mi : 0) * stride + kInvAt);
+      const float* inv_at = reinterpret_cast<const float*>(chunk0 + (kZeroed || mi < M ? mi : 0) * stride + kInvAt);
       xf.inv[nt][e] = kShared ? *inv_at : ld_nc_f32(inv_at, mi < M);
     }
   }
@@ -522,6 +523,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   uint8_t* xs = smem + warps * S * R::kStageBytes;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kXByTma = true;  // XSlots: x's rows past M arrive as zeros
+#else
+  constexpr bool kXByTma = false;  // RecordPieces copy rows 0 .. M - 1 only
+#endif
   const ChunkRing<kQ4_K, S, true, kAct> stages(ring, bars[warp], &w_map, lane);
   float acc[1][NT][4] = {};
   auto load_w = [&](int stage, int i) {
@@ -531,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (!has_rows) return;
     stages.tile_wait(i);
     XFrags<NT> xf;
-    load_frags<NT, kAheadSteps<NT>, true>(xf, xs + slot * kXStage, kXStride, a.M, g, t);
+    load_frags<NT, kAheadSteps<NT>, true, kXByTma>(xf, xs + slot * kXStage, kXStride, a.M, g, t);
     mma_chunk<NT, kAheadSteps<NT>, 1, true>(acc, ring + stage * R::kStageBytes, xf, a.M, a.pair_exps, g, t);
   };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

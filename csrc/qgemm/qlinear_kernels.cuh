@@ -355,9 +355,10 @@ __device__ __forceinline__ void mma_quants(float (&acc)[NT][4], const uint32_t (
 }
 
 // acc += W[n0 .. n0 + 15, chunk c] . x[:, chunk c]^T from the stage (chunks of kK); with kSharedX, x's chunk from
-// xs (a qtile_kernel x stage; rows past M read as row 0, whose sums are never stored).
+// xs (a qtile_kernel x stage; rows past M read as row 0, whose sums are never stored, or with kXZeroed as the zeros
+// a TMA box put there).
 template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false, bool kOnce = kAhead,
-          int kK = Ring<QT>::kChunk>
+          int kK = Ring<QT>::kChunk, bool kXZeroed = false>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const XAhead<QT, NT, kAhead>& xa,
                                           const Args& a, int n0, int c, int g, int t, const uint8_t* xs = nullptr) {
   using R = Ring<QT, kK>;
@@ -369,7 +370,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
   const uint8_t* xrow[NT];
   if constexpr (kSharedX)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xrow[nt] = xs + (8 * nt + g < a.M ? 8 * nt + g : 0) * kXTileRow + 8 * t;
+    for (int nt = 0; nt < NT; ++nt) xrow[nt] = xs + (kXZeroed || 8 * nt + g < a.M ? 8 * nt + g : 0) * kXTileRow + 8 * t;
 #pragma unroll
   for (int s = 0; s < R::kChunk / 32; ++s) {
     if (Format<QT>::kElems == 32 && s >= steps) break;  // a super-block's chunk is always whole
@@ -856,11 +857,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto load_w = [&](int stage, int i) {
     if (has_rows) stages.template tile_refill<kOffsets>(stage, i, n0, c0 + i, a);  // stage == i % S
   };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kXByTma = kQTileXBox<NT>;  // XSlots: x's rows past M arrive as zeros
+#else
+  constexpr bool kXByTma = false;
+#endif
   auto mma = [&](int stage, int slot, int i) {
     if (!has_rows) return;
     stages.tile_wait(i);
-    mma_chunk<QT, T, NT, false, true, false, 256>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g, t,
-                                                  xs + slot * kXStage);
+    mma_chunk<QT, T, NT, false, true, false, 256, kXByTma>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g,
+                                                           t, xs + slot * kXStage);
   };
   auto store = [&](const float (&sums)[NT][4]) {
     float sum[NT * 4];
