@@ -523,11 +523,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool has_rows = n0 < a.N;
   uint8_t* ring = smem + warp * S * R::kStageBytes;
   uint8_t* xs = smem + warps * S * R::kStageBytes;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kXByTma = true;  // XSlots: x's rows past M arrive as zeros
-#else
-  constexpr bool kXByTma = false;  // RecordPieces copy rows 0 .. M - 1 only
-#endif
+  constexpr bool kXByTma = kXSlotsArch;  // else RecordPieces, which copy rows 0 .. M - 1 only
   const ChunkRing<kQ4_K, S, true, kAct> stages(ring, bars[warp], &w_map, lane);
   float acc[1][NT][4] = {};
   auto load_w = [&](int stage, int i) {

@@ -714,6 +714,13 @@ __device__ __forceinline__ void tile_pipeline(int mine, bool static_weight, Load
   }
 }
 
+// Whether this compilation's tile kernels take x's chunks by XSlots (sm_90), whose rows past M arrive as zeros.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kXSlotsArch = true;
+#else
+constexpr bool kXSlotsArch = false;
+#endif
+
 // x's chunks on sm_90 (the tile kernels): S + 1 slots of kBytes, chunk i's in slot i % (S + 1), each one TMA box
 // of a 2D map of 8-byte elements, chunk c's box from element c kChunkElems, rows past M as zeros (q4k::tile_kernel:
 // the records, a record's fp16 form and the 16 bytes after it; qtile_kernel: x itself, a chunk's 512 bytes and the
@@ -857,11 +864,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto load_w = [&](int stage, int i) {
     if (has_rows) stages.template tile_refill<kOffsets>(stage, i, n0, c0 + i, a);  // stage == i % S
   };
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kXByTma = kQTileXBox<NT>;  // XSlots: x's rows past M arrive as zeros
-#else
-  constexpr bool kXByTma = false;
-#endif
+  constexpr bool kXByTma = kXSlotsArch && kQTileXBox<NT>;
   auto mma = [&](int stage, int slot, int i) {
     if (!has_rows) return;
     stages.tile_wait(i);
