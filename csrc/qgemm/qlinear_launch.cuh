@@ -153,9 +153,10 @@ template <int QT, typename T, int NT>
 void launch_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t stream) {
   constexpr int S = kQTileStages<QT, NT>;
   // W's blocks are 16-byte aligned (check_blocks)
-  const bool box = QT == kQ6_K && cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
+  const bool sm90 = cc_major(c10::cuda::current_device()) >= 9;
+  const bool box = QT == kQ6_K && sm90 && a.row_bytes % 16 == 0;
   const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, box);
-  const bool x_box = kQTileXBox<NT> && cc_major(c10::cuda::current_device()) >= 9;
+  const bool x_box = kQTileXBox<NT> && sm90;
   const CUtensorMap x_map = x_box ? x_tile_map(a, 8 * NT) : CUtensorMap{};
   TileGrid grid(a.N, (a.K + 255) / 256, NT, sms, x, stream);
   auto go = [&](auto use_box) {
