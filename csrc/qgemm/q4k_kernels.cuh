@@ -164,8 +164,8 @@ struct XFrags {
 template <int NT>
 constexpr int kAheadSteps = NT == 1 ? 2 : 1;
 
-// kShared: the records sit in shared memory (tile_kernel), rows past M read as row 0 (their sums are never
-// stored); else in global memory, read as zeros past M.
+// kShared: the records sit in shared memory (tile_kernel), rows past M read where load_frags points them (row 0,
+// whose sums are never stored, or the zeros a TMA box put there); else in global memory, read as zeros past M.
 template <int P, int NT, bool kShared>
 __device__ __forceinline__ void load_step(XFrags<NT>& xf, int M, int g, int t) {
 #pragma unroll
