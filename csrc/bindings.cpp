@@ -39,7 +39,7 @@ TORCH_LIBRARY(minfer, m) {
         "-> Tensor");
   m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length, int window=0) -> str");  // what decode would launch (tests)
   // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
-  // type id (minfer/ops/quantized.py)
+  // type id (minfer/ops/quantized.py), | 256 where each 16 rows' blocks are stored chunk-major (qgemm/checks.h, kTiled)
   m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype, bool static_weight=False) -> ()");
   // x_records: x already as records (from rms_norm / fused_add_rms_norm / the activations), read by Q4_K

@@ -279,7 +279,9 @@ def read_weights(reader: Reader, cfg: ModelConfig, dtype: torch.dtype, device, p
             with timing("upload"):
                 blocks = raw.to(device).view(t.shape[0], -1)  # [rows, row bytes]
             w = quant.QuantizedWeight(t.kind, blocks, t.shape, dtype)
-            weights[name] = w if heads is None else w.select_rows(unpermute_qk(torch.arange(t.shape[0]), heads))
+            w = w if heads is None else w.select_rows(unpermute_qk(torch.arange(t.shape[0]), heads))
+            # a linear's blocks on the GPU in the form its kernels stream fastest (the embedding's stay by rows)
+            weights[name] = quant.tile_rows(w) if blocks.is_cuda and not name.endswith("embed_tokens.weight") else w
             continue
         w = tensor_to_torch(t, device, timing)
         with timing("dequantize"):

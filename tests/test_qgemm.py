@@ -343,6 +343,48 @@ def test_qembedding(kind, dtype):
     assert torch.isnan(bad[1:3]).all(), "an out-of-range id must give a NaN row"
 
 
+# ---- Q4_K's tiled blocks ----
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiled_q4k_is_bit_identical(dtype):
+    """Q4_K linears with their blocks tiled (quant.tile_rows, as the loader keeps them on the GPU) give the bits of
+    the same weight by rows on every path: one row on boxes (28672 rows) and on bulk copies (4096), 2-16 rows on
+    tile_kernel (split over K at 4096 x 14336) and rows_kernel, 17-32 on qtile_kernel and qlinear_kernel (1536 x
+    512), more by the tiled dequantize; with x's records, and gate | up's pairs with the activation (inter 14336
+    and 1008, a last pair tile past the rows)."""
+    q, ops = _q(), torch.ops.minfer
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    for n, k in [(28672, 4096), (4096, 4096), (4096, 14336), (1536, 512)]:
+        w = _weight("Q4_K", n, k, seed=n + k)
+        t = quant.tile_rows(w)
+        assert t.tiled
+        scale = 1 / (w.dequantize(torch.float32).abs().mean().item() * k ** 0.5)
+        for m in (1, 2, 9, 16, 24, 32, 40):
+            x = (torch.randn(m, k, device=DEV, generator=gen) * scale).to(dtype)
+            want = q.linear(x, w)
+            ours = q.linear(x, t)
+            assert not torch.isnan(ours).any() and torch.equal(ours, want), (n, k, m)
+            if m <= 16 and k >= 768:
+                rec = _poisoned_records(m, k)
+                xn = ops.rms_norm(x, torch.ones(k, device=DEV, dtype=dtype), 1e-5, rec)
+                assert torch.equal(q.linear(xn, t, x_records=rec), q.linear(xn, w)), (n, k, m)
+    for inter, k in ((14336, 4096), (1008, 768)):
+        w = _weight("Q4_K", 2 * inter, k, seed=inter)
+        t = quant.tile_rows(w)
+        norm_w = (torch.randn(k, device=DEV, generator=gen) / (w.dequantize(torch.float32).abs().mean() * k ** 0.5))
+        for m in (1, 9, 16):
+            x_rec = _poisoned_records(m, k)
+            x = ops.rms_norm(torch.randn(m, k, device=DEV, generator=gen).to(dtype), norm_w.to(dtype), 1e-5, x_rec)
+            want = q.linear_act(x, w, "silu", x_records=x_rec)
+            ours = q.linear_act(x, t, "silu", x_records=x_rec)
+            assert not torch.isnan(ours).any() and torch.equal(ours, want), (inter, k, m)
+    assert torch.equal(q.dequantize(t, dtype), q.dequantize(w, dtype))
+    ids = torch.tensor([0, 2015, 17], device=DEV)
+    assert torch.equal(q.embedding(ids, t, dtype), q.embedding(ids, w, dtype))
+    with pytest.raises(RuntimeError, match="tiled blocks"):
+        ops.qlinear(x[:, :k], w.blocks[:24], q.QTYPE["Q4_K"] | q.TILED, 24, k, None, True)
+
+
 # ---- x records written by the norms and the activations ----
 
 def _poisoned_records(rows, k):

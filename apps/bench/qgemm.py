@@ -37,7 +37,7 @@ def _weight(kind: str, n: int, k: int) -> quant.QuantizedWeight:
     raw = torch.randint(0, 256, (n, k // elems, size), device="cuda", dtype=torch.uint8)
     for at in SCALES[kind]:
         raw[..., at:at + 2] = (torch.randn(n, k // elems, 1, device="cuda") * 1e-3).half().view(torch.uint8)
-    return quant.QuantizedWeight(kind, raw.view(n, -1), (n, k))
+    return quant.tile_rows(quant.QuantizedWeight(kind, raw.view(n, -1), (n, k)))  # as the loader keeps a linear's
 
 
 def _case(kind: str) -> Case:

@@ -98,20 +98,41 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_rows_kernel(T* __restri
 // busy threads). Launched as a programmatic dependent: the tile's blocks load before griddep_wait where W is
 // static (no kernel just ahead writes it); out (a reused scratch) is written only after it. H200, dequantize +
 // linear against the per-row grid launched plainly, us: 64 x 960 x 576 5.5 -> 3.8, 64 x 3072 x 576 10.5 -> 7.0.
+// A tile's blocks from a tiled W (chunks 256-k chunks a row; checks.h, kTiled), in the outputs' order, into smem in
+// 16-byte loads: output block b (row b / chunks, chunk b % chunks) lies in its row group's chunk-major run.
+template <int QT>
+__device__ __forceinline__ void load_tiled(uint8_t* tile, const uint8_t* __restrict__ w, int64_t e0, int elems,
+                                           int chunks) {
+  using F = Format<QT>;
+  constexpr int kPer = F::kBytes / 16;  // Q4_K: 9
+  for (int p = threadIdx.x; p < elems / F::kElems * kPer; p += kDecodeThreads) {
+    const int64_t b = e0 / F::kElems + p / kPer, n = b / chunks, c = b % chunks;
+    const int64_t at = ((n & ~int64_t(15)) * chunks + 16 * c + (n & 15)) * F::kBytes + 16 * (p % kPer);
+    *reinterpret_cast<uint4*>(tile + 16 * p) = ptx::ld_nc_stream_v4(reinterpret_cast<const uint4*>(w + at), true);
+  }
+}
+
 template <int QT, typename T>
 __global__ void __launch_bounds__(kDecodeThreads) decode_all_kernel(T* __restrict__ out,            // [n * k]
                                                                     const uint8_t* __restrict__ w,  // [n, row bytes]
-                                                                    int64_t values, bool static_weight) {
+                                                                    int64_t values, bool static_weight,
+                                                                    int tiled_chunks) {  // 0: W not tiled
   using F = Format<QT>;
   __shared__ __align__(16) uint8_t tile[16 * kTilePieces<QT>];
   const int64_t e0 = int64_t(blockIdx.x) * kDecodeTile;
   const int elems = int(min(int64_t(kDecodeTile), values - e0));
   const int64_t start = e0 / F::kElems * F::kBytes, total = values / F::kElems * F::kBytes;
+  auto load = [&] {
+    if constexpr (Format<QT>::kElems == 256) {
+      if (tiled_chunks > 0) return load_tiled<QT>(tile, w, e0, elems, tiled_chunks), 0;
+    }
+    return load_tile<QT>(tile, w, start, elems, total);
+  };
   int at = 0;
-  if (static_weight) at = load_tile<QT>(tile, w, start, elems, total);
+  if (static_weight) at = load();
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
-  if (!static_weight) at = load_tile<QT>(tile, w, start, elems, total);
+  if (!static_weight) at = load();
   __syncthreads();
   const int e = 8 * threadIdx.x;
   if (e < elems) decode_store<QT, T>(out + e0, tile + at, e);

@@ -13,18 +13,19 @@
 namespace minfer {
 namespace {
 
-// out [n, k] (contiguous, 16-byte aligned) <- W's rows, in order. static_weight: no kernel just ahead of this
+// out [n, k] (contiguous, 16-byte aligned) <- W's rows, in order (tiled W: each value to its row). static_weight: no kernel just ahead of this
 // one writes the blocks (a model's weights), which then load before the previous kernel completes.
 void launch_dequantize(const at::Tensor& out, const at::Tensor& blocks, int64_t qtype, bool static_weight) {
   const int64_t values = out.numel(), tiles = (values + qgemm::kDecodeTile - 1) / qgemm::kDecodeTile;
   if (values == 0) return;
   MINFER_CHECK(tiles < (int64_t(1) << 31), "dequantize: too many values (", values, ")");
   auto stream = c10::cuda::getCurrentCUDAStream();
-  MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
+  const int tiled_chunks = qgemm::is_tiled(qtype) ? int(out.size(1) / 256) : 0;
+  MINFER_DISPATCH_QTYPE(qgemm::base_qtype(qtype), QT, [&] {
     MINFER_DISPATCH_HALF(out.scalar_type(), "dequantize", [&] {
       auto* dst = reinterpret_cast<scalar_t*>(out.data_ptr());
       launch_pdl(qgemm::decode_all_kernel<QT, scalar_t>, dim3((unsigned)tiles), dim3(qgemm::kDecodeThreads), 0, stream,
-                 dst, static_cast<const uint8_t*>(blocks.data_ptr<uint8_t>()), values, static_weight);
+                 dst, static_cast<const uint8_t*>(blocks.data_ptr<uint8_t>()), values, static_weight, tiled_chunks);
     });
   });
 }

@@ -16,6 +16,7 @@ at::Tensor qembedding(const at::Tensor& ids, const at::Tensor& blocks, int64_t q
                       at::ScalarType dtype) {
   MINFER_CHECK_CUDA(ids);
   qgemm::check_blocks("qembedding", blocks, qtype, n, k);
+  MINFER_CHECK(!qgemm::is_tiled(qtype), "qembedding: the table's blocks must be by rows, not tiled (qtype ", qtype, ")");
   MINFER_CHECK_SAME_DEVICE(ids, blocks);
   MINFER_CHECK_INDEX(ids);
   qgemm::check_half_dtype("qembedding", "dtype", dtype);

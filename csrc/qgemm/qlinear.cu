@@ -43,12 +43,12 @@ int64_t check_qlinear(const char* op, const at::Tensor& x, const at::Tensor& blo
 }
 
 // The kernels' arguments: W [n, k] (row_bytes a row), x [M, k], out's rows out.stride(0) apart.
-qgemm::Args make_args(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t n, int64_t k,
-                      int64_t row_bytes, const std::optional<at::Tensor>& bias, bool static_weight) {
+qgemm::Args make_args(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n,
+                      int64_t k, int64_t row_bytes, const std::optional<at::Tensor>& bias, bool static_weight) {
   return {blocks.data_ptr<uint8_t>(), x.data_ptr(),   bias ? bias->data_ptr() : nullptr, out.data_ptr(),
           (int)x.size(0),             (int)n,         (int)k,                             row_bytes,
           static_weight,              row_bytes % 16 == 0 && 16 * row_bytes < (int64_t(1) << 31),
-          0x5464u,                    out.stride(0)};
+          0x5464u,                    out.stride(0),  qgemm::is_tiled(qtype)};
 }
 
 // out [M, n] = x [M, k] @ W^T (+ bias), out's rows possibly strided (qlinear_into's slice); arguments checked.
@@ -60,10 +60,10 @@ void run_qlinear(const at::Tensor& out, const at::Tensor& x, const at::Tensor& b
   // ignore them
   const uint8_t* records = x_records ? x_records->data_ptr<uint8_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
-  const qgemm::Args a = make_args(out, x, blocks, n, k, row_bytes, bias, static_weight);
+  const qgemm::Args a = make_args(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int sms = sm_count(x.get_device()), cc = cc_major(x.get_device());
-  MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
+  MINFER_DISPATCH_QTYPE(qgemm::base_qtype(qtype), QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear", [&] { qgemm::run<QT, scalar_t>(a, records, x, sms, cc, stream); });
   });
 }
@@ -102,7 +102,7 @@ bool qlinear_reads_records(const at::Tensor& x, int64_t qtype) {
   MINFER_CHECK_DIM(x, 2);
   bool reads = false;
   const int cc = cc_major(x.get_device());
-  MINFER_DISPATCH_QTYPE(qtype, QT, [&] { reads = qgemm::reads_records(QT, x.size(0), x.size(1), cc); });
+  MINFER_DISPATCH_QTYPE(qgemm::base_qtype(qtype), QT, [&] { reads = qgemm::reads_records(QT, x.size(0), x.size(1), cc); });
   return reads;
 }
 
@@ -111,16 +111,18 @@ at::Tensor qlinear_act(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
                        const std::optional<at::Tensor>& records) {
   MINFER_CHECK(act == "silu" || act == "gelu_tanh", "qlinear_act: act must be silu or gelu_tanh, got ", act);
   MINFER_CHECK(n % 2 == 0, "qlinear_act: n must be even (the gate rows, then as many up rows), got ", n);
+  MINFER_CHECK(!qgemm::is_tiled(qtype) || n % 32 == 0, "qlinear_act: tiled blocks need n a multiple of 32 (gate and up "
+               "whole 16-row groups), got ", n);
   const int64_t row_bytes = check_qlinear("qlinear_act", x, blocks, qtype, n, k, std::nullopt, x_records);
   auto out = x.new_empty({x.size(0), n / 2});  // [M, n / 2]
   if (records) q4k_x::check_records("qlinear_act", *records, out);
   if (x.size(0) == 0 || n == 0) return out;
   const c10::cuda::CUDAGuard guard(x.device());
-  const qgemm::Args a = make_args(out, x, blocks, n, k, row_bytes, std::nullopt, static_weight);
+  const qgemm::Args a = make_args(out, x, blocks, qtype, n, k, row_bytes, std::nullopt, static_weight);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int sms = sm_count(x.get_device()), cc = cc_major(x.get_device());
   bool fused = false;
-  MINFER_DISPATCH_QTYPE(qtype, QT, [&] {
+  MINFER_DISPATCH_QTYPE(qgemm::base_qtype(qtype), QT, [&] {
     MINFER_DISPATCH_HALF(x.scalar_type(), "qlinear_act", [&] {
       fused = qgemm::run_act<QT, scalar_t>(a, act == "silu", x_records ? x_records->data_ptr<uint8_t>() : nullptr,
                                            records ? records->data_ptr<uint8_t>() : nullptr, x, sms, cc, stream);

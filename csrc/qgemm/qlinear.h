@@ -26,6 +26,7 @@ struct Args {
   // immediate and its selector a register, reloaded ~32 times a chunk.
   uint32_t pair_exps;
   int64_t out_stride;  // elements between rows of out (a slice of a wider tensor when qlinear_into)
+  bool tiled;          // W's 16-row groups stored chunk-major (checks.h, kTiled): chunk_start, chunk_map, pair_map
 };
 
 // Whether qlinear's kernel for qtype at M rows of K reads x's records when it is given them (q4k_x.cuh), on a device

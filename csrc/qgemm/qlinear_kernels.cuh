@@ -63,7 +63,11 @@ template <int QT, int kK = Format<QT>::kElems == 256 || QT == kQ8_0 ? 256 : 64>
 struct Ring {
   static constexpr int kChunk = kK;  // k per stage
   static constexpr int kBytes = kChunk / Format<QT>::kElems * Format<QT>::kBytes;  // a row's chunk
-  static constexpr int kPieces = (kBytes + 15 + 15) / 16;  // 16-byte pieces that cover it at any alignment
+  // 16-byte pieces that cover it at any alignment; Q4_K's start aligned (144 = 9 x 16 bytes a chunk and every row a
+  // multiple), and its stages are dense, so that a box of a tiled W's chunk (ChunkRing) is one run of 2304 bytes:
+  // as [16, 160] boxes, 16 bytes a row past the chunk, the tiled layout lost (H200, 1 x 28672 x 4096 19.1
+  // -> 20.6 us; dense, 18.5 -> 16.75)
+  static constexpr int kPieces = QT == kQ4_K ? kBytes / 16 : (kBytes + 15 + 15) / 16;
   static constexpr int kRowStride = 16 * kPieces, kStageBytes = 16 * kRowStride;
   static constexpr int kStages = 4 * kWarps * kStageBytes <= 32 * 1024   ? 4
                                  : 3 * kWarps * kStageBytes <= 80 * 1024 ? 3
@@ -73,7 +77,14 @@ struct Ring {
 
 // Where row n0 + r's chunk c starts in W (bytes): the stage holds it from offset start & 15.
 __device__ __forceinline__ int64_t chunk_start(const Args& a, int n0, int r, int c, int chunk_bytes) {
-  return int64_t(n0 + r) * a.row_bytes + int64_t(c) * chunk_bytes;
+  const int n = n0 + r;
+  if (a.tiled) return int64_t(n & ~15) * a.row_bytes + int64_t(16 * c + (n & 15)) * chunk_bytes;
+  return int64_t(n) * a.row_bytes + int64_t(c) * chunk_bytes;
+}
+
+// Row n's chunk c as a row of W's tiled view (a.tiled: [N x chunks, chunk bytes], chunk_map and pair_map).
+__device__ __forceinline__ int tiled_row(const Args& a, int n, int c) {
+  return (n & ~15) * (a.K / 256) + 16 * c + (n & 15);
 }
 
 // Starts the copy of chunk c of rows n0 .. n0 + 15 into stage, in the 16-byte pieces that hold it (the
@@ -84,20 +95,21 @@ template <int QT, bool kOffsets, int kK = Ring<QT>::kChunk>
 __device__ __forceinline__ void load_chunk(uint8_t* stage, const Args& a, int n0, int c, int lane) {
   using R = Ring<QT, kK>;
   if (n0 + 16 < a.N && int64_t(c + 1) * R::kBytes <= a.row_bytes) {  // whole, and W goes on past it: no checks
-    const int64_t base = int64_t(n0) * a.row_bytes + int64_t(c) * R::kBytes;  // row n0's chunk
+    const int64_t base = chunk_start(a, n0, 0, c, R::kBytes);  // row n0's chunk (n0 a multiple of 16 where tiled)
+    const int step = a.tiled ? R::kBytes : int(a.row_bytes);  // from a row's chunk to the next row's
     if (kOffsets && R::kBytes % 16 == 0 && a.aligned) {  // every row's chunk starts aligned: no extra piece
       constexpr int kPerRow = R::kBytes / 16;
 #pragma unroll
       for (int i = lane; i < 16 * kPerRow; i += 32) {
         const int r = i / kPerRow, p = i % kPerRow;
-        cp_async16(smem_addr(stage + r * R::kRowStride + 16 * p), a.w + base + (r * int(a.row_bytes) + 16 * p), 16);
+        cp_async16(smem_addr(stage + r * R::kRowStride + 16 * p), a.w + base + (r * step + 16 * p), 16);
       }
       return;
     }
 #pragma unroll
     for (int i = lane; i < 16 * R::kPieces; i += 32) {
       const int r = i / R::kPieces, p = i % R::kPieces;
-      const int64_t piece = ((base + r * a.row_bytes) & ~int64_t(15)) + 16 * p;
+      const int64_t piece = ((base + int64_t(r) * step) & ~int64_t(15)) + 16 * p;
       cp_async16(smem_addr(stage + r * R::kRowStride + 16 * p), a.w + piece, 16);
     }
     return;
@@ -134,6 +146,7 @@ constexpr int kBoxElem = Ring<QT, 256>::kRowStride > 256 ? 2 : 1;
 //   pieces a lane (H200, i8_kernel at 3 CTAs an SM: 1 x 28672 x 4096 27.2 -> 25.5 us). Rows past N are left as
 //   they are: their sums are never stored.
 // Other formats without the box, and the sm_80 build, take load_chunk, one cp.async group a chunk.
+// - a.tiled (Q4_K): the box is the tile's chunk from W's tiled view, one run of 16 x 144 bytes.
 // - kPair (with kBox): W is gate | up and a tile's rows are gate rows n0 / 2 .. + 7, then the same up rows, one
 //   [2, 8, kRowStride] box of pair_map.
 // - kEvictFirst: the TMA copies mark W's lines evict_first in L2 (evict_first_policy). The one-row kernels take it
@@ -174,18 +187,19 @@ struct ChunkRing {
     if constexpr (kBox) {
       if (lane == 0) {
         mbar_expect_tx(bar, R::kStageBytes);
-        const int x0 = ((c * R::kBytes) & ~15) / kBoxElem<QT>;
+        const int row = kPair ? n0 / 2 : n0;  // a pair tile's first gate row
+        const int x0 = a.tiled ? 0 : ((c * R::kBytes) & ~15) / kBoxElem<QT>, y = a.tiled ? tiled_row(a, row, c) : row;
         const uint32_t to = dst + (i % S) * R::kStageBytes;
-        if constexpr (kPair && kEvictFirst) ptx::tma_load_3d_stream(to, map, bar, x0, n0 / 2, 0);
-        else if constexpr (kPair) ptx::tma_load_3d(to, map, bar, x0, n0 / 2, 0);
-        else if constexpr (kEvictFirst) ptx::tma_load_2d_stream(to, map, bar, x0, n0);
-        else ptx::tma_load_2d(to, map, bar, x0, n0);
+        if constexpr (kPair && kEvictFirst) ptx::tma_load_3d_stream(to, map, bar, x0, y, 0);
+        else if constexpr (kPair) ptx::tma_load_3d(to, map, bar, x0, y, 0);
+        else if constexpr (kEvictFirst) ptx::tma_load_2d_stream(to, map, bar, x0, y);
+        else ptx::tma_load_2d(to, map, bar, x0, y);
       }
       return;
     } else if constexpr (QT == kQ4_K) {
       const int rows = min(16, a.N - n0);
       if (lane == 0) mbar_expect_tx(bar, rows * R::kBytes);
-      const uint8_t* from = a.w + int64_t(n0 + lane) * a.row_bytes + int64_t(c) * R::kBytes;
+      const uint8_t* from = a.w + chunk_start(a, n0, lane, c, R::kBytes);
       if (lane < rows) {
         if constexpr (kEvictFirst) bulk_load_stream(dst + (i % S) * R::kStageBytes, from, R::kBytes, bar);
         else bulk_load(dst + (i % S) * R::kStageBytes, from, R::kBytes, bar);

@@ -88,17 +88,26 @@ CUtensorMap w_byte_map(const Args& a, const cuuint64_t (&dims)[D], const cuuint6
 }
 
 // W [N, row_bytes] as a 2D tensor of elem-byte elements (kBoxElem), boxes of box_bytes x 16 rows; zeros (an unused
-// map) without the box.
+// map) without the box. Tiled (Q4_K): W as [N x chunks, chunk bytes], each 16-row tile's chunk 16 of its rows (tiled_row),
+// the box's bytes past a chunk as zeros.
 CUtensorMap chunk_map(const Args& a, int box_bytes, bool box, int elem = 1) {
   if (!box) return CUtensorMap{};
+  if (a.tiled) {
+    const cuuint64_t chunks = a.K / 256, chunk = a.row_bytes / chunks;
+    return w_byte_map<2>(a, {chunk, a.N * chunks}, {chunk}, {(cuuint32_t)box_bytes, 16});
+  }
   return w_byte_map<2>(a, {(cuuint64_t)(a.row_bytes / elem), (cuuint64_t)a.N}, {(cuuint64_t)a.row_bytes},
                        {(cuuint32_t)(box_bytes / elem), 16}, elem);
 }
 
 // W = gate | up [2 inter, row_bytes] as a 3D byte tensor [2][inter][row_bytes], boxes of [2, 8, box_bytes]: a
-// 16-row tile of gate rows j .. j + 7, then up's (ChunkRing's kPair).
+// 16-row tile of gate rows j .. j + 7, then up's (ChunkRing's kPair); tiled, each half as chunk_map's view.
 CUtensorMap pair_map(const Args& a, int box_bytes) {
   const cuuint64_t inter = a.N / 2;
+  if (a.tiled) {  // [2][inter x chunks][chunk bytes]: gate's tiled view, then up's (inter a multiple of 16)
+    const cuuint64_t chunks = a.K / 256, chunk = a.row_bytes / chunks;
+    return w_byte_map<3>(a, {chunk, inter * chunks, 2}, {chunk, inter * a.row_bytes}, {(cuuint32_t)box_bytes, 8, 2});
+  }
   return w_byte_map<3>(a, {(cuuint64_t)a.row_bytes, inter, 2}, {(cuuint64_t)a.row_bytes, inter * a.row_bytes},
                        {(cuuint32_t)box_bytes, 8, 2});
 }

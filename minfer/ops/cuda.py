@@ -240,7 +240,7 @@ def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | 
     rows = max(16, SCRATCH_VALUES // k // 16 * 16)  # slices start on 16-byte boundaries (the kernels' loads)
     y = x.new_empty(x.shape[0], n) if out is None else out  # [tokens, n] (x is [tokens, k], as linear takes it)
     for n0 in range(0, n, rows):
-        part = QuantizedWeight(w.kind, w.blocks[n0:n0 + rows], (min(rows, n - n0), k), w.dtype)
+        part = QuantizedWeight(w.kind, w.blocks[n0:n0 + rows], (min(rows, n - n0), k), w.dtype, tiled=w.tiled)
         scratch = _scratch_view(x, *part.shape)
         quantized.linear(x, part, None if bias is None else bias[n0:n0 + rows], static_weight, scratch,
                          out=y[:, n0:n0 + part.shape[0]])

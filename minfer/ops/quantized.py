@@ -1,7 +1,8 @@
 """Quantized weights on the GPU (csrc/qgemm/): thin wrappers over torch.ops.minfer.{dequantize,
 dequantize_into, qlinear, qlinear_act, qembedding}, plus their fake (meta) implementations.
 
-A weight stays in its GGUF blocks (quant.QuantizedWeight: uint8 [n, k / elems * bytes], ggml's layout).
+A weight stays in its GGUF blocks (quant.QuantizedWeight: uint8 [n, k / elems * bytes], ggml's layout, or for
+Q4_K linears each 16 rows' blocks chunk-major: quant.tile_rows).
 Decode (x of at most 32 rows) streams the blocks and dequantizes in registers (qlinear); prefill
 dequantizes the weight into a scratch buffer and runs the dense GEMM (linear).
 """
@@ -17,6 +18,7 @@ _ops = torch.ops.minfer
 
 # ggml's type ids, the kernels' qtype (csrc/qgemm/formats.cuh).
 QTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+TILED = 256  # qtype | TILED: the blocks are tiled (csrc/qgemm/checks.h, kTiled)
 QLINEAR_MAX_ROWS = 32  # qlinear's range; more rows take dequantize + linear
 # x records (csrc/qgemm/q4k_x.cuh): the Q4_K kernels' form of x, a record of this many bytes a row and 256-k
 # chunk, read up to this many rows
@@ -57,14 +59,19 @@ def _qembedding_fake(ids, blocks, qtype, n, k, dtype):
 
 # ---- the ops ----
 
+def qtype(w: QuantizedWeight) -> int:
+    """The kernels' qtype of w's blocks."""
+    return QTYPE[w.kind] | (TILED if w.tiled else 0)
+
+
 def dequantize(w: QuantizedWeight, dtype: torch.dtype, out: torch.Tensor | None = None,
                static_weight: bool = False) -> torch.Tensor:
     """w -> [n, k] in dtype (fp16/bf16); into `out` (contiguous [n, k]) when given, e.g. a reused scratch.
     static_weight (with out): no kernel that may still be running writes w, as in linear."""
     n, k = w.shape
     if out is None:
-        return _ops.dequantize(w.blocks, QTYPE[w.kind], n, k, dtype)
-    _ops.dequantize_into(out, w.blocks, QTYPE[w.kind], static_weight)
+        return _ops.dequantize(w.blocks, qtype(w), n, k, dtype)
+    _ops.dequantize_into(out, w.blocks, qtype(w), static_weight)
     return out
 
 
@@ -93,9 +100,9 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
     if x2.shape[0] <= QLINEAR_MAX_ROWS:
         x2 = _qlinear_rows(x2)
         if out is not None:
-            _ops.qlinear_into(out, x2, w.blocks, QTYPE[w.kind], bias, static_weight, x_records)
+            _ops.qlinear_into(out, x2, w.blocks, qtype(w), bias, static_weight, x_records)
             return out
-        y = _ops.qlinear(x2, w.blocks, QTYPE[w.kind], n, k, bias, static_weight, x_records)
+        y = _ops.qlinear(x2, w.blocks, qtype(w), n, k, bias, static_weight, x_records)
     else:
         dense = dequantize(w, x.dtype, scratch, static_weight)
         y = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before
@@ -111,10 +118,12 @@ def linear_act(x: torch.Tensor, w: QuantizedWeight, act: str, static_weight: boo
     to 16 rows on x_records (x's records, as qlinear's) on sm_90; the others run qlinear, then the activation.
     records: room for the output's records (the down projection's x), written beside it."""
     n, k = w.shape
-    return _ops.qlinear_act(_qlinear_rows(x), w.blocks, QTYPE[w.kind], n, k, act, static_weight, x_records, records)
+    return _ops.qlinear_act(_qlinear_rows(x), w.blocks, qtype(w), n, k, act, static_weight, x_records, records)
 
 
 def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     """Rows `ids` of w dequantized -> [*ids.shape, k]; out-of-range ids give NaN rows."""
     n, k = w.shape
+    if w.tiled:
+        w = w.untiled()
     return _ops.qembedding(ids.contiguous(), w.blocks, QTYPE[w.kind], n, k, dtype)
