@@ -477,7 +477,7 @@ def test_qlinear_on_int8_records(kind, dtype):
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_qlinear_act_q4k_pairs(dtype, act, m):
     """Q4_K gate | up up to 16 rows on x's records (qlinear_act with x_records): on sm_90 the activation in the
-    epilogue of i8_kernel (one row) or tile_kernel over tiles of 8 gate rows and their up rows (one [2, 8, 160] box
+    epilogue of i8_kernel (one row) or tile_kernel over tiles of 8 gate rows and their up rows (one [2, 8, 144] box
     a stage); anywhere, the bits of qlinear then the activation's launch, and the output's records those the
     activation writes. inter 1000 (a last tile past the rows: the box's zeros, unstored) and 14336 x 4096 (the 8B
     MLP; at one row 3 CTAs an SM looping over tiles) with records."""

@@ -64,9 +64,8 @@ struct Ring {
   static constexpr int kChunk = kK;  // k per stage
   static constexpr int kBytes = kChunk / Format<QT>::kElems * Format<QT>::kBytes;  // a row's chunk
   // 16-byte pieces that cover it at any alignment; Q4_K's start aligned (144 = 9 x 16 bytes a chunk and every row a
-  // multiple), and its stages are dense, so that a box of a tiled W's chunk (ChunkRing) is one run of 2304 bytes:
-  // as [16, 160] boxes, 16 bytes a row past the chunk, the tiled layout lost (H200, 1 x 28672 x 4096 19.1
-  // -> 20.6 us; dense, 18.5 -> 16.75)
+  // multiple) and its stages are dense, so that a tiled W's chunk is one box of 2304 contiguous bytes (with 16 bytes
+  // a row past the chunk the box is 16 runs, and tiles lost: perf/qgemm.md)
   static constexpr int kPieces = QT == kQ4_K ? kBytes / 16 : (kBytes + 15 + 15) / 16;
   static constexpr int kRowStride = 16 * kPieces, kStageBytes = 16 * kRowStride;
   static constexpr int kStages = 4 * kWarps * kStageBytes <= 32 * 1024   ? 4

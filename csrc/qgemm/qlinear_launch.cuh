@@ -88,8 +88,8 @@ CUtensorMap w_byte_map(const Args& a, const cuuint64_t (&dims)[D], const cuuint6
 }
 
 // W [N, row_bytes] as a 2D tensor of elem-byte elements (kBoxElem), boxes of box_bytes x 16 rows; zeros (an unused
-// map) without the box. Tiled (Q4_K): W as [N x chunks, chunk bytes], each 16-row tile's chunk 16 of its rows (tiled_row),
-// the box's bytes past a chunk as zeros.
+// map) without the box. Tiled (Q4_K): W as [N x chunks, chunk bytes], a 16-row tile's chunk 16 consecutive rows of it
+// (tiled_row), one box.
 CUtensorMap chunk_map(const Args& a, int box_bytes, bool box, int elem = 1) {
   if (!box) return CUtensorMap{};
   if (a.tiled) {
