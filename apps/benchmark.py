@@ -16,7 +16,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import attention  # noqa: E402
 from bench.common import MIN_CALLS, Case, copy_bandwidth_gbs, input_sets, time_many  # noqa: E402
+from minfer.engine_args import DEFAULT_PAGE_SIZE  # noqa: E402
 
 FAMILIES = ("memory", "gemm", "attention", "qgemm")
 
@@ -52,7 +54,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--host-latency", action="store_true",
                    help="leave the host's launch latency inside the timed region (no GPU hold before it)")
+    p.add_argument("--block-size", "--page-size", type=int, default=DEFAULT_PAGE_SIZE,
+                   help=f"keys a KV page in the paged attention cases (default {DEFAULT_PAGE_SIZE}, the engine's)")
     args = p.parse_args(argv)
+    if args.block_size < 1:
+        p.error(f"--block-size must be positive, got {args.block_size}")
+    attention.PAGE = args.block_size
     if not torch.cuda.is_available():
         print("benchmark: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -71,7 +78,8 @@ def main(argv=None) -> int:
             print(f"{name}: no path {args.path!r} (has {', '.join(case.paths) or 'none'})", file=sys.stderr)
             return 2
         flags = (f" --path {args.path}" if args.path else "") + (" --host-latency" if args.host_latency else "") + \
-            (f" --min-calls {args.min_calls}" if args.min_calls != MIN_CALLS else "")
+            (f" --min-calls {args.min_calls}" if args.min_calls != MIN_CALLS else "") + \
+            (f" --block-size {args.block_size}" if args.block_size != DEFAULT_PAGE_SIZE else "")
         print(f"\n## {name}{flags}  ({case.shape_names})")
         print(f"{'dtype':>9} {'shape':>22} {'ref us':>10} {'minfer us':>10} {'speedup':>8} {'GB/s':>8} "
               f"{'%copy':>6} {'TFLOP/s':>8} {'%ref':>6}")

@@ -343,7 +343,7 @@ def test_qembedding(kind, dtype):
     assert torch.isnan(bad[1:3]).all(), "an out-of-range id must give a NaN row"
 
 
-# ---- Q4_K's tiled blocks ----
+# ---- tiled blocks (Q4_K, Q6_K) ----
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_tiled_q4k_is_bit_identical(dtype):
@@ -383,6 +383,32 @@ def test_tiled_q4k_is_bit_identical(dtype):
     assert torch.equal(q.embedding(ids, t, dtype), q.embedding(ids, w, dtype))
     with pytest.raises(RuntimeError, match="tiled blocks"):
         ops.qlinear(x[:, :k], w.blocks[:24], q.QTYPE["Q4_K"] | q.TILED, 24, k, None, True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiled_q6k_is_bit_identical(dtype):
+    """Q6_K linears tiled as the loader keeps them give the bits of the same weight by rows on every path: one row on
+    x's records (i8_kernel: a tile's chunk by one bulk copy, dense 210-byte rows in the stage, where the rows keep TMA
+    boxes at K a multiple of 2048 and cp.async pieces below it: 768), with records of its own past 2 CTAs an SM
+    (8192 rows), 2-32 rows on qtile_kernel (wide, and short K on a wide grid: 8192 x 768) and qlinear_kernel (1024 x
+    4096 and 1536 x 512 at 2-16 rows), more by the tiled dequantize (2-byte loads)."""
+    q, ops = _q(), torch.ops.minfer
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    for n, k in [(4096, 14336), (1024, 4096), (8192, 4096), (8192, 768), (1536, 512)]:
+        w = _weight("Q6_K", n, k, seed=n + k)
+        t = quant.tile_rows(w)
+        assert t.tiled
+        scale = 1 / (w.dequantize(torch.float32).abs().mean().item() * k ** 0.5)
+        for m in (1, 2, 9, 16, 24, 32, 40):
+            x = (torch.randn(m, k, device=DEV, generator=gen) * scale).to(dtype)
+            want = q.linear(x, w)
+            ours = q.linear(x, t)
+            assert not torch.isnan(ours).any() and torch.equal(ours, want), (n, k, m)
+            if m == 1 and k >= 768:
+                rec = _poisoned_records(m, k)
+                xn = ops.rms_norm(x, torch.ones(k, device=DEV, dtype=dtype), 1e-5, rec)
+                assert torch.equal(q.linear(xn, t, x_records=rec), q.linear(xn, w, x_records=rec)), (n, k, m)
+        assert torch.equal(q.dequantize(t, dtype), q.dequantize(w, dtype))
 
 
 # ---- x records written by the norms and the activations ----

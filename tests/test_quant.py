@@ -80,33 +80,35 @@ def _qweight(kind: str, n: int, k: int, seed: int) -> quant.QuantizedWeight:
     return quant.QuantizedWeight(kind, raw.view(n, -1), (n, k))
 
 
-def test_tiled_rows():
-    """tile_rows keeps a Q4_K linear's bytes with each 16 rows' blocks chunk-major: row 16 t + r's block c at block
-    index 16 (t chunks + c) + r; its rows, row selections, stacks and matrix are the untiled weight's. Weights of
-    other kinds, of out_features no multiple of 32, or in a layer group stay as they are; a stack with an untiled
+@pytest.mark.parametrize("kind", quant.TILED_KINDS)
+def test_tiled_rows(kind):
+    """tile_rows keeps a Q4_K or Q6_K linear's bytes with each 16 rows' blocks chunk-major: row 16 t + r's block c at
+    block index 16 (t chunks + c) + r; its rows, row selections, stacks and matrix are the untiled weight's. Weights
+    of other kinds, of out_features no multiple of 32, or in a layer group stay as they are; a stack with an untiled
     part comes back by rows; a layer group of tiled weights holds them by rows."""
-    w = _qweight("Q4_K", 64, 768, seed=7)  # 4 groups of 16 rows, 3 chunks a row
+    size = quant.BLOCK_BYTES[kind]
+    w = _qweight(kind, 64, 768, seed=7)  # 4 groups of 16 rows, 3 chunks a row
     t = quant.tile_rows(w)
     assert t.tiled and not w.tiled and t.blocks.shape == w.blocks.shape and quant.tile_rows(t) is t
-    blocks = w.blocks.view(64, 3, 144)
+    blocks = w.blocks.view(64, 3, size)
     for row, c in [(0, 0), (5, 2), (17, 1), (63, 2)]:
         at = 16 * ((row // 16) * 3 + c) + row % 16
-        assert torch.equal(t.blocks.view(-1, 144)[at], blocks[row, c])
+        assert torch.equal(t.blocks.view(-1, size)[at], blocks[row, c])
     assert torch.equal(t.dequantize(), w.dequantize())
     ids = torch.tensor([63, 0, 17, 17])
     assert torch.equal(t.rows(ids, torch.float32), w.rows(ids, torch.float32))
     picked = t.select_rows(ids)
     assert not picked.tiled and torch.equal(picked.blocks, w.blocks[ids])
     assert not t.untiled().tiled and torch.equal(t.untiled().blocks, w.blocks)
-    other = quant.tile_rows(_qweight("Q4_K", 32, 768, seed=8))
+    other = quant.tile_rows(_qweight(kind, 32, 768, seed=8))
     both = quant.QuantizedWeight.cat([t, other])
     assert both.tiled and torch.equal(both.blocks, torch.cat([t.blocks, other.blocks]))
     assert torch.equal(both.dequantize(), torch.cat([w.dequantize(), other.dequantize()]))
-    mixed = quant.QuantizedWeight.cat([t, _qweight("Q4_K", 16, 768, seed=9)])
+    mixed = quant.QuantizedWeight.cat([t, _qweight(kind, 16, 768, seed=9)])
     assert not mixed.tiled and torch.equal(mixed.blocks[:64], w.blocks)
-    for same in (_qweight("Q6_K", 64, 256, seed=1), _qweight("Q4_K", 48, 256, seed=2)):
+    for same in (_qweight("Q5_K", 64, 256, seed=1), _qweight(kind, 48, 256, seed=2)):
         assert quant.tile_rows(same) is same
-    grouped = quant.group_layer([t, quant.tile_rows(_qweight("Q4_K", 32, 768, seed=3))])
+    grouped = quant.group_layer([t, quant.tile_rows(_qweight(kind, 32, 768, seed=3))])
     assert all(g.layer is not None and not g.tiled for g in grouped)
     assert torch.equal(grouped[0].blocks, w.blocks)
     with pytest.raises(MinferError, match="tiled blocks need"):

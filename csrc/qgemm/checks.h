@@ -32,7 +32,7 @@ inline BlockSize block_size(int64_t qtype) {
 
 // kTiled in a qtype: W's rows are stored in groups of 16, each group chunk-major (quant.py, tile_rows): row 16 t + r's
 // 256-k chunk c at byte 16 t row_bytes + (16 c + r) chunk_bytes, so that a 16-row tile's chunk is one run of bytes
-// (Q4_K, n a multiple of 16).
+// (Q4_K or Q6_K, n a multiple of 16).
 constexpr int64_t kTiled = 256;
 inline int64_t base_qtype(int64_t qtype) { return qtype & ~kTiled; }
 inline bool is_tiled(int64_t qtype) { return (qtype & kTiled) != 0; }
@@ -41,8 +41,8 @@ inline bool is_tiled(int64_t qtype) { return (qtype & kTiled) != 0; }
 // 16-byte pieces), on CUDA; k a positive multiple of the block's elements; qtype possibly with kTiled. Returns the
 // bytes of a row.
 inline int64_t check_blocks(const char* op, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k) {
-  MINFER_CHECK(!is_tiled(qtype) || (base_qtype(qtype) == kQ4_K && n % 16 == 0), op,
-               ": tiled blocks (qtype | 256) must be Q4_K with n a multiple of 16, got qtype ", qtype, ", n ", n);
+  MINFER_CHECK(!is_tiled(qtype) || ((base_qtype(qtype) == kQ4_K || base_qtype(qtype) == kQ6_K) && n % 16 == 0), op,
+               ": tiled blocks (qtype | 256) must be Q4_K or Q6_K with n a multiple of 16, got qtype ", qtype, ", n ", n);
   const BlockSize f = block_size(base_qtype(qtype));
   MINFER_CHECK_CUDA(blocks);
   MINFER_CHECK(blocks.scalar_type() == at::kByte, op, ": blocks must be uint8, got ", blocks.scalar_type());

@@ -98,17 +98,21 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_rows_kernel(T* __restri
 // busy threads). Launched as a programmatic dependent: the tile's blocks load before griddep_wait where W is
 // static (no kernel just ahead writes it); out (a reused scratch) is written only after it. H200, dequantize +
 // linear against the per-row grid launched plainly, us: 64 x 960 x 576 5.5 -> 3.8, 64 x 3072 x 576 10.5 -> 7.0.
-// A tile's blocks from a tiled W (chunks 256-k chunks a row; checks.h, kTiled), in the outputs' order, into smem in
-// 16-byte loads: output block b (row b / chunks, chunk b % chunks) lies in its row group's chunk-major run.
+// A tile's blocks from a tiled W (chunks 256-k chunks a row; checks.h, kTiled), in the outputs' order, into smem:
+// output block b (row b / chunks, chunk b % chunks) lies in its row group's chunk-major run. Q4_K's blocks (144
+// bytes) come in 16-byte loads, Q6_K's (210, 2-byte aligned) in 2-byte ones.
 template <int QT>
 __device__ __forceinline__ void load_tiled(uint8_t* tile, const uint8_t* __restrict__ w, int64_t e0, int elems,
                                            int chunks) {
   using F = Format<QT>;
-  constexpr int kPer = F::kBytes / 16;  // Q4_K: 9
+  constexpr int kUnit = F::kBytes % 16 == 0 ? 16 : 2, kPer = F::kBytes / kUnit;  // Q4_K: 9 x 16, Q6_K: 105 x 2
   for (int p = threadIdx.x; p < elems / F::kElems * kPer; p += kDecodeThreads) {
     const int64_t b = e0 / F::kElems + p / kPer, n = b / chunks, c = b % chunks;
-    const int64_t at = ((n & ~int64_t(15)) * chunks + 16 * c + (n & 15)) * F::kBytes + 16 * (p % kPer);
-    *reinterpret_cast<uint4*>(tile + 16 * p) = ptx::ld_nc_stream_v4(reinterpret_cast<const uint4*>(w + at), true);
+    const int64_t at = ((n & ~int64_t(15)) * chunks + 16 * c + (n & 15)) * F::kBytes + kUnit * (p % kPer);
+    if constexpr (kUnit == 16)
+      *reinterpret_cast<uint4*>(tile + 16 * p) = ptx::ld_nc_stream_v4(reinterpret_cast<const uint4*>(w + at), true);
+    else
+      *reinterpret_cast<uint16_t*>(tile + 2 * p) = __ldg(reinterpret_cast<const uint16_t*>(w + at));
   }
 }
 

@@ -145,7 +145,10 @@ constexpr int kBoxElem = Ring<QT, 256>::kRowStride > 256 ? 2 : 1;
 //   pieces a lane (H200, i8_kernel at 3 CTAs an SM: 1 x 28672 x 4096 27.2 -> 25.5 us). Rows past N are left as
 //   they are: their sums are never stored.
 // Other formats without the box, and the sm_80 build, take load_chunk, one cp.async group a chunk.
-// - a.tiled (Q4_K): the box is the tile's chunk from W's tiled view, one run of 16 x 144 bytes.
+// - a.tiled: the tile's chunk is one run of 16 chunks' bytes. Q4_K's (16 x 144) is a box of W's tiled view; Q6_K's
+//   rows (210 bytes) are no 16-byte multiple, which a tensor map's rows must be, so its run (3360 bytes) comes by one
+//   bulk copy, its rows dense in the stage (H200, by rows -> tiled: the 8B Q4_K_M batch-1 step 1.864-1.866 -> 1.826
+//   ms, Q6_K 16 x 4096 x 14336 23.38 -> 22.34 us).
 // - kPair (with kBox): W is gate | up and a tile's rows are gate rows n0 / 2 .. + 7, then the same up rows, one
 //   [2, 8, kRowStride] box of pair_map.
 // - kEvictFirst: the TMA copies mark W's lines evict_first in L2 (evict_first_policy). The one-row kernels take it
@@ -155,6 +158,7 @@ template <int QT, int S, bool kBox, bool kPair = false, bool kEvictFirst = false
 struct ChunkRing {
   using R = Ring<QT, 256>;
   static constexpr bool kBulk = kBox || QT == kQ4_K;  // on sm_90: TMA and mbarriers, not cp.async
+  static constexpr bool kDenseTiled = kBox && QT != kQ4_K && !kPair;  // a tiled chunk by one bulk copy, rows dense
   uint8_t* stages;  // [S][kStageBytes], 128-byte aligned
   const CUtensorMap* map;  // with kBox: W as bytes [N, row_bytes], boxes of [16, kRowStride] (chunk_map)
   uint32_t bar0, dst;  // the stages' mbarriers; this lane's row slot in stage 0
@@ -174,6 +178,7 @@ struct ChunkRing {
   }
   // Row r of chunk c (tile at n0) in stage.
   __device__ __forceinline__ static const uint8_t* row(const uint8_t* stage, const Args& a, int n0, int r, int c) {
+    if (kDenseTiled && a.tiled) return stage + r * R::kBytes;  // the bulk copy's dense rows
     return stage + r * R::kRowStride + (QT == kQ4_K ? 0 : int(chunk_start(a, n0, r, c, R::kBytes) & 15));
   }
   // Chunk c of the 16-row tile at n0 into stage i % S, empty so far: with kBox one TMA copy by lane 0 of the
@@ -183,6 +188,17 @@ struct ChunkRing {
   __device__ __forceinline__ void load(int i, int n0, int c, const Args& a) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t bar = bar0 + 8 * (i % S);
+    if constexpr (kDenseTiled) {
+      if (a.tiled) {  // the tile's chunk, one run of 16 rows' chunks (n0 a multiple of 16, every row in W)
+        if (lane == 0) {
+          mbar_expect_tx(bar, 16 * R::kBytes);
+          const uint8_t* from = a.w + chunk_start(a, n0, 0, c, R::kBytes);
+          if constexpr (kEvictFirst) bulk_load_stream(dst + (i % S) * R::kStageBytes, from, 16 * R::kBytes, bar);
+          else bulk_load(dst + (i % S) * R::kStageBytes, from, 16 * R::kBytes, bar);
+        }
+        return;
+      }
+    }
     if constexpr (kBox) {
       if (lane == 0) {
         mbar_expect_tx(bar, R::kStageBytes);
@@ -373,10 +389,14 @@ __device__ __forceinline__ void mma_quants(float (&acc)[NT][4], const uint32_t (
 template <int QT, typename T, int NT, bool kAhead, bool kSharedX = false, bool kOnce = kAhead,
           int kK = Ring<QT>::kChunk, bool kXZeroed = false>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* stage, const XAhead<QT, NT, kAhead>& xa,
-                                          const Args& a, int n0, int c, int g, int t, const uint8_t* xs = nullptr) {
+                                          const Args& a, int n0, int c, int g, int t, const uint8_t* xs = nullptr,
+                                          bool dense = false) {
   using R = Ring<QT, kK>;
-  const uint8_t* row_a = stage + g * R::kRowStride + (chunk_start(a, n0, g, c, R::kBytes) & 15);
-  const uint8_t* row_b = stage + (g + 8) * R::kRowStride + (chunk_start(a, n0, g + 8, c, R::kBytes) & 15);
+  // dense: the stage's rows back to back (ChunkRing's bulk copy of a tiled chunk), else at their pieces' offsets
+  const uint8_t* row_a = dense ? stage + g * R::kBytes
+                               : stage + g * R::kRowStride + (chunk_start(a, n0, g, c, R::kBytes) & 15);
+  const uint8_t* row_b = dense ? stage + (g + 8) * R::kBytes
+                               : stage + (g + 8) * R::kRowStride + (chunk_start(a, n0, g + 8, c, R::kBytes) & 15);
   const ChunkHead<QT, kOnce> head_a(row_a), head_b(row_b);  // kOnce: the scales once a chunk
   const T* x = static_cast<const T*>(a.x) + int64_t(c) * R::kChunk + 4 * t;
   const int steps = (a.K - c * R::kChunk < R::kChunk ? a.K - c * R::kChunk : R::kChunk) / 32;  // K % 32 == 0
@@ -882,7 +902,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (!has_rows) return;
     stages.tile_wait(i);
     mma_chunk<QT, T, NT, false, true, false, 256, kXByTma>(acc, ring + stage * R::kStageBytes, none, a, n0, c0 + i, g,
-                                                           t, xs + slot * kXStage);
+                                                           t, xs + slot * kXStage, Stages::kDenseTiled && a.tiled);
   };
   auto store = [&](const float (&sums)[NT][4]) {
     float sum[NT * 4];

@@ -163,8 +163,8 @@ void launch_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t stre
   constexpr int S = kQTileStages<QT, NT>;
   // W's blocks are 16-byte aligned (check_blocks)
   const bool sm90 = cc_major(c10::cuda::current_device()) >= 9;
-  const bool box = QT == kQ6_K && sm90 && a.row_bytes % 16 == 0;
-  const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, box);
+  const bool box = QT == kQ6_K && sm90 && (a.tiled || a.row_bytes % 16 == 0);
+  const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, box && !a.tiled);  // tiled: bulk copies
   const bool x_box = kQTileXBox<NT> && sm90;
   const CUtensorMap x_map = x_box ? x_tile_map(a, 8 * NT) : CUtensorMap{};
   TileGrid grid(a.N, (a.K + 255) / 256, NT, sms, x, stream);
@@ -230,9 +230,9 @@ template <typename T>
 void launch_q6_i8(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
   at::Tensor own;
   records = records_or_own<T>(a, records, x, own, stream);
-  // W's blocks are 16-byte aligned (check_blocks)
-  const bool box = cc_major(c10::cuda::current_device()) >= 9 && a.row_bytes % 16 == 0;
-  const CUtensorMap map = chunk_map(a, Ring<kQ6_K>::kRowStride, box);
+  // W's blocks are 16-byte aligned (check_blocks); tiled, a tile's chunk is one bulk copy (ChunkRing)
+  const bool box = cc_major(c10::cuda::current_device()) >= 9 && (a.tiled || a.row_bytes % 16 == 0);
+  const CUtensorMap map = chunk_map(a, Ring<kQ6_K>::kRowStride, box && !a.tiled);
   auto go = [&](auto stages, auto use_box) {
     constexpr int S = decltype(stages)::value;
     launch_i8_walk<q6::i8_kernel<T, S, decltype(use_box)::value>, S * kWarps * Ring<kQ6_K>::kStageBytes + 128>(

@@ -2,7 +2,7 @@
 dequantize_into, qlinear, qlinear_act, qembedding}, plus their fake (meta) implementations.
 
 A weight stays in its GGUF blocks (quant.QuantizedWeight: uint8 [n, k / elems * bytes], ggml's layout, or for
-Q4_K linears each 16 rows' blocks chunk-major: quant.tile_rows).
+Q4_K and Q6_K linears each 16 rows' blocks chunk-major: quant.tile_rows).
 Decode (x of at most 32 rows) streams the blocks and dequantizes in registers (qlinear); prefill
 dequantizes the weight into a scratch buffer and runs the dense GEMM (linear).
 """
