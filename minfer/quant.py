@@ -197,8 +197,8 @@ def tile_rows(w: QuantizedWeight) -> QuantizedWeight:
     """w with each 16 rows' blocks chunk-major: row 16 t + r's block c at bytes 16 t row_bytes + (16 c + r) block bytes,
     so that a 16-row tile's chunk is one run of 16 blocks (2304 bytes in Q4_K, 3360 in Q6_K), which the kernels fetch
     by one TMA copy in whole lines where 16 runs of 144 bytes took partial ones (H200, Q4_K, µs: 1 x 28672 x 4096
-    18.50 -> 16.75, 16 x 28672 x 4096 30.44 -> 28.24). The same bytes; w as it is where its kind has no tiled kernels, its out_features
-    are not a multiple of 32 (gate | up's halves whole groups) or it is in a layer group."""
+    18.50 -> 16.75, 16 x 28672 x 4096 30.44 -> 28.24). The same bytes; w as it is where its kind has no tiled
+    kernels, its out_features are not a multiple of 32 (gate | up's halves whole groups) or it is in a layer group."""
     rows, size = w.shape[0], BLOCK_BYTES[w.kind]
     if w.tiled or w.kind not in TILED_KINDS or rows % 32 or w.layer is not None:
         return w

@@ -391,7 +391,8 @@ def test_tiled_q6k_is_bit_identical(dtype):
     x's records (i8_kernel: a tile's chunk by one bulk copy, dense 210-byte rows in the stage, where the rows keep TMA
     boxes at K a multiple of 2048 and cp.async pieces below it: 768), with records of its own past 2 CTAs an SM
     (8192 rows), 2-32 rows on qtile_kernel (wide, and short K on a wide grid: 8192 x 768) and qlinear_kernel (1024 x
-    4096 and 1536 x 512 at 2-16 rows), more by the tiled dequantize (2-byte loads)."""
+    4096 and 1536 x 512 at 2-16 rows), more by the tiled dequantize (2-byte loads); the errors for tiled blocks of 24
+    rows or of Q8_0."""
     q, ops = _q(), torch.ops.minfer
     gen = torch.Generator(device=DEV).manual_seed(6)
     for n, k in [(4096, 14336), (1024, 4096), (8192, 4096), (8192, 768), (1536, 512)]:
@@ -409,6 +410,12 @@ def test_tiled_q6k_is_bit_identical(dtype):
                 xn = ops.rms_norm(x, torch.ones(k, device=DEV, dtype=dtype), 1e-5, rec)
                 assert torch.equal(q.linear(xn, t, x_records=rec), q.linear(xn, w, x_records=rec)), (n, k, m)
         assert torch.equal(q.dequantize(t, dtype), q.dequantize(w, dtype))
+    x = torch.randn(1, 512, device=DEV, dtype=dtype)
+    w = _weight("Q6_K", 24, 512)
+    with pytest.raises(RuntimeError, match="tiled blocks"):  # 24 rows: no whole groups of 16
+        ops.qlinear(x, w.blocks, q.QTYPE["Q6_K"] | q.TILED, 24, 512, None, True)
+    with pytest.raises(RuntimeError, match="tiled blocks"):  # Q8_0 has no tiled kernels
+        ops.qlinear(x, _weight("Q8_0", 32, 512).blocks, q.QTYPE["Q8_0"] | q.TILED, 32, 512, None, True)
 
 
 # ---- x records written by the norms and the activations ----

@@ -12,8 +12,8 @@ attention_decode (batch, context, heads, kv_heads, head_dim[, window]): one quer
     keys only). ref: SDPA (enable_gqa) over the cache slice [:, :context], or with a window over the slice
     of the window's keys [:, context - window:context] (no mask: the same keys read as ours).
 attention_decode_paged (batch, context, heads, kv_heads, head_dim[, window]): the same decode through a block
-    table over shuffled pages of PAGE keys (the continuous engine's cache; benchmark.py --block-size); ref: our dense-cache decode on the same
-    keys, so the ratio is paged / dense.
+    table over shuffled pages of PAGE keys (the continuous engine's cache; benchmark.py --block-size); ref: our
+    dense-cache decode on the same keys, so the ratio is paged / dense.
 attention_chunk_paged (chunk, context, heads, kv_heads, head_dim): one prompt's chunk of `chunk` queries at
     positions context - chunk .. context - 1 over shuffled pages of PAGE keys, as the continuous engine prefills a
     long prompt beside decodes; ref: SDPA on the same keys (dense, expanded to all heads beforehand, untimed)
