@@ -345,6 +345,30 @@ def test_qembedding(kind, dtype):
 
 # ---- tiled blocks (Q4_K, Q6_K) ----
 
+def _check_tiled(kind, shapes, record_rows, dtype, gen):
+    """For each W [n, k] of shapes: the tiled weight's product gives the bits of the same weight by rows at 1-40 rows,
+    and up to record_rows rows (k of 768 on) on x's records (written by rms_norm over poison) the bits of the weight
+    by rows: without records for Q4_K (which converts x itself to the same records), on the same records for Q6_K
+    (whose one row without them is another kernel); so does its dequantize."""
+    q, ops = _q(), torch.ops.minfer
+    for n, k in shapes:
+        w = _weight(kind, n, k, seed=n + k)
+        t = quant.tile_rows(w)
+        assert t.tiled
+        scale = 1 / (w.dequantize(torch.float32).abs().mean().item() * k ** 0.5)
+        for m in (1, 2, 9, 16, 24, 32, 40):
+            x = (torch.randn(m, k, device=DEV, generator=gen) * scale).to(dtype)
+            want = q.linear(x, w)
+            ours = q.linear(x, t)
+            assert not torch.isnan(ours).any() and torch.equal(ours, want), (n, k, m)
+            if m <= record_rows and k >= 768:
+                rec = _poisoned_records(m, k)
+                xn = ops.rms_norm(x, torch.ones(k, device=DEV, dtype=dtype), 1e-5, rec)
+                ref_rec = None if kind == "Q4_K" else rec
+                assert torch.equal(q.linear(xn, t, x_records=rec), q.linear(xn, w, x_records=ref_rec)), (n, k, m)
+        assert torch.equal(q.dequantize(t, dtype), q.dequantize(w, dtype))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_tiled_q4k_is_bit_identical(dtype):
     """Q4_K linears with their blocks tiled (quant.tile_rows, as the loader keeps them on the GPU) give the bits of
@@ -354,20 +378,7 @@ def test_tiled_q4k_is_bit_identical(dtype):
     and 1008, a last pair tile past the rows)."""
     q, ops = _q(), torch.ops.minfer
     gen = torch.Generator(device=DEV).manual_seed(5)
-    for n, k in [(28672, 4096), (4096, 4096), (4096, 14336), (1536, 512)]:
-        w = _weight("Q4_K", n, k, seed=n + k)
-        t = quant.tile_rows(w)
-        assert t.tiled
-        scale = 1 / (w.dequantize(torch.float32).abs().mean().item() * k ** 0.5)
-        for m in (1, 2, 9, 16, 24, 32, 40):
-            x = (torch.randn(m, k, device=DEV, generator=gen) * scale).to(dtype)
-            want = q.linear(x, w)
-            ours = q.linear(x, t)
-            assert not torch.isnan(ours).any() and torch.equal(ours, want), (n, k, m)
-            if m <= 16 and k >= 768:
-                rec = _poisoned_records(m, k)
-                xn = ops.rms_norm(x, torch.ones(k, device=DEV, dtype=dtype), 1e-5, rec)
-                assert torch.equal(q.linear(xn, t, x_records=rec), q.linear(xn, w)), (n, k, m)
+    _check_tiled("Q4_K", [(28672, 4096), (4096, 4096), (4096, 14336), (1536, 512)], 16, dtype, gen)
     for inter, k in ((14336, 4096), (1008, 768)):
         w = _weight("Q4_K", 2 * inter, k, seed=inter)
         t = quant.tile_rows(w)
@@ -395,21 +406,7 @@ def test_tiled_q6k_is_bit_identical(dtype):
     rows or of Q8_0."""
     q, ops = _q(), torch.ops.minfer
     gen = torch.Generator(device=DEV).manual_seed(6)
-    for n, k in [(4096, 14336), (1024, 4096), (8192, 4096), (8192, 768), (1536, 512)]:
-        w = _weight("Q6_K", n, k, seed=n + k)
-        t = quant.tile_rows(w)
-        assert t.tiled
-        scale = 1 / (w.dequantize(torch.float32).abs().mean().item() * k ** 0.5)
-        for m in (1, 2, 9, 16, 24, 32, 40):
-            x = (torch.randn(m, k, device=DEV, generator=gen) * scale).to(dtype)
-            want = q.linear(x, w)
-            ours = q.linear(x, t)
-            assert not torch.isnan(ours).any() and torch.equal(ours, want), (n, k, m)
-            if m == 1 and k >= 768:
-                rec = _poisoned_records(m, k)
-                xn = ops.rms_norm(x, torch.ones(k, device=DEV, dtype=dtype), 1e-5, rec)
-                assert torch.equal(q.linear(xn, t, x_records=rec), q.linear(xn, w, x_records=rec)), (n, k, m)
-        assert torch.equal(q.dequantize(t, dtype), q.dequantize(w, dtype))
+    _check_tiled("Q6_K", [(4096, 14336), (1024, 4096), (8192, 4096), (8192, 768), (1536, 512)], 1, dtype, gen)
     x = torch.randn(1, 512, device=DEV, dtype=dtype)
     w = _weight("Q6_K", 24, 512)
     with pytest.raises(RuntimeError, match="tiled blocks"):  # 24 rows: no whole groups of 16
