@@ -176,8 +176,12 @@ class QuantizedWeight:
         return QuantizedWeight(self.kind, self.row_blocks(index), (len(index), self.shape[1]), self.dtype)
 
     def untiled(self) -> "QuantizedWeight":
-        """This weight with its blocks by rows."""
-        return self.select_rows(torch.arange(self.shape[0], device=self.device)) if self.tiled else self
+        """This weight with its blocks by rows (tile_rows undone)."""
+        if not self.tiled:
+            return self
+        groups = self.blocks.view(self.shape[0] // 16, -1, 16, BLOCK_BYTES[self.kind])  # [groups, chunks, 16, bytes]
+        blocks = groups.transpose(1, 2).contiguous().view(self.blocks.shape)
+        return QuantizedWeight(self.kind, blocks, self.shape, self.dtype)
 
     @staticmethod
     def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "common/ptx.cuh"
@@ -55,13 +56,13 @@ __device__ __forceinline__ int load_tile(uint8_t* tile, const uint8_t* __restric
   return int(start - a0);
 }
 
-// Outputs e .. e + 7 of a tile (its blocks at `blocks`) decoded into dst[e ..] in one 16-byte store.
+// Outputs e .. e + 7 of a tile (its blocks at `blocks`) decoded into to[0 .. 7] in one 16-byte store.
 template <int QT, typename T>
-__device__ __forceinline__ void decode_store(T* dst, const uint8_t* blocks, int e) {
+__device__ __forceinline__ void decode_store(T* to, const uint8_t* blocks, int e) {
   using F = Format<QT>;
   float v[8];
   decode8<QT>(blocks + e / F::kElems * F::kBytes, (e % F::kElems) / 8, v);
-  *reinterpret_cast<uint4*>(dst + e) = pack8<T>(v);
+  *reinterpret_cast<uint4*>(to) = pack8<T>(v);
 }
 
 template <int QT>
@@ -90,56 +91,83 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_rows_kernel(T* __restri
   const int64_t row_bytes = int64_t(k / F::kElems) * F::kBytes;
   const int at = load_tile<QT>(tile, w, id * row_bytes + e0 / F::kElems * F::kBytes, elems, n * row_bytes);
   __syncthreads();
-  if (e < elems) decode_store<QT, T>(dst, tile + at, e);
+  if (e < elems) decode_store<QT, T>(dst + e, tile + at, e);
 }
 
-// out = the whole W, `values` = n * k outputs: rows are contiguous in both, so tile blockIdx.x of kDecodeTile
-// outputs may span rows, and a short-K weight fills whole CTAs (a 960 x 576 weight: 270 CTAs, not 960 of 72
-// busy threads). Launched as a programmatic dependent: the tile's blocks load before griddep_wait where W is
-// static (no kernel just ahead writes it); out (a reused scratch) is written only after it. H200, dequantize +
-// linear against the per-row grid launched plainly, us: 64 x 960 x 576 5.5 -> 3.8, 64 x 3072 x 576 10.5 -> 7.0.
-// A tile's blocks from a tiled W (chunks 256-k chunks a row; checks.h, kTiled), in the outputs' order, into smem:
-// output block b (row b / chunks, chunk b % chunks) lies in its row group's chunk-major run. Q4_K's blocks (144
-// bytes) come in 16-byte loads, Q6_K's (210, 2-byte aligned) in 2-byte ones.
+// A tiled W (chunks 256-k chunks a row; checks.h, kTiled): output block b (row b / chunks, chunk b % chunks) lies in
+// its 16-row group's chunk-major run. Its first byte in W:
+__device__ __forceinline__ int64_t tiled_block_byte(int64_t b, int chunks, int block_bytes) {
+  const int64_t n = b / chunks, c = b % chunks;
+  return ((n & ~int64_t(15)) * chunks + 16 * c + (n & 15)) * block_bytes;
+}
+
+// A tile's blocks from a tiled W, in the outputs' order (8 chunks of one row, each from its own run), into slots of
+// kSlotBytes: each block in 16-byte loads from the aligned piece holding its first byte, which lies at that byte's
+// offset mod 16 in the slot (Q6_K's 210-byte blocks are 2-byte aligned; the pieces end at the block's last one).
+// Against decoding runs of W's bytes as they lie (8 blocks of one row group, written to 8 rows) the rows stay one
+// 4 KB run of out a CTA (H200, dequantize + cuBLAS, us: Q4_K 512 x 28672 x 4096 314 -> 297).
+template <int QT>
+constexpr int kSlotBytes = Format<QT>::kBytes % 16 == 0 ? Format<QT>::kBytes : (Format<QT>::kBytes + 14 + 15) / 16 * 16;
+
 template <int QT>
 __device__ __forceinline__ void load_tiled(uint8_t* tile, const uint8_t* __restrict__ w, int64_t e0, int elems,
                                            int chunks) {
   using F = Format<QT>;
-  constexpr int kUnit = F::kBytes % 16 == 0 ? 16 : 2, kPer = F::kBytes / kUnit;  // Q4_K: 9 x 16, Q6_K: 105 x 2
-  for (int p = threadIdx.x; p < elems / F::kElems * kPer; p += kDecodeThreads) {
-    const int64_t b = e0 / F::kElems + p / kPer, n = b / chunks, c = b % chunks;
-    const int64_t at = ((n & ~int64_t(15)) * chunks + 16 * c + (n & 15)) * F::kBytes + kUnit * (p % kPer);
-    if constexpr (kUnit == 16)
-      *reinterpret_cast<uint4*>(tile + 16 * p) = ptx::ld_nc_stream_v4(reinterpret_cast<const uint4*>(w + at), true);
-    else
-      *reinterpret_cast<uint16_t*>(tile + 2 * p) = __ldg(reinterpret_cast<const uint16_t*>(w + at));
+  constexpr int kPieces = kSlotBytes<QT> / 16;
+  for (int p = threadIdx.x; p < elems / F::kElems * kPieces; p += kDecodeThreads) {
+    const int j = p / kPieces, piece = p % kPieces;
+    const int64_t first = tiled_block_byte(e0 / F::kElems + j, chunks, F::kBytes);
+    const int64_t a = (first & ~int64_t(15)) + 16 * piece;
+    if (a < first + F::kBytes)
+      *reinterpret_cast<uint4*>(tile + 16 * p) = ptx::ld_nc_stream_v4(reinterpret_cast<const uint4*>(w + a), true);
   }
 }
 
+template <int QT>  // decode_all_kernel's shared memory: a run of W's bytes, or a tiled W's 8 slots
+constexpr int kTileBytes = Format<QT>::kElems == 256
+                               ? std::max(16 * kTilePieces<QT>, kDecodeTile / 256 * kSlotBytes<QT>)
+                               : 16 * kTilePieces<QT>;
+
+// out = the whole W, `values` = n * k outputs, in tiles of kDecodeTile outputs: rows are contiguous in both, so a
+// tile may span rows, and a short-K weight fills whole CTAs (a 960 x 576 weight: 270 CTAs, not 960 of 72 busy
+// threads); a tiled W's tile is 8 chunks of one row (load_tiled). Launched as a programmatic dependent: the tile's
+// blocks load before griddep_wait where W is static (no kernel just ahead writes it); out (a reused scratch) is
+// written only after it. H200, dequantize + linear against the per-row grid launched plainly, us: 64 x 960 x 576
+// 5.5 -> 3.8, 64 x 3072 x 576 10.5 -> 7.0.
 template <int QT, typename T>
 __global__ void __launch_bounds__(kDecodeThreads) decode_all_kernel(T* __restrict__ out,            // [n * k]
                                                                     const uint8_t* __restrict__ w,  // [n, row bytes]
                                                                     int64_t values, bool static_weight,
                                                                     int tiled_chunks) {  // 0: W not tiled
   using F = Format<QT>;
-  __shared__ __align__(16) uint8_t tile[16 * kTilePieces<QT>];
+  __shared__ __align__(16) uint8_t tile[kTileBytes<QT>];
   const int64_t e0 = int64_t(blockIdx.x) * kDecodeTile;
   const int elems = int(min(int64_t(kDecodeTile), values - e0));
   const int64_t start = e0 / F::kElems * F::kBytes, total = values / F::kElems * F::kBytes;
-  auto load = [&] {
-    if constexpr (Format<QT>::kElems == 256) {
-      if (tiled_chunks > 0) return load_tiled<QT>(tile, w, e0, elems, tiled_chunks), 0;
-    }
-    return load_tile<QT>(tile, w, start, elems, total);
-  };
+  const bool tiled = F::kElems == 256 && tiled_chunks > 0;
   int at = 0;
-  if (static_weight) at = load();
+  auto load = [&] {
+    if constexpr (F::kElems == 256) {
+      if (tiled) {
+        load_tiled<QT>(tile, w, e0, elems, tiled_chunks);
+        return;
+      }
+    }
+    at = load_tile<QT>(tile, w, start, elems, total);
+  };
+  if (static_weight) load();
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
-  if (!static_weight) at = load();
+  if (!static_weight) load();
   __syncthreads();
   const int e = 8 * threadIdx.x;
-  if (e < elems) decode_store<QT, T>(out + e0, tile + at, e);
+  if (e >= elems) return;
+  const int j = e / F::kElems;  // the tile's block of this thread's outputs
+  const uint8_t* block = tile + at + j * F::kBytes;
+  if (tiled) block = tile + j * kSlotBytes<QT> + (tiled_block_byte(e0 / F::kElems + j, tiled_chunks, F::kBytes) & 15);
+  float v[8];
+  decode8<QT>(block, (e % F::kElems) / 8, v);
+  *reinterpret_cast<uint4*>(out + e0 + e) = pack8<T>(v);
 }
 
 }  // namespace minfer::qgemm
