@@ -101,11 +101,11 @@ __device__ __forceinline__ int64_t tiled_block_byte(int64_t b, int chunks, int b
   return ((n & ~int64_t(15)) * chunks + 16 * c + (n & 15)) * block_bytes;
 }
 
-// A tile's blocks from a tiled W, in the outputs' order (8 chunks of one row, each from its own run), into slots of
-// kSlotBytes: each block in 16-byte loads from the aligned piece holding its first byte, which lies at that byte's
-// offset mod 16 in the slot (Q6_K's 210-byte blocks are 2-byte aligned; the pieces end at the block's last one).
-// Against decoding runs of W's bytes as they lie (8 blocks of one row group, written to 8 rows) the rows stay one
-// 4 KB run of out a CTA (H200, dequantize + cuBLAS, us: Q4_K 512 x 28672 x 4096 314 -> 297).
+// A tile's blocks from a tiled W in the outputs' order (8 consecutive blocks of out, each from its row group's run)
+// into slots of kSlotBytes: each block in 16-byte loads from the aligned piece holding its first byte, which lies at
+// that byte's offset mod 16 in the slot (Q6_K's 210-byte blocks are 2-byte aligned; the pieces end at the block's
+// last one). Against decoding runs of W's bytes as they lie (8 blocks of one row group, written to 8 rows), a CTA
+// writes one 4 KB run of out (H200, dequantize + cuBLAS, us: Q4_K 512 x 28672 x 4096 314 -> 297).
 template <int QT>
 constexpr int kSlotBytes = Format<QT>::kBytes % 16 == 0 ? Format<QT>::kBytes : (Format<QT>::kBytes + 14 + 15) / 16 * 16;
 
@@ -130,7 +130,7 @@ constexpr int kTileBytes = Format<QT>::kElems == 256
 
 // out = the whole W, `values` = n * k outputs, in tiles of kDecodeTile outputs: rows are contiguous in both, so a
 // tile may span rows, and a short-K weight fills whole CTAs (a 960 x 576 weight: 270 CTAs, not 960 of 72 busy
-// threads); a tiled W's tile is 8 chunks of one row (load_tiled). Launched as a programmatic dependent: the tile's
+// threads); a tiled W's blocks are gathered into the outputs' order (load_tiled). Launched as a programmatic dependent: the tile's
 // blocks load before griddep_wait where W is static (no kernel just ahead writes it); out (a reused scratch) is
 // written only after it. H200, dequantize + linear against the per-row grid launched plainly, us: 64 x 960 x 576
 // 5.5 -> 3.8, 64 x 3072 x 576 10.5 -> 7.0.
