@@ -56,13 +56,13 @@ __device__ __forceinline__ int load_tile(uint8_t* tile, const uint8_t* __restric
   return int(start - a0);
 }
 
-// Outputs e .. e + 7 of a tile (its blocks at `blocks`) decoded into to[0 .. 7] in one 16-byte store.
+// Outputs e .. e + 7 of a tile (its blocks at `blocks`) decoded into dst[e ..] in one 16-byte store.
 template <int QT, typename T>
-__device__ __forceinline__ void decode_store(T* to, const uint8_t* blocks, int e) {
+__device__ __forceinline__ void decode_store(T* dst, const uint8_t* blocks, int e) {
   using F = Format<QT>;
   float v[8];
   decode8<QT>(blocks + e / F::kElems * F::kBytes, (e % F::kElems) / 8, v);
-  *reinterpret_cast<uint4*>(to) = pack8<T>(v);
+  *reinterpret_cast<uint4*>(dst + e) = pack8<T>(v);
 }
 
 template <int QT>
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_rows_kernel(T* __restri
   const int64_t row_bytes = int64_t(k / F::kElems) * F::kBytes;
   const int at = load_tile<QT>(tile, w, id * row_bytes + e0 / F::kElems * F::kBytes, elems, n * row_bytes);
   __syncthreads();
-  if (e < elems) decode_store<QT, T>(dst + e, tile + at, e);
+  if (e < elems) decode_store<QT, T>(dst, tile + at, e);
 }
 
 // A tiled W (chunks 256-k chunks a row; checks.h, kTiled): output block b (row b / chunks, chunk b % chunks) lies in
@@ -128,12 +128,12 @@ constexpr int kTileBytes = Format<QT>::kElems == 256
                                ? std::max(16 * kTilePieces<QT>, kDecodeTile / 256 * kSlotBytes<QT>)
                                : 16 * kTilePieces<QT>;
 
-// out = the whole W, `values` = n * k outputs, in tiles of kDecodeTile outputs: rows are contiguous in both, so a
-// tile may span rows, and a short-K weight fills whole CTAs (a 960 x 576 weight: 270 CTAs, not 960 of 72 busy
-// threads); a tiled W's blocks are gathered into the outputs' order (load_tiled). Launched as a programmatic dependent: the tile's
-// blocks load before griddep_wait where W is static (no kernel just ahead writes it); out (a reused scratch) is
-// written only after it. H200, dequantize + linear against the per-row grid launched plainly, us: 64 x 960 x 576
-// 5.5 -> 3.8, 64 x 3072 x 576 10.5 -> 7.0.
+// out = the whole W, `values` = n * k outputs, in tiles of kDecodeTile outputs: rows are contiguous in both, so a tile
+// may span rows, and a short-K weight fills whole CTAs (a 960 x 576 weight: 270 CTAs, not 960 of 72 busy threads); a
+// tiled W's blocks are gathered into the outputs' order (load_tiled). Launched as a programmatic dependent: the tile's
+// blocks load before griddep_wait where W is static (no kernel just ahead writes it); out (a reused scratch) is written
+// only after it. H200, dequantize + linear against the per-row grid launched plainly, us: 64 x 960 x 576 5.5 -> 3.8,
+// 64 x 3072 x 576 10.5 -> 7.0.
 template <int QT, typename T>
 __global__ void __launch_bounds__(kDecodeThreads) decode_all_kernel(T* __restrict__ out,            // [n * k]
                                                                     const uint8_t* __restrict__ w,  // [n, row bytes]
