@@ -153,17 +153,14 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """-> [out_features, in_features] in dtype (default: self.dtype), on the blocks' device."""
         n = self.shape[0] * self.shape[1]
-        blocks = self.untiled().blocks if self.tiled else self.blocks
-        return dequantize(self.kind, blocks.reshape(-1), n).view(self.shape).to(dtype or self.dtype)
+        return dequantize(self.kind, self.untiled().blocks.reshape(-1), n).view(self.shape).to(dtype or self.dtype)
 
     def row_blocks(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n]'s blocks by rows -> uint8 [n, row_bytes]."""
         ids = ids.long()
         if not self.tiled:
             return self.blocks[ids]
-        size = BLOCK_BYTES[self.kind]
-        groups = self.blocks.view(self.shape[0] // 16, -1, 16, size)  # [row groups, chunks, 16, block bytes]
-        return groups[ids // 16, :, ids % 16].reshape(len(ids), -1)
+        return self._row_groups()[ids // 16, :, ids % 16].reshape(len(ids), -1)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rows `ids` [n] dequantized -> [n, in_features]: an embedding lookup that reads only those rows."""
@@ -179,9 +176,12 @@ class QuantizedWeight:
         """This weight with its blocks by rows (tile_rows undone)."""
         if not self.tiled:
             return self
-        groups = self.blocks.view(self.shape[0] // 16, -1, 16, BLOCK_BYTES[self.kind])  # [groups, chunks, 16, bytes]
-        blocks = groups.transpose(1, 2).contiguous().view(self.blocks.shape)
+        blocks = self._row_groups().transpose(1, 2).contiguous().view(self.blocks.shape)
         return QuantizedWeight(self.kind, blocks, self.shape, self.dtype)
+
+    def _row_groups(self) -> torch.Tensor:
+        """A tiled weight's blocks as uint8 [row groups, chunks, 16, block bytes]."""
+        return self.blocks.view(self.shape[0] // 16, -1, 16, BLOCK_BYTES[self.kind])
 
     @staticmethod
     def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":

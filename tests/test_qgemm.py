@@ -402,8 +402,8 @@ def test_tiled_q6k_is_bit_identical(dtype):
     x's records (i8_kernel: a tile's chunk by one bulk copy, dense 210-byte rows in the stage, where the rows keep TMA
     boxes at K a multiple of 2048 and cp.async pieces below it: 768), with records of its own past 2 CTAs an SM
     (8192 rows), 2-32 rows on qtile_kernel (wide, and short K on a wide grid: 8192 x 768) and qlinear_kernel (1024 x
-    4096 and 1536 x 512 at 2-16 rows), more by the tiled dequantize (2-byte loads); the errors for tiled blocks of 24
-    rows or of Q8_0."""
+    4096 and 1536 x 512 at 2-16 rows), more by the tiled dequantize (each block gathered from its aligned 16-byte
+    pieces; at K 768 and 512 a tile's blocks span rows); the errors for tiled blocks of 24 rows or of Q8_0."""
     q, ops = _q(), torch.ops.minfer
     gen = torch.Generator(device=DEV).manual_seed(6)
     _check_tiled("Q6_K", [(4096, 14336), (1024, 4096), (8192, 4096), (8192, 768), (1536, 512)], 1, dtype, gen)

@@ -124,6 +124,5 @@ def linear_act(x: torch.Tensor, w: QuantizedWeight, act: str, static_weight: boo
 def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     """Rows `ids` of w dequantized -> [*ids.shape, k]; out-of-range ids give NaN rows."""
     n, k = w.shape
-    if w.tiled:
-        w = w.untiled()
+    w = w.untiled()  # qembedding reads blocks by rows
     return _ops.qembedding(ids.contiguous(), w.blocks, QTYPE[w.kind], n, k, dtype)
