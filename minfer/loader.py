@@ -18,9 +18,7 @@ from tqdm import tqdm
 from . import gguf, tokenizer
 from .config import ModelConfig
 from .errors import MinferError, check_readable, file_error, open_input, read_json
-
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+from .fetch import DEFAULT_MODEL_FILE, cache_dir  # the default model's file, and the folder setup.sh puts it in
 
 
 @dataclass
@@ -39,10 +37,6 @@ class LoadTimes:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         setattr(self, phase, getattr(self, phase) + time.perf_counter() - t0)
-
-
-def cache_dir() -> str:
-    return os.environ.get("MINFER_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "minfer"))
 
 
 def default_checkpoint() -> str:

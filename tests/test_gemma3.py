@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minfer import gguf, loader
+from minfer import fetch, gguf, loader
 from minfer.config import FULL, SLIDING, ModelConfig
 
 from test_models import hf_logits, load_minfer, write_tokenizer
@@ -150,10 +150,13 @@ def test_gguf_layer_pattern():
     assert cfg.layer_types == [SLIDING, FULL] * 4 and cfg.rope_local_theta == 5e3
 
 
-GGUF_PATH = os.environ.get("MINFER_GEMMA3_GGUF", os.path.join(loader.cache_dir(), "gemma-3-270m-q4_k_m.gguf"))
+GGUF_PATH = os.environ.get("MINFER_GEMMA3_GGUF",
+                           os.path.join(loader.cache_dir(), fetch.MODELS["gemma3-270m"].file))  # setup.sh --model
+needs_real_file = pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH} "
+                                     "(bash setup.sh --model gemma3-270m)")
 
 
-@pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH}")
+@needs_real_file
 def test_real_gguf_greedy_matches_transformers():
     """The first 16 greedy tokens of a prompt equal transformers' on the same file, fp32 (both dequantize
     it); about a minute, most of it transformers reading the file. The tokenizer is held to transformers'
@@ -200,7 +203,7 @@ def _hf_real():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH}")
+@needs_real_file
 def test_real_gguf_on_cuda_kernels_matches_transformers():
     """Every layer on our kernels (head_dim 256, windowed attention, GeGLU, Q4_K / Q6_K / Q8_0 weights kept
     quantized), bf16 (fp16 overflows: test_float16_is_refused): the first 8 greedy tokens equal transformers'
@@ -232,7 +235,7 @@ def test_real_gguf_on_cuda_kernels_matches_transformers():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not os.path.exists(GGUF_PATH), reason=f"gemma-3-270m GGUF not at {GGUF_PATH}")
+@needs_real_file
 def test_real_gguf_perplexity_within_1_percent_of_transformers():
     """tinyshakespeare, 8 windows of 1024 tokens (past the 512-key window of the local layers), each one
     prefill on our kernels (bf16) against transformers fp32 on the GPU."""
