@@ -4,6 +4,7 @@ The legacy formats are checked bit for bit against gguf.quants.quantize; the K-q
 and by gguf's own dequantizer reading what we wrote. Written files are loaded by transformers and by
 minfer and compared with each other and with the source model (fp32, CPU, ref backend).
 """
+import dataclasses
 import json
 import os
 
@@ -142,6 +143,89 @@ def test_tensor_type_fallbacks_and_other_types():
     assert quantize.tensor_type("output_norm.weight", (4096,), "Q4_K_M", cfg, True) == "F32"
     seventy = ModelConfig("llama", 128256, 8192, 28672, 80, 64, 8, 128)
     assert quantize.tensor_type("blk.10.attn_v.weight", (1024, 8192), "Q4_K_M", seventy, True) == "Q5_K"
+
+
+def llama_cpp_q5_k_m(name: str, shape: tuple, n_layers: int, tied: bool) -> str:
+    """llama.cpp's llama_tensor_get_type for LLAMA_FTYPE_MOSTLY_Q5_K_M (no imatrix, llama arch, no experts),
+    written out here independently of minfer.quantize: 1-D tensors stay F32; output.weight (token_embd.weight
+    when tied) Q6_K, Q8_0 when its rows are not a multiple of Q5_K's 256; attn_v and ffn_down Q6_K on
+    use_more_bits layers, else Q5_K; every other 2-D weight (token_embd included) Q5_K; then
+    tensor_type_fallback for a row length not a multiple of the type's block: Q5_K -> Q5_1, Q6_K -> Q8_0,
+    F16 when not a multiple of 32 either. (The 70B attn_v rule only lifts Q3_K / Q4_K: no effect here.)"""
+    if len(shape) < 2:
+        return "F32"
+    cols = shape[1]
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        t = "Q8_0" if cols % 256 else "Q6_K"
+    elif name.endswith((".attn_v.weight", ".ffn_down.weight")):
+        i, n = int(name.split(".")[1]), n_layers
+        more = i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # use_more_bits, C integer division
+        t = "Q6_K" if more else "Q5_K"
+    else:
+        t = "Q5_K"
+    if cols % (256 if t.endswith("_K") else 32):
+        t = {"Q5_K": "Q5_1", "Q6_K": "Q8_0"}[t]
+        if cols % 32:
+            t = "F16"
+    return t
+
+
+def test_tensor_types_of_llama3_8b_q5_k_m_match_llama_cpp():
+    """llama.cpp's Meta-Llama-3-8B Q5_K_M: 65 f32, 193 q5_K, 33 q6_K tensors (the Q4_K_M mix, Q5_K for Q4_K)."""
+    cfg = shapes.config("llama-3-8b")
+    sizes = {quantize.gguf_name(k): s for k, s in shapes.weight_shapes(cfg).items()}
+    types = {k: quantize.tensor_type(k, s, "Q5_K_M", cfg, True) for k, s in sizes.items()}
+    assert types == {k: llama_cpp_q5_k_m(k, s, 32, tied=False) for k, s in sizes.items()}
+    counts = {t: list(types.values()).count(t) for t in set(types.values())}
+    assert counts == {"F32": 65, "Q5_K": 193, "Q6_K": 33}
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q5_K"
+    more = [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]  # use_more_bits for 32 layers
+    assert [i for i in range(32) if types[f"blk.{i}.attn_v.weight"] == "Q6_K"] == more
+    assert [i for i in range(32) if types[f"blk.{i}.ffn_down.weight"] == "Q6_K"] == more
+    for i in range(32):
+        for part in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+            assert types[f"blk.{i}.{part}.weight"] == "Q5_K"
+
+
+@pytest.mark.parametrize("shape, layers", [("llama-3-8b", n) for n in (1, 2, 3, 7, 9, 16, 22, 40, 80)]
+                         + [("llama-3.2-1b", None), ("qwen3-0.6b", None), ("smollm2-135m", None)])
+def test_q5_k_m_mix_follows_llama_cpp_rule(shape, layers):
+    """Every tensor of several shapes and layer counts (n/8 rounding, 80 layers with GQA as a 70B); tied
+    embeddings (the output rule on token_embd); SmolLM2's 576-wide rows (Q5_1 / Q8_0 fallbacks)."""
+    cfg = shapes.config(shape)
+    if layers is not None:
+        cfg = dataclasses.replace(cfg, num_layers=layers)
+    sizes = shapes.weight_shapes(cfg)
+    tied = "lm_head.weight" not in sizes
+    assert tied == cfg.tie_word_embeddings
+    got = {quantize.gguf_name(k): quantize.tensor_type(quantize.gguf_name(k), s, "Q5_K_M", cfg, not tied)
+           for k, s in sizes.items()}
+    expected = {quantize.gguf_name(k): llama_cpp_q5_k_m(quantize.gguf_name(k), s, cfg.num_layers, tied)
+                for k, s in sizes.items()}
+    assert got == expected
+    if shape == "smollm2-135m":  # 30 layers; hidden 576 = 2.25 * 256, intermediate 1536 = 6 * 256
+        assert got["token_embd.weight"] == "Q8_0" and got["blk.4.attn_q.weight"] == "Q5_1"
+        assert {got[f"blk.{i}.attn_v.weight"] for i in range(30)} == {"Q5_1", "Q8_0"}
+        assert {got[f"blk.{i}.ffn_down.weight"] for i in range(30)} == {"Q5_K", "Q6_K"}
+
+
+def test_q5_k_m_file_has_llama_cpp_mix(tmp_path, monkeypatch):
+    """The types in a written 9-layer Q5_K_M file (not those of tensor_type's plan): 9 // 8 = 1 and 7 * 9 // 8 = 7,
+    so attn_v / ffn_down take Q6_K on layers 0, 3, 6, 7, 8; ffn_down's 288-wide rows fall back to Q5_1 / Q8_0."""
+    monkeypatch.setitem(shapes.SHAPES, "nine-llama", dict(TINY, hidden_size=256, intermediate_size=288, num_layers=9,
+                                                          num_heads=4, num_kv_heads=2, head_dim=64))
+    out = tmp_path / "nine.gguf"
+    quantize_cli(["--shape", "nine-llama", out, "--type", "Q5_K_M"])
+    reader = gguf.GGUFReader(str(out))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    cfg = shapes.config("nine-llama")
+    sizes = {quantize.gguf_name(k): s for k, s in shapes.weight_shapes(cfg).items()}
+    assert types == {k: llama_cpp_q5_k_m(k, s, 9, tied=False) for k, s in sizes.items()}
+    assert [i for i in range(9) if types[f"blk.{i}.attn_v.weight"] == "Q6_K"] == [0, 3, 6, 7, 8]
+    assert [i for i in range(9) if types[f"blk.{i}.ffn_down.weight"] == "Q8_0"] == [0, 3, 6, 7, 8]
+    assert {types[f"blk.{i}.ffn_down.weight"] for i in (1, 2, 4, 5)} == {"Q5_1"}
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q5_K"
+    assert reader.fields["general.file_type"].contents() == 17  # LLAMA_FTYPE_MOSTLY_Q5_K_M
 
 
 # ------------------------------------------------------------------------------ whole files
@@ -312,17 +396,31 @@ def test_shape_source_is_the_named_shape():
     torch.testing.assert_close(w, src.read("model.layers.0.input_layernorm.weight"), rtol=0, atol=0)  # seeded
 
 
-def test_f16_gguf_source(tmp_path):
-    """An F16 GGUF (written here from the HF model, Q/K in llama.cpp's order) quantizes like the HF folder."""
+def float_gguf_array(x: torch.Tensor, kind: str) -> tuple[np.ndarray, dict]:
+    """x as a GGUFWriter.add_tensor argument of GGUF type `kind`: BF16 (numpy has none) as its bit patterns."""
+    if kind == "BF16":
+        return x.bfloat16().view(torch.int16).numpy().view(np.uint16), {"raw_dtype": gguf.GGMLQuantizationType.BF16}
+    return x.to(getattr(torch, {"F16": "float16", "F32": "float32"}[kind])).numpy(), {}
+
+
+# max |logit difference| between the two Q8_0 files: the source's rounding, then Q8_0 again (none from F32)
+GGUF_SOURCE_ATOL = {"F32": 0.0, "F16": 0.02, "BF16": 0.1}  # measured: F16 0.011, BF16 0.047
+
+
+@pytest.mark.parametrize("kind", ["F16", "BF16", "F32"])
+def test_float_gguf_source(kind, tmp_path):
+    """An F16 / BF16 / F32 GGUF (written here from the HF model, Q/K in llama.cpp's order) quantizes like the
+    HF folder; from F32 (the HF model's own dtype) to the same bytes."""
     src = tmp_path / "hf"
     build_llama(src)
     q8 = tmp_path / "from_hf.gguf"
     quantize_cli([src, q8, "--type", "Q8_0"])
-    # The same metadata and tensor names, each tensor the F16 of the source (norms F32), as convert_hf_to_gguf.
+    # The same metadata and tensor names, each tensor the `kind` of the source (norms F32), as convert_hf_to_gguf.
     reader = gguf.GGUFReader(str(q8))
     hf_src = quantize.hf_source(str(src))
-    f16 = tmp_path / "f16.gguf"
-    w = gguf.GGUFWriter(str(f16), "llama")
+    assert {hf_src.read(k).dtype for k in hf_src.shapes} == {torch.float32}
+    source = tmp_path / f"{kind}.gguf"
+    w = gguf.GGUFWriter(str(source), "llama")
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
@@ -333,17 +431,26 @@ def test_f16_gguf_source(tmp_path):
         x = hf_src.read(hf_name).float()
         if "attn_q." in t.name or "attn_k." in t.name:
             x = quantize.permute_qk(x, 4 if "attn_q." in t.name else 2)
-        w.add_tensor(t.name, x.numpy() if x.dim() == 1 else x.half().numpy())
+        data, raw = float_gguf_array(x, "F32" if x.dim() == 1 else kind)
+        w.add_tensor(t.name, data, **raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    again = tmp_path / "from_f16.gguf"
-    quantize_cli([f16, again, "--type", "Q8_0"])
+    written = {t.name: (t.tensor_type.name, len(t.shape)) for t in gguf.GGUFReader(str(source)).tensors}
+    assert {k for k, d in written.values() if d == 2} == {kind}
+    assert {k for k, d in written.values() if d == 1} == {"F32"}
+    again = tmp_path / f"from_{kind}.gguf"
+    quantize_cli([source, again, "--type", "Q8_0"])
+    tensors = {t.name: t for t in gguf.GGUFReader(str(again)).tensors}
+    assert {n: t.tensor_type.name for n, t in tensors.items()} == {t.name: t.tensor_type.name for t in reader.tensors}
+    if kind == "F32":  # nothing rounded on the way: the very file of the HF folder, tensor for tensor
+        for t in reader.tensors:
+            np.testing.assert_array_equal(np.asarray(tensors[t.name].data), np.asarray(t.data))
     ids = torch.tensor([[3, 50, 7, 299, 100]])
     a, _ = minfer_logits(q8, ids)
     b, _ = minfer_logits(again, ids)
-    torch.testing.assert_close(a, b, atol=0.02, rtol=0)  # the F16 rounding of the source, then Q8_0 again
+    torch.testing.assert_close(b, a, atol=GGUF_SOURCE_ATOL[kind], rtol=0)  # the source's rounding, then Q8_0 again
 
 
 def test_errors_are_one_line(tmp_path, capsys):
