@@ -107,6 +107,16 @@ def test_chat(accepted):
     assert "Paris" in out
 
 
+@needs_model
+def test_dequantize_gives_the_same_greedy_text(accepted):
+    """--dequantize expands the GGUF's blocks at load. On the CPU the ref backend expands them anyway, and a
+    kept-quantized weight is dequantized to the same fp32 values before each matmul: the same greedy text."""
+    rc, out, err = run(*ACCEPT, "--dequantize")
+    assert rc == 0, err
+    assert_clean_stats(err)
+    assert out == accepted[0]
+
+
 # ---- errors: non-zero exit, exactly one line on stderr, no traceback ----
 
 def write_tiny_hf(folder, arch="LlamaForCausalLM"):
@@ -222,17 +232,37 @@ def main(capsys, *args):
     return rc, out, err
 
 
-SAMPLING_FLAGS = ["--temperature", "--top-k", "--top-p", "--min-p", "--repetition-penalty"]
+SAMPLING_FLAGS = ["--temperature", "--top-k", "--top-p", "--min-p", "--repetition-penalty", "--presence-penalty",
+                  "--frequency-penalty"]
 
 
 @pytest.mark.parametrize("flag,value", [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "1e-40"),
-                                        ("--top-p", "nan"), ("--min-p", "nan"), ("--top-k", "-1"),
+                                        ("--top-p", "nan"), ("--top-p", "1.5"), ("--min-p", "nan"), ("--min-p", "1"),
+                                        ("--top-k", "-1"),
                                         ("--repetition-penalty", "nan"), ("--repetition-penalty", "inf"),
-                                        ("--repetition-penalty", "0")])
+                                        ("--repetition-penalty", "0"), ("--frequency-penalty", "2.5"),
+                                        ("--frequency-penalty", "-2.5"), ("--frequency-penalty", "nan")])
 def test_error_names_the_one_bad_sampling_flag(capsys, flag, value):
     rc, out, err = main(capsys, "-p", "hi", "--temperature", "0", flag, value)
     assert_one_line_error(rc, out, err, flag)
     assert [f for f in SAMPLING_FLAGS if f in err] == [flag]
+
+
+@pytest.mark.parametrize("flag", [[], ["--dequantize"]])
+def test_dequantize_flag_reaches_the_engine(capsys, monkeypatch, flag):
+    """On the CPU --dequantize changes no output (see test_dequantize_gives_the_same_greedy_text), so check that
+    it gets to LLM(dequantize=...) at all; LLM is stopped there, before loading anything."""
+    from minfer import llm
+    from minfer.errors import MinferError
+    seen = {}
+
+    def spy(self, model=None, **kw):
+        seen.update(kw)
+        raise MinferError("stopped by the test")
+
+    monkeypatch.setattr(llm.LLM, "__init__", spy)
+    assert_one_line_error(*main(capsys, "-p", "hi", "--temperature", "0", *flag), "stopped by the test")
+    assert seen["dequantize"] is bool(flag)
 
 
 def test_good_small_temperature_is_accepted():

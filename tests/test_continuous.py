@@ -195,6 +195,14 @@ def test_bad_input(engine, ids):
         SamplingParams(max_tokens=0)
     with pytest.raises(MinferError, match="--presence-penalty"):
         SamplingParams(presence_penalty=3)
+    for bad, name in [({"top_p": 1.5}, "--top-p"), ({"min_p": 1.0}, "--min-p"), ({"logprobs": -1}, "logprobs"),
+                      ({"frequency_penalty": 2.5}, "--frequency-penalty"),
+                      ({"frequency_penalty": -2.5}, "--frequency-penalty")]:
+        with pytest.raises(MinferError, match=name):
+            SamplingParams(**bad)
+    # the edges of those ranges are good
+    SamplingParams(top_p=1.0, min_p=0.999, logprobs=0, frequency_penalty=2.0)
+    SamplingParams(frequency_penalty=-2.0)
     with pytest.raises(MinferError, match="empty prompt"):
         engine.add_request([], GREEDY)
     with pytest.raises(MinferError, match="out of range"):
@@ -205,6 +213,12 @@ def test_bad_input(engine, ids):
         make(max_num_batched_tokens=0)
     with pytest.raises(MinferError, match="--long-prefill-token-threshold"):
         make(long_prefill_token_threshold=-1)
+    for bad, flag in [({"gpu_memory_utilization": 0}, "--gpu-memory-utilization"),
+                      ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization"),
+                      ({"gpu_memory_utilization": float("nan")}, "--gpu-memory-utilization"),
+                      ({"num_pages": 0}, "--num-pages"), ({"page_size": 0}, "--block-size")]:
+        with pytest.raises(MinferError, match=flag):
+            make(**bad)
     with pytest.raises(MinferError, match="--cuda-graph-sizes"):
         make(cuda_graph_sizes=[0, 8])
     assert_idle(engine)
@@ -218,6 +232,7 @@ def test_llm_api():
     assert llm.last_stats.tokens == 8
     (one,) = llm.generate({"prompt_token_ids": outs[0].prompt_token_ids}, SamplingParams(temperature=0.0, max_tokens=4))
     assert one.token_ids == outs[0].token_ids
+    assert_idle(llm.engine)
 
 
 def test_llm_progress_bar(monkeypatch):
@@ -238,6 +253,7 @@ def test_llm_progress_bar(monkeypatch):
     bar_text.seek(0)
     llm.generate(["Hi"], SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)
     assert bar_text.getvalue() == ""
+    assert_idle(llm.engine)
 
 
 def test_graph_buckets():
