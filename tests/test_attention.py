@@ -729,6 +729,9 @@ def test_opcheck():
     start = torch.tensor([0, 7], device="cuda", dtype=torch.int32)
     torch.library.opcheck(ops.attention.default, (q, k, v, start, 0.125))
     torch.library.opcheck(ops.attention.default, (q[:, :1], k, v, start, 0.125))
+    q, k = q.repeat(1, 1, 1, 4), k.repeat(1, 1, 1, 4)  # head_dim 256 with a window, prefill and decode
+    for rows in (3, 1):
+        torch.library.opcheck(ops.attention.default, (q[:, :rows], k, k.clone(), start, 0.0625, False, 5))
     qs, ks, vs = _seed_inputs(1, 4, 2, 33, 40, 64, torch.bfloat16)
     _baselines()
     for name in ("naive_attention", "tiled_attention", "flash_attention"):

@@ -238,8 +238,8 @@ def check_paged_decode_window(starts, window, hd, dtype, page=16, stable_prefix=
 @pytest.mark.gpu
 @pytest.mark.parametrize("stable_prefix", [False, True])
 @pytest.mark.parametrize("hd", [64, 128, 256])
-@pytest.mark.parametrize("window", [1, 17, 512])
-@pytest.mark.parametrize("ctx", [1, 17, 48, 300, 4097, 20000])
+@pytest.mark.parametrize("window", [1, 17, 512, 4096])
+@pytest.mark.parametrize("ctx", [1, 17, 48, 300, 512, 4097, 20000])  # below, at and past the windows
 def test_cuda_paged_decode_window(ctx, window, hd, stable_prefix):
     dtype = torch.bfloat16 if (ctx + window) % 2 else torch.float16
     starts = [ctx - 1, max(0, ctx // 3 - 1), window + 6, 0]  # windows from different rows of their tiles
@@ -286,7 +286,7 @@ def test_cuda_paged_prefill_groups(q_lens, starts, heads, kv_heads, hd):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("page", [16, 64])
-@pytest.mark.parametrize("window", [17, 512])
+@pytest.mark.parametrize("window", [1, 17, 512, 4096])
 @pytest.mark.parametrize("q_lens,starts", [([1000], [0]),  # a prefill from 0: later query blocks skip tiles
                                            ([300, 1, 200, 65], [4, 700, 1037, 129]),  # chunks mixed with a decode
                                            ([2, 513], [4095, 600])])
@@ -332,9 +332,12 @@ def test_cuda_paged_decode_in_graph():
 
 
 @pytest.mark.gpu
-def test_cuda_paged_opcheck():
-    q, k, v, table, lens, cu = cuda_case([1, 3], [10, 0], 8, 2, 64, torch.bfloat16)
-    torch.library.opcheck(torch.ops.minfer.paged_attention, (q, k, v, table, lens, cu, 3, 11, 0.125, False))
+@pytest.mark.parametrize("hd, window", [(64, 0), (256, 5)])
+def test_cuda_paged_opcheck(hd, window):
+    q, k, v, table, lens, cu = cuda_case([1, 3], [10, 0], 8, 2, hd, torch.bfloat16)
+    torch.library.opcheck(torch.ops.minfer.paged_attention, (q, k, v, table, lens, cu, 3, 11, 0.125, False, window))
+    q, k, v, table, lens, cu = cuda_case([1, 1], [10, 3], 8, 2, hd, torch.bfloat16)  # decodes
+    torch.library.opcheck(torch.ops.minfer.paged_attention, (q, k, v, table, lens, cu, 1, 11, 0.125, True, window))
 
 
 @pytest.mark.gpu
