@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from minfer import loader
+from minfer import fetch, loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_PATH = os.path.join(loader.cache_dir(), loader.DEFAULT_MODEL_FILE)
@@ -105,6 +105,26 @@ def test_chat(accepted):
     assert_clean_stats(err)
     assert out.strip() and "<|im" not in out
     assert "Paris" in out
+
+
+GEMMA_PATH = os.environ.get("MINFER_GEMMA3_GGUF", os.path.join(loader.cache_dir(), fetch.MODELS["gemma3-270m"].file))
+
+
+@pytest.mark.skipif(not os.path.exists(GEMMA_PATH), reason=f"gemma-3-270m GGUF not at {GEMMA_PATH} "
+                                                         "(bash setup.sh --model gemma3-270m)")
+def test_real_gemma3_gguf():
+    """The real gemma-3-270m Q4_K_M file through the CLI: its greedy text is the LLM API's, which
+    test_gemma3.py holds to transformers' on the same file."""
+    from minfer import LLM, SamplingParams
+    rc, out, err = run(GEMMA_PATH, *ACCEPT)
+    assert rc == 0, err
+    notice, stats = err.split("\n", 1)  # its sliding-window layers keep no prefix cache, which one notice says
+    assert notice.startswith("[minfer] prefix caching is off")
+    assert_clean_stats(stats)
+    llm = LLM(GEMMA_PATH, dtype=torch.float32, device="cpu")
+    (expected,) = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=8),
+                               use_tqdm=False)
+    assert expected.text.strip() and out == expected.text + "\n"
 
 
 @needs_model

@@ -1,6 +1,8 @@
 """GGUF: the default model (SmolLM2-135M-Instruct Q4_1) vs transformers reading the same file, plus unit
 tests for the dequantizers and the Q/K un-permute against the `gguf` package and llama.cpp's formula."""
+import io
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -258,6 +260,24 @@ def test_load_times_are_recorded():
     cfg, weights, _ = loader.load(MODEL_PATH, torch.float32, "cpu", times)
     assert times.read > 0 and times.upload > 0 and times.dequantize > 0
     assert weights["model.embed_tokens.weight"].dtype == torch.float32
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@needs_model
+@pytest.mark.parametrize("tty", [True, False])
+def test_loading_shows_progress_on_a_terminal_only(tty, monkeypatch):
+    """A bar over the file's tensors on stderr where someone watches it (tqdm's disable=None); nothing in logs."""
+    err = _Terminal() if tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    loader.load(MODEL_PATH, torch.float32, "cpu")
+    n = len(gguf.GGUFReader(MODEL_PATH).tensors)
+    # (the bar is cleared when done, leave=False: what stays is its first state, over the file's n tensors)
+    assert (f"loading:   0%" in err.getvalue() and f"| 0/{n} [" in err.getvalue()) == tty, err.getvalue()[-300:]
+    assert tty or err.getvalue() == ""
 
 
 @pytest.mark.parametrize("kind", ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"])
