@@ -287,6 +287,21 @@ def test_bench_throughput_runs_on_cpu(tmp_path):
     assert rows[0]["prefix_hit_rate"] > 0 and 1 <= rows[0]["mean_batch"] <= 2
 
 
+def test_bench_throughput_random_shape_on_cpu(tmp_path):
+    """--shape: random weights of a named model shape, no checkpoint; the rates are the counts over the time."""
+    out = tmp_path / "t.jsonl"
+    assert load_bench_throughput().main(["--shape", "smollm2-135m", "--backend", "ref", "--device", "cpu",
+                                         "--num-requests", "3", "--input-len", "9:12", "--output-len", "3",
+                                         "--block-size", "4", "--max-num-seqs", "2", "--json", str(out)]) == 0
+    import json
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (row["engine"], row["model"], row["output_tokens"]) == ("continuous", "smollm2-135m", 9)
+    assert row["output_tok_s"] == pytest.approx(9 / row["elapsed_s"])
+    prompt_tokens = row["total_tok_s"] * row["elapsed_s"] - 9
+    assert 3 * 9 - 1e-6 <= prompt_tokens <= 3 * 12 + 1e-6
+    assert row["peak_gb"] is None and row["host_idle"] is None  # measured on a GPU only
+
+
 def test_bench_throughput_decode_step_on_cpu(tmp_path, capsys):
     """The decode step at two batch sizes, timed and profiled (on the CPU: no roofline, torch ops for kernels)."""
     out = tmp_path / "t.jsonl"
