@@ -140,8 +140,8 @@ def test_batched_generation_matches_single():
 
 @pytest.fixture(scope="module")
 def graph_core():
-    return EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=256, num_pages=420,
-                      max_num_seqs=128)
+    return EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=256, num_pages=1024,
+                      max_num_seqs=256)  # every bucket; 4 pages a sequence
 
 
 @needs_model
@@ -162,12 +162,12 @@ def test_decode_graph_context_classes():
 
 
 @needs_model
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 31, 64, 100, 128])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 31, 64, 100, 128, 200, 256])
 def test_decode_graph_every_bucket(graph_core, n):
     """A decode step replayed from its bucket's graph (padding rows on the scratch page) gives the logits of
     the same step run eagerly, for sequences of different lengths on pages of their own."""
     core = graph_core
-    assert core.graphs is not None and core.graphs.buckets == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert core.graphs is not None and core.graphs.buckets == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert core.graphs.classes == [256]  # max_context 256: one class
     gen = torch.Generator().manual_seed(n)
     lens = [5 + (7 * i) % 50 for i in range(n)]  # at most 4 pages of 16

@@ -32,6 +32,20 @@ def test_weights_stay_quantized_on_the_cuda_backend():
                           QuantizedWeight)
 
 
+def test_no_dequantization_on_the_host(monkeypatch):
+    """A cuda load uploads the blocks as they are: the quantized matrices are never decoded, and what is decoded
+    (--dequantize) is decoded on the GPU."""
+    from minfer import gguf, quant
+    devices = []
+    real = quant.dequantize
+    monkeypatch.setattr(quant, "dequantize", lambda kind, raw, n: devices.append(raw.device.type) or real(kind, raw, n))
+    loader.load(MODEL_PATH, torch.float16, "cuda")
+    assert devices == []
+    loader.load(MODEL_PATH, torch.float16, "cuda", dequantize=True)
+    assert devices and set(devices) == {"cuda"}
+    assert gguf.quant is quant  # the loader's decoder is the one watched
+
+
 def test_greedy_on_quantized_kernels_matches_fp32_reference():
     ref = greedy(Engine(dtype=torch.float32, device="cuda", backend="ref"), 8)
     ours = greedy(Engine(dtype=torch.float16, device="cuda", backend="cuda"), 8)
