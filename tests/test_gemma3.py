@@ -263,3 +263,147 @@ def test_real_gguf_perplexity_within_1_percent_of_transformers():
     print(f"gemma-3-270m Q4_K_M perplexity, tinyshakespeare, {windows} x {length} tokens: {ppl}")
     assert 1 < ppl["transformers"] < 1000
     assert abs(ppl["minfer"] / ppl["transformers"] - 1) <= 0.01, ppl
+
+
+# A random tiny Gemma 3 as llama.cpp's convert_hf_to_gguf.py writes one (F32), read by minfer and by
+# transformers' own GGUF loader. Of gemma3's metadata transformers reads only rope.freq_base, the window and
+# the sizes: the layer pattern, the local RoPE base and query_pre_attn_scalar are its config's defaults (every
+# 6th layer global, 10000, 256), which are also llama.cpp's rule when no key says otherwise and head_dim is
+# 256; so the file has 7 layers (5 local, 1 global, 1 local) and head_dim 256 (not hidden / heads = 32).
+GGUF_LAYERS, GGUF_WINDOW = 7, 6
+GGUF_TYPES = [SLIDING] * 5 + [FULL, SLIDING]
+GGUF_CONFIG = dict(hidden_size=64, intermediate_size=112, num_hidden_layers=GGUF_LAYERS, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=256, max_position_embeddings=128, sliding_window=GGUF_WINDOW,
+                   query_pre_attn_scalar=256, rms_norm_eps=1e-6, initializer_range=0.08,
+                   rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+                                    FULL: {"rope_type": "default", "rope_theta": 5000.0}})
+
+
+def write_gemma3_gguf(path, hf, vocab):
+    """convert_hf_to_gguf.py's Gemma3Model (TextModel.set_gguf_parameters, then its own; _set_vocab_sentencepiece):
+    HF names mapped by gguf's tensor table for MODEL_ARCH.GEMMA3, every *norm.weight stored as 1 + w, Q/K rows
+    as they are (no llama permutation), no output.weight (tied), no vocab_size and no layer-pattern key."""
+    import gguf as gguf_py
+    tokens, scores, types, ids = vocab
+    c = hf.config
+    w = gguf_py.GGUFWriter(str(path), "gemma3")
+    w.add_type("model")
+    w.add_name("Tiny Gemma3")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_parameters[FULL]["rope_theta"])
+    w.add_rope_freq_base_swa(c.rope_parameters[SLIDING]["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_file_type(gguf_py.LlamaFileType.ALL_F32)
+    w.add_sliding_window(c.sliding_window)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(ids["bos"])
+    w.add_eos_token_id(ids["eos"])
+    w.add_unk_token_id(ids["unknown"])
+    w.add_pad_token_id(ids["padding"])
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    names = gguf_py.get_tensor_name_map(gguf_py.MODEL_ARCH.GEMMA3, c.num_hidden_layers)
+    for name, p in hf.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied: save_pretrained leaves it out, and so does the file
+        base, suffix = name.rsplit(".", 1)
+        x = p.detach().float() + (1.0 if name.endswith("norm.weight") else 0.0)
+        w.add_tensor(names.get_name(base) + "." + suffix, x.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def gemma3_gguf(tmp_path_factory):
+    pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
+    from test_sentencepiece import gemma_vocab
+    vocab = gemma_vocab()
+    torch.manual_seed(5)
+    hf = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(vocab_size=len(vocab[0]), **GGUF_CONFIG))
+    hf = hf.float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:  # zeros at init: a file without the + 1, or a reader that adds another, would pass
+                p.copy_(0.3 * torch.randn_like(p))
+    assert hf.config.layer_types == GGUF_TYPES
+    path = tmp_path_factory.mktemp("gemma3_gguf") / "tiny-gemma3-f32.gguf"
+    write_gemma3_gguf(path, hf, vocab)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                               dtype=torch.float32).eval()
+    return path, hf, theirs
+
+
+def test_llama_cpp_gguf_matches_transformers(gemma3_gguf):
+    """The same F32 file through minfer and through transformers' GGUF loader: config, norms, the tied and
+    scaled embedding, the windowed layers (a prompt past the window), decode steps; and the tokenizer."""
+    path, original, theirs = gemma3_gguf
+    vocab = original.config.vocab_size
+    # transformers read the file as written: its config is the original's, its weights the original's
+    assert theirs.config.layer_types == GGUF_TYPES and theirs.config.sliding_window == GGUF_WINDOW
+    assert theirs.config.tie_word_embeddings and theirs.config.query_pre_attn_scalar == 256
+    ref_state = original.state_dict()
+    for name, p in theirs.state_dict().items():
+        torch.testing.assert_close(p, ref_state[name], atol=1e-6, rtol=0, msg=name)  # (w + 1) - 1 rounds
+
+    cfg, model, cache, tok = load_minfer(path, batch=1)
+    assert (cfg.arch, cfg.num_layers, cfg.layer_types, cfg.sliding_window) == \
+        ("gemma3", GGUF_LAYERS, GGUF_TYPES, GGUF_WINDOW)
+    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling) == (5000.0, 10000.0, None)
+    assert cfg.rms_norm_eps == pytest.approx(1e-6, rel=1e-6)  # a float32 in the file
+    assert (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size) == (256, 2, 1, vocab)
+    assert cfg.attention_scale == 256 ** -0.5 and cfg.embed_scale == 8.0 and cfg.tie_word_embeddings
+    assert [model.windows[i] for i in range(GGUF_LAYERS)] == [GGUF_WINDOW] * 5 + [None, GGUF_WINDOW]
+
+    gen = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, vocab, (15,), generator=gen).tolist()  # past the window in prefill
+    steps = torch.randint(0, vocab, (6,), generator=gen).tolist()
+    ours = [model.forward(torch.tensor([prompt]), torch.zeros(1, dtype=torch.int32), cache)[0]]
+    for i, t in enumerate(steps):
+        ours.append(model.forward(torch.tensor([[t]]), torch.tensor([len(prompt) + i], dtype=torch.int32), cache)[:, 0])
+    ours = torch.cat(ours)
+    ref = hf_logits(theirs, prompt, steps)
+    assert ours.shape == ref.shape == (len(prompt) + len(steps), vocab)
+    assert ref.abs().max() > 0.5
+    torch.testing.assert_close(ref, hf_logits(original, prompt, steps), atol=ATOL, rtol=0)
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=1e-4)
+    # the window matters: without it the local layers are far off past position GGUF_WINDOW
+    model.windows = [None] * GGUF_LAYERS
+    full = model.forward(torch.tensor([prompt]), torch.zeros(1, dtype=torch.int32), cache)[0]
+    assert (full[GGUF_WINDOW:] - ref[GGUF_WINDOW:len(prompt)]).abs().max() > 100 * ATOL
+
+    their_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in ("The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b"):
+        ids = tok.encode(text)
+        assert ids[0] == 2 and ids == their_tok.encode(text), text
+
+
+def test_llama_cpp_gguf_continuous_engine_greedy_matches_transformers(gemma3_gguf):
+    """The file through the continuous engine (paged, windowed pages of 4, prefill in chunks of 8)."""
+    from minfer import LLM, SamplingParams
+
+    path, _, theirs = gemma3_gguf
+    llm = LLM(str(path), dtype="float32", device="cpu", backend="ref", max_model_len=64, block_size=4,
+              num_pages=64, max_num_batched_tokens=8)
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, theirs.config.vocab_size, (n,), generator=gen).tolist() for n in (17, 5)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    for p, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = theirs.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                  max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, len(p):].tolist()
+        assert out.token_ids == ref
