@@ -89,6 +89,7 @@ class Reader:
         start = -(-self.pos // align) * align  # tensor data starts at the next multiple of the alignment
         data = torch.frombuffer(self.buf, dtype=torch.uint8)
         self.tensors = []
+        spans = []  # (begin, end, name): a tensor's type and shape must fit the bytes before the next one
         for name, dims, kind, offset in table:
             try:
                 qtype = gguf.GGMLQuantizationType(kind)
@@ -102,6 +103,13 @@ class Reader:
             if end > len(self.buf):
                 raise ValueError(f"tensor {name} ends at byte {end}, past the end of the file ({len(self.buf)} bytes)")
             self.tensors.append(Tensor(name, qtype.name, tuple(reversed(dims)), n, data[begin:end]))
+            spans.append((begin, end, name))
+        spans.sort()
+        for (begin, end, name), (nxt, _, other) in zip(spans, spans[1:]):
+            if end > nxt:
+                t = next(t for t in self.tensors if t.name == name)
+                raise MinferError(f"tensor {name} ({t.kind} {list(t.shape)}, {end - begin} bytes) runs into tensor "
+                                  f"{other} at byte {nxt}: its type or shape does not match its data")
 
     def _unpack(self, fmt: str) -> tuple:
         out = struct.unpack_from(fmt, self.buf, self.pos)

@@ -340,6 +340,25 @@ def test_unknown_tensor_type_is_named(tmp_path):
         mgguf.open_reader(path)
 
 
+def test_a_tensor_larger_than_its_data_is_named(tmp_path):
+    """A header whose type and shape give a tensor more bytes than lie before the next tensor's data."""
+    path = str(tmp_path / "two.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("a", np.zeros((4, 64), dtype=np.float32))
+    w.add_tensor("b", np.ones((2, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert [t.name for t in mgguf.open_reader(path).tensors] == ["a", "b"]  # as written, it reads
+    data = bytearray(open(path, "rb").read())
+    at = data.index(b"\x01\x00\x00\x00\x00\x00\x00\x00a") + 9  # after a's name: n_dims, then ne0, ne1
+    data[at + 12:at + 20] = (6).to_bytes(8, "little")  # ne1: 6 rows, 1536 bytes where 4 rows' 1024 lie
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(MinferError, match=r"tensor a \(F32 \[6, 64\], 1536 bytes\) runs into tensor b at byte"):
+        mgguf.open_reader(path)
+
+
 def test_rows_that_do_not_fill_blocks_are_named(tmp_path):
     path = _one_tensor_file(tmp_path, np.zeros((4, 34), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_0)
     data = bytearray(open(path, "rb").read())
