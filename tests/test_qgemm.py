@@ -299,7 +299,7 @@ def test_layer_group_linears(kind, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [113, 4097])
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+@pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_linear_prefill(kind, m, dtype):
     q = _q()
     n, k = 200, KS[kind][1]

@@ -525,3 +525,24 @@ def test_decode_on_records_equals_own_conversion(ftype, hidden, inter, heads, ki
             logits.append(model.forward(ids[:, 8:], start + 8, cache))  # decode: batch rows
         assert not torch.isnan(logits[0]).any()
         assert torch.equal(logits[0], logits[1])
+        # each tensor on its own format's kernel, against the reference backend on the same blocks: its error from
+        # the fp32 logits at most 2x the bf16 reference's (torch's own) + eps
+        ref32, ref16 = (_ref_decode_logits(out, ids, dtype) for dtype in (torch.float32, torch.bfloat16))
+        err, base = (logits[0].float() - ref32).abs().max().item(), (ref16.float() - ref32).abs().max().item()
+        assert err <= 2 * base + 1e-2, f"{ftype} at batch {batch}: max err {err:.3e} vs torch's {base:.3e}"
+
+
+def _ref_decode_logits(path, ids, dtype):
+    """The reference backend's decode-step logits after an 8-token prefill, the file's blocks dequantized in dtype."""
+    from minfer import loader
+    from minfer.kv_cache import KVCache
+    from minfer.model import Transformer
+    from minfer.ops import get_backend
+
+    cfg, weights, _ = loader.load(str(path), dtype, ids.device)
+    model = Transformer(cfg, weights, get_backend("ref", ids.device.type), 64)
+    batch = ids.shape[0]
+    cache = KVCache(cfg.num_layers, batch, 64, cfg.num_kv_heads, cfg.head_dim, dtype, ids.device)
+    start = torch.zeros(batch, dtype=torch.int32, device=ids.device)
+    model.forward(ids[:, :8], start, cache)
+    return model.forward(ids[:, 8:], start + 8, cache)
