@@ -18,7 +18,7 @@ from tqdm import tqdm
 from . import gguf, tokenizer
 from .config import ModelConfig
 from .errors import MinferError, check_readable, file_error, open_input, read_json
-from .fetch import DEFAULT_MODEL_FILE, cache_dir  # the default model's file, and the folder setup.sh puts it in
+from .fetch import DEFAULT_MODEL_FILE, MODELS, cache_dir  # the models setup.sh installs, and their folder
 
 
 @dataclass
@@ -56,7 +56,8 @@ def _looks_like_hub_id(name: str) -> bool:
 
 
 def resolve(checkpoint: str | None) -> str:
-    """A local path for CHECKPOINT, downloading hub ids into the HF cache."""
+    """A local path for CHECKPOINT (a path, a hub id, downloaded into the HF cache, or the name of a model
+    minfer.fetch installs, such as gemma3-270m)."""
     if checkpoint is None:
         return default_checkpoint()
     path = os.path.expanduser(checkpoint)
@@ -73,6 +74,11 @@ def resolve(checkpoint: str | None) -> str:
             return snapshot_download(checkpoint, allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
         except Exception as e:
             raise MinferError(f"{checkpoint}: cannot get it from the hub or the local cache ({type(e).__name__})") from None
+    if checkpoint in MODELS:  # a model minfer.fetch installs, by its name
+        path = os.path.join(cache_dir(), MODELS[checkpoint].file)
+        if not os.path.exists(path):
+            raise MinferError(f"{checkpoint} is not installed; `python -m minfer.fetch {checkpoint}` installs it")
+        return path
     raise MinferError(f"{checkpoint}: no such file or folder")
 
 

@@ -184,6 +184,14 @@ def test_error_missing_path(tmp_path):
     assert_one_line_error(*run(str(tmp_path / "nope.gguf"), "-p", "hi"), "no such file")
 
 
+def test_error_named_model_not_installed(tmp_path):
+    e = {**env(), "MINFER_CACHE": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-m", "minfer.generate", "gemma3-270m", "-p", "hi"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=240, env=e)
+    assert_one_line_error(p.returncode, p.stdout, p.stderr, "gemma3-270m is not installed",
+                          "python -m minfer.fetch gemma3-270m")
+
+
 def test_error_folder_without_checkpoint(tmp_path):
     assert_one_line_error(*run(str(tmp_path), "-p", "hi"), str(tmp_path))
 
