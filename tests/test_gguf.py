@@ -276,7 +276,7 @@ def test_loading_shows_progress_on_a_terminal_only(tty, monkeypatch):
     loader.load(MODEL_PATH, torch.float32, "cpu")
     n = len(gguf.GGUFReader(MODEL_PATH).tensors)
     # (the bar is cleared when done, leave=False: what stays is its first state, over the file's n tensors)
-    assert (f"loading:   0%" in err.getvalue() and f"| 0/{n} [" in err.getvalue()) == tty, err.getvalue()[-300:]
+    assert ("loading:   0%" in err.getvalue() and f"| 0/{n} [" in err.getvalue()) == tty, err.getvalue()[-300:]
     assert tty or err.getvalue() == ""
 
 
