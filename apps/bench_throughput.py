@@ -339,6 +339,7 @@ def main(argv=None) -> int:
         append_json(args.json, row)
         return 0
     rows = [run_continuous(core, reqs, args)]
+    prefix_caching = core.block_manager.prefix_caching  # as the engine took --enable-prefix-caching for this model
     if args.static:
         del core  # its KV cache
         rows.append(run_static(args, reqs, make_kwargs))
@@ -347,7 +348,7 @@ def main(argv=None) -> int:
         s = row["elapsed_s"]
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device,
                    num_requests=len(reqs), input_len=args.input_len, output_len=args.output_len,
-                   shared_prefix=args.shared_prefix, prefix_caching=args.prefix_caching,
+                   shared_prefix=args.shared_prefix, prefix_caching=prefix_caching,
                    requests_s=len(reqs) / s, output_tok_s=row["output_tokens"] / s,
                    total_tok_s=(in_tokens + row["output_tokens"]) / s)
         extra = "" if row["mean_batch"] is None else (f" | mean batch {row['mean_batch']:.1f} | prefix hits "

@@ -31,8 +31,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="tokens a page (default: %(default)s)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="share of GPU memory for weights, activations and KV cache (default: %(default)s)")
-    g.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
-                   help="do not reuse the KV pages of prompt prefixes seen before")
+    g.add_argument("--enable-prefix-caching", dest="prefix_caching", action=argparse.BooleanOptionalAction,
+                   help="reuse the KV pages of prompt prefixes seen before (default: on, but for models with "
+                        "sliding-window layers, whose keys past the window are freed)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

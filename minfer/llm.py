@@ -30,7 +30,7 @@ class LLM:
                  backend: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
                  num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
-                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, dequantize: bool = False,
+                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool | None = None, dequantize: bool = False,
                  async_scheduling: bool | None = None, cuda_graph_sizes: list[int] | None = None):
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)

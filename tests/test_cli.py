@@ -118,9 +118,7 @@ def test_real_gemma3_gguf():
     from minfer import LLM, SamplingParams
     rc, out, err = run(GEMMA_PATH, *ACCEPT)
     assert rc == 0, err
-    notice, stats = err.split("\n", 1)  # its sliding-window layers keep no prefix cache, which one notice says
-    assert notice.startswith("[minfer] prefix caching is off")
-    assert_clean_stats(stats)
+    assert_clean_stats(err)  # (no notice that its sliding-window layers keep no prefix cache: nobody asked for one)
     llm = LLM(GEMMA_PATH, dtype=torch.float32, device="cpu")
     (expected,) = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=8),
                                use_tqdm=False)

@@ -188,6 +188,10 @@ def test_mixed_step_decodes_apart_equal_one_call():
     torch.testing.assert_close(apart, whole, rtol=0, atol=1e-3)
 
 
+def test_prefix_caching_is_on_by_default(engine):
+    assert engine.block_manager.prefix_caching and not make(prefix_caching=False).block_manager.prefix_caching
+
+
 def test_bad_input(engine, ids):
     with pytest.raises(MinferError, match="no room to generate"):
         engine.add_request(list(range(CONTEXT)), GREEDY)

@@ -82,13 +82,21 @@ def test_greedy_matches_hf(models, prompts, hf_outputs, name, kw, capsys):
     of 4 hold about one sequence and a half: the others are preempted and computed again."""
     folder, _, window = models[name]
     engine = make(folder, **kw)
-    assert "prefix caching is off" in capsys.readouterr().err
+    assert capsys.readouterr().err == ""  # prefix caching is off for such a model, by default without a notice
     bm = engine.block_manager
     assert bm.window == window and not bm.prefix_caching
     outs, stats = engine.generate(prompts, [GREEDY] * len(prompts))
     assert [o.token_ids for o in outs] == hf_outputs[name]
     assert stats.preemptions > 0 or not kw
     assert_idle(engine)
+
+
+@pytest.mark.parametrize("asked", [None, True, False])
+def test_prefix_caching_is_off_with_windows(models, asked, capsys):
+    """By default without a word; asked for (--enable-prefix-caching), with a notice."""
+    folder, _, _ = models["gemma3"]
+    assert not make(folder, prefix_caching=asked).block_manager.prefix_caching
+    assert ("prefix caching is off" in capsys.readouterr().err) == (asked is True)
 
 
 def test_local_pages_stay_within_the_window(models, prompts, hf_outputs):

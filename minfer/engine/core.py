@@ -170,13 +170,14 @@ class EngineCore(LoadedModel):
     def __init__(self, checkpoint: str | None = None, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
                  num_pages: int | None = None, page_size: int = DEFAULT_PAGE_SIZE,
-                 gpu_memory_utilization: float = 0.9, prefix_caching: bool = True,
+                 gpu_memory_utilization: float = 0.9, prefix_caching: bool | None = None,
                  async_scheduling: bool | None = None, cuda_graph_sizes: list[int] | None = None, **load_kwargs):
         """long_prefill_token_threshold: a prompt's chunk in a step with decodes, at most (0: the step's budget;
         scheduler.py). async_scheduling: launch steps before reading the sampled ids of the step before
         (default: on a GPU, unless MINFER_NO_ASYNC=1). cuda_graph_sizes: the decode graphs' batch buckets, as
         vLLM's --cuda-graph-sizes (graphs.buckets_for; default 1, 2, 4, ... 256). load_kwargs: those of
-        LoadedModel (dtype, device, backend, max_context, random_weights, dequantize)."""
+        LoadedModel (dtype, device, backend, max_context, random_weights, dequantize). prefix_caching: reuse the
+        pages of prompt prefixes seen before (default: on, but for models with sliding-window layers)."""
         if not max_num_seqs >= 1:
             raise MinferError(f"--max-num-seqs must be at least 1, not {max_num_seqs}")
         if not max_num_batched_tokens >= 1:
@@ -208,10 +209,13 @@ class EngineCore(LoadedModel):
         if window is not None:
             # The sliding pool: a window (and the page it may straddle) per running sequence, and a step's chunk.
             local_pages = max_running * (-(-window // page_size) + 1) + -(-max_num_batched_tokens // page_size)
-            if prefix_caching:  # a prefix hit would skip tokens whose sliding-layer keys are freed
+            # A prefix hit would skip tokens whose sliding-layer keys are freed: no prefix caching, said where asked for.
+            if prefix_caching:
                 print("[minfer] prefix caching is off: the sliding-window layers keep only their window's keys",
                       file=sys.stderr)
-                prefix_caching = False
+            prefix_caching = False
+        elif prefix_caching is None:
+            prefix_caching = True
         kv = (page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         page_bytes = PagedKVCache.page_bytes(cfg.num_layers - sum(sliding), *kv)  # a page of each group
         local_page_bytes = PagedKVCache.page_bytes(sum(sliding), *kv)
