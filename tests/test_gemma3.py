@@ -89,19 +89,25 @@ def test_ragged_batch(hf_folder):
 
 def test_continuous_engine_greedy_matches_hf_generate(hf_folder):
     """Paged attention with the window: pages of 4, prefill in chunks of 8, two sequences at a time."""
-    from minfer import LLM, SamplingParams
+    from minfer import LLM
 
     folder, hf = hf_folder
     llm = LLM(str(folder), dtype="float32", device="cpu", backend="ref", max_model_len=64, block_size=4,
               num_pages=64, max_num_batched_tokens=8)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (19, 4, 11)]
+    assert_greedy_matches_hf(llm, hf, prompts, 14)
+
+
+def assert_greedy_matches_hf(llm, hf, prompts, n):
+    """The engine's n greedy tokens after each prompt (one batch) equal transformers' generate, prompt by prompt."""
+    from minfer import SamplingParams
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True))
+                        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     for p, out in zip(prompts, outs):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                              max_new_tokens=14, min_new_tokens=14, do_sample=False)[0, len(p):].tolist()
+                              max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(p):].tolist()
         assert out.token_ids == ref
 
 
@@ -393,17 +399,11 @@ def test_llama_cpp_gguf_matches_transformers(gemma3_gguf):
 
 def test_llama_cpp_gguf_continuous_engine_greedy_matches_transformers(gemma3_gguf):
     """The file through the continuous engine (paged, windowed pages of 4, prefill in chunks of 8)."""
-    from minfer import LLM, SamplingParams
+    from minfer import LLM
 
     path, _, theirs = gemma3_gguf
     llm = LLM(str(path), dtype="float32", device="cpu", backend="ref", max_model_len=64, block_size=4,
               num_pages=64, max_num_batched_tokens=8)
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, theirs.config.vocab_size, (n,), generator=gen).tolist() for n in (17, 5)]
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
-    for p, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = theirs.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                  max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, len(p):].tolist()
-        assert out.token_ids == ref
+    assert_greedy_matches_hf(llm, theirs, prompts, 10)

@@ -110,19 +110,23 @@ def test_permute_is_the_inverse_of_unpermute():
         assert not torch.equal(quantize.permute_qk(w, heads), w)
 
 
-def test_tensor_types_of_llama3_8b_q4_k_m_match_llama_cpp():
-    """llama.cpp's Meta-Llama-3-8B Q4_K_M: 65 f32, 193 q4_K, 33 q6_K tensors."""
+@pytest.mark.parametrize("ftype, base", [("Q4_K_M", "Q4_K"), ("Q5_K_M", "Q5_K")])
+def test_tensor_types_of_llama3_8b_match_llama_cpp(ftype, base):
+    """llama.cpp's Meta-Llama-3-8B Q4_K_M / Q5_K_M: 65 f32, 193 of the base type, 33 q6_K tensors."""
     cfg = shapes.config("llama-3-8b")
-    sizes = shapes.weight_shapes(cfg)
-    types = {quantize.gguf_name(k): quantize.tensor_type(quantize.gguf_name(k), s, "Q4_K_M", cfg, True)
-             for k, s in sizes.items()}
+    sizes = {quantize.gguf_name(k): s for k, s in shapes.weight_shapes(cfg).items()}
+    types = {k: quantize.tensor_type(k, s, ftype, cfg, True) for k, s in sizes.items()}
+    if ftype == "Q5_K_M":
+        assert types == {k: llama_cpp_q5_k_m(k, s, 32, tied=False) for k, s in sizes.items()}
     counts = {t: list(types.values()).count(t) for t in set(types.values())}
-    assert counts == {"F32": 65, "Q4_K": 193, "Q6_K": 33}
-    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q4_K"
+    assert counts == {"F32": 65, base: 193, "Q6_K": 33}
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == base
     more = [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]  # use_more_bits for 32 layers
     assert [i for i in range(32) if types[f"blk.{i}.attn_v.weight"] == "Q6_K"] == more
     assert [i for i in range(32) if types[f"blk.{i}.ffn_down.weight"] == "Q6_K"] == more
-    assert types["blk.5.ffn_gate.weight"] == types["blk.0.attn_q.weight"] == "Q4_K"
+    for i in range(32):
+        for part in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+            assert types[f"blk.{i}.{part}.weight"] == base
 
 
 def test_tensor_type_fallbacks_and_other_types():
@@ -168,23 +172,6 @@ def llama_cpp_q5_k_m(name: str, shape: tuple, n_layers: int, tied: bool) -> str:
         if cols % 32:
             t = "F16"
     return t
-
-
-def test_tensor_types_of_llama3_8b_q5_k_m_match_llama_cpp():
-    """llama.cpp's Meta-Llama-3-8B Q5_K_M: 65 f32, 193 q5_K, 33 q6_K tensors (the Q4_K_M mix, Q5_K for Q4_K)."""
-    cfg = shapes.config("llama-3-8b")
-    sizes = {quantize.gguf_name(k): s for k, s in shapes.weight_shapes(cfg).items()}
-    types = {k: quantize.tensor_type(k, s, "Q5_K_M", cfg, True) for k, s in sizes.items()}
-    assert types == {k: llama_cpp_q5_k_m(k, s, 32, tied=False) for k, s in sizes.items()}
-    counts = {t: list(types.values()).count(t) for t in set(types.values())}
-    assert counts == {"F32": 65, "Q5_K": 193, "Q6_K": 33}
-    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q5_K"
-    more = [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]  # use_more_bits for 32 layers
-    assert [i for i in range(32) if types[f"blk.{i}.attn_v.weight"] == "Q6_K"] == more
-    assert [i for i in range(32) if types[f"blk.{i}.ffn_down.weight"] == "Q6_K"] == more
-    for i in range(32):
-        for part in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
-            assert types[f"blk.{i}.{part}.weight"] == "Q5_K"
 
 
 @pytest.mark.parametrize("shape, layers", [("llama-3-8b", n) for n in (1, 2, 3, 7, 9, 16, 22, 40, 80)]
