@@ -144,6 +144,12 @@ def graph_core():
                       max_num_seqs=256)  # every bucket; 4 pages a sequence
 
 
+@pytest.fixture(scope="module")
+def fp32_core():
+    return EngineCore(dtype=torch.float32, device="cuda", backend="ref", max_context=256, num_pages=1024,
+                      max_num_seqs=256)
+
+
 @needs_model
 def test_decode_graph_context_classes():
     """Each bucket has a graph per context class; a step replays the smallest class that holds its longest
@@ -163,9 +169,11 @@ def test_decode_graph_context_classes():
 
 @needs_model
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 31, 64, 100, 128, 200, 256])
-def test_decode_graph_every_bucket(graph_core, n):
-    """A decode step replayed from its bucket's graph (padding rows on the scratch page) gives the logits of
-    the same step run eagerly, for sequences of different lengths on pages of their own."""
+def test_decode_graph_every_bucket(graph_core, fp32_core, n):
+    """A decode step replayed from its bucket's graph (padding rows on the scratch page) against the fp32
+    reference on the same pages: the rows' mean error (each row's largest) within 2x that of the same step
+    run eagerly. The bucket's linears run at its padded row count, which may take another GEMM than the
+    eager step's (200 rows replay at 256), so the two differ by fp16 rounding, not bit for bit."""
     core = graph_core
     assert core.graphs is not None and core.graphs.buckets == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert core.graphs.classes == [256]  # max_context 256: one class
@@ -173,12 +181,17 @@ def test_decode_graph_every_bucket(graph_core, n):
     lens = [5 + (7 * i) % 50 for i in range(n)]  # at most 4 pages of 16
     seqs = [(torch.randint(0, 1000, (m + 1,), generator=gen).tolist(), list(range(4 * i, 4 * i + 4)))
             for i, m in enumerate(lens)]
-    core._forward([(toks[:-1], 0, pages) for toks, pages in seqs], core.cache)  # the prompts' KV
+    prompts = [(toks[:-1], 0, pages) for toks, pages in seqs]  # the prompts' KV
     step = [([toks[-1]], len(toks) - 1, pages) for toks, pages in seqs]
-    eager = core._forward(step, core.cache).clone()  # [n, vocab]; rewrites the same newest rows
+    fp32_core._forward(prompts, fp32_core.cache)
+    want = fp32_core._forward(step, fp32_core.cache)  # [n, vocab]
+    core._forward(prompts, core.cache)
+    eager = core._forward(step, core.cache).clone()  # rewrites the same newest rows
     graphed = core.graphs.run([toks[-1] for toks, _ in seqs], [len(toks) - 1 for toks, _ in seqs],
                               [pages for _, pages in seqs]).clone()
-    torch.testing.assert_close(graphed, eager, atol=5e-2, rtol=1e-2)
+    eager_err = (eager.float() - want).abs().amax(1).mean().item()
+    graphed_err = (graphed.float() - want).abs().amax(1).mean().item()
+    assert 0 < graphed_err <= 2 * eager_err, (graphed_err, eager_err)
     assert (graphed.argmax(-1) == eager.argmax(-1)).float().mean() > 0.95
 
 
