@@ -23,6 +23,9 @@ and the GPU's busy time in it (CUDA events); --profile adds those steps' kernels
 from the prompt's first chunk on, or from chunk --profile-from K on (the attention of a later chunk reads K
 chunks more of the prompt's keys).
 
+--ttft times instead each request alone to its first token (a lone user's prompt), from the prompt graphs and
+eagerly (the graphs set aside) on the same requests, in two alternating rounds: p50 and p90 of the second.
+
 --decode-batch B[,B...] times the engine's decode step instead: B requests of --input-len random ids
 are prefilled, then --decode-steps steps of B decodes are timed (wall time a step, GPU time from CUDA events),
 against the roofline: every weight and each sequence's K and V at the mean context read once, at the
@@ -229,6 +232,33 @@ def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | Non
                 gpu_idle=None if gpu_ms is None else 1 - gpu_ms / (1e3 * step_s), kernels=kernels)
 
 
+def run_ttft(engine: EngineCore, reqs, args) -> dict:
+    """Each request alone, to its first token: a lone user's prompt. Two rounds of the requests, each once from the
+    engine's prompt graphs and once eagerly (the graphs set aside), alternating; the prefix cache emptied before each
+    pass. The second round is reported (the first pays the eager shapes' first-call costs)."""
+    engine.warmup()
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    graphs, times = engine.prompt_graphs, {}
+    for name in ("eager", "graphs") * 2:
+        if name == "graphs" and graphs is None:
+            continue
+        engine.prompt_graphs = graphs if name == "graphs" else None
+        engine.block_manager.reset_prefix_cache()
+        times[name] = []
+        for ids, _ in reqs:
+            t0 = time.perf_counter()
+            engine.add_request(ids, params)
+            while engine.has_unfinished():
+                engine.step()
+            times[name].append(time.perf_counter() - t0)
+    engine.prompt_graphs = graphs
+    row = dict(mode="ttft", num_requests=len(reqs), input_len=args.input_len,
+               prompt_graph_buckets=None if graphs is None else graphs.buckets)
+    for name, ts in times.items():
+        row[f"ttft_{name}_p50_ms"], row[f"ttft_{name}_p90_ms"] = pct(ts, 50), pct(ts, 90)
+    return row
+
+
 def run_static(args, reqs, make_kwargs) -> dict:
     """The same requests as padded static batches of --max-num-seqs (each batch runs to its longest output;
     only the tokens each request asked for count)."""
@@ -268,6 +298,8 @@ def main(argv=None) -> int:
     p.add_argument("--itl-steps", type=int, default=32, help="with --long-prompt-len: decode steps before it")
     p.add_argument("--rounds", type=int, default=1,
                    help="with --long-prompt-len: rounds measured after the first; the median one is reported")
+    p.add_argument("--ttft", action="store_true",
+                   help="time each request alone to its first token instead, from the prompt graphs and eagerly")
     p.add_argument("--decode-batch", help="time the decode step at these batch sizes (comma-separated) instead")
     p.add_argument("--decode-steps", type=int, default=32, help="with --decode-batch: steps timed (default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="with --decode-batch or --long-prompt-len: also print the steps' kernels")
@@ -316,6 +348,17 @@ def main(argv=None) -> int:
     too_long = [len(ids) for ids, n in reqs if len(ids) + n > core.max_context]
     if too_long:
         p.error(f"{len(too_long)} requests do not fit the {core.max_context}-token context")
+    if args.ttft:
+        row = run_ttft(core, reqs, args)
+        row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)
+        graphed = ("no prompt graphs" if row["prompt_graph_buckets"] is None else
+                   f"from the prompt graphs p50/p90 {row['ttft_graphs_p50_ms']:.2f}/{row['ttft_graphs_p90_ms']:.2f} ms "
+                   f"({row['ttft_eager_p50_ms'] / row['ttft_graphs_p50_ms']:.2f}x), buckets up to "
+                   f"{row['prompt_graph_buckets'][-1]} tokens")
+        print(f"TTFT of {len(reqs)} lone requests of {args.input_len} tokens: eagerly p50/p90 "
+              f"{row['ttft_eager_p50_ms']:.2f}/{row['ttft_eager_p90_ms']:.2f} ms, {graphed}", flush=True)
+        append_json(args.json, row)
+        return 0
     if args.long_prompt_len:
         row = run_long_prompt(core, reqs, args)
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)

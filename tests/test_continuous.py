@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from minfer import loader
+from minfer import loader, shapes
 from minfer.engine.core import EngineCore, step_metadata
 from minfer.engine.graphs import ChunkGraphs, DecodeGraphs
 from minfer.errors import MinferError
@@ -267,6 +267,17 @@ def test_graph_buckets():
     assert buckets_for(256, [40]) == [1, 2, 4, 8, 16, 24, 32, 40]  # vLLM's one-value form
     assert buckets_for(100, [192, 1, 96, 8, 96]) == [1, 8, 96, 192]  # a list, sorted, up to 100's bucket
     assert buckets_for(300, [4, 16]) == [4, 16]  # batches past 16 decode eagerly
+
+
+def test_prompt_graph_buckets():
+    """A lone prompt's graphs pad to 16 .. 512 tokens, as far as the step's budget, the context and the layers' work
+    allow: the Llama-3-8B shape's 7.0 G linear values take up to 64 tokens."""
+    from minfer.engine.graphs import prompt_buckets
+    assert prompt_buckets(shapes.config("smollm2-135m"), 8192, 8192) == [16, 32, 64, 128, 256, 512]
+    assert prompt_buckets(shapes.config("llama-3.2-1b"), 8192, 8192) == [16, 32, 64, 128, 256, 512]
+    assert prompt_buckets(shapes.config("llama-3-8b"), 8192, 8192) == [16, 32, 64]
+    assert prompt_buckets(shapes.config("smollm2-135m"), 100, 8192) == [16, 32, 64]  # the step's token budget
+    assert prompt_buckets(shapes.config("smollm2-135m"), 8192, 200) == [16, 32, 64, 128]  # the context
 
 
 def load_bench_throughput():

@@ -217,3 +217,38 @@ def test_chunk_graphs_match_eager():
         graphed = core.chunk_graphs.run(step, None).clone()
         torch.testing.assert_close(graphed, eager, atol=5e-2, rtol=1e-2)
         assert (graphed.argmax(-1) == eager.argmax(-1)).float().mean() > 0.8
+
+
+def test_prompt_graphs_match_eager():
+    """A lone prompt's last piece of 2-512 tokens, after 0 or more cached tokens, replayed from its (token bucket,
+    context class) graph (padding up to the bucket) gives the logits of its last token that the same step gives
+    eagerly; the engine takes the graph for such a step and the same greedy tokens come out."""
+    core = EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=2000, num_pages=300,
+                      max_num_seqs=4, random_weights=shapes.config("smollm2-135m"))
+    graphs = core.prompt_graphs
+    assert graphs is not None and graphs.buckets == [16, 32, 64, 128, 256, 512]
+    assert graphs.classes == [256, 1024, 2000] and len(graphs.graphs) == 5 * 3 + 2  # classes of >= P keys
+    assert graphs.fits([17], [0]) and not graphs.fits([1], [0]) and not graphs.fits([513], [0])
+    assert not graphs.fits([17], []) and not graphs.fits([1, 17], [0, 1])  # a chunk that goes on; decodes beside
+    gen = torch.Generator().manual_seed(0)
+    for c, start in ((2, 0), (16, 0), (17, 0), (100, 40), (300, 700), (512, 0), (33, 1500)):
+        toks = torch.randint(0, 1000, (start + c,), generator=gen).tolist()
+        pages = list(range(-(-(start + c) // 16)))
+        if start:
+            core._forward([(toks[:start], 0, pages)], core.cache)
+        step = [(toks[start:], start, pages)]
+        eager = core._forward(step, core.cache, [0]).clone()  # [1, vocab]; rewrites the same rows
+        graphed = graphs.run(step, None).clone()
+        torch.testing.assert_close(graphed, eager, atol=5e-2, rtol=1e-2)
+        assert graphed.argmax(-1).item() == eager.argmax(-1).item()
+    core.warmup()  # its request's prompt would take a graph too
+    used = []
+    run = graphs.run
+    graphs.run = lambda work, ids: used.append(len(work[0][0])) or run(work, ids)
+    prompt = torch.randint(0, 1000, (77,), generator=gen).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    graphed = core.generate([prompt], [params])[0][0].token_ids
+    core.prompt_graphs = None
+    eager = core.generate([prompt], [params])[0][0].token_ids
+    core.prompt_graphs = graphs
+    assert used == [77] and graphed == eager

@@ -30,7 +30,7 @@ from ..kv_cache import AttentionMetadata, PagedKVCache
 from ..sampling import Logprobs, SamplingParams, SamplingTensors, sample_batch, upload
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
-from .graphs import try_chunk_graphs, try_decode_graphs
+from .graphs import try_chunk_graphs, try_decode_graphs, try_prompt_graphs
 from .loaded import LoadedModel
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, Status
@@ -236,6 +236,8 @@ class EngineCore(LoadedModel):
                                    long_prefill_token_threshold)
         self.graphs = try_decode_graphs(self, scratch_page=num_pages, max_num_seqs=max_running, sizes=cuda_graph_sizes)
         self.chunk_graphs = try_chunk_graphs(self, scratch_page=num_pages, chunk=long_prefill_token_threshold)
+        self.prompt_graphs = try_prompt_graphs(self, scratch_page=num_pages,
+                                               max_num_batched_tokens=max_num_batched_tokens)
         self.seqs: dict[str, Sequence] = {}
         self.stop_ids = frozenset(self.tokenizer.stop_ids if self.tokenizer else ())
         if async_scheduling is None:
@@ -388,6 +390,8 @@ class EngineCore(LoadedModel):
                      s.num_computed_tokens, s.block_table) for s, n in zip(seqs, counts)]
             if self.chunk_graphs is not None and self.chunk_graphs.fits(counts, rows):  # decodes beside a chunk
                 logits = self.chunk_graphs.run(work, ids)  # [len(rows), vocab]
+            elif self.prompt_graphs is not None and self.prompt_graphs.fits(counts, rows):  # a lone prompt's end
+                logits = self.prompt_graphs.run(work, ids)  # [1, vocab]
             else:
                 logits = self._forward(work, self.cache, rows, ids, local)
             sampled = [seqs[i] for i in rows]

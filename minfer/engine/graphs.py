@@ -12,7 +12,9 @@ Steps of decodes and one prompt chunk of exactly --long-prefill-token-threshold 
 beside running requests) replay graphs of their own (ChunkGraphs, models without sliding-window layers):
 launched eagerly, such a step's ~15 launches a layer cost the host more than the GPU's work (Llama-3.2-1B
 shape, H200, 16 decodes beside 32-token chunks: 3.3-5 ms a step eagerly, 2.4 ms from the graphs). Other steps
-with prefill chunks run eagerly.
+with prefill chunks run eagerly, but a lone prompt's last piece of up to 512 tokens (PromptGraphs: a request's
+first token when no other runs, eagerly ~7 ms of host time on an H200 against 0.9-2.3 ms of the default model's GPU
+work).
 """
 from __future__ import annotations
 
@@ -55,14 +57,15 @@ def buckets_for(max_num_seqs: int, sizes: list[int] | None = None) -> list[int]:
     return out
 
 
-def capture_graphs(graphs: dict, buckets: list[int], classes: list[int], forward, device: torch.device) -> None:
-    """graphs[b, c] = (graph, its output) of forward(b, c) for each bucket and context class, in one memory pool:
-    the largest first, so that the smaller graphs reuse its memory. Each is run once outside capture first
-    (first-call costs: kernel attributes, workspaces)."""
+def capture_graphs(graphs: dict, buckets: list[int], classes: list[int], forward, device: torch.device,
+                   min_class=lambda b: 0) -> None:
+    """graphs[b, c] = (graph, its output) of forward(b, c) for each bucket and each context class c >= min_class(b),
+    in one memory pool: the largest first, so that the smaller graphs reuse its memory. Each is run once outside
+    capture first (first-call costs: kernel attributes, workspaces)."""
     pool = torch.cuda.graph_pool_handle()
     stream = torch.cuda.current_stream(device)
     for b in reversed(buckets):
-        for c in reversed(classes):
+        for c in reversed([c for c in classes if c >= min_class(b)]):
             side = torch.cuda.Stream(device)
             side.wait_stream(stream)
             with torch.cuda.stream(side):
@@ -323,6 +326,115 @@ class ChunkGraphs:
         graph, logits = self.graphs[b, next(x for x in self.classes if x >= int(lens[:b + 1].max()))]
         graph.replay()
         return logits[:n]
+
+
+# A lone prompt's last piece (PromptGraphs) pads to one of these token counts.
+PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512)
+# A prompt graph pays while its step's GPU work stays under the host time an eager step takes to launch it (~7 ms
+# on an H200 for the default model and the Llama-3-8B shape alike, where the default model's GPU takes 0.9-2.3 ms
+# at 16-512 tokens and the 8B shape's 5.4 ms at 16, 8.7 at 128). Padding may double a piece's tokens, so the
+# buckets stop where the layers' work passes this many FLOPs: 64 tokens on the 8B shape, 512 below ~1.4B values.
+PROMPT_GRAPH_FLOPS = 1.5e12
+
+
+class PromptGraphs:
+    """Steps of one prompt's last piece alone (no decodes beside it; its last token sampled), of c <= the largest
+    bucket tokens, padded to the smallest bucket P >= c and replayed per (P, context class): a lone request's first
+    token, which eagerly costs the host ~300 launches for a few hundred microseconds of GPU work on a small model.
+    The piece is one sequence of c queries (cu_seqlens_q [0, c]); tokens [c, P) are padding at position 0 whose K
+    and V go to the scratch page, outside every sequence of attention, so their rows, row-wise through the other
+    layers, are never read. The logits are the piece's last token's. Metadata travels as in ChunkGraphs."""
+
+    def __init__(self, model, cache: PagedKVCache, scratch_page: int, buckets: list[int], max_context: int,
+                 device: torch.device):
+        self.model, self.cache, self.device = model, cache, device
+        self.page, self.scratch, self.buckets = cache.page_size, scratch_page, buckets
+        P, W = buckets[-1], -(-max_context // cache.page_size)
+        pin = device.type == "cuda"
+        # int32: positions [P] | seq_lens [1] | cu_seqlens_q [2]; int64: ids [P] | slots [P] | the logit row [1];
+        # fields 256-byte aligned. Until the first step: one query at position 0 on the scratch page.
+        self.o32, self.o64 = -(-P // 64) * 64, -(-P // 32) * 32
+        self.h32 = torch.zeros(self.o32 + 64 + 2, dtype=torch.int32, pin_memory=pin)
+        self.h64 = torch.zeros(2 * self.o64 + 1, dtype=torch.int64, pin_memory=pin)
+        self.h32[self.o32], self.h32[self.o32 + 65] = 1, 1
+        self.h64[self.o64:self.o64 + P] = scratch_page * self.page
+        self.h_table = torch.full((W,), scratch_page, dtype=torch.int32, pin_memory=pin)
+        self.d32, self.d64 = self.h32.to(device), self.h64.to(device)
+        o32, o64 = self.o32, self.o64
+        self.pos, self.lens, self.cu = self.d32[:P], self.d32[o32:o32 + 1], self.d32[o32 + 64:o32 + 66]
+        self.ids, self.slots, self.logit_row = self.d64[:P], self.d64[o64:o64 + P], self.d64[2 * o64:]
+        self.table = torch.full((1, W), scratch_page, dtype=torch.int32, device=device)
+        self.copied = torch.cuda.Event() if pin else None  # the host buffers are refilled once it has passed
+        self.classes = context_classes(max_context)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # (bucket, class)
+        # a piece of P queries needs a class of at least P keys (its padding counts as queries)
+        capture_graphs(self.graphs, self.buckets, self.classes, self._forward, self.device, min_class=lambda p: p)
+
+    def _forward(self, p: int, max_len: int) -> torch.Tensor:
+        meta = AttentionMetadata(positions=self.pos[:p], slot_mapping=self.slots[:p], block_table=self.table,
+                                 seq_lens=self.lens, cu_seqlens_q=self.cu, max_seqlen_q=p,
+                                 max_seqlen_k=max_len)  # bounds: the graph serves every piece up to them
+        return self.model.forward_paged(self.ids[:p], meta, self.cache, self.logit_row, raw_logits=True)
+
+    def fits(self, counts: list[int], sampled: list[int]) -> bool:
+        """Whether a step of these per-sequence token counts, sampling the rows `sampled`, replays a graph: one
+        sequence of 2 .. the largest bucket tokens that ends its prompt."""
+        return len(counts) == 1 and 1 < counts[0] <= self.buckets[-1] and sampled == [0]
+
+    def run(self, work: list[tuple[list[int], int, list[int]]], ids: torch.Tensor | None) -> torch.Tensor:
+        """work as EngineCore._forward's, fitting fits(). ids: the piece's tokens on the device, or None (work's
+        list holds them). Returns its last token's raw logits [1, vocab]."""
+        (toks, start, pages), = work
+        c, page = len(toks), self.page
+        p = next(b for b in self.buckets if b >= c)
+        if self.copied is not None:
+            self.copied.synchronize()
+        h32, h64, o32, o64 = self.h32.numpy(), self.h64.numpy(), self.o32, self.o64
+        pos = np.arange(start, start + c)
+        h32[:c], h32[c:p] = pos, 0
+        h32[o32], h32[o32 + 64:o32 + 66] = start + c, (0, c)
+        table = self.h_table.numpy()
+        table[:len(pages)] = pages
+        h64[o64:o64 + c] = table[pos // page].astype(np.int64) * page + pos % page
+        h64[o64 + c:o64 + p] = self.scratch * page
+        h64[c:p] = 0
+        if ids is None:
+            h64[:c] = toks
+        h64[2 * o64] = c - 1
+        self.d32.copy_(self.h32, non_blocking=True)
+        self.d64.copy_(self.h64, non_blocking=True)
+        self.table[0, :len(pages)].copy_(self.h_table[:len(pages)], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+        if ids is not None:
+            self.ids[:c].copy_(ids)
+        graph, logits = self.graphs[p, next(x for x in self.classes if x >= max(start + c, p))]
+        graph.replay()
+        return logits
+
+
+def prompt_buckets(cfg, max_num_batched_tokens: int, max_context: int) -> list[int]:
+    """PromptGraphs' token buckets: PROMPT_BUCKETS up to the step's token budget, the context and PROMPT_GRAPH_FLOPS
+    of the layers' linears."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    values = cfg.num_layers * cfg.hidden_size * (2 * q + 2 * kv + 3 * cfg.intermediate_size)  # q, o, k, v, MLP
+    return [p for p in PROMPT_BUCKETS if p <= min(max_num_batched_tokens, max_context)
+            and 2 * values * p <= PROMPT_GRAPH_FLOPS]
+
+
+def try_prompt_graphs(engine, scratch_page: int, max_num_batched_tokens: int):
+    """PromptGraphs at prompt_buckets where decode graphs run and the model has no sliding-window layers; else
+    None."""
+    if engine.graphs is None or engine.block_manager.window is not None:
+        return None
+    buckets = prompt_buckets(engine.cfg, max_num_batched_tokens, engine.max_context)
+    if not buckets:
+        return None
+    try:
+        return PromptGraphs(engine.model, engine.cache, scratch_page, buckets, engine.max_context, engine.device)
+    except RuntimeError as e:
+        capture_failed(e, "prompts run eagerly")
+        return None
 
 
 def try_chunk_graphs(engine, scratch_page: int, chunk: int):
