@@ -23,8 +23,9 @@ and the GPU's busy time in it (CUDA events); --profile adds those steps' kernels
 from the prompt's first chunk on, or from chunk --profile-from K on (the attention of a later chunk reads K
 chunks more of the prompt's keys).
 
---ttft times instead each request alone to its first token (a lone user's prompt), from the prompt graphs and
-eagerly (the graphs set aside) on the same requests, in two alternating rounds: p50 and p90 of the second.
+--ttft times instead each request to its first token, alone (a lone user's prompt) or joining --beside N requests
+that decode meanwhile, from the prompt graphs and eagerly (the graphs set aside) on the same requests, in two
+alternating rounds: p50 and p90 of the second.
 
 --decode-batch B[,B...] times the engine's decode step instead: B requests of --input-len random ids
 are prefilled, then --decode-steps steps of B decodes are timed (wall time a step, GPU time from CUDA events),
@@ -233,27 +234,39 @@ def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | Non
 
 
 def run_ttft(engine: EngineCore, reqs, args) -> dict:
-    """Each request alone, to its first token: a lone user's prompt. Two rounds of the requests, each once from the
-    engine's prompt graphs and once eagerly (the graphs set aside), alternating; the prefix cache emptied before each
-    pass. The second round is reported (the first pays the eager shapes' first-call costs)."""
+    """Each request to its first token, alone or joining --beside requests that decode meanwhile (32 random ids
+    each, EOS ignored, aborted at the end). Two rounds of the requests, each once from the engine's prompt graphs
+    and once eagerly (the graphs set aside), alternating; the prefix cache emptied before each pass. The second
+    round is reported (the first pays the eager shapes' first-call costs)."""
     engine.warmup()
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    rng = random.Random(args.seed + 1)
     graphs, times = engine.prompt_graphs, {}
     for name in ("eager", "graphs") * 2:
         if name == "graphs" and graphs is None:
             continue
         engine.prompt_graphs = graphs if name == "graphs" else None
         engine.block_manager.reset_prefix_cache()
+        background = [engine.add_request([rng.randrange(engine.cfg.vocab_size) for _ in range(32)],
+                                         SamplingParams(temperature=0.0, ignore_eos=True,  # past the pass's steps
+                                                        max_tokens=min(engine.max_context - 32, 8 * len(reqs) + 16)))
+                      for _ in range(args.beside)]
+        for _ in range(3):  # the background's prompts, then decodes only
+            engine.step()
         times[name] = []
         for ids, _ in reqs:
             t0 = time.perf_counter()
-            engine.add_request(ids, params)
-            while engine.has_unfinished():
-                engine.step()
+            rid = engine.add_request(ids, params)
+            while not any(o.request_id == rid for o in engine.step()):
+                pass
             times[name].append(time.perf_counter() - t0)
+        for rid in background:
+            engine.abort_request(rid)
+        while engine.has_unfinished():
+            engine.step()
     engine.prompt_graphs = graphs
-    row = dict(mode="ttft", num_requests=len(reqs), input_len=args.input_len,
-               prompt_graph_buckets=None if graphs is None else graphs.buckets)
+    row = dict(mode="ttft", num_requests=len(reqs), input_len=args.input_len, beside=args.beside,
+               prompt_graph_buckets=None if graphs is None else graphs.token_buckets)
     for name, ts in times.items():
         row[f"ttft_{name}_p50_ms"], row[f"ttft_{name}_p90_ms"] = pct(ts, 50), pct(ts, 90)
     return row
@@ -300,6 +313,8 @@ def main(argv=None) -> int:
                    help="with --long-prompt-len: rounds measured after the first; the median one is reported")
     p.add_argument("--ttft", action="store_true",
                    help="time each request alone to its first token instead, from the prompt graphs and eagerly")
+    p.add_argument("--beside", type=int, default=0, metavar="N",
+                   help="with --ttft: N requests decode meanwhile, and each timed one joins them")
     p.add_argument("--decode-batch", help="time the decode step at these batch sizes (comma-separated) instead")
     p.add_argument("--decode-steps", type=int, default=32, help="with --decode-batch: steps timed (default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="with --decode-batch or --long-prompt-len: also print the steps' kernels")
@@ -315,6 +330,8 @@ def main(argv=None) -> int:
         p.error(f"--decode-batch: give batch sizes of at least 1, comma-separated (not {args.decode_batch!r})")
     if args.profile_from < 0 or (args.profile_from and not (args.profile and args.long_prompt_len)):
         p.error("--profile-from K needs K >= 0, --profile and --long-prompt-len")
+    if args.beside < 0 or (args.beside and not args.ttft):
+        p.error("--beside N needs N >= 0 and --ttft")
     if args.long_prompt_len < 0 or args.itl_steps < 2 or args.decode_steps < 1 or args.rounds < 1:
         p.error("--long-prompt-len must be >= 0, --itl-steps >= 2 (an inter-token gap needs two steps), "
                 "--decode-steps >= 1, --rounds >= 1")
@@ -355,7 +372,8 @@ def main(argv=None) -> int:
                    f"from the prompt graphs p50/p90 {row['ttft_graphs_p50_ms']:.2f}/{row['ttft_graphs_p90_ms']:.2f} ms "
                    f"({row['ttft_eager_p50_ms'] / row['ttft_graphs_p50_ms']:.2f}x), buckets up to "
                    f"{row['prompt_graph_buckets'][-1]} tokens")
-        print(f"TTFT of {len(reqs)} lone requests of {args.input_len} tokens: eagerly p50/p90 "
+        among = f"among {args.beside} decoding" if args.beside else "lone"
+        print(f"TTFT of {len(reqs)} {among} requests of {args.input_len} tokens: eagerly p50/p90 "
               f"{row['ttft_eager_p50_ms']:.2f}/{row['ttft_eager_p90_ms']:.2f} ms, {graphed}", flush=True)
         append_json(args.json, row)
         return 0

@@ -270,14 +270,21 @@ def test_graph_buckets():
 
 
 def test_prompt_graph_buckets():
-    """A lone prompt's graphs pad to 16 .. 512 tokens, as far as the step's budget, the context and the layers' work
-    allow: the Llama-3-8B shape's 7.0 G linear values take up to 64 tokens."""
+    """Prompt graphs pad a prompt's last piece to 16 .. 512 tokens beside 0 or a decode bucket up to 16, as far as
+    the context, the step's budget and the layers' work allow: the Llama-3-8B shape's 7.0 G linear values take up to
+    32 tokens beside up to 2 decodes."""
     from minfer.engine.graphs import prompt_buckets
-    assert prompt_buckets(shapes.config("smollm2-135m"), 8192, 8192) == [16, 32, 64, 128, 256, 512]
-    assert prompt_buckets(shapes.config("llama-3.2-1b"), 8192, 8192) == [16, 32, 64, 128, 256, 512]
-    assert prompt_buckets(shapes.config("llama-3-8b"), 8192, 8192) == [16, 32, 64]
-    assert prompt_buckets(shapes.config("smollm2-135m"), 100, 8192) == [16, 32, 64]  # the step's token budget
-    assert prompt_buckets(shapes.config("smollm2-135m"), 8192, 200) == [16, 32, 64, 128]  # the context
+    decodes = [1, 2, 4, 8, 16, 32, 64]
+    small = prompt_buckets(shapes.config("smollm2-135m"), decodes, 8192, 8192)
+    assert small == [(d, p) for d in (0, 1, 2, 4, 8, 16) for p in (16, 32, 64, 128, 256, 512)]
+    assert prompt_buckets(shapes.config("llama-3-8b"), decodes, 8192, 8192) == [
+        (0, 16), (0, 32), (1, 16), (1, 32), (2, 16), (2, 32), (4, 16), (8, 16), (16, 16)]
+    one_b = prompt_buckets(shapes.config("llama-3.2-1b"), decodes, 8192, 8192)
+    assert (0, 256) in one_b and (1, 256) not in one_b and (16, 128) in one_b and (16, 256) not in one_b
+    assert prompt_buckets(shapes.config("smollm2-135m"), [1, 2], 70, 8192) == [  # the step's token budget
+        (0, 16), (0, 32), (0, 64), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (2, 64)]
+    assert max(p for _, p in prompt_buckets(shapes.config("smollm2-135m"), decodes, 8192, 200)) == 128  # the context
+
 
 
 def load_bench_throughput():

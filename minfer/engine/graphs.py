@@ -12,9 +12,9 @@ Steps of decodes and one prompt chunk of exactly --long-prefill-token-threshold 
 beside running requests) replay graphs of their own (ChunkGraphs, models without sliding-window layers):
 launched eagerly, such a step's ~15 launches a layer cost the host more than the GPU's work (Llama-3.2-1B
 shape, H200, 16 decodes beside 32-token chunks: 3.3-5 ms a step eagerly, 2.4 ms from the graphs). Other steps
-with prefill chunks run eagerly, but a lone prompt's last piece of up to 512 tokens (PromptGraphs: a request's
-first token when no other runs, eagerly ~7 ms of host time on an H200 against 0.9-2.3 ms of the default model's GPU
-work).
+with prefill chunks run eagerly, but a prompt's last piece of up to 512 tokens beside up to 16 decodes (PromptGraphs:
+a request's first token, alone or joining running ones; eagerly ~7 ms of host time on an H200 against 0.9-2.3 ms
+of the default model's GPU work).
 """
 from __future__ import annotations
 
@@ -328,98 +328,145 @@ class ChunkGraphs:
         return logits[:n]
 
 
-# A lone prompt's last piece (PromptGraphs) pads to one of these token counts.
+# A prompt's last piece (PromptGraphs) pads to one of these token counts ...
 PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512)
-# A prompt graph pays while its step's GPU work stays under the host time an eager step takes to launch it (~7 ms
-# on an H200 for the default model and the Llama-3-8B shape alike, where the default model's GPU takes 0.9-2.3 ms
-# at 16-512 tokens and the 8B shape's 5.4 ms at 16, 8.7 at 128). Padding may double a piece's tokens, so the
-# buckets stop where the layers' work passes this many FLOPs: 64 tokens on the 8B shape, 512 below ~1.4B values.
-PROMPT_GRAPH_FLOPS = 1.5e12
+# ... beside up to this many decodes (their bucket: one of the decode graphs', or none).
+PROMPT_MAX_DECODES = 16
+# A prompt graph pays while its step's GPU work stays under the host time an eager step takes to launch it (~7 ms on
+# an H200, where the default model's GPU takes 0.9-2.3 ms at 16-512 tokens), and its padded rows cost the GPU little:
+# on the Llama-3-8B shape lone pieces of 16-64 tokens took 5.56 ms from graphs padded to 16-64 against 6.06 eagerly,
+# but beside 8 decodes 11.30 against 9.99 (72 rows where eagerly 24-72 ran). So a (decodes, tokens) bucket is taken
+# while its linears' work is at most this many FLOPs: on the 8B shape pieces of up to 32 tokens beside up to 2
+# decodes and 16 beside up to 16; the default model's every bucket.
+PROMPT_GRAPH_FLOPS = 5e11
 
 
 class PromptGraphs:
-    """Steps of one prompt's last piece alone (no decodes beside it; its last token sampled), of c <= the largest
-    bucket tokens, padded to the smallest bucket P >= c and replayed per (P, context class): a lone request's first
-    token, which eagerly costs the host ~300 launches for a few hundred microseconds of GPU work on a small model.
-    The piece is one sequence of c queries (cu_seqlens_q [0, c]); tokens [c, P) are padding at position 0 whose K
-    and V go to the scratch page, outside every sequence of attention, so their rows, row-wise through the other
-    layers, are never read. The logits are the piece's last token's. Metadata travels as in ChunkGraphs."""
+    """Steps of n decodes (n <= PROMPT_MAX_DECODES, 0 included) and one prompt's last piece (its last token sampled)
+    of c tokens, 1 < c <= the largest token bucket: a request's first token, alone or joining running ones. Eagerly
+    such a step costs the host ~300 launches, several times a small model's GPU work. Replayed per (decode bucket d,
+    token bucket P, context class): rows [0, n) decode, rows [n, d) pad on the scratch page (one token at position
+    0), rows [d, d + c) are the piece, one sequence of c queries, and rows [d + c, d + P) pad at position 0, their K
+    and V written to the scratch page, outside every sequence of attention: row-wise through the other layers, they
+    are never read. The graph computes the logits of the d decode rows and the piece's last token. The metadata
+    travels in three copies from pinned buffers, as in ChunkGraphs."""
 
-    def __init__(self, model, cache: PagedKVCache, scratch_page: int, buckets: list[int], max_context: int,
+    def __init__(self, model, cache: PagedKVCache, scratch_page: int, pairs: list[tuple[int, int]], max_context: int,
                  device: torch.device):
+        """pairs: the (decode bucket, token bucket) pairs to capture (prompt_buckets)."""
         self.model, self.cache, self.device = model, cache, device
-        self.page, self.scratch, self.buckets = cache.page_size, scratch_page, buckets
-        P, W = buckets[-1], -(-max_context // cache.page_size)
+        self.page, self.scratch = cache.page_size, scratch_page
+        self.decode_buckets = sorted({d for d, _ in pairs})
+        self.token_buckets = sorted({p for _, p in pairs})
+        # the largest token bucket beside each decode bucket (the pairs of a decode bucket are its smallest ones)
+        self.most_tokens = {d: max(p for e, p in pairs if e == d) for d in self.decode_buckets}
+        D, P, W = self.decode_buckets[-1], self.token_buckets[-1], -(-max_context // cache.page_size)
         pin = device.type == "cuda"
-        # int32: positions [P] | seq_lens [1] | cu_seqlens_q [2]; int64: ids [P] | slots [P] | the logit row [1];
-        # fields 256-byte aligned. Until the first step: one query at position 0 on the scratch page.
-        self.o32, self.o64 = -(-P // 64) * 64, -(-P // 32) * 32
-        self.h32 = torch.zeros(self.o32 + 64 + 2, dtype=torch.int32, pin_memory=pin)
-        self.h64 = torch.zeros(2 * self.o64 + 1, dtype=torch.int64, pin_memory=pin)
-        self.h32[self.o32], self.h32[self.o32 + 65] = 1, 1
-        self.h64[self.o64:self.o64 + P] = scratch_page * self.page
-        self.h_table = torch.full((W,), scratch_page, dtype=torch.int32, pin_memory=pin)
+        f = -(-(D + P) // 64) * 64  # a field's room (256-byte aligned at int32)
+        # int32: positions [D + P] | seq_lens [D + 1] | cu_seqlens_q [D + 2] | the piece's own [2];
+        # int64: ids [D + P] | slots [D + P] | logit rows [D + 1]. Until the first step every row is one query at
+        # position 0 on the scratch page.
+        self.h32 = torch.zeros(4 * f, dtype=torch.int32, pin_memory=pin)
+        self.h64 = torch.zeros(3 * f, dtype=torch.int64, pin_memory=pin)
+        self.h32[f:f + D + 1] = 1
+        self.h32[2 * f:2 * f + D + 2] = torch.arange(D + 2, dtype=torch.int32)
+        self.h32[3 * f:3 * f + 2] = torch.tensor([0, 1], dtype=torch.int32)
+        self.h64[f:2 * f] = scratch_page * self.page
+        self.h_table = torch.full(((D + 1) * W,), scratch_page, dtype=torch.int32, pin_memory=pin)
         self.d32, self.d64 = self.h32.to(device), self.h64.to(device)
-        o32, o64 = self.o32, self.o64
-        self.pos, self.lens, self.cu = self.d32[:P], self.d32[o32:o32 + 1], self.d32[o32 + 64:o32 + 66]
-        self.ids, self.slots, self.logit_row = self.d64[:P], self.d64[o64:o64 + P], self.d64[2 * o64:]
-        self.table = torch.full((1, W), scratch_page, dtype=torch.int32, device=device)
+        self.f = f
+        self.pos, self.lens, self.cu = self.d32[:D + P], self.d32[f:f + D + 1], self.d32[2 * f:2 * f + D + 2]
+        self.piece_cu = self.d32[3 * f:3 * f + 2]
+        self.ids, self.slots, self.logit_rows = self.d64[:D + P], self.d64[f:f + D + P], self.d64[2 * f:2 * f + D + 1]
+        self.table = torch.full((D + 1, W), scratch_page, dtype=torch.int32, device=device)
         self.copied = torch.cuda.Event() if pin else None  # the host buffers are refilled once it has passed
         self.classes = context_classes(max_context)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # (bucket, class)
+        pairs = sorted(pairs, key=lambda k: (k[0] + k[1], k))  # capture_graphs takes the most rows first
+        self.graphs: dict[tuple[tuple[int, int], int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # a piece of P queries needs a class of at least P keys (its padding counts as queries)
-        capture_graphs(self.graphs, self.buckets, self.classes, self._forward, self.device, min_class=lambda p: p)
+        capture_graphs(self.graphs, pairs, self.classes, self._forward, self.device, min_class=lambda k: k[1])
 
-    def _forward(self, p: int, max_len: int) -> torch.Tensor:
-        meta = AttentionMetadata(positions=self.pos[:p], slot_mapping=self.slots[:p], block_table=self.table,
-                                 seq_lens=self.lens, cu_seqlens_q=self.cu, max_seqlen_q=p,
-                                 max_seqlen_k=max_len)  # bounds: the graph serves every piece up to them
-        return self.model.forward_paged(self.ids[:p], meta, self.cache, self.logit_row, raw_logits=True)
+    def _forward(self, key: tuple[int, int], max_len: int) -> torch.Tensor:
+        d, p = key
+        meta = AttentionMetadata(positions=self.pos[:d + p], slot_mapping=self.slots[:d + p],
+                                 block_table=self.table[:d + 1], seq_lens=self.lens[:d + 1],
+                                 cu_seqlens_q=self.cu[:d + 2], max_seqlen_q=p,
+                                 max_seqlen_k=max_len)  # bounds: the graph serves every step up to them
+        if d:  # the decodes on the decode kernel, the piece apart (AttentionMetadata)
+            meta.num_decodes, meta.chunk_cu_seqlens_q = d, self.piece_cu
+            meta.decode_max_seqlen_k = meta.chunk_max_seqlen_k = max_len
+        return self.model.forward_paged(self.ids[:d + p], meta, self.cache, self.logit_rows[:d + 1], raw_logits=True)
 
     def fits(self, counts: list[int], sampled: list[int]) -> bool:
-        """Whether a step of these per-sequence token counts, sampling the rows `sampled`, replays a graph: one
-        sequence of 2 .. the largest bucket tokens that ends its prompt."""
-        return len(counts) == 1 and 1 < counts[0] <= self.buckets[-1] and sampled == [0]
+        """Whether a step of these per-sequence token counts, sampling the rows `sampled`, replays a graph: up to
+        the largest decode bucket of decodes, each sampled, then one piece that ends its prompt, of 2 .. the largest
+        token bucket beside their decode bucket tokens."""
+        n = len(counts) - 1
+        if not (n <= self.decode_buckets[-1] and all(x == 1 for x in counts[:-1]) and sampled == list(range(n + 1))):
+            return False
+        return 1 < counts[-1] <= self.most_tokens[next(x for x in self.decode_buckets if x >= n)]
 
     def run(self, work: list[tuple[list[int], int, list[int]]], ids: torch.Tensor | None) -> torch.Tensor:
-        """work as EngineCore._forward's, fitting fits(). ids: the piece's tokens on the device, or None (work's
-        list holds them). Returns its last token's raw logits [1, vocab]."""
-        (toks, start, pages), = work
-        c, page = len(toks), self.page
-        p = next(b for b in self.buckets if b >= c)
+        """work as EngineCore._forward's, fitting fits(). ids: the step's tokens on the device (async scheduling;
+        work's lists then give only counts), or None. Returns the raw logits [n + 1, vocab] of the n decodes and the
+        piece's last token."""
+        n, page, f = len(work) - 1, self.page, self.f
+        toks, start, pages = work[n]
+        c = len(toks)
+        d = next(x for x in self.decode_buckets if x >= n)
+        p = next(x for x in self.token_buckets if x >= c)
         if self.copied is not None:
             self.copied.synchronize()
-        h32, h64, o32, o64 = self.h32.numpy(), self.h64.numpy(), self.o32, self.o64
-        pos = np.arange(start, start + c)
-        h32[:c], h32[c:p] = pos, 0
-        h32[o32], h32[o32 + 64:o32 + 66] = start + c, (0, c)
-        table = self.h_table.numpy()
-        table[:len(pages)] = pages
-        h64[o64:o64 + c] = table[pos // page].astype(np.int64) * page + pos % page
-        h64[o64 + c:o64 + p] = self.scratch * page
-        h64[c:p] = 0
+        h32, h64 = self.h32.numpy(), self.h64.numpy()
+        pos, lens, cu = h32[:d + p], h32[f:f + d + 1], h32[2 * f:2 * f + d + 2]
+        starts = np.fromiter((s for _, s, _ in work[:n]), np.int64, n)
+        pos[:n], pos[n:d] = starts, 0
+        pos[d:d + c], pos[d + c:] = np.arange(start, start + c), 0
+        lens[:n], lens[n:d], lens[d] = starts + 1, 1, start + c
+        cu[:d + 1], cu[d + 1] = np.arange(d + 1), d + c  # an earlier step's d + c may sit in [0, d]
+        h32[3 * f + 1] = c
+        width = max(len(pg) for _, _, pg in work)
+        table = self.h_table.numpy()[:(d + 1) * width].reshape(d + 1, width)
+        for i, (_, _, pg) in enumerate(work[:n]):
+            table[i, :len(pg)] = pg
+        table[n:d, 0] = self.scratch
+        table[d, :len(pages)] = pages
+        rows = np.concatenate([np.arange(n), np.full(c, d)])
+        tok = np.concatenate([pos[:n], pos[d:d + c]]).astype(np.int64)
+        slots = table[rows, tok // page].astype(np.int64) * page + tok % page
+        h_slots, h_ids = h64[f:f + d + p], h64[:d + p]
+        h_slots[:n], h_slots[d:d + c] = slots[:n], slots[n:]
+        h_slots[n:d], h_slots[d + c:] = self.scratch * page, self.scratch * page
+        h_ids[n:d], h_ids[d + c:] = 0, 0
         if ids is None:
-            h64[:c] = toks
-        h64[2 * o64] = c - 1
+            h_ids[:n] = [t[0] for t, _, _ in work[:n]]
+            h_ids[d:d + c] = toks
+        logit_rows = h64[2 * f:2 * f + d + 1]
+        logit_rows[:n], logit_rows[n], logit_rows[n + 1:] = np.arange(n), d + c - 1, 0
         self.d32.copy_(self.h32, non_blocking=True)
         self.d64.copy_(self.h64, non_blocking=True)
-        self.table[0, :len(pages)].copy_(self.h_table[:len(pages)], non_blocking=True)
+        self.table[:d + 1, :width].copy_(self.h_table[:(d + 1) * width].view(d + 1, width), non_blocking=True)
         if self.copied is not None:
             self.copied.record()
         if ids is not None:
-            self.ids[:c].copy_(ids)
-        graph, logits = self.graphs[p, next(x for x in self.classes if x >= max(start + c, p))]
+            self.ids[:n].copy_(ids[:n])
+            self.ids[d:d + c].copy_(ids[n:])
+        longest = max(int(lens.max()), p)
+        graph, logits = self.graphs[(d, p), next(x for x in self.classes if x >= longest)]
         graph.replay()
-        return logits
+        return logits[:n + 1]
 
 
-def prompt_buckets(cfg, max_num_batched_tokens: int, max_context: int) -> list[int]:
-    """PromptGraphs' token buckets: PROMPT_BUCKETS up to the step's token budget, the context and PROMPT_GRAPH_FLOPS
-    of the layers' linears."""
+def prompt_buckets(cfg, decode_buckets: list[int], max_num_batched_tokens: int,
+                   max_context: int) -> list[tuple[int, int]]:
+    """PromptGraphs' (decode bucket, token bucket) pairs: 0 and the decode graphs' buckets up to PROMPT_MAX_DECODES,
+    beside PROMPT_BUCKETS up to the context, within the step's token budget and PROMPT_GRAPH_FLOPS of the layers'
+    linears."""
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     values = cfg.num_layers * cfg.hidden_size * (2 * q + 2 * kv + 3 * cfg.intermediate_size)  # q, o, k, v, MLP
-    return [p for p in PROMPT_BUCKETS if p <= min(max_num_batched_tokens, max_context)
-            and 2 * values * p <= PROMPT_GRAPH_FLOPS]
+    decodes = [0] + [d for d in decode_buckets if d <= PROMPT_MAX_DECODES]
+    return [(d, p) for d in decodes for p in PROMPT_BUCKETS
+            if p <= max_context and d + p <= max_num_batched_tokens and 2 * values * (d + p) <= PROMPT_GRAPH_FLOPS]
 
 
 def try_prompt_graphs(engine, scratch_page: int, max_num_batched_tokens: int):
@@ -427,11 +474,11 @@ def try_prompt_graphs(engine, scratch_page: int, max_num_batched_tokens: int):
     None."""
     if engine.graphs is None or engine.block_manager.window is not None:
         return None
-    buckets = prompt_buckets(engine.cfg, max_num_batched_tokens, engine.max_context)
-    if not buckets:
+    pairs = prompt_buckets(engine.cfg, engine.graphs.buckets, max_num_batched_tokens, engine.max_context)
+    if not pairs:
         return None
     try:
-        return PromptGraphs(engine.model, engine.cache, scratch_page, buckets, engine.max_context, engine.device)
+        return PromptGraphs(engine.model, engine.cache, scratch_page, pairs, engine.max_context, engine.device)
     except RuntimeError as e:
         capture_failed(e, "prompts run eagerly")
         return None
