@@ -312,7 +312,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="with --long-prompt-len: rounds measured after the first; the median one is reported")
     p.add_argument("--ttft", action="store_true",
-                   help="time each request alone to its first token instead, from the prompt graphs and eagerly")
+                   help="time each request to its first token instead (alone, or among --beside N decoding), from "
+                        "the prompt graphs (as the server captures them) and eagerly")
     p.add_argument("--beside", type=int, default=0, metavar="N",
                    help="with --ttft: N requests decode meanwhile, and each timed one joins them")
     p.add_argument("--decode-batch", help="time the decode step at these batch sizes (comma-separated) instead")
@@ -342,7 +343,7 @@ def main(argv=None) -> int:
         make_kwargs["random_weights"] = shapes.config(args.shape)
     else:
         make_kwargs.update(checkpoint=args.checkpoint, dequantize=args.dequantize)
-    core = EngineCore(**engine_kwargs(args), **make_kwargs)
+    core = EngineCore(**engine_kwargs(args), **make_kwargs, prompt_graphs=args.ttft)  # as a server, for --ttft
     dev = core.device
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     if args.decode_batch:

@@ -286,7 +286,6 @@ def test_prompt_graph_buckets():
     assert max(p for _, p in prompt_buckets(shapes.config("smollm2-135m"), decodes, 8192, 200)) == 128  # the context
 
 
-
 def load_bench_throughput():
     import importlib.util
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps", "bench_throughput.py")

@@ -225,7 +225,7 @@ def test_prompt_graphs_match_eager():
     decodes and of its last token that the same step gives eagerly, and writes the same K and V: the piece's next
     token decodes (eagerly) to the same logits after either. The engine takes the graphs for such steps."""
     core = EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=2000, num_pages=400,
-                      max_num_seqs=4, random_weights=shapes.config("smollm2-135m"))
+                      max_num_seqs=4, random_weights=shapes.config("smollm2-135m"), prompt_graphs=True)
     graphs = core.prompt_graphs
     assert graphs is not None and graphs.token_buckets == [16, 32, 64, 128, 256, 512]
     assert graphs.decode_buckets == [0, 1, 2, 4] and graphs.classes == [256, 1024, 2000]

@@ -64,7 +64,7 @@ def backend(request):
 def server(backend):
     b = BACKENDS[backend]
     core = EngineCore(None, dtype=getattr(torch, b["dtype"]), device=b["device"], backend=backend,
-                      max_context=CONTEXT, page_size=b["page"], **ENGINE)
+                      max_context=CONTEXT, page_size=b["page"], prompt_graphs=True, **ENGINE)  # as minfer.serve
     engine = AsyncEngine(core)
     srv, thread, url = start(build_app(engine, NAME, api_key=KEY))
     yield SimpleNamespace(url=url, engine=engine, core=core,

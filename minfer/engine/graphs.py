@@ -12,9 +12,9 @@ Steps of decodes and one prompt chunk of exactly --long-prefill-token-threshold 
 beside running requests) replay graphs of their own (ChunkGraphs, models without sliding-window layers):
 launched eagerly, such a step's ~15 launches a layer cost the host more than the GPU's work (Llama-3.2-1B
 shape, H200, 16 decodes beside 32-token chunks: 3.3-5 ms a step eagerly, 2.4 ms from the graphs). Other steps
-with prefill chunks run eagerly, but a prompt's last piece of up to 512 tokens beside up to 16 decodes (PromptGraphs:
-a request's first token, alone or joining running ones; eagerly ~7 ms of host time on an H200 against 0.9-2.3 ms
-of the default model's GPU work).
+with prefill chunks run eagerly, but, where the engine asks for them (the server), a prompt's last piece of up to
+512 tokens beside up to 16 decodes (PromptGraphs: a request's first token, alone or joining running ones; eagerly
+~7 ms of host time on an H200 against 0.9-2.3 ms of the default model's GPU work).
 """
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def main(argv=None):
     model = dict(random_weights=shapes.config(args.shape)) if args.shape else dict(checkpoint=args.checkpoint)
     core = EngineCore(**model, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                       backend=args.backend, max_context=args.max_context, dequantize=args.dequantize,
-                      **engine_kwargs(args))
+                      prompt_graphs=True, **engine_kwargs(args))
     if args.shape:  # a byte-level placeholder vocabulary of the shape's size: the server decodes text as for a model
         from ..quantize import placeholder_vocab
         from ..tokenizer import from_gguf_fields
