@@ -7,6 +7,7 @@ free (cached or not); bad input is a clear error."""
 import itertools
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -284,6 +285,29 @@ def test_prompt_graph_buckets():
     assert prompt_buckets(shapes.config("smollm2-135m"), [1, 2], 70, 8192) == [  # the step's token budget
         (0, 16), (0, 32), (0, 64), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (2, 64)]
     assert max(p for _, p in prompt_buckets(shapes.config("smollm2-135m"), decodes, 8192, 200)) == 128  # the context
+
+
+@pytest.mark.parametrize("n, d, c, p", [(0, 0, 5, 16), (2, 4, 16, 16), (3, 4, 40, 64), (1, 1, 32, 32)])
+def test_piece_step_metadata_matches_eager(n, d, c, p):
+    """The graphs' host metadata of n decodes and one prompt piece (ChunkGraphs: p = c; PromptGraphs: p a token
+    bucket) holds what the eager step's has for every real token (positions, K/V slots, ids, seq_lens, pages), and
+    puts the padding rows at position 0 on the scratch page."""
+    from minfer.engine.graphs import fill_piece_step
+    page, scratch = 16, 99
+    work = [([7 + i], 20 + 9 * i, [3 * i, 3 * i + 1, 3 * i + 2]) for i in range(n)]  # decodes at 20, 29, 38
+    work.append((list(range(100, 100 + c)), 17, [50, 51, 52, 53]))  # the piece after 17 cached tokens
+    meta, ids, _ = step_metadata(work, page, None, True, None, torch.device("cpu"))
+    pos, slots, tok = (np.full(d + p, -1, np.int64) for _ in range(3))
+    lens, table = np.full(d + 1, -1, np.int64), np.full(4 * (d + 1), -1, np.int32)
+    width = fill_piece_step(work, d, p, page, scratch, pos, lens, slots, tok, table, True)
+    real = list(range(n)) + list(range(d, d + c))  # the graph's rows of the eager step's tokens, in order
+    assert width == 4 and pos[real].tolist() == meta.positions.tolist()
+    assert slots[real].tolist() == meta.slot_mapping.tolist() and tok[real].tolist() == ids.tolist()
+    assert lens[list(range(n)) + [d]].tolist() == meta.seq_lens.tolist()
+    pad = list(range(n, d)) + list(range(d + c, d + p))
+    assert (pos[pad] == 0).all() and (slots[pad] == scratch * page).all() and (tok[pad] == 0).all()
+    assert (lens[n:d] == 1).all() and (table.reshape(d + 1, width)[n:d, 0] == scratch).all()
+    assert table.reshape(d + 1, width)[d].tolist() == [50, 51, 52, 53]
 
 
 def load_bench_throughput():

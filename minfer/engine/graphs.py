@@ -233,7 +233,56 @@ def try_decode_graphs(engine, scratch_page: int, max_num_seqs: int, sizes: list[
         return None
 
 
-class ChunkGraphs:
+def fill_piece_step(work: list[tuple[list[int], int, list[int]]], d: int, p: int, page: int, scratch: int,
+                    pos: np.ndarray, lens: np.ndarray, slots: np.ndarray, ids: np.ndarray,
+                    table_flat: np.ndarray, with_ids: bool) -> int:
+    """The host metadata of a step of n = len(work) - 1 decodes and one prompt piece of c <= p tokens (work as
+    EngineCore._forward's) in the rows of decode bucket d and token bucket p: rows [0, n) decode, [n, d) pad on the
+    scratch page (one token at position 0), [d, d + c) are the piece and [d + c, d + p) pad at position 0, their K
+    and V to the scratch page. pos, slots, ids: views of [d + p]; lens: of [d + 1]; table_flat: the pinned page
+    table, filled as [d + 1, width]. The real ids are filled with_ids only (else they come from the device).
+    Returns the table's width."""
+    n = len(work) - 1
+    toks, start, pages = work[n]
+    c = len(toks)
+    starts = np.fromiter((s for _, s, _ in work[:n]), np.int64, n)
+    pos[:n], pos[n:d] = starts, 0
+    pos[d:d + c], pos[d + c:d + p] = np.arange(start, start + c), 0
+    lens[:n], lens[n:d], lens[d] = starts + 1, 1, start + c
+    width = max(len(pg) for _, _, pg in work)
+    table = table_flat[:(d + 1) * width].reshape(d + 1, width)
+    for i, (_, _, pg) in enumerate(work[:n]):
+        table[i, :len(pg)] = pg
+    table[n:d, 0] = scratch
+    table[d, :len(pages)] = pages
+    rows = np.concatenate([np.arange(n), np.full(c, d)])
+    tok = np.concatenate([pos[:n], pos[d:d + c]]).astype(np.int64)
+    found = table[rows, tok // page].astype(np.int64) * page + tok % page
+    slots[:n], slots[d:d + c] = found[:n], found[n:]
+    slots[n:d], slots[d + c:d + p] = scratch * page, scratch * page
+    ids[n:d], ids[d + c:d + p] = 0, 0
+    if with_ids:
+        ids[:n] = [t[0] for t, _, _ in work[:n]]
+        ids[d:d + c] = toks
+    return width
+
+
+class _PieceGraphs:
+    """What ChunkGraphs and PromptGraphs share: a step's metadata from pinned buffers (h32, h64, h_table) to the
+    graphs' (d32, d64, table, ids) in three copies, and the step's ids from the device where they are there."""
+
+    def _send(self, n: int, d: int, c: int, width: int, ids: torch.Tensor | None) -> None:
+        self.d32.copy_(self.h32, non_blocking=True)
+        self.d64.copy_(self.h64, non_blocking=True)
+        self.table[:d + 1, :width].copy_(self.h_table[:(d + 1) * width].view(d + 1, width), non_blocking=True)
+        if self.copied is not None:  # the host buffers are refilled once it has passed
+            self.copied.record()
+        if ids is not None:
+            self.ids[:n].copy_(ids[:n])
+            self.ids[d:d + c].copy_(ids[n:])
+
+
+class ChunkGraphs(_PieceGraphs):
     """Steps of n <= bucket decodes followed by one prompt chunk of exactly `chunk` tokens, replayed per (decode
     bucket, context class). Rows [0, n) decode, rows [n, b) pad on the scratch page (one token at position 0),
     rows [b, b + chunk) are the chunk; the graph computes the logits of the b decode rows only (a 17th row would
@@ -292,38 +341,15 @@ class ChunkGraphs:
         """work as EngineCore._forward's, fitting fits(). ids: the step's tokens on the device (async
         scheduling; work's lists then give only counts), or None. Returns the n decodes' raw logits [n, vocab]
         (as DecodeGraphs.run's)."""
-        n, c, page = len(work) - 1, self.chunk, self.page
+        n, c = len(work) - 1, self.chunk
         b = next(x for x in self.buckets if x >= n)
         if self.copied is not None:
             self.copied.synchronize()
-        starts = np.fromiter((s for _, s, _ in work), np.int64, n + 1)
-        pos, lens = self.np_pos, self.np_lens
-        pos[:n], pos[n:b] = starts[:n], 0
-        pos[b:b + c] = np.arange(starts[n], starts[n] + c)
-        lens[:n], lens[n:b], lens[b] = starts[:n] + 1, 1, starts[n] + c
-        width = max(len(pages) for _, _, pages in work)
-        table = self.np_table[:(b + 1) * width].reshape(b + 1, width)
-        for i, (_, _, pages) in enumerate(work[:n]):
-            table[i, :len(pages)] = pages
-        table[n:b, 0] = self.scratch
-        table[b, :len(work[n][2])] = work[n][2]
-        rows = np.concatenate([np.arange(n), np.full(c, b)])
-        tok = np.concatenate([pos[:n], pos[b:b + c]]).astype(np.int64)
-        slots = table[rows, tok // page].astype(np.int64) * page + tok % page
-        self.np_slots[:n], self.np_slots[n:b], self.np_slots[b:b + c] = slots[:n], self.scratch * page, slots[n:]
-        self.np_ids[n:b] = 0
-        if ids is None:
-            self.np_ids[:n] = [t[0] for t, _, _ in work[:n]]
-            self.np_ids[b:b + c] = work[n][0]
-        self.d32.copy_(self.h32, non_blocking=True)
-        self.d64.copy_(self.h64, non_blocking=True)
-        self.table[:b + 1, :width].copy_(self.h_table[:(b + 1) * width].view(b + 1, width), non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
-        if ids is not None:
-            self.ids[:n].copy_(ids[:n])
-            self.ids[b:b + c].copy_(ids[n:])
-        graph, logits = self.graphs[b, next(x for x in self.classes if x >= int(lens[:b + 1].max()))]
+        lens = self.np_lens[:b + 1]
+        width = fill_piece_step(work, b, c, self.page, self.scratch, self.np_pos[:b + c], lens,
+                                self.np_slots[:b + c], self.np_ids[:b + c], self.np_table, ids is None)
+        self._send(n, b, c, width, ids)
+        graph, logits = self.graphs[b, next(x for x in self.classes if x >= int(lens.max()))]
         graph.replay()
         return logits[:n]
 
@@ -341,7 +367,7 @@ PROMPT_MAX_DECODES = 16
 PROMPT_GRAPH_FLOPS = 5e11
 
 
-class PromptGraphs:
+class PromptGraphs(_PieceGraphs):
     """Steps of n decodes (n <= PROMPT_MAX_DECODES, 0 included) and one prompt's last piece (its last token sampled)
     of c tokens, 1 < c <= the largest token bucket: a request's first token, alone or joining running ones. Eagerly
     such a step costs the host ~300 launches, several times a small model's GPU work. Replayed per (decode bucket d,
@@ -410,47 +436,20 @@ class PromptGraphs:
         """work as EngineCore._forward's, fitting fits(). ids: the step's tokens on the device (async scheduling;
         work's lists then give only counts), or None. Returns the raw logits [n + 1, vocab] of the n decodes and the
         piece's last token."""
-        n, page, f = len(work) - 1, self.page, self.f
-        toks, start, pages = work[n]
-        c = len(toks)
+        n, f, c = len(work) - 1, self.f, len(work[-1][0])
         d = next(x for x in self.decode_buckets if x >= n)
         p = next(x for x in self.token_buckets if x >= c)
         if self.copied is not None:
             self.copied.synchronize()
         h32, h64 = self.h32.numpy(), self.h64.numpy()
-        pos, lens, cu = h32[:d + p], h32[f:f + d + 1], h32[2 * f:2 * f + d + 2]
-        starts = np.fromiter((s for _, s, _ in work[:n]), np.int64, n)
-        pos[:n], pos[n:d] = starts, 0
-        pos[d:d + c], pos[d + c:] = np.arange(start, start + c), 0
-        lens[:n], lens[n:d], lens[d] = starts + 1, 1, start + c
+        lens, cu = h32[f:f + d + 1], h32[2 * f:2 * f + d + 2]
+        width = fill_piece_step(work, d, p, self.page, self.scratch, h32[:d + p], lens, h64[f:f + d + p], h64[:d + p],
+                                self.h_table.numpy(), ids is None)
         cu[:d + 1], cu[d + 1] = np.arange(d + 1), d + c  # an earlier step's d + c may sit in [0, d]
         h32[3 * f + 1] = c
-        width = max(len(pg) for _, _, pg in work)
-        table = self.h_table.numpy()[:(d + 1) * width].reshape(d + 1, width)
-        for i, (_, _, pg) in enumerate(work[:n]):
-            table[i, :len(pg)] = pg
-        table[n:d, 0] = self.scratch
-        table[d, :len(pages)] = pages
-        rows = np.concatenate([np.arange(n), np.full(c, d)])
-        tok = np.concatenate([pos[:n], pos[d:d + c]]).astype(np.int64)
-        slots = table[rows, tok // page].astype(np.int64) * page + tok % page
-        h_slots, h_ids = h64[f:f + d + p], h64[:d + p]
-        h_slots[:n], h_slots[d:d + c] = slots[:n], slots[n:]
-        h_slots[n:d], h_slots[d + c:] = self.scratch * page, self.scratch * page
-        h_ids[n:d], h_ids[d + c:] = 0, 0
-        if ids is None:
-            h_ids[:n] = [t[0] for t, _, _ in work[:n]]
-            h_ids[d:d + c] = toks
         logit_rows = h64[2 * f:2 * f + d + 1]
         logit_rows[:n], logit_rows[n], logit_rows[n + 1:] = np.arange(n), d + c - 1, 0
-        self.d32.copy_(self.h32, non_blocking=True)
-        self.d64.copy_(self.h64, non_blocking=True)
-        self.table[:d + 1, :width].copy_(self.h_table[:(d + 1) * width].view(d + 1, width), non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
-        if ids is not None:
-            self.ids[:n].copy_(ids[:n])
-            self.ids[d:d + c].copy_(ids[n:])
+        self._send(n, d, c, width, ids)
         longest = max(int(lens.max()), p)
         graph, logits = self.graphs[(d, p), next(x for x in self.classes if x >= longest)]
         graph.replay()
