@@ -180,7 +180,7 @@ class EngineCore(LoadedModel):
         LoadedModel (dtype, device, backend, max_context, random_weights, dequantize). prefix_caching: reuse the
         pages of prompt prefixes seen before (default: on, but for models with sliding-window layers).
         prompt_graphs: CUDA graphs for steps that end a prompt beside few decodes (graphs.PromptGraphs), for a
-        server, whose requests arrive one by one: ~2x sooner first tokens on the default model, for ~2.5 s of
+        server, whose requests arrive one by one: ~2x sooner first tokens on the default model, for ~1 s of
         capture at start (H200), which a one-shot prompt or an offline batch (its prompts together) never wins
         back."""
         if not max_num_seqs >= 1:

@@ -18,6 +18,7 @@ with prefill chunks run eagerly, but, where the engine asks for them (the server
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -60,21 +61,27 @@ def buckets_for(max_num_seqs: int, sizes: list[int] | None = None) -> list[int]:
 def capture_graphs(graphs: dict, buckets: list[int], classes: list[int], forward, device: torch.device,
                    min_class=lambda b: 0) -> None:
     """graphs[b, c] = (graph, its output) of forward(b, c) for each bucket and each context class c >= min_class(b),
-    in one memory pool: the largest first, so that the smaller graphs reuse its memory. Each is run once outside
-    capture first (first-call costs: kernel attributes, workspaces)."""
+    in one memory pool: the largest first, so that the smaller graphs reuse its memory. Each bucket's forward runs
+    once outside capture first, at its largest class (first-call costs: kernel attributes, workspaces). One
+    collection and sync for the whole set, where torch.cuda.graph takes them per graph, and a bucket's other classes
+    not run eagerly first: the default model's 174 server graphs 2.6-2.9 -> 2.0-2.1 s (H200), ~8.5 ms a capture."""
     pool = torch.cuda.graph_pool_handle()
-    stream = torch.cuda.current_stream(device)
-    for b in reversed(buckets):
-        for c in reversed([c for c in classes if c >= min_class(b)]):
-            side = torch.cuda.Stream(device)
-            side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                forward(b, c)
-            stream.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = forward(b, c)
-            graphs[b, c] = (graph, out)
+    stream, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+    gc.collect()  # garbage from before is freed now, not by a collection in the middle of a capture
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):  # capture needs a stream other than the default one
+        for b in reversed(buckets):
+            for i, c in enumerate(reversed([c for c in classes if c >= min_class(b)])):
+                if i == 0:
+                    forward(b, c)
+                graph = torch.cuda.CUDAGraph()
+                graph.capture_begin(pool=pool)
+                try:
+                    out = forward(b, c)
+                finally:
+                    graph.capture_end()
+                graphs[b, c] = (graph, out)
+    stream.wait_stream(side)
     torch.cuda.synchronize(device)
 
 
