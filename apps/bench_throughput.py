@@ -241,11 +241,11 @@ def run_ttft(engine: EngineCore, reqs, args) -> dict:
     engine.warmup()
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     rng = random.Random(args.seed + 1)
-    graphs, times = engine.prompt_graphs, {}
+    graphs, times = engine.piece_graphs, {}
     for name in ("eager", "graphs") * 2:
         if name == "graphs" and graphs is None:
             continue
-        engine.prompt_graphs = graphs if name == "graphs" else None
+        engine.piece_graphs = graphs if name == "graphs" else None
         engine.block_manager.reset_prefix_cache()
         background = [engine.add_request([rng.randrange(engine.cfg.vocab_size) for _ in range(32)],
                                          SamplingParams(temperature=0.0, ignore_eos=True,  # past the pass's steps
@@ -264,9 +264,10 @@ def run_ttft(engine: EngineCore, reqs, args) -> dict:
             engine.abort_request(rid)
         while engine.has_unfinished():
             engine.step()
-    engine.prompt_graphs = graphs
+    engine.piece_graphs = graphs
+    buckets = sorted({p for ps in graphs.buckets[True].values() for p in ps}) if graphs is not None else []
     row = dict(mode="ttft", num_requests=len(reqs), input_len=args.input_len, beside=args.beside,
-               prompt_graph_buckets=None if graphs is None else graphs.token_buckets)
+               prompt_graph_buckets=buckets or None)  # a prompt's last piece's token buckets
     for name, ts in times.items():
         row[f"ttft_{name}_p50_ms"], row[f"ttft_{name}_p90_ms"] = pct(ts, 50), pct(ts, 90)
     return row

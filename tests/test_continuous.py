@@ -13,7 +13,7 @@ import torch
 
 from minfer import loader, shapes
 from minfer.engine.core import EngineCore, step_metadata
-from minfer.engine.graphs import ChunkGraphs, DecodeGraphs
+from minfer.engine.graphs import DecodeGraphs, PieceGraphs, piece_keys
 from minfer.errors import MinferError
 from minfer.llm import LLM
 from minfer.sampling import SamplingParams
@@ -289,8 +289,7 @@ def test_prompt_graph_buckets():
 
 @pytest.mark.parametrize("n, d, c, p", [(0, 0, 5, 16), (2, 4, 16, 16), (3, 4, 40, 64), (1, 1, 32, 32)])
 def test_piece_step_metadata_matches_eager(n, d, c, p):
-    """The graphs' host metadata of n decodes and one prompt piece (ChunkGraphs: p = c; PromptGraphs: p a token
-    bucket) holds what the eager step's has for every real token (positions, K/V slots, ids, seq_lens, pages), and
+    """The graphs' host metadata of n decodes and one prompt piece padded to p >= c tokens (PieceGraphs) holds what the eager step's has for every real token (positions, K/V slots, ids, seq_lens, pages), and
     puts the padding rows at position 0 on the scratch page."""
     from minfer.engine.graphs import fill_piece_step
     page, scratch = 16, 99
@@ -597,23 +596,31 @@ class _Replay:
         self.out.copy_(self.graphs._forward(self.b, self.max_len))
 
 
-def with_emulated_graphs(engine, monkeypatch, chunk: int = 0):
-    """The engine with its decode graphs (and with chunk > 0, its graphs of decodes beside a chunk of that many
-    tokens) emulated on the CPU."""
+def with_emulated_graphs(engine, monkeypatch, chunk: int = 0, prompts: bool = False):
+    """The engine with its decode graphs emulated on the CPU, and with chunk > 0 or prompts, its graphs of decodes
+    beside a prompt piece (a chunk of that many tokens, a prompt's last piece) too."""
     def capture(self):
         for b in self.buckets:
             for c in self.classes:
                 out = torch.empty(b, self.model.cfg.vocab_size)
                 self.graphs[b, c] = (_Replay(self, b, c, out), out)
 
+    def capture_pieces(self, keys):
+        for key in keys:
+            for c in (c for c in self.classes if c >= key[1]):
+                out = torch.empty(key[0] + key[2], self.model.cfg.vocab_size)
+                self.graphs[key, c] = (_Replay(self, key, c, out), out)
+
     monkeypatch.setattr(DecodeGraphs, "_capture", capture)
-    monkeypatch.setattr(ChunkGraphs, "_capture", capture)
+    monkeypatch.setattr(PieceGraphs, "_capture", capture_pieces)
     bm = engine.block_manager
     engine.graphs = DecodeGraphs(engine.model, engine.cache, bm.num_pages, engine.scheduler.max_num_seqs,
                                  engine.max_context, engine.device, bm.window, bm.local_scratch)
-    if chunk:
-        engine.chunk_graphs = ChunkGraphs(engine.model, engine.cache, bm.num_pages, engine.graphs.buckets, chunk,
-                                          engine.max_context, engine.device)
+    keys = piece_keys(engine.cfg, engine.graphs.buckets, engine.scheduler.max_num_batched_tokens, engine.max_context,
+                      prompts, chunk)
+    if keys:
+        engine.piece_graphs = PieceGraphs(engine.model, engine.cache, bm.num_pages, keys, engine.max_context,
+                                          engine.device)
     return engine
 
 
@@ -642,22 +649,46 @@ def test_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_chunk_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
-    """Steps of decodes beside a prompt chunk of exactly --long-prefill-token-threshold tokens through
-    ChunkGraphs.run (the decodes, padding rows on the scratch page up to the bucket, then the chunk; the decodes'
-    logits) give the tokens of each prompt alone, with prompts arriving while others decode and, chained, ids
-    from the device. A prompt's last chunk runs eagerly (its token is sampled)."""
+    """Steps of decodes beside a prompt chunk of --long-prefill-token-threshold tokens through PieceGraphs.run (the
+    decodes, padding rows on the scratch page up to the bucket, then the chunk; the decodes' logits) give the tokens
+    of each prompt alone, with prompts arriving while others decode and, chained, ids from the device. A prompt's
+    last chunk runs eagerly (its token is sampled, and no prompt graphs were asked for)."""
     sampled = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)  # no penalty: steps chain
     want = [make(prefix_caching=False).generate([p], [sampled])[0][0].token_ids for p in ids]
     engine = with_emulated_graphs(make(long_prefill_token_threshold=3, async_scheduling=async_scheduling,
                                        max_num_seqs=4), monkeypatch, chunk=3)
-    runs, graphed = [], engine.chunk_graphs.run
+    runs, graphed = [], engine.piece_graphs.run
 
-    def spy(work, ids_on_device):
-        runs.append((len(work), ids_on_device is not None))
-        return graphed(work, ids_on_device)
+    def spy(key, work, ids_on_device):
+        runs.append((key, ids_on_device is not None))
+        return graphed(key, work, ids_on_device)
 
-    monkeypatch.setattr(engine.chunk_graphs, "run", spy)
+    monkeypatch.setattr(engine.piece_graphs, "run", spy)
     assert run_arriving(engine, ids, every=2, params=sampled) == want
-    assert len(runs) > 3 and {n for n, _ in runs} > {2}  # several decode buckets
+    assert len(runs) > 3 and len({d for (d, _, _), _ in runs}) > 1  # several decode buckets
+    assert all(p == 3 and not ends for (_, p, ends), _ in runs)
     assert any(chained for _, chained in runs) == async_scheduling
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_prompt_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
+    """Steps that end a prompt beside 0-4 decodes through PieceGraphs.run (the piece padded to a token bucket, its
+    padding outside every sequence of attention; the decodes' logits and the piece's last token's), and the chunks
+    of 3 before, give the tokens of each prompt alone, prompts arriving while others decode."""
+    sampled = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    want = [make(prefix_caching=False).generate([p], [sampled])[0][0].token_ids for p in ids]
+    engine = with_emulated_graphs(make(long_prefill_token_threshold=3, async_scheduling=async_scheduling,
+                                       max_num_seqs=4), monkeypatch, chunk=3, prompts=True)
+    runs, graphed = [], engine.piece_graphs.run
+
+    def spy(key, work, ids_on_device):
+        runs.append((key, len(work[-1][0])))
+        return graphed(key, work, ids_on_device)
+
+    monkeypatch.setattr(engine.piece_graphs, "run", spy)
+    assert run_arriving(engine, ids, every=2, params=sampled) == want
+    ends = [(key, c) for key, c in runs if key[2]]  # the others: a last piece of one token, or two prompts a step
+    assert len(ends) >= 3 and all(c < p for (_, p, _), c in ends)  # padded: pieces of 2-5 tokens, 16 a graph
+    assert any(d > 0 for (d, _, _), _ in ends) and any(not e for (_, _, e), _ in runs)  # beside decodes; chunks
     assert_idle(engine)

@@ -196,25 +196,29 @@ def test_decode_graph_every_bucket(graph_core, fp32_core, n):
 
 
 def test_chunk_graphs_match_eager():
-    """A step of n decodes beside a 32-token prompt chunk, replayed from its (decode bucket, context class) graph
-    (padding rows up to the bucket), gives the decodes' logits of the same step run eagerly."""
+    """A step of n decodes beside a prompt chunk of up to 32 tokens that does not end its prompt, replayed from its
+    (decode bucket, 32 tokens, context class) graph (padding rows up to both), gives the decodes' logits of the same
+    step run eagerly."""
     core = EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=2000, num_pages=400,
                       max_num_seqs=8, long_prefill_token_threshold=32, random_weights=shapes.config("smollm2-135m"))
-    assert core.chunk_graphs is not None and core.chunk_graphs.buckets == [1, 2, 4, 8]
-    assert core.chunk_graphs.classes == [256, 1024, 2000]
+    graphs = core.piece_graphs
+    assert graphs is not None and graphs.buckets == {False: {1: [32], 2: [32], 4: [32], 8: [32]}, True: {}}
+    assert graphs.classes == [256, 1024, 2000] and len(graphs.graphs) == 4 * 3
     gen = torch.Generator().manual_seed(0)
-    for n, start in ((1, 100), (3, 700), (8, 1500)):  # the chunk's context in each class
+    for n, start, c in ((1, 100, 32), (3, 700, 20), (8, 1500, 32)):  # the chunk's context in each class
         lens = [40 + 9 * i for i in range(n)]  # the decoding sequences' tokens before this step
         toks = [torch.randint(0, 1000, (m + 1,), generator=gen).tolist() for m in lens]
-        prompt = torch.randint(0, 1000, (start + 32,), generator=gen).tolist()
+        prompt = torch.randint(0, 1000, (start + c,), generator=gen).tolist()
         pages, first = [], 0
-        for m in lens + [start + 32]:
+        for m in lens + [start + c]:
             pages.append(list(range(first, first + -(-(m + 1) // 16))))
             first = pages[-1][-1] + 1
         core._forward([(t[:-1], 0, pg) for t, pg in zip(toks, pages)] + [(prompt[:start], 0, pages[-1])], core.cache)
         step = [([t[-1]], len(t) - 1, pg) for t, pg in zip(toks, pages)] + [(prompt[start:], start, pages[-1])]
         eager = core._forward(step, core.cache, list(range(n))).clone()  # [n, vocab]; rewrites the same rows
-        graphed = core.chunk_graphs.run(step, None).clone()
+        key = graphs.key([1] * n + [c], list(range(n)))
+        assert key == ({1: 1, 3: 4, 8: 8}[n], 32, False)
+        graphed = graphs.run(key, step, None).clone()
         torch.testing.assert_close(graphed, eager, atol=5e-2, rtol=1e-2)
         assert (graphed.argmax(-1) == eager.argmax(-1)).float().mean() > 0.8
 
@@ -226,13 +230,14 @@ def test_prompt_graphs_match_eager():
     token decodes (eagerly) to the same logits after either. The engine takes the graphs for such steps."""
     core = EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=2000, num_pages=400,
                       max_num_seqs=4, random_weights=shapes.config("smollm2-135m"), prompt_graphs=True)
-    graphs = core.prompt_graphs
-    assert graphs is not None and graphs.token_buckets == [16, 32, 64, 128, 256, 512]
-    assert graphs.decode_buckets == [0, 1, 2, 4] and graphs.classes == [256, 1024, 2000]
+    graphs = core.piece_graphs
+    assert graphs is not None and graphs.buckets == {False: {}, True: {d: [16, 32, 64, 128, 256, 512] for d in
+                                                                       (0, 1, 2, 4)}}
+    assert graphs.classes == [256, 1024, 2000]
     assert len(graphs.graphs) == 4 * (5 * 3 + 2)  # each pair in the classes of at least P keys
-    assert graphs.fits([17], [0]) and graphs.fits([1, 1, 1, 512], [0, 1, 2, 3])
-    assert not graphs.fits([1], [0]) and not graphs.fits([513], [0]) and not graphs.fits([1] * 5 + [17], list(range(6)))
-    assert not graphs.fits([17], []) and not graphs.fits([1, 17], [1]) and not graphs.fits([2, 17], [0, 1])
+    assert graphs.key([17], [0]) == (0, 32, True) and graphs.key([1, 1, 1, 512], [0, 1, 2, 3]) == (4, 512, True)
+    assert graphs.key([1], [0]) is graphs.key([513], [0]) is graphs.key([1] * 5 + [17], list(range(6))) is None
+    assert graphs.key([17], []) is graphs.key([1, 17], [1]) is graphs.key([2, 17], [0, 1]) is None
     gen = torch.Generator().manual_seed(0)
     agree = []
     # (decodes, the piece's tokens, its cached tokens): each token bucket, the three classes, 0-4 decodes
@@ -251,7 +256,7 @@ def test_prompt_graphs_match_eager():
         after = [([prompt[-1]], start + c, pages[-1])]
         eager = core._forward(step, core.cache).clone()  # [n + 1, vocab]
         eager_next = core._forward(after, core.cache).clone()
-        graphed = graphs.run(step, None).clone()  # rewrites the same rows
+        graphed = graphs.run(graphs.key([1] * n + [c], list(range(n + 1))), step, None).clone()  # the same rows
         graphed_next = core._forward(after, core.cache).clone()
         torch.testing.assert_close(graphed, eager, atol=5e-2, rtol=1e-2)
         torch.testing.assert_close(graphed_next, eager_next, atol=5e-2, rtol=1e-2)
@@ -261,7 +266,7 @@ def test_prompt_graphs_match_eager():
     core.warmup()  # its request's prompt would take a graph too
     used = []
     run = graphs.run
-    graphs.run = lambda work, ids: used.append([len(t) for t, _, _ in work]) or run(work, ids)
+    graphs.run = lambda key, work, ids: used.append([len(t) for t, _, _ in work]) or run(key, work, ids)
     prompts = [torch.randint(0, 1000, (m,), generator=gen).tolist() for m in (77, 20)]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (12, 4)]
     core.generate(prompts[:1], params[:1])  # alone: the piece's graph, then decode graphs

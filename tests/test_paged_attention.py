@@ -73,6 +73,16 @@ def test_paged_equals_dense(q_lens, starts, window):
         torch.testing.assert_close(out[cu[b]:cu[b + 1]], want)
 
 
+def test_paged_rows_past_the_sequences_are_zeros():
+    """Query rows past cu_seqlens_q[-1] (a graph's padding, outside every sequence) come out as zeros, and the
+    sequences' rows as without them."""
+    q, _, _, k_pool, v_pool, table, lens, cu = case([3, 1, 6], [4, 10, 0])
+    want = reference.paged_attention(q, k_pool, v_pool, table, lens, cu, 6, int(lens.max()), 0.25)
+    padded = torch.cat([q, torch.randn(5, *q.shape[1:])])
+    out = reference.paged_attention(padded, k_pool, v_pool, table, lens, cu, 6, int(lens.max()), 0.25)
+    assert torch.equal(out[:len(q)], want) and torch.equal(out[len(q):], torch.zeros(5, *q.shape[1:]))
+
+
 @pytest.mark.parametrize("window", [1, 3, 8, 40])
 def test_dense_window_is_the_last_keys(window):
     """Query at position p attends to keys max(0, p - window + 1) .. p, in a ragged batch (the dense op

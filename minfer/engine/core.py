@@ -30,7 +30,7 @@ from ..kv_cache import AttentionMetadata, PagedKVCache
 from ..sampling import Logprobs, SamplingParams, SamplingTensors, sample_batch, upload
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
-from .graphs import try_chunk_graphs, try_decode_graphs, try_prompt_graphs
+from .graphs import try_decode_graphs, try_piece_graphs
 from .loaded import LoadedModel
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, Status
@@ -179,7 +179,7 @@ class EngineCore(LoadedModel):
         vLLM's --cuda-graph-sizes (graphs.buckets_for; default 1, 2, 4, ... 256). load_kwargs: those of
         LoadedModel (dtype, device, backend, max_context, random_weights, dequantize). prefix_caching: reuse the
         pages of prompt prefixes seen before (default: on, but for models with sliding-window layers).
-        prompt_graphs: CUDA graphs for steps that end a prompt beside few decodes (graphs.PromptGraphs), for a
+        prompt_graphs: CUDA graphs for steps that end a prompt beside few decodes (graphs.PieceGraphs), for a
         server, whose requests arrive one by one: ~2x sooner first tokens on the default model, for ~1 s of
         capture at start (H200), which a one-shot prompt or an offline batch (its prompts together) never wins
         back."""
@@ -240,9 +240,9 @@ class EngineCore(LoadedModel):
         self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens,
                                    long_prefill_token_threshold)
         self.graphs = try_decode_graphs(self, scratch_page=num_pages, max_num_seqs=max_running, sizes=cuda_graph_sizes)
-        self.chunk_graphs = try_chunk_graphs(self, scratch_page=num_pages, chunk=long_prefill_token_threshold)
-        self.prompt_graphs = try_prompt_graphs(self, scratch_page=num_pages,
-                                               max_num_batched_tokens=max_num_batched_tokens) if prompt_graphs else None
+        self.piece_graphs = try_piece_graphs(self, scratch_page=num_pages,
+                                             max_num_batched_tokens=max_num_batched_tokens,
+                                             chunk=long_prefill_token_threshold, prompts=prompt_graphs)
         self.seqs: dict[str, Sequence] = {}
         self.stop_ids = frozenset(self.tokenizer.stop_ids if self.tokenizer else ())
         if async_scheduling is None:
@@ -393,10 +393,9 @@ class EngineCore(LoadedModel):
             # with ids on the device, a placeholder list gives each row's count
             work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n] if ids is None else [0] * n,
                      s.num_computed_tokens, s.block_table) for s, n in zip(seqs, counts)]
-            if self.chunk_graphs is not None and self.chunk_graphs.fits(counts, rows):  # decodes beside a chunk
-                logits = self.chunk_graphs.run(work, ids)  # [len(rows), vocab]
-            elif self.prompt_graphs is not None and self.prompt_graphs.fits(counts, rows):  # a prompt's end
-                logits = self.prompt_graphs.run(work, ids)  # [len(rows), vocab]
+            key = self.piece_graphs.key(counts, rows) if self.piece_graphs is not None else None
+            if key is not None:  # decodes beside one prompt piece
+                logits = self.piece_graphs.run(key, work, ids)  # [len(rows), vocab]
             else:
                 logits = self._forward(work, self.cache, rows, ids, local)
             sampled = [seqs[i] for i in rows]

@@ -8,13 +8,13 @@ bucket with a scratch page that no sequence owns, replays the bucket's graph and
 own rows. A model with sliding-window layers has a second page table and slot mapping, of its sliding group
 (kv_cache.py), with its own scratch page. Batches past the largest bucket run eagerly.
 
-Steps of decodes and one prompt chunk of exactly --long-prefill-token-threshold tokens (a long prompt prefilling
-beside running requests) replay graphs of their own (ChunkGraphs, models without sliding-window layers):
-launched eagerly, such a step's ~15 launches a layer cost the host more than the GPU's work (Llama-3.2-1B
-shape, H200, 16 decodes beside 32-token chunks: 3.3-5 ms a step eagerly, 2.4 ms from the graphs). Other steps
-with prefill chunks run eagerly, but, where the engine asks for them (the server), a prompt's last piece of up to
-512 tokens beside up to 16 decodes (PromptGraphs: a request's first token, alone or joining running ones; eagerly
-~7 ms of host time on an H200 against 0.9-2.3 ms of the default model's GPU work).
+Steps of decodes and one prompt piece replay graphs of their own (PieceGraphs, models without sliding-window
+layers), the piece padded to a token bucket: a long prompt's chunks of --long-prefill-token-threshold tokens beside
+running requests, whose ~15 launches a layer cost the host more than the GPU's work eagerly (Llama-3.2-1B shape, H200,
+16 decodes beside 32-token chunks: 3.3-5 ms a step eagerly, 2.4 ms from the graphs); and, where the engine asks for
+them (the server), a prompt's last piece of up to 512 tokens beside up to 16 decodes (a request's first token, alone
+or joining running ones; eagerly ~7 ms of host time on an H200 against 0.9-2.3 ms of the default model's GPU work).
+Other steps with prefill chunks run eagerly.
 """
 from __future__ import annotations
 
@@ -274,94 +274,7 @@ def fill_piece_step(work: list[tuple[list[int], int, list[int]]], d: int, p: int
     return width
 
 
-class _PieceGraphs:
-    """What ChunkGraphs and PromptGraphs share: a step's metadata from pinned buffers (h32, h64, h_table) to the
-    graphs' (d32, d64, table, ids) in three copies, and the step's ids from the device where they are there."""
-
-    def _send(self, n: int, d: int, c: int, width: int, ids: torch.Tensor | None) -> None:
-        self.d32.copy_(self.h32, non_blocking=True)
-        self.d64.copy_(self.h64, non_blocking=True)
-        self.table[:d + 1, :width].copy_(self.h_table[:(d + 1) * width].view(d + 1, width), non_blocking=True)
-        if self.copied is not None:  # the host buffers are refilled once it has passed
-            self.copied.record()
-        if ids is not None:
-            self.ids[:n].copy_(ids[:n])
-            self.ids[d:d + c].copy_(ids[n:])
-
-
-class ChunkGraphs(_PieceGraphs):
-    """Steps of n <= bucket decodes followed by one prompt chunk of exactly `chunk` tokens, replayed per (decode
-    bucket, context class). Rows [0, n) decode, rows [n, b) pad on the scratch page (one token at position 0),
-    rows [b, b + chunk) are the chunk; the graph computes the logits of the b decode rows only (a 17th row would
-    take the Llama-3.2-1B lm_head from the GEMV to a GEMM, 136 -> 221 us), so a prompt's last chunk, whose token
-    is sampled, runs eagerly. The metadata travels in three copies from pinned buffers: int32 positions |
-    seq_lens, int64 ids | slots, and the columns of the page table in use."""
-
-    def __init__(self, model, cache: PagedKVCache, scratch_page: int, buckets: list[int], chunk: int,
-                 max_context: int, device: torch.device):
-        self.model, self.cache, self.device, self.chunk = model, cache, device, chunk
-        self.page, self.scratch, self.buckets = cache.page_size, scratch_page, buckets
-        B, C, W = buckets[-1], chunk, -(-max_context // cache.page_size)
-        T, half = B + C, -(-(B + C) // 64) * 64  # tokens; field size (256-byte aligned)
-        pin = device.type == "cuda"
-        self.h32 = torch.zeros(2 * half, dtype=torch.int32, pin_memory=pin)  # positions [T] | seq_lens [B + 1]
-        self.h64 = torch.zeros(2 * half, dtype=torch.int64, pin_memory=pin)  # ids [T] | slots [T]
-        self.h_table = torch.full(((B + 1) * W,), scratch_page, dtype=torch.int32, pin_memory=pin)
-        self.np_pos, self.np_lens = self.h32[:T].numpy(), self.h32[half:half + B + 1].numpy()
-        self.np_ids, self.np_slots = self.h64[:T].numpy(), self.h64[half:half + T].numpy()
-        self.np_table = self.h_table.numpy()
-        self.d32, self.d64 = self.h32.to(device), self.h64.to(device)
-        self.pos, self.lens = self.d32[:T], self.d32[half:half + B + 1]
-        self.ids, self.slots = self.d64[:T], self.d64[half:half + T]
-        self.table = torch.full((B + 1, W), scratch_page, dtype=torch.int32, device=device)
-        # The host buffers are refilled once the last step's copies have run.
-        self.copied = torch.cuda.Event() if pin else None
-        # Per bucket b: cu_seqlens_q [b + 2] (b decodes, the chunk) and the rows whose logits the graph computes.
-        i32 = dict(dtype=torch.int32, device=device)
-        self.cu = {b: torch.tensor(list(range(b + 1)) + [b + C], **i32) for b in buckets}
-        self.logit_rows = {b: torch.arange(b, device=device) for b in buckets}
-        self.chunk_cu = torch.tensor([0, C], **i32)
-        self.classes = [c for c in context_classes(max_context) if c >= chunk]
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # (bucket, class)
-        self._capture()
-
-    def _forward(self, b: int, max_len: int) -> torch.Tensor:
-        c = self.chunk
-        meta = AttentionMetadata(positions=self.pos[:b + c], slot_mapping=self.slots[:b + c],
-                                 block_table=self.table[:b + 1], seq_lens=self.lens[:b + 1], cu_seqlens_q=self.cu[b],
-                                 max_seqlen_q=c, max_seqlen_k=max_len)  # bounds: the graph serves every length
-        meta.num_decodes, meta.chunk_cu_seqlens_q = b, self.chunk_cu
-        meta.decode_max_seqlen_k = meta.chunk_max_seqlen_k = max_len
-        return self.model.forward_paged(self.ids[:b + c], meta, self.cache, self.logit_rows[b], raw_logits=True)
-
-    def _capture(self) -> None:
-        capture_graphs(self.graphs, self.buckets, self.classes, self._forward, self.device)
-
-    def fits(self, counts: list[int], sampled: list[int]) -> bool:
-        """Whether a step of these per-sequence token counts, sampling the rows `sampled`, replays a graph:
-        decodes, each sampled, then one chunk that does not end its prompt."""
-        n = len(counts) - 1
-        return (0 < n <= self.buckets[-1] and counts[-1] == self.chunk and max(counts[:-1]) == 1
-                and sampled == list(range(n)))
-
-    def run(self, work: list[tuple[list[int], int, list[int]]], ids: torch.Tensor | None) -> torch.Tensor:
-        """work as EngineCore._forward's, fitting fits(). ids: the step's tokens on the device (async
-        scheduling; work's lists then give only counts), or None. Returns the n decodes' raw logits [n, vocab]
-        (as DecodeGraphs.run's)."""
-        n, c = len(work) - 1, self.chunk
-        b = next(x for x in self.buckets if x >= n)
-        if self.copied is not None:
-            self.copied.synchronize()
-        lens = self.np_lens[:b + 1]
-        width = fill_piece_step(work, b, c, self.page, self.scratch, self.np_pos[:b + c], lens,
-                                self.np_slots[:b + c], self.np_ids[:b + c], self.np_table, ids is None)
-        self._send(n, b, c, width, ids)
-        graph, logits = self.graphs[b, next(x for x in self.classes if x >= int(lens.max()))]
-        graph.replay()
-        return logits[:n]
-
-
-# A prompt's last piece (PromptGraphs) pads to one of these token counts ...
+# A prompt's last piece pads to one of these token counts ...
 PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512)
 # ... beside up to this many decodes (their bucket: one of the decode graphs', or none).
 PROMPT_MAX_DECODES = 16
@@ -372,28 +285,39 @@ PROMPT_MAX_DECODES = 16
 # while its linears' work is at most this many FLOPs: on the 8B shape pieces of up to 32 tokens beside up to 2
 # decodes and 16 beside up to 16; the default model's every bucket.
 PROMPT_GRAPH_FLOPS = 5e11
+# A chunk that does not end its prompt (--long-prefill-token-threshold) replays beside up to this many decodes.
+CHUNK_MAX_DECODES = 64
 
 
-class PromptGraphs(_PieceGraphs):
-    """Steps of n decodes (n <= PROMPT_MAX_DECODES, 0 included) and one prompt's last piece (its last token sampled)
-    of c tokens, 1 < c <= the largest token bucket: a request's first token, alone or joining running ones. Eagerly
-    such a step costs the host ~300 launches, several times a small model's GPU work. Replayed per (decode bucket d,
-    token bucket P, context class): rows [0, n) decode, rows [n, d) pad on the scratch page (one token at position
-    0), rows [d, d + c) are the piece, one sequence of c queries, and rows [d + c, d + P) pad at position 0, their K
-    and V written to the scratch page, outside every sequence of attention: row-wise through the other layers, they
-    are never read. The graph computes the logits of the d decode rows and the piece's last token. The metadata
-    travels in three copies from pinned buffers, as in ChunkGraphs."""
+class PieceGraphs:
+    """Steps of n decodes (each sampled) and one prompt piece of 1 < c tokens, replayed per key (d, p, ends) and
+    context class: d a decode bucket (n <= d), p a token bucket (c <= p), ends whether the piece ends its prompt (its
+    last token sampled). Two kinds of key:
+    - a prompt's last piece (ends) of up to 512 tokens beside up to 16 decodes (prompt_buckets): a request's first
+      token, alone or joining running ones, where the engine asks for them (the server). Eagerly such a step costs
+      the host ~300 launches, ~7 ms on an H200 against 0.9-2.3 ms of the default model's GPU work.
+    - a chunk that does not end its prompt, of the engine's cap (--long-prefill-token-threshold) beside 1-64 decodes:
+      a long prompt prefilling beside running requests (Llama-3.2-1B shape, H200, 16 decodes beside 32-token chunks:
+      3.3-5 ms a step eagerly, 2.4 ms from the graphs).
+    Rows [0, n) decode, [n, d) pad on the scratch page (one token at position 0), [d, d + c) are the piece, one
+    sequence of c queries, and [d + c, d + p) pad at position 0, their K and V written to the scratch page, outside
+    every sequence of attention: row-wise through the other layers, they are never read. The graph computes the
+    logits of the d decode rows, and of the piece's last token where it ends its prompt (not otherwise: a 17th row
+    would take the Llama-3.2-1B lm_head from the GEMV to a GEMM, 136 -> 221 us). The metadata travels in three
+    copies from pinned buffers: int32 positions | seq_lens | cu_seqlens_q | the piece's own, int64 ids | slots |
+    logit rows, and the columns of the page table in use."""
 
-    def __init__(self, model, cache: PagedKVCache, scratch_page: int, pairs: list[tuple[int, int]], max_context: int,
-                 device: torch.device):
-        """pairs: the (decode bucket, token bucket) pairs to capture (prompt_buckets)."""
+    def __init__(self, model, cache: PagedKVCache, scratch_page: int, keys: list[tuple[int, int, bool]],
+                 max_context: int, device: torch.device):
+        """keys: the (decode bucket, token bucket, ends) to capture (piece_keys)."""
         self.model, self.cache, self.device = model, cache, device
         self.page, self.scratch = cache.page_size, scratch_page
-        self.decode_buckets = sorted({d for d, _ in pairs})
-        self.token_buckets = sorted({p for _, p in pairs})
-        # the largest token bucket beside each decode bucket (the pairs of a decode bucket are its smallest ones)
-        self.most_tokens = {d: max(p for e, p in pairs if e == d) for d in self.decode_buckets}
-        D, P, W = self.decode_buckets[-1], self.token_buckets[-1], -(-max_context // cache.page_size)
+        # per kind (ends): each decode bucket's token buckets, both ascending (a step takes its smallest decode
+        # bucket, then that bucket's smallest token bucket that holds its piece)
+        self.buckets: dict[bool, dict[int, list[int]]] = {False: {}, True: {}}
+        for d, p, ends in sorted(keys):
+            self.buckets[ends].setdefault(d, []).append(p)
+        D, P, W = max(k[0] for k in keys), max(k[1] for k in keys), -(-max_context // cache.page_size)
         pin = device.type == "cuda"
         f = -(-(D + P) // 64) * 64  # a field's room (256-byte aligned at int32)
         # int32: positions [D + P] | seq_lens [D + 1] | cu_seqlens_q [D + 2] | the piece's own [2];
@@ -414,13 +338,15 @@ class PromptGraphs(_PieceGraphs):
         self.table = torch.full((D + 1, W), scratch_page, dtype=torch.int32, device=device)
         self.copied = torch.cuda.Event() if pin else None  # the host buffers are refilled once it has passed
         self.classes = context_classes(max_context)
-        pairs = sorted(pairs, key=lambda k: (k[0] + k[1], k))  # capture_graphs takes the most rows first
-        self.graphs: dict[tuple[tuple[int, int], int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # a piece of P queries needs a class of at least P keys (its padding counts as queries)
-        capture_graphs(self.graphs, pairs, self.classes, self._forward, self.device, min_class=lambda k: k[1])
+        self.graphs: dict[tuple[tuple[int, int, bool], int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._capture(sorted(keys, key=lambda k: (k[0] + k[1], k)))  # capture_graphs takes the most rows first
 
-    def _forward(self, key: tuple[int, int], max_len: int) -> torch.Tensor:
-        d, p = key
+    def _capture(self, keys: list[tuple[int, int, bool]]) -> None:
+        # a piece of P queries needs a class of at least P keys (its padding counts as queries)
+        capture_graphs(self.graphs, keys, self.classes, self._forward, self.device, min_class=lambda k: k[1])
+
+    def _forward(self, key: tuple[int, int, bool], max_len: int) -> torch.Tensor:
+        d, p, ends = key
         meta = AttentionMetadata(positions=self.pos[:d + p], slot_mapping=self.slots[:d + p],
                                  block_table=self.table[:d + 1], seq_lens=self.lens[:d + 1],
                                  cu_seqlens_q=self.cu[:d + 2], max_seqlen_q=p,
@@ -428,24 +354,29 @@ class PromptGraphs(_PieceGraphs):
         if d:  # the decodes on the decode kernel, the piece apart (AttentionMetadata)
             meta.num_decodes, meta.chunk_cu_seqlens_q = d, self.piece_cu
             meta.decode_max_seqlen_k = meta.chunk_max_seqlen_k = max_len
-        return self.model.forward_paged(self.ids[:d + p], meta, self.cache, self.logit_rows[:d + 1], raw_logits=True)
+        return self.model.forward_paged(self.ids[:d + p], meta, self.cache, self.logit_rows[:d + ends],
+                                        raw_logits=True)
 
-    def fits(self, counts: list[int], sampled: list[int]) -> bool:
-        """Whether a step of these per-sequence token counts, sampling the rows `sampled`, replays a graph: up to
-        the largest decode bucket of decodes, each sampled, then one piece that ends its prompt, of 2 .. the largest
-        token bucket beside their decode bucket tokens."""
-        n = len(counts) - 1
-        if not (n <= self.decode_buckets[-1] and all(x == 1 for x in counts[:-1]) and sampled == list(range(n + 1))):
-            return False
-        return 1 < counts[-1] <= self.most_tokens[next(x for x in self.decode_buckets if x >= n)]
+    def key(self, counts: list[int], sampled: list[int]) -> tuple[int, int, bool] | None:
+        """The key of the graph that replays a step of these per-sequence token counts, sampling the rows `sampled`,
+        or None: decodes, each sampled, then one piece of more than one token, sampled where it ends its prompt."""
+        n, c = len(counts) - 1, counts[-1]
+        if c < 2 or any(x != 1 for x in counts[:-1]):
+            return None
+        ends = sampled == list(range(n + 1))
+        if not ends and sampled != list(range(n)):
+            return None
+        d = next((x for x in self.buckets[ends] if x >= n), None)
+        p = None if d is None else next((x for x in self.buckets[ends][d] if x >= c), None)
+        return None if p is None else (d, p, ends)
 
-    def run(self, work: list[tuple[list[int], int, list[int]]], ids: torch.Tensor | None) -> torch.Tensor:
-        """work as EngineCore._forward's, fitting fits(). ids: the step's tokens on the device (async scheduling;
-        work's lists then give only counts), or None. Returns the raw logits [n + 1, vocab] of the n decodes and the
-        piece's last token."""
+    def run(self, key: tuple[int, int, bool], work: list[tuple[list[int], int, list[int]]],
+            ids: torch.Tensor | None) -> torch.Tensor:
+        """work as EngineCore._forward's, with key(its counts, its sampled rows). ids: the step's tokens on the device
+        (async scheduling; work's lists then give only counts), or None. Returns the raw logits [n + ends, vocab] of
+        the n decodes and, where it ends its prompt, the piece's last token."""
+        d, p, ends = key
         n, f, c = len(work) - 1, self.f, len(work[-1][0])
-        d = next(x for x in self.decode_buckets if x >= n)
-        p = next(x for x in self.token_buckets if x >= c)
         if self.copied is not None:
             self.copied.synchronize()
         h32, h64 = self.h32.numpy(), self.h64.numpy()
@@ -455,19 +386,28 @@ class PromptGraphs(_PieceGraphs):
         cu[:d + 1], cu[d + 1] = np.arange(d + 1), d + c  # an earlier step's d + c may sit in [0, d]
         h32[3 * f + 1] = c
         logit_rows = h64[2 * f:2 * f + d + 1]
-        logit_rows[:n], logit_rows[n], logit_rows[n + 1:] = np.arange(n), d + c - 1, 0
-        self._send(n, d, c, width, ids)
+        logit_rows[:n], logit_rows[n:] = np.arange(n), 0
+        if ends:
+            logit_rows[n] = d + c - 1
+        self.d32.copy_(self.h32, non_blocking=True)
+        self.d64.copy_(self.h64, non_blocking=True)
+        self.table[:d + 1, :width].copy_(self.h_table[:(d + 1) * width].view(d + 1, width), non_blocking=True)
+        if self.copied is not None:  # the host buffers are refilled once it has passed
+            self.copied.record()
+        if ids is not None:
+            self.ids[:n].copy_(ids[:n])
+            self.ids[d:d + c].copy_(ids[n:])
         longest = max(int(lens.max()), p)
-        graph, logits = self.graphs[(d, p), next(x for x in self.classes if x >= longest)]
+        graph, logits = self.graphs[key, next(x for x in self.classes if x >= longest)]
         graph.replay()
-        return logits[:n + 1]
+        return logits[:n + ends]
 
 
 def prompt_buckets(cfg, decode_buckets: list[int], max_num_batched_tokens: int,
                    max_context: int) -> list[tuple[int, int]]:
-    """PromptGraphs' (decode bucket, token bucket) pairs: 0 and the decode graphs' buckets up to PROMPT_MAX_DECODES,
-    beside PROMPT_BUCKETS up to the context, within the step's token budget and PROMPT_GRAPH_FLOPS of the layers'
-    linears."""
+    """A prompt's last piece's (decode bucket, token bucket) pairs (PieceGraphs): 0 and the decode graphs' buckets up
+    to PROMPT_MAX_DECODES, beside PROMPT_BUCKETS up to the context, within the step's token budget and
+    PROMPT_GRAPH_FLOPS of the layers' linears."""
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     values = cfg.num_layers * cfg.hidden_size * (2 * q + 2 * kv + 3 * cfg.intermediate_size)  # q, o, k, v, MLP
     decodes = [0] + [d for d in decode_buckets if d <= PROMPT_MAX_DECODES]
@@ -475,31 +415,26 @@ def prompt_buckets(cfg, decode_buckets: list[int], max_num_batched_tokens: int,
             if p <= max_context and d + p <= max_num_batched_tokens and 2 * values * (d + p) <= PROMPT_GRAPH_FLOPS]
 
 
-def try_prompt_graphs(engine, scratch_page: int, max_num_batched_tokens: int):
-    """PromptGraphs at prompt_buckets where decode graphs run and the model has no sliding-window layers; else
-    None."""
+def piece_keys(cfg, decode_buckets: list[int], max_num_batched_tokens: int, max_context: int, prompts: bool,
+               chunk: int) -> list[tuple[int, int, bool]]:
+    """PieceGraphs' keys: with prompts, a prompt's last piece at prompt_buckets; with a chunk cap shorter than the
+    context, chunks of that many tokens beside each decode bucket up to CHUNK_MAX_DECODES."""
+    keys = [(d, p, True) for d, p in prompt_buckets(cfg, decode_buckets, max_num_batched_tokens, max_context)] \
+        if prompts else []
+    if 1 < chunk < max_context:
+        keys += [(d, chunk, False) for d in decode_buckets if d <= CHUNK_MAX_DECODES]
+    return keys
+
+
+def try_piece_graphs(engine, scratch_page: int, max_num_batched_tokens: int, chunk: int, prompts: bool):
+    """PieceGraphs at piece_keys where decode graphs run and the model has no sliding-window layers; else None."""
     if engine.graphs is None or engine.block_manager.window is not None:
         return None
-    pairs = prompt_buckets(engine.cfg, engine.graphs.buckets, max_num_batched_tokens, engine.max_context)
-    if not pairs:
+    keys = piece_keys(engine.cfg, engine.graphs.buckets, max_num_batched_tokens, engine.max_context, prompts, chunk)
+    if not keys:
         return None
     try:
-        return PromptGraphs(engine.model, engine.cache, scratch_page, pairs, engine.max_context, engine.device)
+        return PieceGraphs(engine.model, engine.cache, scratch_page, keys, engine.max_context, engine.device)
     except RuntimeError as e:
-        capture_failed(e, "prompts run eagerly")
-        return None
-
-
-def try_chunk_graphs(engine, scratch_page: int, chunk: int):
-    """ChunkGraphs for the engine's chunk cap beside decodes (--long-prefill-token-threshold, shorter than the
-    context), where decode graphs run and the model has no sliding-window layers, at the decode graphs' buckets up
-    to 64; else None."""
-    graphs = engine.graphs
-    if graphs is None or not 0 < chunk < engine.max_context or engine.block_manager.window is not None:
-        return None
-    buckets = [b for b in graphs.buckets if b <= 64]
-    try:
-        return ChunkGraphs(engine.model, engine.cache, scratch_page, buckets, chunk, engine.max_context, engine.device)
-    except RuntimeError as e:
-        capture_failed(e, "prompt chunks run eagerly")
+        capture_failed(e, "prompt pieces run eagerly")
         return None

@@ -165,18 +165,22 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     group = heads // k.shape[2]
     k = k.transpose(1, 2).repeat_interleave(group, dim=1)  # [batch, heads, max_k, head_dim]
     v = v.transpose(1, 2).repeat_interleave(group, dim=1)
-    # Scatter the ragged queries into [batch, max_q] rows; padding rows are computed and dropped.
+    # Scatter the ragged queries into [batch, max_q] rows; padding rows are computed and dropped. Rows past
+    # cu_seqlens_q[-1] (a graph's padding) belong to no sequence: a last, empty one, whose output is zeros.
     q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()  # [batch]
-    seq_of = torch.repeat_interleave(torch.arange(batch, device=q.device), q_lens, output_size=tokens)  # [tokens]
-    row = torch.arange(tokens, device=q.device) - cu_seqlens_q[:-1].long()[seq_of]  # [tokens]
-    qp = q.new_zeros(batch, max_seqlen_q, heads, hd)
+    pad = tokens - cu_seqlens_q[-1:].long()  # [1]
+    seq_of = torch.repeat_interleave(torch.arange(batch + 1, device=q.device), torch.cat([q_lens, pad]),
+                                     output_size=tokens)  # [tokens]
+    row = (torch.arange(tokens, device=q.device) - cu_seqlens_q.long()[seq_of]).clamp(max=max_seqlen_q - 1)
+    qp = q.new_zeros(batch + 1, max_seqlen_q, heads, hd)
     qp[seq_of, row] = q
     q_pos = (seq_lens.long() - q_lens)[:, None] + torch.arange(max_seqlen_q, device=q.device)  # [batch, max_q]
     mask = (key[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :, 0, 0]  # [batch, max_q, max_k]
     if window is not None:
         mask &= key[None, None, :] > q_pos[:, :, None] - window
-    out = F.scaled_dot_product_attention(qp.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
-    return out.transpose(1, 2)[seq_of, row]  # [tokens, heads, head_dim]
+    out = F.scaled_dot_product_attention(qp[:batch].transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
+    out = torch.cat([out.transpose(1, 2), torch.zeros_like(qp[batch:])])  # [batch + 1, max_q, heads, head_dim]
+    return out[seq_of, row]  # [tokens, heads, head_dim]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
