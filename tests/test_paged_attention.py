@@ -73,6 +73,19 @@ def test_paged_equals_dense(q_lens, starts, window):
         torch.testing.assert_close(out[cu[b]:cu[b + 1]], want)
 
 
+def test_paged_table_entries_past_the_pages_are_ignored():
+    """Block-table entries past a sequence's pages may hold anything (a graph's padding rows, stale rows): the
+    same output as with zeros there."""
+    q, _, _, k_pool, v_pool, table, lens, cu = case([3, 1, 6], [4, 10, 0])
+    want = reference.paged_attention(q, k_pool, v_pool, table, lens, cu, 6, int(lens.max()), 0.25)
+    junk = table.clone()
+    for b, n in enumerate(lens.tolist()):
+        junk[b, -(-n // PAGE):] = 1 << 30  # far past the pool
+    assert (junk != table)[:, :-(-int(lens.max()) // PAGE)].any()  # inside the columns read
+    out = reference.paged_attention(q, k_pool, v_pool, junk, lens, cu, 6, int(lens.max()), 0.25)
+    assert torch.equal(out, want)
+
+
 def test_paged_rows_past_the_sequences_are_zeros():
     """Query rows past cu_seqlens_q[-1] (a graph's padding, outside every sequence) come out as zeros, and the
     sequences' rows as without them."""

@@ -96,7 +96,7 @@ class _PageTable:
         self.page, self.scratch, self.np_slots = page, scratch_page, np_slots
         np_slots[:] = scratch_page * page
         self.table = torch.full((rows, width), scratch_page, dtype=torch.int32, device=device)  # the graphs read it
-        self.h_table = torch.empty(rows * width, dtype=torch.int32, pin_memory=pin)
+        self.h_table = torch.full((rows * width,), scratch_page, dtype=torch.int32, pin_memory=pin)
         self.np_table = self.h_table.numpy()
         self.by_slot = np.full((rows, width), scratch_page, dtype=np.int32)
         self.owner: list[list | None] = [None] * rows  # the page list whose pages each slot row holds ...

@@ -155,7 +155,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     batch, page = block_table.shape[0], k_cache.shape[1]
     max_seqlen_k = min(max_seqlen_k, block_table.shape[1] * page)  # a bound (a graph's): the table caps it
     pages = -(-max_seqlen_k // page)
-    table = block_table[:, :pages].long()
+    # entries past a sequence's pages may hold anything: clamped into the pool (as the kernels do), then masked
+    table = block_table[:, :pages].long().clamp(0, k_cache.shape[0] - 1)
     key = torch.arange(max_seqlen_k, device=q.device)
     valid = (key[None, :] < seq_lens.long()[:, None])[:, :, None, None]  # [batch, max_k, 1, 1]
     # Rows past a sequence's end hold whatever the page held (NaN too): zeroed, as a masked weight of 0
