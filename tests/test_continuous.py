@@ -620,7 +620,7 @@ def with_emulated_graphs(engine, monkeypatch, chunk: int = 0, prompts: bool = Fa
                       prompts, chunk)
     if keys:
         engine.piece_graphs = PieceGraphs(engine.model, engine.cache, bm.num_pages, keys, engine.max_context,
-                                          engine.device)
+                                          engine.device, bm.window, bm.local_scratch)
     return engine
 
 
@@ -659,9 +659,9 @@ def test_chunk_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
                                        max_num_seqs=4), monkeypatch, chunk=3)
     runs, graphed = [], engine.piece_graphs.run
 
-    def spy(key, work, ids_on_device):
+    def spy(key, work, ids_on_device, local_tables):
         runs.append((key, ids_on_device is not None))
-        return graphed(key, work, ids_on_device)
+        return graphed(key, work, ids_on_device, local_tables)
 
     monkeypatch.setattr(engine.piece_graphs, "run", spy)
     assert run_arriving(engine, ids, every=2, params=sampled) == want
@@ -682,9 +682,9 @@ def test_prompt_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
                                        max_num_seqs=4), monkeypatch, chunk=3, prompts=True)
     runs, graphed = [], engine.piece_graphs.run
 
-    def spy(key, work, ids_on_device):
+    def spy(key, work, ids_on_device, local_tables):
         runs.append((key, len(work[-1][0])))
-        return graphed(key, work, ids_on_device)
+        return graphed(key, work, ids_on_device, local_tables)
 
     monkeypatch.setattr(engine.piece_graphs, "run", spy)
     assert run_arriving(engine, ids, every=2, params=sampled) == want

@@ -146,6 +146,29 @@ def test_graph_metadata_equals_eager(models, prompts, hf_outputs, monkeypatch):
     assert_idle(engine)
 
 
+@pytest.mark.parametrize("name", ["gemma3", "mistral_window"])
+def test_piece_graph_metadata_equals_eager(models, prompts, hf_outputs, name, monkeypatch):
+    """Steps of decodes beside one prompt piece through PieceGraphs.run (both groups' page tables and slots, the
+    sliding group's freed entries on its scratch page): prompts' ends padded to a token bucket and chunks of 3
+    beside decodes give transformers' tokens, prompts arriving while others decode, past the window."""
+    from test_continuous import run_arriving
+    folder, _, _ = models[name]
+    engine = with_emulated_graphs(make(folder, max_num_batched_tokens=32, long_prefill_token_threshold=3,
+                                       async_scheduling=True), monkeypatch, chunk=3, prompts=True)
+    runs, graphed = [], engine.piece_graphs.run
+
+    def spy(key, work, ids, local_tables):
+        runs.append((key, local_tables))
+        return graphed(key, work, ids, local_tables)
+
+    monkeypatch.setattr(engine.piece_graphs, "run", spy)
+    assert run_arriving(engine, prompts, every=2, params=GREEDY) == hf_outputs[name]
+    assert any(not ends for (_, _, ends), _ in runs)  # chunks
+    assert any(ends and d for (d, _, ends), _ in runs) and any(ends and not d for (d, _, ends), _ in runs)  # ends
+    assert all(local is not None for _, local in runs)
+    assert_idle(engine)
+
+
 def test_memory_split(models):
     """Without --num-pages (CPU): the sliding pool holds a window and a page per running sequence and a step's
     chunk; the full group gets max_num_seqs contexts. Mistral has no full layers: its full pages take nothing."""

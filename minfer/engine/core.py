@@ -395,7 +395,7 @@ class EngineCore(LoadedModel):
                      s.num_computed_tokens, s.block_table) for s, n in zip(seqs, counts)]
             key = self.piece_graphs.key(counts, rows) if self.piece_graphs is not None else None
             if key is not None:  # decodes beside one prompt piece
-                logits = self.piece_graphs.run(key, work, ids)  # [len(rows), vocab]
+                logits = self.piece_graphs.run(key, work, ids, local)  # [len(rows), vocab]
             else:
                 logits = self._forward(work, self.cache, rows, ids, local)
             sampled = [seqs[i] for i in rows]

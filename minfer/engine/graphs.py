@@ -8,8 +8,8 @@ bucket with a scratch page that no sequence owns, replays the bucket's graph and
 own rows. A model with sliding-window layers has a second page table and slot mapping, of its sliding group
 (kv_cache.py), with its own scratch page. Batches past the largest bucket run eagerly.
 
-Steps of decodes and one prompt piece replay graphs of their own (PieceGraphs, models without sliding-window
-layers), the piece padded to a token bucket: a long prompt's chunks of --long-prefill-token-threshold tokens beside
+Steps of decodes and one prompt piece replay graphs of their own (PieceGraphs, with both groups' tables where there
+are two), the piece padded to a token bucket: a long prompt's chunks of --long-prefill-token-threshold tokens beside
 running requests, whose ~15 launches a layer cost the host more than the GPU's work eagerly (Llama-3.2-1B shape, H200,
 16 decodes beside 32-token chunks: 3.3-5 ms a step eagerly, 2.4 ms from the graphs); and, where the engine asks for
 them (the server), a prompt's last piece of up to 512 tokens beside up to 16 decodes (a request's first token, alone
@@ -305,13 +305,14 @@ class PieceGraphs:
     logits of the d decode rows, and of the piece's last token where it ends its prompt (not otherwise: a 17th row
     would take the Llama-3.2-1B lm_head from the GEMV to a GEMM, 136 -> 221 us). The metadata travels in three
     copies from pinned buffers: int32 positions | seq_lens | cu_seqlens_q | the piece's own, int64 ids | slots |
-    logit rows, and the columns of the page table in use."""
+    logit rows (| the sliding group's slots), and the columns of the page table(s) in use."""
 
     def __init__(self, model, cache: PagedKVCache, scratch_page: int, keys: list[tuple[int, int, bool]],
-                 max_context: int, device: torch.device):
-        """keys: the (decode bucket, token bucket, ends) to capture (piece_keys)."""
-        self.model, self.cache, self.device = model, cache, device
-        self.page, self.scratch = cache.page_size, scratch_page
+                 max_context: int, device: torch.device, window: int | None = None, local_scratch_page: int = 0):
+        """keys: the (decode bucket, token bucket, ends) to capture (piece_keys). window: the sliding group's (None:
+        one group), whose scratch page is local_scratch_page."""
+        self.model, self.cache, self.device, self.window = model, cache, device, window
+        self.page, self.scratch, self.local_scratch = cache.page_size, scratch_page, local_scratch_page
         # per kind (ends): each decode bucket's token buckets, both ascending (a step takes its smallest decode
         # bucket, then that bucket's smallest token bucket that holds its piece)
         self.buckets: dict[bool, dict[int, list[int]]] = {False: {}, True: {}}
@@ -321,14 +322,15 @@ class PieceGraphs:
         pin = device.type == "cuda"
         f = -(-(D + P) // 64) * 64  # a field's room (256-byte aligned at int32)
         # int32: positions [D + P] | seq_lens [D + 1] | cu_seqlens_q [D + 2] | the piece's own [2];
-        # int64: ids [D + P] | slots [D + P] | logit rows [D + 1]. Until the first step every row is one query at
-        # position 0 on the scratch page.
+        # int64: ids [D + P] | slots [D + P] | logit rows [D + 1] (| local slots [D + P]). Until the first step every
+        # row is one query at position 0 on the scratch page(s).
         self.h32 = torch.zeros(4 * f, dtype=torch.int32, pin_memory=pin)
-        self.h64 = torch.zeros(3 * f, dtype=torch.int64, pin_memory=pin)
+        self.h64 = torch.zeros((3 if window is None else 4) * f, dtype=torch.int64, pin_memory=pin)
         self.h32[f:f + D + 1] = 1
         self.h32[2 * f:2 * f + D + 2] = torch.arange(D + 2, dtype=torch.int32)
         self.h32[3 * f:3 * f + 2] = torch.tensor([0, 1], dtype=torch.int32)
         self.h64[f:2 * f] = scratch_page * self.page
+        self.h64[3 * f:] = local_scratch_page * self.page
         self.h_table = torch.full(((D + 1) * W,), scratch_page, dtype=torch.int32, pin_memory=pin)
         self.d32, self.d64 = self.h32.to(device), self.h64.to(device)
         self.f = f
@@ -336,6 +338,10 @@ class PieceGraphs:
         self.piece_cu = self.d32[3 * f:3 * f + 2]
         self.ids, self.slots, self.logit_rows = self.d64[:D + P], self.d64[f:f + D + P], self.d64[2 * f:2 * f + D + 1]
         self.table = torch.full((D + 1, W), scratch_page, dtype=torch.int32, device=device)
+        if window is not None:  # the sliding group's page table and slots, filled as the full group's
+            self.h_local_table = torch.full(((D + 1) * W,), local_scratch_page, dtype=torch.int32, pin_memory=pin)
+            self.local_table = torch.full((D + 1, W), local_scratch_page, dtype=torch.int32, device=device)
+            self.local_slots = self.d64[3 * f:3 * f + D + P]
         self.copied = torch.cuda.Event() if pin else None  # the host buffers are refilled once it has passed
         self.classes = context_classes(max_context)
         self.graphs: dict[tuple[tuple[int, int, bool], int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -354,6 +360,8 @@ class PieceGraphs:
         if d:  # the decodes on the decode kernel, the piece apart (AttentionMetadata)
             meta.num_decodes, meta.chunk_cu_seqlens_q = d, self.piece_cu
             meta.decode_max_seqlen_k = meta.chunk_max_seqlen_k = max_len
+        if self.window is not None:
+            meta.local_slot_mapping, meta.local_block_table = self.local_slots[:d + p], self.local_table[:d + 1]
         return self.model.forward_paged(self.ids[:d + p], meta, self.cache, self.logit_rows[:d + ends],
                                         raw_logits=True)
 
@@ -371,10 +379,11 @@ class PieceGraphs:
         return None if p is None else (d, p, ends)
 
     def run(self, key: tuple[int, int, bool], work: list[tuple[list[int], int, list[int]]],
-            ids: torch.Tensor | None) -> torch.Tensor:
+            ids: torch.Tensor | None, local_tables: list[list[int]] | None = None) -> torch.Tensor:
         """work as EngineCore._forward's, with key(its counts, its sampled rows). ids: the step's tokens on the device
-        (async scheduling; work's lists then give only counts), or None. Returns the raw logits [n + ends, vocab] of
-        the n decodes and, where it ends its prompt, the piece's last token."""
+        (async scheduling; work's lists then give only counts), or None. local_tables: each sequence's pages in the
+        sliding group (its freed entries on its scratch page), where there is one. Returns the raw logits
+        [n + ends, vocab] of the n decodes and, where it ends its prompt, the piece's last token."""
         d, p, ends = key
         n, f, c = len(work) - 1, self.f, len(work[-1][0])
         if self.copied is not None:
@@ -383,6 +392,10 @@ class PieceGraphs:
         lens, cu = h32[f:f + d + 1], h32[2 * f:2 * f + d + 2]
         width = fill_piece_step(work, d, p, self.page, self.scratch, h32[:d + p], lens, h64[f:f + d + p], h64[:d + p],
                                 self.h_table.numpy(), ids is None)
+        if self.window is not None:  # rewrites the same positions and lengths
+            local = [(t, start, pages) for (t, start, _), pages in zip(work, local_tables)]
+            local_width = fill_piece_step(local, d, p, self.page, self.local_scratch, h32[:d + p], lens,
+                                          h64[3 * f:3 * f + d + p], h64[:d + p], self.h_local_table.numpy(), False)
         cu[:d + 1], cu[d + 1] = np.arange(d + 1), d + c  # an earlier step's d + c may sit in [0, d]
         h32[3 * f + 1] = c
         logit_rows = h64[2 * f:2 * f + d + 1]
@@ -392,6 +405,9 @@ class PieceGraphs:
         self.d32.copy_(self.h32, non_blocking=True)
         self.d64.copy_(self.h64, non_blocking=True)
         self.table[:d + 1, :width].copy_(self.h_table[:(d + 1) * width].view(d + 1, width), non_blocking=True)
+        if self.window is not None:
+            self.local_table[:d + 1, :local_width].copy_(
+                self.h_local_table[:(d + 1) * local_width].view(d + 1, local_width), non_blocking=True)
         if self.copied is not None:  # the host buffers are refilled once it has passed
             self.copied.record()
         if ids is not None:
@@ -427,14 +443,16 @@ def piece_keys(cfg, decode_buckets: list[int], max_num_batched_tokens: int, max_
 
 
 def try_piece_graphs(engine, scratch_page: int, max_num_batched_tokens: int, chunk: int, prompts: bool):
-    """PieceGraphs at piece_keys where decode graphs run and the model has no sliding-window layers; else None."""
-    if engine.graphs is None or engine.block_manager.window is not None:
+    """PieceGraphs at piece_keys where decode graphs run; else None."""
+    if engine.graphs is None:
         return None
     keys = piece_keys(engine.cfg, engine.graphs.buckets, max_num_batched_tokens, engine.max_context, prompts, chunk)
     if not keys:
         return None
+    bm = engine.block_manager
     try:
-        return PieceGraphs(engine.model, engine.cache, scratch_page, keys, engine.max_context, engine.device)
+        return PieceGraphs(engine.model, engine.cache, scratch_page, keys, engine.max_context, engine.device, bm.window,
+                           bm.local_scratch)
     except RuntimeError as e:
         capture_failed(e, "prompt pieces run eagerly")
         return None
