@@ -195,6 +195,22 @@ def test_decode_graph_every_bucket(graph_core, fp32_core, n):
     assert (graphed.argmax(-1) == eager.argmax(-1)).float().mean() > 0.95
 
 
+def piece_step(gen, lens: list[int], start: int, c: int):
+    """Work for a step of decodes beside one prompt piece, on consecutive pages of 16 tokens: sequences of `lens`
+    tokens before the step, each decoding one more, and a prompt whose tokens [start, start + c) are the piece, with
+    one token more, decoded after it. Returns the work before the step (the decodes' tokens before it, the prompt's
+    first `start`), the step's, the one after and the sequences' pages."""
+    toks = [torch.randint(0, 1000, (m + 1,), generator=gen).tolist() for m in lens]
+    prompt = torch.randint(0, 1000, (start + c + 1,), generator=gen).tolist()
+    pages, first = [], 0
+    for m in lens + [start + c + 1]:
+        pages.append(list(range(first, first + -(-(m + 1) // 16))))
+        first = pages[-1][-1] + 1
+    before = [(t[:-1], 0, pg) for t, pg in zip(toks, pages)] + ([(prompt[:start], 0, pages[-1])] if start else [])
+    step = [([t[-1]], len(t) - 1, pg) for t, pg in zip(toks, pages)] + [(prompt[start:-1], start, pages[-1])]
+    return before, step, [([prompt[-1]], start + c, pages[-1])], pages
+
+
 def test_chunk_graphs_match_eager():
     """A step of n decodes beside a prompt chunk of up to 32 tokens that does not end its prompt, replayed from its
     (decode bucket, 32 tokens, context class) graph (padding rows up to both), gives the decodes' logits of the same
@@ -206,15 +222,8 @@ def test_chunk_graphs_match_eager():
     assert graphs.classes == [256, 1024, 2000] and len(graphs.graphs) == 4 * 3
     gen = torch.Generator().manual_seed(0)
     for n, start, c in ((1, 100, 32), (3, 700, 20), (8, 1500, 32)):  # the chunk's context in each class
-        lens = [40 + 9 * i for i in range(n)]  # the decoding sequences' tokens before this step
-        toks = [torch.randint(0, 1000, (m + 1,), generator=gen).tolist() for m in lens]
-        prompt = torch.randint(0, 1000, (start + c,), generator=gen).tolist()
-        pages, first = [], 0
-        for m in lens + [start + c]:
-            pages.append(list(range(first, first + -(-(m + 1) // 16))))
-            first = pages[-1][-1] + 1
-        core._forward([(t[:-1], 0, pg) for t, pg in zip(toks, pages)] + [(prompt[:start], 0, pages[-1])], core.cache)
-        step = [([t[-1]], len(t) - 1, pg) for t, pg in zip(toks, pages)] + [(prompt[start:], start, pages[-1])]
+        before, step, _, _ = piece_step(gen, [40 + 9 * i for i in range(n)], start, c)
+        core._forward(before, core.cache)
         eager = core._forward(step, core.cache, list(range(n))).clone()  # [n, vocab]; rewrites the same rows
         key = graphs.key([1] * n + [c], list(range(n)))
         assert key == ({1: 1, 3: 4, 8: 8}[n], 32, False)
@@ -242,18 +251,9 @@ def test_prompt_graphs_match_eager():
     agree = []
     # (decodes, the piece's tokens, its cached tokens): each token bucket, the three classes, 0-4 decodes
     for n, c, start in ((0, 2, 0), (0, 16, 0), (1, 17, 0), (3, 100, 40), (2, 300, 700), (4, 512, 0), (0, 33, 1500)):
-        lens = [30 + 41 * i for i in range(n)]  # the decoding sequences' tokens before this step
-        toks = [torch.randint(0, 1000, (m + 1,), generator=gen).tolist() for m in lens]
-        prompt = torch.randint(0, 1000, (start + c + 1,), generator=gen).tolist()  # + the token decoded after
-        pages, first = [], 0
-        for m in lens + [start + c + 1]:
-            pages.append(list(range(first, first + -(-(m + 1) // 16))))
-            first = pages[-1][-1] + 1
-        before = [(t[:-1], 0, pg) for t, pg in zip(toks, pages)] + ([(prompt[:start], 0, pages[-1])] if start else [])
+        before, step, after, _ = piece_step(gen, [30 + 41 * i for i in range(n)], start, c)
         if before:
             core._forward(before, core.cache)
-        step = [([t[-1]], len(t) - 1, pg) for t, pg in zip(toks, pages)] + [(prompt[start:-1], start, pages[-1])]
-        after = [([prompt[-1]], start + c, pages[-1])]
         eager = core._forward(step, core.cache).clone()  # [n + 1, vocab]
         eager_next = core._forward(after, core.cache).clone()
         graphed = graphs.run(graphs.key([1] * n + [c], list(range(n + 1))), step, None).clone()  # the same rows
@@ -296,27 +296,18 @@ def test_windowed_piece_graphs_match_eager():
     agree = []
     # (decodes, the piece's tokens, its context before, ends its prompt): inside the window and past it
     for n, c, start, ends in ((0, 300, 0, True), (1, 100, 600, True), (3, 32, 900, False), (4, 17, 1500, True)):
-        lens = [30 + 41 * i for i in range(n)]  # the decoding sequences' tokens before this step
-        toks = [torch.randint(0, 1000, (m + 1,), generator=gen).tolist() for m in lens]
-        prompt = torch.randint(0, 1000, (start + c + 1,), generator=gen).tolist()  # + the token decoded after
-        pages, first = [], 0
-        for m in lens + [start + c + 1]:
-            pages.append(list(range(first, first + -(-(m + 1) // 16))))
-            first = pages[-1][-1] + 1
-        # the sliding group's pages: the same ids in its pool, none freed (the window masks the keys before it)
-        if start:
-            core._forward([(prompt[:start], 0, pages[-1])], core.cache, local_tables=pages[-1:])
-        for t, pg in zip(toks, pages):
-            core._forward([(t[:-1], 0, pg)], core.cache, local_tables=[pg])
-        step = [([t[-1]], len(t) - 1, pg) for t, pg in zip(toks, pages)] + [(prompt[start:-1], start, pages[-1])]
-        after = [([prompt[-1]], start + c, pages[-1])]
+        before, step, after, pages = piece_step(gen, [30 + 41 * i for i in range(n)], start, c)
+        # the sliding group's pages: other ids in its own pool, none freed (the window masks the keys before it)
+        local = [[x + 200 for x in pg] for pg in pages]
+        if before:
+            core._forward(before, core.cache, local_tables=local[:n] + (local[-1:] if start else []))
         rows = list(range(n + ends))
         key = graphs.key([1] * n + [c], rows)
         assert key is not None and key[2] == ends
-        eager = core._forward(step, core.cache, rows, local_tables=pages).float().clone()  # [n + ends, vocab]
-        eager_next = core._forward(after, core.cache, local_tables=pages[-1:]).float().clone()
-        graphed = graphs.run(key, step, None, pages).float().clone()  # rewrites the same rows
-        graphed_next = core._forward(after, core.cache, local_tables=pages[-1:]).float().clone()
+        eager = core._forward(step, core.cache, rows, local_tables=local).float().clone()  # [n + ends, vocab]
+        eager_next = core._forward(after, core.cache, local_tables=local[-1:]).float().clone()
+        graphed = graphs.run(key, step, None, local).float().clone()  # rewrites the same rows
+        graphed_next = core._forward(after, core.cache, local_tables=local[-1:]).float().clone()
         assert (graphed - eager).abs().amax() <= 0.05 * eager.abs().amax()
         assert (graphed_next - eager_next).abs().amax() <= 0.05 * eager_next.abs().amax()
         agree += (graphed.argmax(-1) == eager.argmax(-1)).tolist()

@@ -250,27 +250,36 @@ def fill_piece_step(work: list[tuple[list[int], int, list[int]]], d: int, p: int
     table, filled as [d + 1, width]. The real ids are filled with_ids only (else they come from the device).
     Returns the table's width."""
     n = len(work) - 1
-    toks, start, pages = work[n]
+    toks, start, _ = work[n]
     c = len(toks)
     starts = np.fromiter((s for _, s, _ in work[:n]), np.int64, n)
     pos[:n], pos[n:d] = starts, 0
     pos[d:d + c], pos[d + c:d + p] = np.arange(start, start + c), 0
     lens[:n], lens[n:d], lens[d] = starts + 1, 1, start + c
-    width = max(len(pg) for _, _, pg in work)
+    ids[n:d], ids[d + c:d + p] = 0, 0
+    if with_ids:
+        ids[:n] = [t[0] for t, _, _ in work[:n]]
+        ids[d:d + c] = toks
+    return fill_piece_pages([pg for _, _, pg in work], d, p, c, page, scratch, pos, slots, table_flat)
+
+
+def fill_piece_pages(tables: list[list[int]], d: int, p: int, c: int, page: int, scratch: int, pos: np.ndarray,
+                     slots: np.ndarray, table_flat: np.ndarray) -> int:
+    """One group's page table and slots of a step that fill_piece_step laid out (pos as it filled them): tables,
+    the pages of its n decodes and of its piece of c tokens. A model with sliding-window layers calls it again for
+    the sliding group. Returns the table's width."""
+    n = len(tables) - 1
+    width = max(map(len, tables))
     table = table_flat[:(d + 1) * width].reshape(d + 1, width)
-    for i, (_, _, pg) in enumerate(work[:n]):
+    for i, pg in enumerate(tables[:n]):
         table[i, :len(pg)] = pg
     table[n:d, 0] = scratch
-    table[d, :len(pages)] = pages
+    table[d, :len(tables[n])] = tables[n]
     rows = np.concatenate([np.arange(n), np.full(c, d)])
     tok = np.concatenate([pos[:n], pos[d:d + c]]).astype(np.int64)
     found = table[rows, tok // page].astype(np.int64) * page + tok % page
     slots[:n], slots[d:d + c] = found[:n], found[n:]
     slots[n:d], slots[d + c:d + p] = scratch * page, scratch * page
-    ids[n:d], ids[d + c:d + p] = 0, 0
-    if with_ids:
-        ids[:n] = [t[0] for t, _, _ in work[:n]]
-        ids[d:d + c] = toks
     return width
 
 
@@ -392,10 +401,9 @@ class PieceGraphs:
         lens, cu = h32[f:f + d + 1], h32[2 * f:2 * f + d + 2]
         width = fill_piece_step(work, d, p, self.page, self.scratch, h32[:d + p], lens, h64[f:f + d + p], h64[:d + p],
                                 self.h_table.numpy(), ids is None)
-        if self.window is not None:  # rewrites the same positions and lengths
-            local = [(t, start, pages) for (t, start, _), pages in zip(work, local_tables)]
-            local_width = fill_piece_step(local, d, p, self.page, self.local_scratch, h32[:d + p], lens,
-                                          h64[3 * f:3 * f + d + p], h64[:d + p], self.h_local_table.numpy(), False)
+        if self.window is not None:
+            local_width = fill_piece_pages(local_tables, d, p, c, self.page, self.local_scratch, h32[:d + p],
+                                           h64[3 * f:3 * f + d + p], self.h_local_table.numpy())
         cu[:d + 1], cu[d + 1] = np.arange(d + 1), d + c  # an earlier step's d + c may sit in [0, d]
         h32[3 * f + 1] = c
         logit_rows = h64[2 * f:2 * f + d + 1]
