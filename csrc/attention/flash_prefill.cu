@@ -3,9 +3,10 @@
 // operands TMA cannot describe).
 // One CTA owns BM = 64 * MT query rows of one (batch, head), or of one kv head's q heads (GQA packing); each
 // of its 4 warps owns 16 * MT rows and keeps their softmax state (max, sum) and output accumulator in fp32
-// registers. K/V tiles of BN = 64 keys stream through shared memory with cp.async: V[t] loads while
-// S = Q K^T runs, K[t+1] while softmax and O += P V run. Scores are prescaled by scale * log2(e) so that
-// exp2f does the softmax.
+// registers. K/V tiles of BN = 64 keys stream through a ring of R [BN, D] slots in shared memory with cp.async,
+// in the order K[0], V[0], K[1], V[1], ...: while one piece is consumed, the next R - 1 are in flight (R = 2:
+// V[t] loads while S = Q K^T runs, K[t+1] while softmax and O += P V run). Scores are prescaled by
+// scale * log2(e) so that exp2f does the softmax.
 //
 // One kernel serves both APIs (FlashParams says where each sequence's queries sit):
 //   engine attention: queries at positions start_pos[b] + s, keys 0 .. start_pos[b] + s visible;
@@ -32,13 +33,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "attention/attention.h"
 #include "attention/mma.cuh"
-#include "attention/softmax.cuh"
 #include "common/dispatch.h"
 #include "common/launch.h"
 #include "common/ptx.cuh"
+#include "common/reduce.h"
 #include "common/vec.h"
 
 namespace minfer::attn {
@@ -88,8 +91,9 @@ __device__ __forceinline__ void load_kv_tile(T* s, const KvRows<T, kPageShift<D>
 // MT: 16-row m-tiles per warp (BM = 64 * MT). Each K/V fragment read from shared memory feeds MT
 // MMAs, so MT = 2 halves the shared-memory traffic per FLOP (ldmatrix bandwidth is what bounds
 // MT = 1); it costs registers, so it is used where they fit (head_dim 64).
-template <typename T, int D, int MT, bool CAUSAL>
-__global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashParams p) {
+// R: the K/V ring's slots; MIN_CTAS: the CTAs an SM must hold (registers a thread: 65536 / 128 / MIN_CTAS).
+template <typename T, int D, int MT, int R, int MIN_CTAS, bool CAUSAL>
+__global__ void __launch_bounds__(kThreads, MIN_CTAS) flash_prefill_kernel(const FlashParams p) {
   constexpr int BM = 64 * MT;
   constexpr int KD = D / 16;   // k-steps of Q K^T
   constexpr int NT = kBN / 8;  // 8-wide score tiles
@@ -101,8 +105,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   constexpr int kUnrollS = kQInRegs ? KD : 2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [BM, D]
-  T* sK = sQ + BM * D;                     // [BN, D]
-  T* sV = sK + kBN * D;                    // [BN, D]
+  T* sKV = sQ + BM * D;                    // [R, BN, D]: piece i (K[i / 2] or V[i / 2]) in slot i % R
 
   // Heaviest (last) query blocks first: causal blocks near the end see the most keys. A block's kv_splits
   // CTAs are neighbours in x.
@@ -139,12 +142,30 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   const auto kr = kv_rows<T, kPageShift<D>>(p.paged, p.k, p.k_bs, p.k_ss, p.k_hs, p.paged.k_ps, b, kvh);
   const auto vr = kv_rows<T, kPageShift<D>>(p.paged, p.v, p.v_bs, p.v_ss, p.v_hs, p.paged.v_ps, b, kvh);
 
+  // Piece i of this CTA's tiles is K of tile t_begin + i / 2 for even i, its V for odd, in ring slot i % R;
+  // one commit group each (empty past the last tile: the wait counts stay uniform). Whether a piece is K is
+  // a constant at each call: a runtime choice between kr and vr spills at d 256.
+  auto load_piece = [&](int i, auto is_k) {
+    const int n_start = (t_begin + i / 2) * kBN;
+    if (n_start < t_end * kBN)
+      load_kv_tile<T, D>(sKV + (i % R) * kBN * D, is_k ? kr : vr, n_start, key_lo - n_start, kv_end - n_start);
+    ptx::cp_async_commit();
+  };
   load_q_tile<T, D, BM>(sQ, reinterpret_cast<const T*>(p.q) + b * p.q_bs, p, qr, m_start, n_rows);
   ptx::cp_async_commit();
-  if (t_begin < t_end) load_kv_tile<T, D>(sK, kr, t_begin * kBN, key_lo - t_begin * kBN, kv_end - t_begin * kBN);
-  ptx::cp_async_commit();
-  ptx::cp_async_wait<1>();  // Q has landed (K[t_begin] may still be in flight)
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (load_piece(I, std::bool_constant<I % 2 == 0>{}), ...);
+  }(std::make_integer_sequence<int, R - 1>{});
+  ptx::cp_async_wait<R - 1>();  // Q has landed (the first pieces may still be in flight)
   __syncthreads();
+  // Before piece i is read: every warp is done with piece i - 1, whose slot piece i + R - 1 refills; then
+  // piece i has landed (R - 1 groups may still be in flight) and is visible to every warp.
+  auto next_piece = [&](int i, auto i_is_k) {
+    __syncthreads();
+    load_piece(i + R - 1, std::bool_constant<(decltype(i_is_k)::value == (R % 2 == 1))>{});
+    ptx::cp_async_wait<R - 1>();
+    __syncthreads();
+  };
 
   // Row block of m-tile mt of this warp: rows wrow + mt * 16 .. + 15 of the CTA's BM rows.
   const int wrow = warp * 16 * MT;
@@ -175,11 +196,10 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   }
 
   for (int t = t_begin; t < t_end; ++t) {
-    const int n_start = t * kBN;
-    load_kv_tile<T, D>(sV, vr, n_start, key_lo - n_start, kv_end - n_start);
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<1>();  // K[t] has landed
-    __syncthreads();
+    const int n_start = t * kBN, piece = 2 * (t - t_begin);
+    const T* sK = sKV + (piece % R) * kBN * D;
+    const T* sV = sKV + ((piece + 1) % R) * kBN * D;
+    next_piece(piece, std::true_type{});  // K[t]
 
     float s[MT][NT][4];
 #pragma unroll
@@ -204,9 +224,6 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
         }
       }
     }
-    __syncthreads();  // every warp is done with sK: it can be refilled
-    if (t + 1 < t_end) load_kv_tile<T, D>(sK, kr, n_start + kBN, key_lo - n_start - kBN, kv_end - n_start - kBN);
-    ptx::cp_async_commit();  // (possibly empty group: keeps the wait counts uniform)
 
     // Mask only the tiles that cross the kv length, the diagonal or the window's lower edge. A row whose
     // keys in this tile are all masked keeps a -inf max here, which the base below guards.
@@ -264,8 +281,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
       }
     }
 
-    ptx::cp_async_wait<1>();  // V[t] has landed (K[t+1] may still be in flight)
-    __syncthreads();
+    next_piece(piece + 1, std::false_type{});  // V[t]
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       // The C fragments of score tiles 2kk and 2kk+1 are exactly the A fragment of P for this k-step.
@@ -288,7 +304,6 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
         }
       }
     }
-    __syncthreads();  // every warp is done with sV: it can be refilled
   }
   ptx::cp_async_wait<0>();
 
@@ -321,77 +336,121 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(const FlashPara
   }
 }
 
+// The most splits a query block takes: the combine reads two splits' (max, sum) a lane.
+constexpr int kMaxSplits = 64;
+
 // Merges the kv_splits partials of each (query row, head), a warp each: with m the largest partial max,
-// o = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s (zeros for a row that sees no key).
+// o = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s (zeros for a row that sees no key). The splits' (max, sum)
+// are read at once, a split a lane (two each), and each split's weight is shuffled from its
+// lane into the output pass, whose loads are unrolled (H200, a 32-query chunk over 16k keys in 32 splits,
+// attention and merge: 43.8 us with one split's (max, sum) read at a time, 42.4 so).
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) prefill_combine_kernel(const FlashParams p, int heads) {
   const int64_t rows = int64_t(p.total_q) * heads;
   const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;  // token * heads + head
   if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  SoftmaxState st{-INFINITY, 0.f};
-  for (int s = 0; s < p.kv_splits; ++s) st.m = fmaxf(st.m, p.part_ml[2 * (s * rows + row)]);
-  float o[D / 32] = {};
-  if (st.m != -INFINITY) {
-    for (int s = 0; s < p.kv_splits; ++s) {
-      const int64_t at = s * rows + row;
-      const float w = st.weight(p.part_ml[2 * at]);
-      st.add(p.part_ml[2 * at + 1], w);
+  const int lane = threadIdx.x % 32, splits = p.kv_splits;
+  float2 ml[2];
+  float m = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < D / 32; ++j) o[j] += w * p.part_o[at * D + j * 32 + lane];
-    }
+  for (int j = 0; j < 2; ++j) {
+    const int s = lane + 32 * j;
+    ml[j] = s < splits ? *reinterpret_cast<const float2*>(p.part_ml + 2 * (s * rows + row)) : make_float2(-INFINITY, 0.f);
+    m = fmaxf(m, ml[j].x);
   }
-  const float inv = st.l > 0.f ? 1.f / st.l : 0.f;
+  m = warp_max(m);
+  float w[2], l = 0.f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    w[j] = ml[j].x == -INFINITY ? 0.f : exp2f(ml[j].x - m);  // a split that saw no key weighs 0
+    l += w[j] * ml[j].y;
+  }
+  l = warp_sum(l);
+  float acc[D / 32] = {};
+  const float* po = p.part_o + row * D + lane;
+#pragma unroll 8
+  for (int s = 0; s < splits; ++s) {
+    const float ws = __shfl_sync(0xffffffff, s < 32 ? w[0] : w[1], s & 31);
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) acc[j] = fmaf(ws, po[s * rows * D + j * 32], acc[j]);
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
   T* out = reinterpret_cast<T*>(p.o) + (row / heads) * p.o_ss + (row % heads) * p.o_hs;
 #pragma unroll
-  for (int j = 0; j < D / 32; ++j) out[j * 32 + lane] = from_float<T>(o[j] * inv);
+  for (int j = 0; j < D / 32; ++j) out[j * 32 + lane] = from_float<T>(acc[j] * inv);
 }
-
-// Key tiles a split takes at least.
-constexpr int kMinSplitTiles = 8;
 
 // Split-KV for a ragged step whose query blocks fill less than one wave of resident CTAs (slots: the kernel's
-// CTAs an SM times the SMs; its registers hold it to 2 an SM): as many splits as keep the grid within that
-// wave, each of at least kMinSplitTiles of the longest sequence's tiles. A grid just past a wave runs a last
-// wave of a few CTAs: a 128-token chunk over 16k keys (d 64, 32 CTAs of rows) split 17 ways took 154 us on
-// an H200, split 8 ways 143.
-int prefill_kv_splits(const FlashParams& p, int bm, int heads, int64_t slots) {
-  if (p.cu_seqlens_q == nullptr) return 1;
-  const int64_t ctas = (int64_t(p.total_q) * p.pack + bm - 1) / bm * (heads / p.pack);
+// CTAs an SM times the SMs; its registers hold it to 2-4 an SM): as many splits as keep the grid within that
+// wave, each of at least min_tiles of the longest sequence's tiles. A grid just past a wave runs a last wave
+// of a few CTAs: a 128-token chunk over 16k keys (d 64, 32 CTAs of rows) split 17 ways took 154 us on an
+// H200, split 8 ways 143.
+int prefill_kv_splits(const FlashParams& p, int64_t ctas, int64_t slots, int min_tiles) {
+  if (p.cu_seqlens_q == nullptr || ctas >= slots) return 1;
   const int64_t tiles = (int64_t(p.seq_k) + kBN - 1) / kBN;
-  if (ctas >= slots) return 1;
-  return static_cast<int>(std::clamp<int64_t>(std::min(slots / ctas, tiles / kMinSplitTiles), 1, 64));
+  return static_cast<int>(std::clamp<int64_t>(std::min(slots / ctas, tiles / min_tiles), 1, kMaxSplits));
 }
+
+// One variant of the kernel: MT m-tiles a warp, R ring slots. d 64 with one m-tile a warp is held to 128
+// registers, 4 CTAs an SM (at 2 ring slots its causal kernel spilled there, at 4 not).
+template <typename T, int D, int MT, bool CAUSAL>
+struct Variant {
+  static constexpr int BM = 64 * MT, R = D == 64 && MT == 1 ? 4 : 2;
+  static constexpr int smem = (BM + R * kBN) * D * sizeof(T);  // Q + the K/V ring
+  static constexpr auto kernel = flash_prefill_kernel<T, D, MT, R, D == 64 && MT == 1 ? 4 : 1, CAUSAL>;
+  static int64_t slots() {
+    allow_smem<kernel, smem>();
+    static const int per_sm = [] {
+      int n = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+      return std::max(n, 1);
+    }();
+    return int64_t(per_sm) * sm_count(c10::cuda::current_device());
+  }
+  // A ragged step's CTAs of query rows that have work (before splits): its total_q queries' rows in blocks.
+  static int64_t row_blocks(const FlashParams& p, int heads) {
+    return (int64_t(p.total_q) * p.pack + BM - 1) / BM * (heads / p.pack);
+  }
+  static void run(FlashParams p, int heads, int batch, cudaStream_t stream) {
+    at::Tensor ws;
+    if (p.kv_splits > 1) {
+      const int64_t rows = int64_t(p.kv_splits) * p.total_q * heads;
+      ws = at::empty({rows * (D + 2)}, at::dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()));
+      p.part_o = ws.data_ptr<float>(), p.part_ml = p.part_o + rows * D;
+    }
+    const dim3 grid((int64_t(p.seq_q) * p.pack + BM - 1) / BM * p.kv_splits, heads / p.pack, batch);
+    kernel<<<grid, kThreads, smem, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (p.kv_splits > 1) {
+      const int64_t warps = int64_t(p.total_q) * heads;
+      prefill_combine_kernel<T, D><<<(warps + kThreads / 32 - 1) / (kThreads / 32), kThreads, 0, stream>>>(p, heads);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  }
+};
+
+// Key tiles a split takes at least (half that for d 64's narrow variant, whose CTAs are twice as many).
+constexpr int kMinSplitTiles = 8;
 
 template <typename T, int D, bool CAUSAL>
 void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
-  constexpr int MT = D <= 64 ? 2 : 1;
-  constexpr int BM = 64 * MT;
-  constexpr int smem = (BM + 2 * kBN) * D * sizeof(T);  // Q + K + V tiles
-  constexpr auto kernel = flash_prefill_kernel<T, D, MT, CAUSAL>;
-  allow_smem<kernel, smem>();
-  static const int per_sm = [&] {
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
-    return std::max(n, 1);
-  }();
   FlashParams sp = p;
   sp.pack = p.cu_seqlens_q != nullptr ? p.group : 1;
-  sp.kv_splits = prefill_kv_splits(sp, BM, heads, int64_t(per_sm) * sm_count(c10::cuda::current_device()));
-  at::Tensor ws;
-  if (sp.kv_splits > 1) {
-    const int64_t rows = int64_t(sp.kv_splits) * sp.total_q * heads;
-    ws = at::empty({rows * (D + 2)}, at::dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()));
-    sp.part_o = ws.data_ptr<float>(), sp.part_ml = sp.part_o + rows * D;
+  using Wide = Variant<T, D, D <= 64 ? 2 : 1, CAUSAL>;
+  const bool ragged = p.cu_seqlens_q != nullptr;
+  const int64_t wide_blocks = ragged ? Wide::row_blocks(sp, heads) : 0, wide_slots = Wide::slots();
+  sp.kv_splits = prefill_kv_splits(sp, wide_blocks, wide_slots, kMinSplitTiles);
+  if constexpr (D == 64) {
+    // A ragged grid under half a wave (few query rows over a short context) goes to 16 rows a warp and 4 CTAs
+    // an SM, twice the CTAs, each streaming half as many rows: H200, a 32-query chunk over 4k keys 36 -> 21 us
+    // (over 16k keys, a wave either way, 44.1 against 44.4; 128 queries over 16k 131 against 139).
+    if (ragged && wide_blocks * sp.kv_splits * 2 < wide_slots) {
+      using Narrow = Variant<T, D, 1, CAUSAL>;
+      sp.kv_splits = prefill_kv_splits(sp, Narrow::row_blocks(sp, heads), Narrow::slots(), kMinSplitTiles / 2);
+      return Narrow::run(sp, heads, batch, stream);
+    }
   }
-  const dim3 grid((int64_t(p.seq_q) * sp.pack + BM - 1) / BM * sp.kv_splits, heads / sp.pack, batch);
-  kernel<<<grid, kThreads, smem, stream>>>(sp);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (sp.kv_splits > 1) {
-    const int64_t warps = int64_t(sp.total_q) * heads;
-    prefill_combine_kernel<T, D><<<(warps + kThreads / 32 - 1) / (kThreads / 32), kThreads, 0, stream>>>(sp, heads);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  Wide::run(sp, heads, batch, stream);
 }
 
 }  // namespace
