@@ -290,7 +290,8 @@ def test_cuda_paged_decode_window_pages(ctx, window, ratio, page):
                                            ([64, 1, 1], [20000, 300, 7000])])  # a long prompt's chunk, decodes
 def test_cuda_paged_prefill(q_lens, starts, page, hd, dtype):
     """Steps of few query blocks split the key tiles over CTAs where the longest sequence has 16 key tiles or
-    more (flash_prefill.cu's prefill_kv_splits); the shorter cases here run whole."""
+    more, 8 on d 64's narrow variant (flash_prefill.cu's prefill_kv_splits; at d 64, [1, 2] at [500, 4095] takes
+    the narrow variant in 16 splits, [113, 1000] from 0 the wide one in 2); the shorter cases here run whole."""
     check_paged(q_lens, starts, hd=hd, dtype=dtype, page=page)
 
 
