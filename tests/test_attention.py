@@ -762,6 +762,13 @@ def test_engine_bad_inputs(bad, match):
         torch.ops.minfer.attention(*bad(*_good()), 0.125)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), float("inf")])
+def test_engine_bad_scale(scale):
+    # the prefill kernel takes the max of the unscaled scores, which a scale <= 0 would reorder
+    with pytest.raises(RuntimeError, match="scale must be positive and finite"):
+        torch.ops.minfer.attention(*_good(), scale)
+
+
 def test_engine_bad_device():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")

@@ -378,6 +378,9 @@ def test_cuda_paged_bad_inputs():
         cuda.paged_attention(q, k, v, table, lens, cu, 5, 11, 0.1)
     with pytest.raises(RuntimeError, match="head_dim must be 64, 128 or 256"):
         cuda.paged_attention(q[..., :32], k[..., :32], v[..., :32], table, lens, cu, 1, 11, 0.1)
+    for scale in (0.0, -0.1, float("nan")):
+        with pytest.raises(RuntimeError, match="scale must be positive and finite"):
+            cuda.paged_attention(q, k, v, table, lens, cu, 1, 11, scale)
 
 
 @pytest.mark.gpu

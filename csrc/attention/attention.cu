@@ -54,6 +54,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at
   MINFER_CHECK_SAME_DEVICE(q_in, start_pos);
   MINFER_CHECK_SAME_DTYPE(q_in, v_cache);
   MINFER_CHECK(start_pos.scalar_type() == at::kInt, "attention: start_pos must be int32, got ", start_pos.scalar_type());
+  MINFER_CHECK(scale > 0 && std::isfinite(scale), "attention: scale must be positive and finite, got ", scale);
   const int64_t batch = q_in.size(0), seq = q_in.size(1), heads = q_in.size(2), head_dim = q_in.size(3);
   const int64_t capacity = k_cache.size(1), kv_heads = k_cache.size(2);
   MINFER_CHECK(start_pos.dim() == 1 && start_pos.size(0) == batch && start_pos.is_contiguous(),
@@ -102,6 +103,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   MINFER_CHECK_SAME_DTYPE(q_in, k_cache);
   MINFER_CHECK_SAME_DTYPE(q_in, v_cache);
   MINFER_CHECK(q_in.dim() == 3, "paged_attention: q must be [tokens, heads, head_dim], got ", q_in.sizes());
+  MINFER_CHECK(scale > 0 && std::isfinite(scale), "paged_attention: scale must be positive and finite, got ", scale);
   MINFER_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "paged_attention: k_cache and v_cache must both be [num_pages, page_size, kv_heads, head_dim], got ",
               k_cache.sizes(), " and ", v_cache.sizes());

@@ -225,39 +225,44 @@ __global__ void __launch_bounds__(kThreads, MIN_CTAS) flash_prefill_kernel(const
       }
     }
 
-    // Mask only the tiles that cross the kv length, the diagonal or the window's lower edge. A row whose
-    // keys in this tile are all masked keeps a -inf max here, which the base below guards.
+    // Mask only the tiles that cross the kv length, the diagonal or the window's lower edge, in a loop of its
+    // own behind one branch (a test per score compiles to selects that every tile runs: ~580 of an unmasked
+    // tile's ~1250 instructions a warp at d 64). A row whose keys in this tile are all masked keeps a -inf max
+    // here, which the base below guards.
     const bool need_mask =
         n_start + kBN > kv_len || (CAUSAL && (n_start + kBN - 1 > first_pos || n_start < win_key));
-    float mx[2 * MT];
+    if (need_mask) {
 #pragma unroll
-    for (int h = 0; h < 2 * MT; ++h) mx[h] = -INFINITY;
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = 2 * mt + e / 2;
-          float x = s[mt][j][e] * p.scale_log2;
-          if (need_mask) {
+          for (int e = 0; e < 4; ++e) {
+            const int h = 2 * mt + e / 2;
             const int col = n_start + j * 8 + (lane % 4) * 2 + (e & 1);
             // Window: col <= pos - window, as col + window in unsigned (no overflow, and no pos - window
             // per row kept in registers).
             const bool outside = p.window > 0 && unsigned(col) + p.window <= unsigned(pos[h]);
-            if (col >= kv_len || (CAUSAL && (col > pos[h] || outside))) x = -INFINITY;
+            if (col >= kv_len || (CAUSAL && (col > pos[h] || outside))) s[mt][j][e] = -INFINITY;
           }
-          s[mt][j][e] = x;
-          mx[h] = fmaxf(mx[h], x);
-        }
-      }
     }
+    // The max of the raw scores, then scaled (the ops check scale > 0, which keeps the order); exp2 of
+    // score * scale - max in one FMA.
+    float mx[2 * MT];
+#pragma unroll
+    for (int h = 0; h < 2 * MT; ++h) mx[h] = -INFINITY;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[2 * mt + e / 2] = fmaxf(mx[2 * mt + e / 2], s[mt][j][e]);
     float alpha[2 * MT], base[2 * MT];
 #pragma unroll
     for (int h = 0; h < 2 * MT; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-      const float m_new = fmaxf(m_row[h], mx[h]);
+      const float m_new = fmaxf(m_row[h], mx[h] * p.scale_log2);
       base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet (Check_inf): avoid inf - inf
       alpha[h] = exp2f(m_row[h] - base[h]);
       m_row[h] = m_new;
@@ -270,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, MIN_CTAS) flash_prefill_kernel(const
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int h = 2 * mt + e / 2;
-          s[mt][j][e] = exp2f(s[mt][j][e] - base[h]);
+          s[mt][j][e] = exp2f(fmaf(s[mt][j][e], p.scale_log2, -base[h]));
           l_row[h] += s[mt][j][e];  // this thread's columns only; the quad is summed at the end
         }
       }
@@ -440,7 +445,7 @@ void launch(const FlashParams& p, int batch, int heads, cudaStream_t stream) {
   const bool ragged = p.cu_seqlens_q != nullptr;
   const int64_t wide_blocks = ragged ? Wide::row_blocks(sp, heads) : 0, wide_slots = Wide::slots();
   sp.kv_splits = prefill_kv_splits(sp, wide_blocks, wide_slots, kMinSplitTiles);
-  if constexpr (D == 64) {
+  if constexpr (D == 64 && CAUSAL) {  // (the engine's ragged steps are causal; any other keeps the wide kernel)
     // A ragged grid under half a wave (few query rows over a short context) goes to 16 rows a warp and 4 CTAs
     // an SM, twice the CTAs, each streaming half as many rows: H200, a 32-query chunk over 4k keys 36 -> 21 us
     // (over 16k keys, a wave either way, 44.1 against 44.4; 128 queries over 16k 131 against 139).
