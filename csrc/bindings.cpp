@@ -37,6 +37,10 @@ TORCH_LIBRARY(minfer, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "Tensor cu_seqlens_q, int max_seqlen_q, int max_seqlen_k, float scale, bool stable_prefix=False, int window=0) "
         "-> Tensor");
+  // the same into a contiguous [tokens, heads, head_dim] out (a mixed step's decodes and chunks into one tensor)
+  m.def("paged_attention_into(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+        "Tensor seq_lens, Tensor cu_seqlens_q, int max_seqlen_q, int max_seqlen_k, float scale, "
+        "bool stable_prefix=False, int window=0) -> ()");
   m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length, int window=0) -> str");  // what decode would launch (tests)
   // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
   // type id (minfer/ops/quantized.py), | 256 where each 16 rows' blocks are stored chunk-major (qgemm/checks.h, kTiled)
@@ -81,6 +85,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   // attention family
   m.impl("attention", &minfer::attention);
   m.impl("paged_attention", &minfer::paged_attention);
+  m.impl("paged_attention_into", &minfer::paged_attention_into);
   m.impl("attention_decode_plan", &minfer::attention_decode_plan);
   // quantized weights (csrc/qgemm/)
   m.impl("dequantize", &minfer::dequantize);

@@ -38,6 +38,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& block_table, const at::Tensor& seq_lens,
                            const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
                            double scale, bool stable_prefix, int64_t window);
+void paged_attention_into(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
+                          const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
+                          bool stable_prefix, int64_t window);
 std::string attention_decode_plan(const at::Tensor& q, const at::Tensor& k_cache, int64_t length,
                                   int64_t window);
 // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's type id

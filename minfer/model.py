@@ -189,14 +189,14 @@ class Transformer:
                 (meta.slot_mapping, meta.block_table)
             self._rope(i, q, k, meta.positions, v=v, k_cache=cache.k[i], v_cache=cache.v[i], slot_mapping=slots)
             d = meta.num_decodes
-            if d:  # decodes on the decode kernel, then the prompt chunks
-                attn = torch.cat([
-                    ops.paged_attention(q[:d], cache.k[i], cache.v[i], table[:d], meta.seq_lens[:d],
-                                        meta.cu_seqlens_q[:d + 1], 1, meta.decode_max_seqlen_k, self.scale,
-                                        window=self.windows[i]),
-                    ops.paged_attention(q[d:], cache.k[i], cache.v[i], table[d:], meta.seq_lens[d:],
-                                        meta.chunk_cu_seqlens_q, meta.max_seqlen_q, meta.chunk_max_seqlen_k,
-                                        self.scale, window=self.windows[i])])  # [tokens, heads, hd]
+            if d:  # decodes on the decode kernel, then the prompt chunks, each into its rows of one tensor
+                attn = q.new_empty(q.shape)  # [tokens, heads, hd]
+                ops.paged_attention(q[:d], cache.k[i], cache.v[i], table[:d], meta.seq_lens[:d],
+                                    meta.cu_seqlens_q[:d + 1], 1, meta.decode_max_seqlen_k, self.scale,
+                                    window=self.windows[i], out=attn[:d])
+                ops.paged_attention(q[d:], cache.k[i], cache.v[i], table[d:], meta.seq_lens[d:],
+                                    meta.chunk_cu_seqlens_q, meta.max_seqlen_q, meta.chunk_max_seqlen_k,
+                                    self.scale, window=self.windows[i], out=attn[d:])
             else:
                 attn = ops.paged_attention(q, cache.k[i], cache.v[i], table, meta.seq_lens, meta.cu_seqlens_q,
                                            meta.max_seqlen_q, meta.max_seqlen_k, self.scale, window=self.windows[i],

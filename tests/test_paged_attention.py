@@ -365,6 +365,34 @@ def test_cuda_paged_opcheck(hd, window):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("hd", [64, 256])
+def test_cuda_paged_into_one_tensor(hd):
+    """A mixed step as the model runs it: its decodes on the decode kernel and its chunks on the prefill kernel,
+    each into its rows of one NaN-filled tensor, against the fp32 reference of the whole step."""
+    q_lens, starts = [1, 1, 1, 40, 7], [300, 17, 2000, 5000, 0]
+    q, k, v, table, lens, cu = cuda_case(q_lens, starts, 8, 2, hd, torch.bfloat16)
+    args = (table, lens, cu, max(q_lens), int(lens.max()), 1 / math.sqrt(hd))
+    ref32 = reference.paged_attention(q.float(), k.float(), v.float(), *args)
+    lowp = reference.paged_attention(q, k, v, *args)
+    d, cuda = 3, _cuda()
+    out = torch.full_like(q, float("nan"))
+    assert cuda.paged_attention(q[:d], k, v, table[:d], lens[:d], cu[:d + 1], 1, int(lens[:d].max()),
+                                1 / math.sqrt(hd), out=out[:d]).data_ptr() == out.data_ptr()
+    cuda.paged_attention(q[d:], k, v, table[d:], lens[d:], cu[d:] - cu[d], max(q_lens[d:]), int(lens[d:].max()),
+                         1 / math.sqrt(hd), out=out[d:])
+    assert_close(out, ref32, lowp, q, torch.bfloat16)
+    torch.library.opcheck(torch.ops.minfer.paged_attention_into,
+                          (torch.empty_like(q[d:]), q[d:], k, v, table[d:], lens[d:], cu[d:] - cu[d], max(q_lens[d:]),
+                           int(lens[d:].max()), 0.125, False, 0))
+    with pytest.raises(RuntimeError, match="out must be a contiguous"):
+        cuda.paged_attention(q, k, v, *args, out=out[:, :4])
+    with pytest.raises(RuntimeError, match="out must have q's dtype"):
+        cuda.paged_attention(q, k, v, *args, out=out.half())
+    with pytest.raises(RuntimeError, match="out must be on q's device"):
+        cuda.paged_attention(q, k, v, *args, out=out.cpu())
+
+
+@pytest.mark.gpu
 def test_cuda_paged_bad_inputs():
     cuda = _cuda()
     q, k, v, table, lens, cu = cuda_case([1, 1], [10, 3], 8, 2, 64, torch.bfloat16)

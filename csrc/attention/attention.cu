@@ -89,10 +89,13 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at
   return out;
 }
 
-at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                           const at::Tensor& block_table, const at::Tensor& seq_lens,
-                           const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                           double scale, bool stable_prefix, int64_t window) {
+namespace {
+
+// paged_attention into out (nullptr: a new [tokens, heads, head_dim] tensor), which it returns.
+at::Tensor paged_attention_impl(const at::Tensor* out_in, const at::Tensor& q_in, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                double scale, bool stable_prefix, int64_t window) {
   MINFER_CHECK_CUDA(q_in);
   for (const at::Tensor* t : {&k_cache, &v_cache, &block_table, &seq_lens, &cu_seqlens_q}) {
     MINFER_CHECK_CUDA(*t);
@@ -142,7 +145,16 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
               " and block_table ", block_table.sizes());
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
-  auto out = q.new_empty({tokens, heads, head_dim});  // [tokens, heads, head_dim]
+  if (out_in != nullptr) {
+    MINFER_CHECK(out_in->device() == q_in.device(), "paged_attention_into: out must be on q's device (", q_in.device(),
+                "), got ", out_in->device());
+    MINFER_CHECK(out_in->scalar_type() == q_in.scalar_type(), "paged_attention_into: out must have q's dtype (",
+                q_in.scalar_type(), "), got ", out_in->scalar_type());
+    MINFER_CHECK(out_in->sizes() == q_in.sizes() && out_in->is_contiguous(),
+                "paged_attention_into: out must be a contiguous [tokens, heads, head_dim] = ", q_in.sizes(),
+                " tensor, got ", out_in->sizes(), " with strides ", out_in->strides());
+  }
+  at::Tensor out = out_in != nullptr ? *out_in : q.new_empty({tokens, heads, head_dim});  // [tokens, heads, head_dim]
   if (out.numel() == 0 || batch == 0) return out;
   if (max_seqlen_q == 1 && tokens == batch) {  // a decode step: one query per sequence
     attn::flash_decode_paged(q, k_cache, v_cache, block_table, seq_lens, static_cast<int>(max_seqlen_k), scale,
@@ -167,6 +179,24 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   p.scale_log2 = static_cast<float>(scale) * attn::kLog2e;
   attn::flash_prefill(p, q.scalar_type(), head_dim, /*causal=*/true, batch, heads, c10::cuda::getCurrentCUDAStream());
   return out;
+}
+
+}  // namespace
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_table, const at::Tensor& seq_lens,
+                           const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                           double scale, bool stable_prefix, int64_t window) {
+  return paged_attention_impl(nullptr, q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q,
+                              max_seqlen_k, scale, stable_prefix, window);
+}
+
+void paged_attention_into(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
+                          const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
+                          bool stable_prefix, int64_t window) {
+  paged_attention_impl(&out, q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+                       scale, stable_prefix, window);
 }
 
 std::string attention_decode_plan(const at::Tensor& q, const at::Tensor& k_cache, int64_t length,

@@ -277,6 +277,12 @@ def _paged_attention_fake(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens
     return q.new_empty(q.shape)  # [tokens, heads, head_dim], contiguous
 
 
+@torch.library.register_fake("minfer::paged_attention_into")
+def _paged_attention_into_fake(out, q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+                               scale, stable_prefix=False, window=0):
+    return None
+
+
 ATTENTION_HEAD_DIMS = (64, 128, 256)  # what the prefill and decode kernels are built for
 
 
@@ -298,16 +304,22 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                    scale: float, window: int | None = None, stable_prefix: bool = False) -> torch.Tensor:
+                    scale: float, window: int | None = None, stable_prefix: bool = False,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     # As reference.paged_attention. One query per sequence runs the split-KV decode through the block table,
     # anything else the ragged flash prefill. Pages hold a multiple of 16 keys. stable_prefix (decode only):
     # seq_lens, the block table and every cache row but each sequence's newest were written before the
-    # kernels just ahead of this one (the engine's decode step), as attention()'s promise.
+    # kernels just ahead of this one (the engine's decode step), as attention()'s promise. out: a contiguous
+    # [tokens, heads, head_dim] tensor (a slice of a bigger one) the kernels write, returned.
     if q.dtype == torch.float32:
         return reference.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q,
-                                         max_seqlen_k, scale, window=window)
-    return _ops.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
-                                float(scale), stable_prefix, _window(window))
+                                         max_seqlen_k, scale, window=window, out=out)
+    args = (q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k, float(scale),
+            stable_prefix, _window(window))
+    if out is None:
+        return _ops.paged_attention(*args)
+    _ops.paged_attention_into(out, *args)
+    return out
 
 
 def _window(window: int | None) -> int:

@@ -141,7 +141,8 @@ def paged_kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                    scale: float, window: int | None = None, stable_prefix: bool = False) -> torch.Tensor:
+                    scale: float, window: int | None = None, stable_prefix: bool = False,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     # Causal attention of each sequence's new queries over its pages: prefill chunks at any start and
     # decode (one query) in one call. window: a query at position p sees only keys p - window < key <= p.
     # q [tokens, heads, head_dim]: sequence b's queries are q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]], the last
@@ -149,7 +150,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # kv_heads, head_dim]; block_table [batch, max_pages] int32: page j of sequence b holds its positions
     # j * page_size ...; entries past a sequence's pages are ignored. max_seqlen_q / max_seqlen_k: host ints,
     # the largest query count and seq_len in the batch (sizes without a device sync). stable_prefix: the
-    # cuda kernel's scheduling promise (ops/cuda.py), nothing here.
+    # cuda kernel's scheduling promise (ops/cuda.py), nothing here. out: a [tokens, heads, head_dim] tensor to
+    # write the result into, returned.
     # -> [tokens, heads, head_dim]
     tokens, heads, hd = q.shape
     batch, page = block_table.shape[0], k_cache.shape[1]
@@ -179,9 +181,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     mask = (key[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :, 0, 0]  # [batch, max_q, max_k]
     if window is not None:
         mask &= key[None, None, :] > q_pos[:, :, None] - window
-    out = F.scaled_dot_product_attention(qp[:batch].transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
-    out = torch.cat([out.transpose(1, 2), torch.zeros_like(qp[batch:])])  # [batch + 1, max_q, heads, head_dim]
-    return out[seq_of, row]  # [tokens, heads, head_dim]
+    o = F.scaled_dot_product_attention(qp[:batch].transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
+    o = torch.cat([o.transpose(1, 2), torch.zeros_like(qp[batch:])])  # [batch + 1, max_q, heads, head_dim]
+    o = o[seq_of, row]  # [tokens, heads, head_dim]
+    return o if out is None else out.copy_(o)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
