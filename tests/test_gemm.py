@@ -169,7 +169,8 @@ PLANS = [
     (4097, 576, 1536, "sm90"), (144, 2048, 8192, "sm90 small-M split=(8 cluster=[28]|7 cluster=7)"),
     (192, 28672, 4096, "sm90 small-M"),
     (144, 16384, 2048, "sm90"),
-    (160, 6144, 4096, "sm90"), (193, 4096, 14336, "sm90"), (192, 3072, 576, "sm90"),
+    (160, 6144, 4096, "sm90"), (193, 4096, 14336, "sm90 split=2 cluster=2"), (192, 3072, 576, "sm90"),
+    (256, 4096, 4096, "sm90 split=2 cluster=2"), (256, 6144, 4096, "sm90"), (144, 2048, 2048, "sm90 split=[234] cluster=[234]"),
 ]
 
 
@@ -296,6 +297,36 @@ def test_sm90_tails_persistent_epilogue(mnk, dtype):
     c = _rand(m, n, dtype=dtype)
     ours = ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90")
     _check(ours, torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5), 0.5 * prod64 + 1.5 * c.double(), dtype)
+
+
+# The persistent kernel's split-K (tiles that fill at most half the SMs, 2-4 CTAs a tile in a cluster, each at least
+# 8 K steps): on 132 SMs 256 x 1000 x 2048 is 16 tiles x 4, 200 x 520 x 4104 10 x 4 (M, N and K tails), 144 x 2048 x
+# 2048 32 x 3 (32 clusters of 4 do not fit on the H200 measured; ranges of 10 and 11 steps), 256 x 4096 x 1032 64 x 2
+# (ranges of 8 and 9 steps), 129 x 257 x 1000 6 x 2 (odd N: element-wise stores), 300 x 2056 x 2056 51 x 2. Each
+# rank stores its own 64-column chunks (rank 2 of 3 none), the partials summed in rank order, so a second call gives
+# the same bits.
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="sm90 path needs Hopper")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mnk", [(256, 1000, 2048), (200, 520, 4104), (144, 2048, 2048), (256, 4096, 1032),
+                                 (129, 257, 1000), (300, 2056, 2056)])
+def test_sm90_persistent_split_k(mnk, dtype):
+    ops = _ops()
+    m, n, k = mnk
+    x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        plan = torch.ops.minfer.linear_plan(x, w, "sm90").split(" grid=")[0]
+        assert re.fullmatch(r"sm90 split=[234] cluster=[234]", plan), f"{m} x {n} x {k}: the launcher picks {plan!r}"
+    prod64 = x.double() @ w.double().t()
+    _nan_next(m, n, dtype)
+    out = ops.linear(x, w, bias, "sm90")
+    _check(out, F.linear(x, w, bias), prod64 + bias.double(), dtype)
+    _nan_next(m, n, dtype)
+    assert torch.equal(ops.linear(x, w, bias, "sm90"), out)
+    c = _rand(m, n, dtype=dtype)
+    _nan_next(m, n, dtype)
+    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
+           0.5 * prod64 + 1.5 * c.double(), dtype)
 
 
 # sm90 at M <= 128, and up to 192 where K is long: 128-row tiles of W against BN = 8..128,

@@ -80,10 +80,11 @@ int resident_ctas() {
 // arch it was compiled for (a compute_80 PTX JIT-compiled for Hopper has no griddepcontrol.wait).
 // The version is looked up once per kernel signature: every kernel of a signature is built for the
 // same archs.
-// cluster > 1: CTAs in clusters of that many along x (the grid a multiple of it).
+// cluster > 1: CTAs in clusters of that many along x (the grid a multiple of it). pdl = false: a plain
+// (cluster) launch, for kernels that do not wait on the previous one.
 template <typename Kernel, typename... Args>
-void launch_pdl_cluster(Kernel kernel, int cluster, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                        Args... args) {
+void launch_ex(Kernel kernel, bool pdl, int cluster, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+               Args... args) {
   static const int ptx_version = [&] {
     cudaFuncAttributes attr;
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -96,7 +97,7 @@ void launch_pdl_cluster(Kernel kernel, int cluster, dim3 grid, dim3 block, size_
   config.stream = stream;
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
-  if (ptx_version >= 90) {
+  if (pdl && ptx_version >= 90) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -109,8 +110,13 @@ void launch_pdl_cluster(Kernel kernel, int cluster, dim3 grid, dim3 block, size_
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 template <typename Kernel, typename... Args>
+void launch_pdl_cluster(Kernel kernel, int cluster, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        Args... args) {
+  launch_ex(kernel, true, cluster, grid, block, smem, stream, args...);
+}
+template <typename Kernel, typename... Args>
 void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
-  launch_pdl_cluster(kernel, 1, grid, block, smem, stream, args...);
+  launch_ex(kernel, true, 1, grid, block, smem, stream, args...);
 }
 
 // Clusters of `cluster` CTAs of kKernel (kThreads threads, kBytes of dynamic shared memory) the device holds at

@@ -85,6 +85,11 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
 // The float at shared address addr (this CTA's offset) in the shared memory of cluster CTA `rank`.
 __device__ __forceinline__ float ld_cluster_f32(uint32_t addr, uint32_t rank) {
   uint32_t remote;

@@ -122,6 +122,8 @@ void run_lowp(const Params<T, T>& p, Path path, const at::Device& device, const 
         if (plan) {
           *plan = !small_m ? "sm90" : "sm90 small-M";
           if (small_m && small.splits > 1) *plan += " split=" + num(small.splits) + " cluster=" + num(small.cluster);
+          const int splits = small_m ? 1 : sm90_persistent_plan(p.M, p.N, p.K, sms).splits;
+          if (splits > 1) *plan += " split=" + num(splits) + " cluster=" + num(splits);
           return;
         }
         at::Tensor ws, own_counters;

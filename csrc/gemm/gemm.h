@@ -59,9 +59,18 @@ struct Sm90SmallM {
   int cluster;         // split-K in clusters of this many CTAs summing through shared memory (splits, or 2); 1: none
 };
 Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms);
+// The persistent sm90 kernel's tiles (M > 128 outside sm90_small_m): 128 x bn, one CTA an SM at most; where they
+// fill at most half the SMs, split-K in clusters of `splits` CTAs a tile summing through shared memory.
+struct Sm90Persistent {
+  int bn;         // 128, 144 or 256
+  int64_t tiles;  // 128 x bn output tiles
+  int splits;     // CTAs a tile (grid = tiles x splits, clusters of splits); 1: none
+  int grid;
+};
+Sm90Persistent sm90_persistent_plan(int M, int N, int K, int sms);
 // sm90, sak = sbk = 1, 16B rows. small (sm90_small_m_plan's, where sm90_small_m): W as the wgmma M operand,
 // stream-K (or split-K) over at most sms CTAs, with the fp32 workspace and the zeroed per-tile counters the plan
-// sizes (split-K in clusters needs neither); null: persistent, min(tiles, sms) CTAs (ws and counters unused).
+// sizes (split-K in clusters needs neither); null: persistent (sm90_persistent_plan; ws and counters unused).
 template <typename T>
 void launch_sm90(const Params<T, T>& p, cudaStream_t s, int sms, const Sm90SmallM* small, float* ws, int* counters);
 void launch_simt(const Params<float, float>& p, cudaStream_t s);               // any strides

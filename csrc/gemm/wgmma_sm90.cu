@@ -12,7 +12,8 @@
 // is a +32 B start address.
 // Persistent: min(tiles, SMs) CTAs each walk tiles blockIdx.x, + gridDim.x, ... in a grouped order
 // (tile_origin); the mbarrier ring runs on across tiles, so the producer loads the next tile while
-// the consumers store this one.
+// the consumers store this one. Where the tiles fill at most half the SMs (M 129-256 on narrow W), a tile's
+// K is split over a cluster of 2-4 CTAs that sum through distributed shared memory (sm90_persistent_plan).
 // Epilogue: alpha, bias and beta * C are applied in fp32 in registers (epilogue_value; the C term is
 // compiled only into the kernels launched with a C), the rounded outputs go through a small swizzled
 // shared buffer per consumer warpgroup (not the pipeline stages, which the producer is already
@@ -119,16 +120,21 @@ struct Ring {
 
 #endif  // sm_90a
 
+// splits > 1 (split-K, where the tiles fill at most half the SMs; launch_sm90): the grid is tiles x splits CTAs in
+// clusters of `splits`, one unit each; rank q of a tile's cluster runs K steps [q num_k / S, (q + 1) num_k / S), leaves
+// its partial sums in its drained ring, and after a cluster barrier sums its own column chunks over the cluster in
+// rank order (so the sum does not depend on who adds) and stores them.
 template <typename T, int BN, bool kWithC>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                 const Params<T, T> p) {
+                 const Params<T, T> p, const int split_k) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int splits = BN <= 144 ? split_k : 1;  // BN = 256 is never split (launch_sm90) and has no registers to spare
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const uint32_t base = (smem_addr(smem_raw) + 1023) & ~1023u;  // swizzled tiles need 1024 B alignment
   const int num_m = (p.M + kBM - 1) / kBM, num_n = (p.N + BN - 1) / BN, num_tiles = num_m * num_n;
-  const int num_k = (p.K + kBK - 1) / kBK;
+  const int num_k = (p.K + kBK - 1) / kBK, num_units = num_tiles * splits;
   const int wg = threadIdx.x / 128, tid_wg = threadIdx.x % 128;
 
   if (threadIdx.x == 0) {
@@ -147,10 +153,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kProducerRegs>();
     if (tid_wg == 0) {
       Ring<kStages> ring;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
         int m0, n0;
-        tile_origin<BN>(t, num_m, num_n, m0, n0);
-        for (int kt = 0; kt < num_k; ++kt, ring.next()) {
+        tile_origin<BN>(u / splits, num_m, num_n, m0, n0);
+        const int q = u % splits;
+        for (int kt = q * num_k / splits; kt < (q + 1) * num_k / splits; ++kt, ring.next()) {
           // First pass over the ring: parity 1 of a fresh barrier counts as complete.
           mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
           const uint32_t bar = smem_addr(&full[ring.s]);
@@ -171,13 +178,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     Ring<kStages> ring;
     float acc[BN / 2];
     int epi_parity = 0;  // the staging buffer the next chunk writes
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
       int m0, n0;
-      tile_origin<BN>(t, num_m, num_n, m0, n0);
+      tile_origin<BN>(u / splits, num_m, num_n, m0, n0);
+      const int rank = u % splits;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
       int prev = -1;  // the stage whose wgmmas may still be reading it
-      for (int kt = 0; kt < num_k; ++kt, ring.next()) {
+      for (int kt = rank * num_k / splits; kt < (rank + 1) * num_k / splits; ++kt, ring.next()) {
         mbar_wait(smem_addr(&full[ring.s]), ring.phase);
         const uint32_t sa = base + ring.s * stage_bytes<BN>() + c * 64 * 128, sb = base + ring.s * stage_bytes<BN>() + kATileBytes;
         wgmma_fence();  // orders the accumulator registers (zeroed or read back) before the wgmmas
@@ -192,6 +200,36 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (prev >= 0 && tid_wg == 0) mbar_arrive(smem_addr(&empty[prev]));
 
+      constexpr int kCols = epi_cols<BN>(), kChunks = kCols / 8;
+      if (splits > 1) {
+        // Every partial into the drained ring, thread-major (conflict-free), once both warpgroups' last wgmmas have
+        // read it (one unit a CTA: the producer is done). Each rank then sums its chunks' registers over the
+        // cluster in rank order into its own copy and reads them back. The loops stay rolled: this code runs once
+        // a CTA, and unrolled per register its instruction fetch cost more than the split saved.
+        named_bar_sync(3, 256);
+        const uint32_t part = base + (threadIdx.x - 128) * 4;
+#pragma unroll
+        for (int r = 0; r < BN / 2; ++r) st_shared_f32(part + r * 1024, acc[r]);
+        cluster_sync();
+        for (int q = rank; q < BN / kCols; q += splits)
+#pragma unroll 1
+          for (int r0 = q * kCols / 2; r0 < (q + 1) * kCols / 2; r0 += 8) {
+            float v[8] = {};
+            for (int o = 0; o < splits; ++o) {
+              float x[8];
+#pragma unroll
+              for (int e = 0; e < 8; ++e) x[e] = ld_cluster_f32(part + (r0 + e) * 1024, o);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) v[e] += x[e];
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) st_shared_f32(part + (r0 + e) * 1024, v[e]);
+          }
+        cluster_sync();  // the sums are in; no CTA leaves while another still reads its ring
+#pragma unroll
+        for (int r = 0; r < BN / 2; ++r) acc[r] = ld_shared_f32(part + r * 1024);
+      }
+
       // Epilogue, per chunk of kCols (64, or 48 at BN = 144) columns: registers -> shared (final values
       // in T) -> global in 16-byte stores, a warp writing whole row segments at a time.
       // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8;
@@ -200,11 +238,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // warp stores to at once fall in different banks. The two buffers alternate chunk by chunk, across
       // tiles too: one is rewritten two chunks later, after every thread of the warpgroup has passed
       // the barrier of the chunk in between.
-      constexpr int kCols = epi_cols<BN>(), kChunks = kCols / 8;
       static_assert(BN % kCols == 0 && 64 * kChunks % 128 == 0, "whole chunks, whole store rounds");
 #pragma unroll
-      for (int q = 0; q < BN / kCols; ++q, epi_parity ^= 1) {
+      for (int q = 0; q < BN / kCols; ++q) {
+        if (q % splits != rank) continue;  // another rank of the cluster stores it
         uint8_t* buf = epi + epi_parity * kEpiBufBytes;
+        epi_parity ^= 1;
 #pragma unroll
         for (int jj = 0; jj < kChunks; ++jj)
 #pragma unroll
@@ -519,14 +558,22 @@ CUtensorMap make_pair_map(const T* ptr, int inter, int K, int64_t row_stride) {
   return map;
 }
 
+// splits > 1: grid = tiles x splits, in clusters of splits (wgmma_kernel).
 template <typename T, int BN, bool kWithC>
-void launch(const Params<T, T>& p, cudaStream_t stream, int grid, const CUtensorMap& map_a) {
+void launch(const Params<T, T>& p, cudaStream_t stream, int grid, int splits, const CUtensorMap& map_a) {
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_b = make_map(p.B, p.N, k_map, p.sbn > 0 ? p.sbn : k_map, BN);
   constexpr auto kernel = wgmma_kernel<T, BN, kWithC>;
   allow_smem<kernel, smem_bytes<BN>()>();
-  kernel<<<grid, kThreads, smem_bytes<BN>(), stream>>>(map_a, map_b, p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_ex(kernel, false, splits, dim3(grid), dim3(kThreads), smem_bytes<BN>(), stream, map_a, map_b, p, splits);
+}
+
+// Whether `clusters` clusters of `cluster` persistent-kernel CTAs at BN fit the device at once.
+template <int BN>
+bool clusters_fit(int cluster, int64_t clusters) {
+  constexpr auto kernel = wgmma_kernel<__nv_bfloat16, BN, false>;  // a BN's instances: the same resources
+  allow_smem<kernel, smem_bytes<BN>()>();
+  return resident_clusters<kernel, kThreads, smem_bytes<BN>()>(cluster) >= clusters;
 }
 
 // The small-M kernel, launched as a programmatic dependent of the previous kernel in the stream (its
@@ -639,6 +686,34 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
   return plan;
 }
 
+Sm90Persistent sm90_persistent_plan(int M, int N, int K, int sms) {
+  // One CTA per SM, or fewer when there are fewer tiles. The busiest CTA runs ceil(tiles / sms) tiles and a
+  // tile's time goes about with its width, a narrower one's a bit more per column (its wgmmas read 1.2x the
+  // shared-memory bytes per FLOP): cost = rounds x BN x (1 or 1.15). 128 wins where it needs fewer rounds (512 x
+  // 4096: one round of 128 tiles against one of 64 twice as long); 144, considered only where it tiles N exactly,
+  // where 256 pads and idles SMs (M = 4096, N = 576: 128 tiles in one round, against 96 tiles of 256 with a third
+  // of their columns padding).
+  const int64_t m_tiles = (int64_t(M) + kBM - 1) / kBM;
+  auto tiles_of = [&](int bn) { return m_tiles * ((int64_t(N) + bn - 1) / bn); };
+  auto cost = [&](int bn) { return double((tiles_of(bn) + sms - 1) / sms) * bn * (bn == 256 ? 1.0 : 1.15); };
+  Sm90Persistent plan{};
+  plan.bn = cost(128) < cost(256) ? 128 : 256;
+  if (N % 144 == 0 && cost(144) < cost(plan.bn)) plan.bn = 144;
+  plan.tiles = tiles_of(plan.bn);
+  // Split-K in clusters where the tiles fill at most half the SMs (M 129-256 on a decode step's narrow W): up to
+  // 4 CTAs a tile, each at least 8 K steps (K = 0 is one zero-filled step).
+  plan.splits = 1;
+  if (plan.bn != 256 && plan.tiles * 2 <= sms) {
+    const int64_t k_steps = std::max<int64_t>(1, (int64_t(K) + kBK - 1) / kBK);
+    int s = static_cast<int>(std::min<int64_t>({sms / plan.tiles, 4, k_steps / 8}));
+    auto fit = [&](int c) { return plan.bn == 128 ? clusters_fit<128>(c, plan.tiles) : clusters_fit<144>(c, plan.tiles); };
+    while (s > 1 && !fit(s)) --s;
+    plan.splits = std::max(s, 1);
+  }
+  plan.grid = static_cast<int>(plan.splits > 1 ? plan.tiles * plan.splits : std::min<int64_t>(plan.tiles, sms));
+  return plan;
+}
+
 template <typename T>
 void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, const Sm90SmallM* small, float* ws,
                  int* counters) {
@@ -651,24 +726,14 @@ void launch_sm90(const Params<T, T>& p, cudaStream_t stream, int sms, const Sm90
   // K = 0 would give a zero-sized map: treat it as one zero-filled K tile instead.
   const int k_map = p.K > 0 ? p.K : 8;
   const CUtensorMap map_a = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, kBM);
-  // Persistent: one CTA per SM, or fewer when there are fewer tiles. The busiest CTA runs
-  // ceil(tiles / sms) tiles and a tile's time goes about with its width, a narrower one's a bit more
-  // per column (its wgmmas read 1.2x the shared-memory bytes per FLOP): cost = rounds x BN x (1 or
-  // 1.15). 128 wins where it needs fewer rounds (512 x 4096: one round of 128 tiles against one of 64
-  // twice as long); 144, considered only where it tiles N exactly, where 256 pads and idles SMs (M = 4096,
-  // N = 576: 128 tiles in one round, against 96 tiles of 256 with a third of their columns padding).
-  const int64_t m_tiles = (p.M + kBM - 1) / kBM;
-  auto tiles_of = [&](int bn) { return m_tiles * ((p.N + bn - 1) / bn); };
-  auto cost = [&](int bn) { return double((tiles_of(bn) + sms - 1) / sms) * bn * (bn == 256 ? 1.0 : 1.15); };
-  int bn = cost(128) < cost(256) ? 128 : 256;
-  if (p.N % 144 == 0 && cost(144) < cost(bn)) bn = 144;
-  const int64_t tiles = tiles_of(bn);
-  MINFER_CHECK(tiles < (int64_t(1) << 31), "linear: sm90 path: too many output tiles (" + std::to_string(tiles) + ")");
-  const int grid = static_cast<int>(std::min<int64_t>(tiles, sms));
+  const Sm90Persistent plan = sm90_persistent_plan(p.M, p.N, p.K, sms);
+  MINFER_CHECK(plan.tiles < (int64_t(1) << 31) / plan.splits,
+               "linear: sm90 path: too many output tiles (" + std::to_string(plan.tiles) + ")");
   // The C term of the epilogue is compiled in only where there is a C (gemm with beta != 0).
-  if (bn == 128) (p.C ? launch<T, 128, true> : launch<T, 128, false>)(p, stream, grid, map_a);
-  else if (bn == 144) (p.C ? launch<T, 144, true> : launch<T, 144, false>)(p, stream, grid, map_a);
-  else (p.C ? launch<T, 256, true> : launch<T, 256, false>)(p, stream, grid, map_a);
+  const int bn = plan.bn, grid = plan.grid, splits = plan.splits;
+  if (bn == 128) (p.C ? launch<T, 128, true> : launch<T, 128, false>)(p, stream, grid, splits, map_a);
+  else if (bn == 144) (p.C ? launch<T, 144, true> : launch<T, 144, false>)(p, stream, grid, splits, map_a);
+  else (p.C ? launch<T, 256, true> : launch<T, 256, false>)(p, stream, grid, splits, map_a);
 }
 template void launch_sm90<__half>(const Params<__half, __half>&, cudaStream_t, int, const Sm90SmallM*, float*,
                                   int*);
