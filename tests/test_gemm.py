@@ -299,6 +299,22 @@ def test_sm90_tails_persistent_epilogue(mnk, dtype):
     _check(ours, torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5), 0.5 * prod64 + 1.5 * c.double(), dtype)
 
 
+def _check_sm90_split(ops, x, w, bias, dtype):
+    """linear and gemm (alpha, beta * C) on the sm90 path against fp64, into NaN-poisoned outputs; a second linear
+    gives the same bits (split partials are summed in a fixed order, and the counters are zero again)."""
+    m, n = x.shape[0], w.shape[0]
+    prod64 = x.double() @ w.double().t()
+    _nan_next(m, n, dtype)
+    out = ops.linear(x, w, bias, "sm90")
+    _check(out, F.linear(x, w, bias), prod64 + bias.double(), dtype)
+    _nan_next(m, n, dtype)
+    assert torch.equal(ops.linear(x, w, bias, "sm90"), out)
+    c = _rand(m, n, dtype=dtype)
+    _nan_next(m, n, dtype)
+    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
+           0.5 * prod64 + 1.5 * c.double(), dtype)
+
+
 # The persistent kernel's split-K (tiles that fill at most half the SMs, 2-4 CTAs a tile in a cluster, each at least
 # 8 K steps): on 132 SMs 256 x 1000 x 2048 is 16 tiles x 4, 200 x 520 x 4104 10 x 4 (M, N and K tails), 144 x 2048 x
 # 2048 32 x 3 (32 clusters of 4 do not fit on the H200 measured; ranges of 10 and 11 steps), 256 x 4096 x 1032 64 x 2
@@ -317,16 +333,7 @@ def test_sm90_persistent_split_k(mnk, dtype):
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:
         plan = torch.ops.minfer.linear_plan(x, w, "sm90").split(" grid=")[0]
         assert re.fullmatch(r"sm90 split=[234] cluster=[234]", plan), f"{m} x {n} x {k}: the launcher picks {plan!r}"
-    prod64 = x.double() @ w.double().t()
-    _nan_next(m, n, dtype)
-    out = ops.linear(x, w, bias, "sm90")
-    _check(out, F.linear(x, w, bias), prod64 + bias.double(), dtype)
-    _nan_next(m, n, dtype)
-    assert torch.equal(ops.linear(x, w, bias, "sm90"), out)
-    c = _rand(m, n, dtype=dtype)
-    _nan_next(m, n, dtype)
-    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
-           0.5 * prod64 + 1.5 * c.double(), dtype)
+    _check_sm90_split(ops, x, w, bias, dtype)
 
 
 # sm90 at M <= 128, and up to 192 where K is long: 128-row tiles of W against BN = 8..128,
@@ -354,18 +361,7 @@ def test_sm90_small_m_stream_k(m, nk, dtype):
     ops = _ops()
     n, k = nk
     x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
-    prod64 = x.double() @ w.double().t()
-    _nan_next(m, n, dtype)
-    out = ops.linear(x, w, bias, "sm90")
-    _check(out, F.linear(x, w, bias), prod64 + bias.double(), dtype)
-    # The last CTA to arrive sums a shared tile's partials in CTA order, so the result does not depend
-    # on the arrival order; a second call also finds its counters zero again.
-    _nan_next(m, n, dtype)
-    assert torch.equal(ops.linear(x, w, bias, "sm90"), out)
-    c = _rand(m, n, dtype=dtype)
-    _nan_next(m, n, dtype)
-    _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
-           0.5 * prod64 + 1.5 * c.double(), dtype)
+    _check_sm90_split(ops, x, w, bias, dtype)
 
 
 # The split-K shapes above run as planned on a 132-SM Hopper GPU, so that their cases cover each way of summing
