@@ -359,17 +359,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   // producer fills the first stages' W halves while that kernel finishes, and their X after the wait.
   // (An L2 prefetch of W here instead cost 1-3 us per call on H200.)
   const int64_t early = p.static_b ? min(int64_t(S), end - begin) : 0;
-  auto load_w = [&](uint32_t dst, uint32_t bar, int64_t i) {  // iteration i's W tile: 128 rows x 64 k
-    const int tile = int(i / sk.k_steps), k0 = int(i % sk.k_steps) * kBK;
-    if constexpr (kAct) tma_load_4d_stream(dst, &map_w, bar, k0, 0, 0, tile * (kBM / 16));  // 8 (gate 8, up 8) groups
-    else tma_load_2d_stream(dst, &map_w, bar, k0, tile * kBM);
-  };
-  if (threadIdx.x == 0)
-    for (int64_t i = begin; i < begin + early; ++i) {
-      const uint32_t bar = smem_addr(&full[i - begin]);
-      mbar_expect_tx(bar, kStage);  // the whole stage: the phase completes once X has landed too
-      load_w(base + (i - begin) * kStage, bar, i);
+  // The producer's place in the iteration space, stepped without dividing: a 64-bit division a stage is a
+  // long chain of one thread's dependent instructions ahead of each refill (64 x 4096 x 4096 15.3 -> 14.0 us, H200).
+  struct Cursor {
+    int tile, k;
+    __device__ Cursor(int64_t i, const StreamK& sk) : tile(int(i / sk.k_steps)), k(int(i % sk.k_steps)) {}
+    __device__ void next(const StreamK& sk) {
+      if (++k == sk.k_steps) k = 0, ++tile;
     }
+  };
+  auto load_w = [&](uint32_t dst, uint32_t bar, const Cursor& at) {  // W tile at.tile: 128 rows x 64 k
+    if constexpr (kAct) tma_load_4d_stream(dst, &map_w, bar, at.k * kBK, 0, 0, at.tile * (kBM / 16));  // 8 pairs of 8
+    else tma_load_2d_stream(dst, &map_w, bar, at.k * kBK, at.tile * kBM);
+  };
+  if (threadIdx.x == 0) {
+    Cursor at(begin, sk);
+    for (int s = 0; s < early; ++s, at.next(sk)) {
+      const uint32_t bar = smem_addr(&full[s]);
+      mbar_expect_tx(bar, kStage);  // the whole stage: the phase completes once X has landed too
+      load_w(base + s * kStage, bar, at);
+    }
+  }
   griddep_wait();
   griddep_launch_dependents();
   __syncthreads();
@@ -378,14 +388,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (BN > 128) setmaxnreg_dec<kProducerRegs>();
     if (tid_wg == 0) {
       Ring<S> ring;
-      for (int64_t i = begin; i < end; ++i, ring.next()) {
+      Cursor at(begin, sk);
+      for (int64_t i = begin; i < end; ++i, ring.next(), at.next(sk)) {
         const uint32_t bar = smem_addr(&full[ring.s]), sa = base + ring.s * kStage;
         if (i >= begin + early) {
           mbar_wait(smem_addr(&empty[ring.s]), ring.phase ^ 1);
           mbar_expect_tx(bar, kStage);  // whole boxes, zero-filled rows (M < BN, the N and K tails) too
-          load_w(sa, bar, i);
+          load_w(sa, bar, at);
         }
-        tma_load_2d(sa + kATileBytes, &map_x, bar, int(i % sk.k_steps) * kBK, 0);
+        tma_load_2d(sa + kATileBytes, &map_x, bar, at.k * kBK, 0);
       }
     }
     return;
