@@ -343,10 +343,11 @@ def test_sm90_persistent_split_k(mnk, dtype):
 # is 33 x 65, 4 CTAs a tile (ranges of 16 and 17 steps; an N tail of 4 rows); 12000 x 1032 is 94 x 17 over
 # 132 CTAs (ranges cross tile boundaries; an N tail); 28680 x 136 is 225 x 3 (K tail; whole and shared
 # tiles mixed); 1000 x 40 is 8 tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's
-# square. Split-K with clusters (partials summed through distributed shared memory; on 132 SMs): 8100 x 264
-# is 64 tiles x 2, a tile one pair (ranges of 2 and 3 steps, a K tail), 6000 x 4104 47 x 2 (an N tail of 112
-# rows); 4000 x 8200 is 32 x 4 in pairs whose rank 0 sums through the workspace (ranges of 32 and 33 steps, an
-# N tail of 32 rows), 4000 x 4104 32 x 3 in whole clusters of 3 (ranges of 21 and 22 steps), 2000 x 2056 16 x 8
+# square. Up to 64 rows 8100 x 264 and 6000 x 4104 take 64-row W tiles, one a CTA over all of K (127 and 94 of
+# them: N tails of 36 and 48 rows, K tails); past 64 rows, split-K with clusters (partials summed through
+# distributed shared memory; on 132 SMs): 8100 x 264 is 64 tiles x 2, a tile one pair (ranges of 2 and 3 steps, a
+# K tail), 6000 x 4104 47 x 2 (an N tail of 112 rows); 4000 x 8200 is 32 x 4 in pairs whose rank 0 sums through
+# the workspace (ranges of 32 and 33 steps, an N tail of 32 rows), 4000 x 4104 32 x 3 in whole clusters of 3 (ranges of 21 and 22 steps), 2000 x 2056 16 x 8
 # in pairs (16 clusters of 7 do not fit on the H200 measured); 3000 x 12296 is 24 x 5 without clusters (ranges of
 # 38 and 39 steps), 3000 x 1032 24 x 4 in whole clusters of 4. Above M = 128 the shorter K take the persistent
 # kernel.
@@ -365,7 +366,8 @@ def test_sm90_small_m_stream_k(m, nk, dtype):
 
 
 # The split-K shapes above run as planned on a 132-SM Hopper GPU, so that their cases cover each way of summing
-# (whole clusters of 4, 5 or 8 fit on some chips and not on others: the H200 measured holds 30, none and 15).
+# (whole clusters of 4, 5 or 8 fit on some chips and not on others: the H200 measured holds 30, none and 15), and the
+# first two run on 64-row W tiles up to 64 rows.
 @pytest.mark.parametrize("n, k, plan", [(8100, 264, "split=2 cluster=2"), (6000, 4104, "split=2 cluster=2"),
                                         (4000, 8200, "split=4 cluster=[24]"), (4000, 4104, "split=(4 cluster=[24]|3 cluster=3)"),
                                         (2000, 2056, "split=(8 cluster=[28]|7 cluster=7)"),
@@ -377,7 +379,8 @@ def test_sm90_small_m_split_plan(n, k, plan):
     for m in (1, 64, 128):
         x, w = torch.empty(m, k, device=DEV, dtype=torch.float16), torch.empty(n, k, device=DEV, dtype=torch.float16)
         got = torch.ops.minfer.linear_plan(x, w, "sm90")
-        assert re.fullmatch("sm90 small-M " + plan, got), f"{m} x {n} x {k}: the launcher picks {got!r}"
+        want = "w_rows=64" if m <= 64 and n in (8100, 6000) else plan
+        assert re.fullmatch(f"sm90 small-M {want}", got), f"{m} x {n} x {k}: the launcher picks {got!r}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -118,10 +118,12 @@ void run_lowp(const Params<T, T>& p, Path path, const at::Device& device, const 
       {
         const int sms = sm_count(device.index());
         const bool small_m = sm90_small_m(p.M, p.N, p.K);
-        const Sm90SmallM small = small_m ? sm90_small_m_plan(p.M, p.N, p.K, sms) : Sm90SmallM{};
+        const bool plain = p.act == kActNone && !p.C;
+        const Sm90SmallM small = small_m ? sm90_small_m_plan(p.M, p.N, p.K, sms, plain) : Sm90SmallM{};
         if (plan) {
           *plan = !small_m ? "sm90" : "sm90 small-M";
           if (small_m && small.splits > 1) *plan += " split=" + num(small.splits) + " cluster=" + num(small.cluster);
+          if (small_m && small.w_rows == 64) *plan += " w_rows=64";
           const int splits = small_m ? 1 : sm90_persistent_plan(p.M, p.N, p.K, sms).splits;
           if (splits > 1) *plan += " split=" + num(splits) + " cluster=" + num(splits);
           return;

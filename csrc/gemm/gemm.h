@@ -53,12 +53,14 @@ bool sm90_small_m_act(int M, int N);
 struct Sm90SmallM {
   int bn;              // activation rows per tile: the smallest of 8, 16, 32, 64, 128, 144, 192 >= M
   int grid;            // CTAs, one per SM at most
-  int64_t tiles;       // 128-row tiles of W: the counters needed
+  int64_t tiles;       // tiles of W: the counters needed
   int64_t ws_floats;   // workspace: grid x 2 partial tiles of 128 x bn (0 where a tile is one cluster)
   int splits;          // split-K: CTAs a tile (grid = tiles x splits); 1: stream-K
   int cluster;         // split-K in clusters of this many CTAs summing through shared memory (splits, or 2); 1: none
+  int w_rows = 128;    // W rows a tile: 128, or 64 (one consumer warpgroup, a whole tile a CTA, no partials)
 };
-Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms);
+// plain: a plan for the plain linear's epilogue (no activation, no C), which alone takes 64-row W tiles.
+Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms, bool plain = false);
 // The persistent sm90 kernel's tiles (M > 128 outside sm90_small_m): 128 x bn, one CTA an SM at most; where they
 // fill at most half the SMs, split-K in clusters of `splits` CTAs a tile summing through shared memory.
 struct Sm90Persistent {

@@ -302,6 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // kAct (linear_act, M 32-64, sm90_small_m_act): W is gate | up, loaded through make_pair_map so that a tile's rows
 // are 8 gate rows and their 8 up rows, 8 times over; a thread's registers 4 j + e and 4 j + 2 + e (e < 2) are then
 // one output's gate and up, and the epilogue stores act(gate) * up (store_gated): the activation's launch is spared.
+// kWG = 1 (the plain linear at M <= 64 where 64-row tiles of W fill 7/10 of the SMs or more, sm90_small_m_plan): a tile
+// is 64 rows of W for one consumer warpgroup, one tile a CTA over all of K, with no partials to sum.
 struct StreamK {
   float* ws;       // [grid][2][kBM * BN] partial tiles: a CTA's first (0) and last (1) tile
   int* counters;   // [tiles], zero between launches (the last sharer of a tile resets it)
@@ -310,19 +312,20 @@ struct StreamK {
   int cluster;     // split-K in clusters of this many CTAs (S: ws and counters unused; 2 of S: pairs); 1: none
 };
 
-template <int BN>
+// kWG consumer warpgroups, each 64 rows of a W tile: 2 (128-row tiles) or 1 (64-row tiles, whole K a CTA).
+template <int BN, int kWG = 2>
 constexpr int small_m_stage_bytes() {
-  return kATileBytes + BN * kBK * 2;  // W 128 x 64 (16 KB) + X BN x 64
+  return kWG * 64 * kBK * 2 + BN * kBK * 2;  // W 128 (or 64) x 64 + X BN x 64
 }
 // As many stages as ~200 KB holds: 11 at BN = 8 and 16 (~176 KB of W in flight), 8 at 64, 6 at 128, 5 at
 // 144 and 192. Past BN = 128 setmaxnreg moves the producer's registers to the consumers, as in wgmma_kernel.
-template <int BN>
+template <int BN, int kWG = 2>
 constexpr int small_m_stages() {
-  return std::min(16, 200 * 1024 / small_m_stage_bytes<BN>());
+  return std::min(16, 200 * 1024 / small_m_stage_bytes<BN, kWG>());
 }
-template <int BN>
+template <int BN, int kWG = 2>
 constexpr int small_m_smem_bytes() {
-  return small_m_stages<BN>() * small_m_stage_bytes<BN>() + 1024;
+  return small_m_stages<BN, kWG>() * small_m_stage_bytes<BN, kWG>() + 1024;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -333,12 +336,14 @@ __device__ __forceinline__ int range_owner(int64_t i, int64_t iters, int grid) {
 }
 #endif
 
-template <typename T, int BN, bool kWithC, bool kAct>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int BN, bool kWithC, bool kAct, int kWG = 2>
+__global__ void __launch_bounds__(128 * (1 + kWG), 1)
     small_m_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
                    const Params<T, T> p, const StreamK sk) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int S = small_m_stages<BN>(), kStage = small_m_stage_bytes<BN>(), kTile = kBM * BN;
+  static_assert(kWG == 2 || (!kAct && !kWithC), "64-row W tiles: the plain linear's epilogue only");
+  constexpr int S = small_m_stages<BN, kWG>(), kStage = small_m_stage_bytes<BN, kWG>(), kTile = kBM * BN;
+  constexpr int kWRows = 64 * kWG, kWBytes = kWRows * kBK * 2;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[S], empty[S];
   __shared__ int s_last;
@@ -350,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(smem_addr(&full[s]), 1);
-      mbar_init(smem_addr(&empty[s]), 2);
+      mbar_init(smem_addr(&empty[s]), kWG);
     }
     mbar_init_fence();
   }
@@ -368,9 +373,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (++k == sk.k_steps) k = 0, ++tile;
     }
   };
-  auto load_w = [&](uint32_t dst, uint32_t bar, const Cursor& at) {  // W tile at.tile: 128 rows x 64 k
+  auto load_w = [&](uint32_t dst, uint32_t bar, const Cursor& at) {  // W tile at.tile: kWRows rows x 64 k
     if constexpr (kAct) tma_load_4d_stream(dst, &map_w, bar, at.k * kBK, 0, 0, at.tile * (kBM / 16));  // 8 pairs of 8
-    else tma_load_2d_stream(dst, &map_w, bar, at.k * kBK, at.tile * kBM);
+    else tma_load_2d_stream(dst, &map_w, bar, at.k * kBK, at.tile * kWRows);
   };
   if (threadIdx.x == 0) {
     Cursor at(begin, sk);
@@ -396,14 +401,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_expect_tx(bar, kStage);  // whole boxes, zero-filled rows (M < BN, the N and K tails) too
           load_w(sa, bar, at);
         }
-        tma_load_2d(sa + kATileBytes, &map_x, bar, at.k * kBK, 0);
+        tma_load_2d(sa + kWBytes, &map_x, bar, at.k * kBK, 0);
       }
     }
     return;
   }
   if constexpr (BN > 128) setmaxnreg_inc<kConsumerRegs>();  // 72 or 96 accumulators a thread
 
-  // Consumers: warpgroup c owns W rows [64 c, 64 c + 64) of the tile; tc numbers the 256 threads.
+  // Consumers: warpgroup c owns W rows [64 c, 64 c + 64) of the tile; tc numbers the 256 threads (kWG = 2).
   const int c = wg - 1, tc = threadIdx.x - 128;
   const int warp = tid_wg / 32, lane = tid_wg % 32, g = lane / 4, t4 = lane % 4;
   Ring<S> ring;
@@ -418,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int prev = -1;
     for (; i < seg_end; ++i, ring.next()) {
       mbar_wait(smem_addr(&full[ring.s]), ring.phase);
-      const uint32_t sa = base + ring.s * kStage + c * 64 * 128, sb = base + ring.s * kStage + kATileBytes;
+      const uint32_t sa = base + ring.s * kStage + c * 64 * 128, sb = base + ring.s * kStage + kWBytes;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64k16<T, BN>(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32));
@@ -435,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // and activation row 8 j + 2 t4 + (e & 1), i.e. D[m][n] with n along W. Lanes of one t4 write 8
     // neighbouring n (16 bytes); D is M x N, small next to W.
     // With kAct, registers r and r + 2 (r % 4 < 2) are gate and up of output (n_base - g) / 2 + g.
-    const int n_base = tile * kBM + c * 64 + warp * 16 + g;
+    const int n_base = tile * kWRows + c * 64 + warp * 16 + g;
     auto store = [&](int r, float v) {
       const int n = n_base + 8 * ((r & 3) >> 1), m = 8 * (r >> 2) + 2 * t4 + (r & 1);
       if (m < p.M && n < p.N) p.D[int64_t(m) * p.ldd + n] = from_float<T>(epilogue_value<kWithC>(p, m, n, v));
@@ -444,7 +449,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int n = (n_base - g) / 2 + g, m = 8 * (r >> 2) + 2 * t4 + (r & 1);
       if (m < p.M && n < p.N / 2) store_gated(p, m, n, gate, up);
     };
-    if (!whole && sk.cluster > 1) {
+    // 64-row tiles (kWG = 1) are whole, one a CTA (sm90_small_m_plan): no partials to sum.
+    if (kWG == 2 && !whole && sk.cluster > 1) {
       // Thread-major partials (conflict-free), once both warpgroups' last wgmmas have read the ring.
       named_bar_sync(1, 256);
       const uint32_t part = base + tc * 4;
@@ -478,7 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cluster_sync();
       if (rank != 0) continue;
     }
-    if (!whole) {
+    if (kWG == 2 && !whole) {
       // A shared tile: write the partial (thread-major, so every access is coalesced), count it in,
       // and only the last sharer goes on. One thread fences for the CTA (the barrier orders the others'
       // writes before it) ahead of the count, and the last one after it; it reads the partials from L2
@@ -589,19 +595,19 @@ bool clusters_fit(int cluster, int64_t clusters) {
 
 // The small-M kernel, launched as a programmatic dependent of the previous kernel in the stream (its
 // launch and barrier setup overlap that kernel's tail; see small_m_kernel).
-template <typename T, int BN, bool kWithC, bool kAct = false>
+template <typename T, int BN, bool kWithC, bool kAct = false, int kWG = 2>
 void launch_small_m_kernel(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM& plan, float* ws, int* counters) {
   const int k_map = p.K > 0 ? p.K : 8;  // K = 0: one zero-filled K step (a zero-sized map is invalid)
   const int64_t w_stride = p.sbn > 0 ? p.sbn : k_map;
   const CUtensorMap map_w =
-      kAct ? make_pair_map(p.B, p.N / 2, k_map, w_stride) : make_map(p.B, p.N, k_map, w_stride, kBM);
+      kAct ? make_pair_map(p.B, p.N / 2, k_map, w_stride) : make_map(p.B, p.N, k_map, w_stride, 64 * kWG);
   const CUtensorMap map_x = make_map(p.A, p.M, k_map, p.sam > 0 ? p.sam : k_map, BN);
   const int k_steps = (k_map + kBK - 1) / kBK;
   const StreamK sk{ws, counters, plan.tiles * k_steps, k_steps, plan.cluster};
-  constexpr auto kernel = small_m_kernel<T, BN, kWithC, kAct>;
-  allow_smem<kernel, small_m_smem_bytes<BN>()>();
-  launch_pdl_cluster(kernel, plan.cluster, dim3(plan.grid), dim3(kThreads), small_m_smem_bytes<BN>(), stream, map_w, map_x,
-                     p, sk);
+  constexpr auto kernel = small_m_kernel<T, BN, kWithC, kAct, kWG>;
+  constexpr int smem = small_m_smem_bytes<BN, kWG>();
+  allow_smem<kernel, smem>();
+  launch_pdl_cluster(kernel, plan.cluster, dim3(plan.grid), dim3(128 * (1 + kWG)), smem, stream, map_w, map_x, p, sk);
 }
 
 // f(std::integral_constant<int, BN>) for the small-M kernel's BN = bn (a plan's: 8 .. 128, 144 or 192).
@@ -630,6 +636,12 @@ bool small_m_clusters_fit(int bn, int cluster, int64_t clusters) {
 
 template <typename T, int BN>
 void launch_small_m(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM& plan, float* ws, int* counters) {
+  if (plan.w_rows == 64) {  // built for the plain linear at BN 16-64, one tile a CTA (sm90_small_m_plan)
+    MINFER_CHECK(BN >= 16 && BN <= 64 && p.act == kActNone && !p.C && plan.grid == plan.tiles,
+                 "linear: the sm90 small-M kernel takes 64-row W tiles only for the plain linear at up to 64 rows");
+    if constexpr (BN >= 16 && BN <= 64) launch_small_m_kernel<T, BN, false, false, 1>(p, stream, plan, ws, counters);
+    return;
+  }
   if (p.act != kActNone) {  // built for sm90_small_m_act's rows only
     MINFER_CHECK((BN == 32 || BN == 64) && !p.C && p.N % 16 == 0,
                  "linear_act: the sm90 small-M kernel fuses the activation at 32-64 rows, without C, N / 2 % 8 == 0");
@@ -655,8 +667,18 @@ bool sm90_small_m(int M, int N, int K) {
 // 64 7.57-7.59 / 7.47-7.49).
 bool sm90_small_m_act(int M, int N) { return M >= 32 && M <= 64 && N % 16 == 0; }
 
-Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms) {
+Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms, bool plain) {
   Sm90SmallM plan{};
+  // 64-row W tiles, whole K a CTA, where they fill 7/10 of the SMs or more (the 8B q | k | v, 96 tiles), against 128-row
+  // tiles split over clusters of two (H200, us: 64 x 6144 x 4096 19.1 -> 16.7, 48 rows 18.7 -> 16.6, 32 rows 16.5 ->
+  // 15.7). Where 64-row tiles are too few, blocks of the rows (64 tiles x 2 blocks of 32) lost: 64 x 4096 x 4096 14.0 ->
+  // 15.3, 64 x 4096 x 14336 34.5 -> 48.9.
+  const int64_t tiles64 = (int64_t(N) + 63) / 64;
+  if (plain && M <= 64 && tiles64 <= sms && 10 * tiles64 >= 7 * int64_t(sms)) {
+    plan.bn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
+    plan.grid = int(tiles64), plan.tiles = tiles64, plan.ws_floats = 0, plan.splits = plan.cluster = 1, plan.w_rows = 64;
+    return plan;
+  }
   plan.bn = 8;
   while (plan.bn < M && plan.bn < kSm90SmallMAll) plan.bn *= 2;
   if (M > kSm90SmallMAll) plan.bn = M <= 144 ? 144 : 192;
