@@ -165,7 +165,8 @@ PLANS = [
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),
     (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (16, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"),
     (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
-    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M split=(4 cluster=[24]|3 cluster=3)"),
+    (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M split=2 cluster=2 w_rows=64"),
+    (128, 4096, 4096, "sm90 small-M split=(4 cluster=[24]|3 cluster=3)"),
     (4097, 576, 1536, "sm90"), (144, 2048, 8192, "sm90 small-M split=(8 cluster=[28]|7 cluster=7)"),
     (192, 28672, 4096, "sm90 small-M"),
     (144, 16384, 2048, "sm90"),
@@ -344,7 +345,10 @@ def test_sm90_persistent_split_k(mnk, dtype):
 # 132 CTAs (ranges cross tile boundaries; an N tail); 28680 x 136 is 225 x 3 (K tail; whole and shared
 # tiles mixed); 1000 x 40 is 8 tiles of one zero-padded step (8 CTAs, no sharing); 576 x 576 is SmolLM2's
 # square. Up to 64 rows 8100 x 264 and 6000 x 4104 take 64-row W tiles, one a CTA over all of K (127 and 94 of
-# them: N tails of 36 and 48 rows, K tails); past 64 rows, split-K with clusters (partials summed through
+# them: N tails of 36 and 48 rows, K tails), and 4100 x 4104, 4000 x 8200, 4000 x 4104, 3000 x 12296 and 3000 x 1032
+# 64-row tiles split K in whole clusters of 2 (ranges of 8 to 97 steps, odd step counts; N tails of 4, 32 and 56
+# rows), 2000 x 2056 in clusters of 3 or 4 (ranges of 11, or 8 and 9 steps; an N tail of 16 rows); the gemm with C
+# keeps the 128-row tiles. Past 64 rows, split-K with clusters (partials summed through
 # distributed shared memory; on 132 SMs): 8100 x 264 is 64 tiles x 2, a tile one pair (ranges of 2 and 3 steps, a
 # K tail), 6000 x 4104 47 x 2 (an N tail of 112 rows); 4000 x 8200 is 32 x 4 in pairs whose rank 0 sums through
 # the workspace (ranges of 32 and 33 steps, an N tail of 32 rows), 4000 x 4104 32 x 3 in whole clusters of 3 (ranges of 21 and 22 steps), 2000 x 2056 16 x 8
@@ -366,20 +370,23 @@ def test_sm90_small_m_stream_k(m, nk, dtype):
 
 
 # The split-K shapes above run as planned on a 132-SM Hopper GPU, so that their cases cover each way of summing
-# (whole clusters of 4, 5 or 8 fit on some chips and not on others: the H200 measured holds 30, none and 15), and the
-# first two run on 64-row W tiles up to 64 rows.
-@pytest.mark.parametrize("n, k, plan", [(8100, 264, "split=2 cluster=2"), (6000, 4104, "split=2 cluster=2"),
-                                        (4000, 8200, "split=4 cluster=[24]"), (4000, 4104, "split=(4 cluster=[24]|3 cluster=3)"),
-                                        (2000, 2056, "split=(8 cluster=[28]|7 cluster=7)"),
-                                        (3000, 12296, "split=5 cluster=[15]"), (3000, 1032, "split=(5 cluster=[15]|4 cluster=4)")])
-def test_sm90_small_m_split_plan(n, k, plan):
+# (whole clusters of 4, 5 or 8 fit on some chips and not on others: the H200 measured holds 30, none and 15), at 128
+# rows on 128-row W tiles and up to 64 rows on 64-row ones.
+@pytest.mark.parametrize("n, k, plan, plan64", [
+    (8100, 264, "split=2 cluster=2", "w_rows=64"), (6000, 4104, "split=2 cluster=2", "w_rows=64"),
+    (4000, 8200, "split=4 cluster=[24]", "split=2 cluster=2 w_rows=64"),
+    (4000, 4104, "split=(4 cluster=[24]|3 cluster=3)", "split=2 cluster=2 w_rows=64"),
+    (2000, 2056, "split=(8 cluster=[28]|7 cluster=7)", "split=(4 cluster=4|3 cluster=3) w_rows=64"),
+    (3000, 12296, "split=5 cluster=[15]", "split=2 cluster=2 w_rows=64"),
+    (3000, 1032, "split=(5 cluster=[15]|4 cluster=4)", "split=2 cluster=2 w_rows=64")])
+def test_sm90_small_m_split_plan(n, k, plan, plan64):
     if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
     _ops()
     for m in (1, 64, 128):
         x, w = torch.empty(m, k, device=DEV, dtype=torch.float16), torch.empty(n, k, device=DEV, dtype=torch.float16)
         got = torch.ops.minfer.linear_plan(x, w, "sm90")
-        want = "w_rows=64" if m <= 64 and n in (8100, 6000) else plan
+        want = plan64 if m <= 64 else plan
         assert re.fullmatch(f"sm90 small-M {want}", got), f"{m} x {n} x {k}: the launcher picks {got!r}"
 
 
@@ -505,6 +512,9 @@ ACT_PLANS = [(17, 1536, 576, "gemv: tiles "), (40, 100, 328, "gemv: tiles "), (1
              # more rows unfused
              (64, 2048, 2048, "sm90 small-M"), (32, 2048, 4096, "sm90 small-M"), (40, 1000, 4200, "sm90 small-M"),
              (40, 5120, 1024, "sm90 small-M"),
+             # 79 tiles of 64 rows: the plain linear keeps 128-row tiles and the same splits, so the fused bits are the
+             # two launches'
+             (48, 2504, 4096, "sm90 small-M"),
              (8, 100, 328, None), (9, 1536, 576, None), (16, 8448, 4096, None), (256, 1536, 576, None),
              (65, 2048, 2048, None), (144, 2048, 8192, None)]
 ACT_CASES = [c[:3] for c in ACT_PLANS]
@@ -532,10 +542,12 @@ def test_linear_act(m, inter, k, dtype, act):
     # the same bits as the linear and then the activation's own launch (each half rounded to dtype first), but
     # for the ring and sm90's stream-K: their CTA ranges cut the pairs' tiles elsewhere than the plain linear's
     # (the ring's are whole tiles of gate | up pairs, stream-K's fall at other k in a tile of 64 pairs than in
-    # one of 128 rows), so some rows' K splits, and their fp32 sums' rounding, are not that launch's
+    # one of 128 rows), so some rows' K splits, and their fp32 sums' rounding, are not that launch's; nor where
+    # the plain linear alone takes 64-row W tiles (sm90 small-M up to 64 rows), whose K splits are their own
     split = ops.silu_and_mul(ops.linear(x, w)) if act == "silu" else ops.gelu_tanh_and_mul(ops.linear(x, w))
     plan = torch.ops.minfer.linear_plan(x, w, "auto", act)
-    if "ring" not in plan and not (plan.startswith("sm90 small-M") and "split=" not in plan):
+    w64 = "w_rows=64" in torch.ops.minfer.linear_plan(x, w)
+    if not w64 and "ring" not in plan and not (plan.startswith("sm90 small-M") and "split=" not in plan):
         assert torch.equal(ours, split), plan
 
 

@@ -57,8 +57,8 @@ struct Sm90SmallM {
   int64_t ws_floats;   // workspace: grid x 2 partial tiles of 128 x bn (0 where a tile is one cluster)
   int splits;          // split-K: CTAs a tile (grid = tiles x splits); 1: stream-K
   int cluster;         // split-K in clusters of this many CTAs summing through shared memory (splits, or 2); 1: none
-  int w_rows = 128;    // W rows a tile: 128, or 64 (one consumer warpgroup, a whole tile a CTA, no partials;
-                       // bn 16 at least)
+  int w_rows = 128;    // W rows a tile: 128, or 64 (one consumer warpgroup, a whole tile a CTA or split K in whole
+                       // clusters, no workspace; bn 16 at least)
 };
 // plain: a plan for the plain linear's epilogue (no activation, no C), which alone takes 64-row W tiles.
 Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms, bool plain = false);

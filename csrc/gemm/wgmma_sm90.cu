@@ -302,8 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // kAct (linear_act, M 32-64, sm90_small_m_act): W is gate | up, loaded through make_pair_map so that a tile's rows
 // are 8 gate rows and their 8 up rows, 8 times over; a thread's registers 4 j + e and 4 j + 2 + e (e < 2) are then
 // one output's gate and up, and the epilogue stores act(gate) * up (store_gated): the activation's launch is spared.
-// kWG = 1 (the plain linear at M <= 64 where 64-row tiles of W fill 7/10 of the SMs or more, sm90_small_m_plan): a tile
-// is 64 rows of W for one consumer warpgroup, one tile a CTA over all of K, with no partials to sum.
+// kWG = 1 (the plain linear at M <= 64, sm90_small_m_plan): a tile is 64 rows of W for one consumer warpgroup, one tile
+// a CTA over all of K where the tiles fill 7/10 of the SMs or more, else split K in whole clusters (never the workspace).
 struct StreamK {
   float* ws;       // [grid][2][kBM * BN] partial tiles: a CTA's first (0) and last (1) tile
   int* counters;   // [tiles], zero between launches (the last sharer of a tile resets it)
@@ -449,20 +449,21 @@ __global__ void __launch_bounds__(128 * (1 + kWG), 1)
       const int n = (n_base - g) / 2 + g, m = 8 * (r >> 2) + 2 * t4 + (r & 1);
       if (m < p.M && n < p.N / 2) store_gated(p, m, n, gate, up);
     };
-    // 64-row tiles (kWG = 1) are whole, one a CTA (sm90_small_m_plan): no partials to sum.
-    if (kWG == 2 && !whole && sk.cluster > 1) {
-      // Thread-major partials (conflict-free), once both warpgroups' last wgmmas have read the ring.
-      named_bar_sync(1, 256);
+    // 64-row tiles (kWG = 1) are whole or split in whole clusters (sm90_small_m_plan).
+    if (!whole && sk.cluster > 1) {
+      // Thread-major partials (conflict-free), once every warpgroup's last wgmmas have read the ring.
+      constexpr int kRow = 128 * kWG * 4;  // bytes between a thread's consecutive registers
+      named_bar_sync(1, 128 * kWG);
       const uint32_t part = base + tc * 4;
 #pragma unroll
-      for (int r = 0; r < BN / 2; ++r) st_shared_f32(part + r * 1024, acc[r]);
+      for (int r = 0; r < BN / 2; ++r) st_shared_f32(part + r * kRow, acc[r]);
       cluster_sync();
       const int C = sk.cluster, rank = int(cluster_ctarank());
       auto cluster_sum = [&](int r) {
         float v = 0.f;
 #pragma unroll
         for (int o = 0; o < 8; ++o)
-          if (o < C) v += ld_cluster_f32(part + r * 1024, o);
+          if (o < C) v += ld_cluster_f32(part + r * kRow, o);
         return v;
       };
       if (range_owner(tile_end - 1, sk.iters, gridDim.x) - range_owner(tile_begin, sk.iters, gridDim.x) + 1 == C) {
@@ -480,7 +481,7 @@ __global__ void __launch_bounds__(128 * (1 + kWG), 1)
       // Pairs (C = 2), several a tile: each pair's rank 0 takes the pair's sum on to the workspace.
       if (rank == 0)
 #pragma unroll
-        for (int r = 0; r < BN / 2; ++r) acc[r] += ld_cluster_f32(part + r * 1024, 1);
+        for (int r = 0; r < BN / 2; ++r) acc[r] += ld_cluster_f32(part + r * kRow, 1);
       cluster_sync();
       if (rank != 0) continue;
     }
@@ -634,11 +635,25 @@ bool small_m_clusters_fit(int bn, int cluster, int64_t clusters) {
   });
 }
 
+// Whether `clusters` clusters of `cluster` 64-row-tile small-M CTAs (kWG = 1) at BN = bn (16, 32 or 64) fit at once.
+bool small_m_w64_clusters_fit(int bn, int cluster, int64_t clusters) {
+  auto fit = [&](auto b) {
+    constexpr int BN = decltype(b)::value;
+    constexpr auto kernel = small_m_kernel<__nv_bfloat16, BN, false, false, 1>;
+    allow_smem<kernel, small_m_smem_bytes<BN, 1>()>();
+    return resident_clusters<kernel, 128 * 2, small_m_smem_bytes<BN, 1>()>(cluster) >= clusters;
+  };
+  return bn == 16 ? fit(std::integral_constant<int, 16>{}) : bn == 32 ? fit(std::integral_constant<int, 32>{})
+                                                                       : fit(std::integral_constant<int, 64>{});
+}
+
 template <typename T, int BN>
 void launch_small_m(const Params<T, T>& p, cudaStream_t stream, const Sm90SmallM& plan, float* ws, int* counters) {
-  if (plan.w_rows == 64) {  // built for the plain linear at BN 16-64, one tile a CTA (sm90_small_m_plan)
-    MINFER_CHECK(BN >= 16 && BN <= 64 && p.act == kActNone && !p.C && plan.grid == plan.tiles,
-                 "linear: the sm90 small-M kernel takes 64-row W tiles only for the plain linear at up to 64 rows");
+  if (plan.w_rows == 64) {  // built for the plain linear at BN 16-64, a tile a CTA or a cluster (sm90_small_m_plan)
+    MINFER_CHECK(BN >= 16 && BN <= 64 && p.act == kActNone && !p.C && plan.grid == plan.tiles * plan.splits &&
+                     plan.cluster == plan.splits,
+                 "linear: the sm90 small-M kernel takes 64-row W tiles only for the plain linear at up to 64 rows, "
+                 "split in whole clusters");
     if constexpr (BN >= 16 && BN <= 64) launch_small_m_kernel<T, BN, false, false, 1>(p, stream, plan, ws, counters);
     return;
   }
@@ -672,12 +687,26 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms, bool plain) {
   // 64-row W tiles, whole K a CTA, where they fill 7/10 of the SMs or more (the 8B q | k | v, 96 tiles), against 128-row
   // tiles split over clusters of two (H200, us: 64 x 6144 x 4096 19.1 -> 16.7, 48 rows 18.7 -> 16.6, 32 rows 16.5 ->
   // 15.7). Where 64-row tiles are too few, blocks of the rows (64 tiles x 2 blocks of 32) lost: 64 x 4096 x 4096 14.0 ->
-  // 15.3, 64 x 4096 x 14336 34.5 -> 48.9.
-  const int64_t tiles64 = (int64_t(N) + 63) / 64;
+  // 15.3, 64 x 4096 x 14336 34.5 -> 48.9; 16.6 and 51.9 with each pair sharing its tile's W by TMA multicast.
+  const int64_t tiles64 = (int64_t(N) + 63) / 64, k_steps64 = std::max<int64_t>(1, (int64_t(K) + kBK - 1) / kBK);
   if (plain && M <= 64 && tiles64 <= sms && 10 * tiles64 >= 7 * int64_t(sms)) {
     plan.bn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
     plan.grid = int(tiles64), plan.tiles = tiles64, plan.ws_floats = 0, plan.splits = plan.cluster = 1, plan.w_rows = 64;
     return plan;
+  }
+  // Fewer: S CTAs a 64-row tile, each a contiguous part of K, summed in a cluster of S, where S CTAs a tile fill 7/10 of
+  // the SMs or more and the clusters fit at once (the 8B o and down at 64 tiles: 2 a tile on 128 SMs, against 128-row
+  // tiles in 32 clusters of 3 on 96, or 4 a tile in pairs through the workspace; H200, us: 32 x 4096 x 4096 12.37 ->
+  // 11.88, 64 x 4096 x 4096 14.05 -> 13.89, 64 x 4096 x 14336 33.20 -> 32.66).
+  if (plain && M <= 64 && tiles64 <= sms / 2) {
+    const int bn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
+    int64_t s = std::min<int64_t>({sms / tiles64, 8, k_steps64});
+    while (s >= 2 && 10 * tiles64 * s >= 7 * int64_t(sms) && !small_m_w64_clusters_fit(bn, int(s), tiles64)) --s;
+    if (s >= 2 && 10 * tiles64 * s >= 7 * int64_t(sms)) {
+      plan.bn = bn, plan.grid = int(tiles64 * s), plan.tiles = tiles64, plan.ws_floats = 0, plan.w_rows = 64;
+      plan.splits = plan.cluster = int(s);
+      return plan;
+    }
   }
   plan.bn = 8;
   while (plan.bn < M && plan.bn < kSm90SmallMAll) plan.bn *= 2;
