@@ -689,8 +689,9 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms, bool plain) {
   // 15.7). Where 64-row tiles are too few, blocks of the rows (64 tiles x 2 blocks of 32) lost: 64 x 4096 x 4096 14.0 ->
   // 15.3, 64 x 4096 x 14336 34.5 -> 48.9; 16.6 and 51.9 with each pair sharing its tile's W by TMA multicast.
   const int64_t tiles64 = (int64_t(N) + 63) / 64, k_steps64 = std::max<int64_t>(1, (int64_t(K) + kBK - 1) / kBK);
+  const int bn64 = M <= 16 ? 16 : M <= 32 ? 32 : 64;  // the 64-row tiles' activation rows
   if (plain && M <= 64 && tiles64 <= sms && 10 * tiles64 >= 7 * int64_t(sms)) {
-    plan.bn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
+    plan.bn = bn64;
     plan.grid = int(tiles64), plan.tiles = tiles64, plan.ws_floats = 0, plan.splits = plan.cluster = 1, plan.w_rows = 64;
     return plan;
   }
@@ -699,11 +700,10 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms, bool plain) {
   // tiles in 32 clusters of 3 on 96, or 4 a tile in pairs through the workspace; H200, us: 32 x 4096 x 4096 12.37 ->
   // 11.88, 64 x 4096 x 4096 14.05 -> 13.89, 64 x 4096 x 14336 33.20 -> 32.66).
   if (plain && M <= 64 && tiles64 <= sms / 2) {
-    const int bn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
     int64_t s = std::min<int64_t>({sms / tiles64, 8, k_steps64});
-    while (s >= 2 && 10 * tiles64 * s >= 7 * int64_t(sms) && !small_m_w64_clusters_fit(bn, int(s), tiles64)) --s;
+    while (s >= 2 && 10 * tiles64 * s >= 7 * int64_t(sms) && !small_m_w64_clusters_fit(bn64, int(s), tiles64)) --s;
     if (s >= 2 && 10 * tiles64 * s >= 7 * int64_t(sms)) {
-      plan.bn = bn, plan.grid = int(tiles64 * s), plan.tiles = tiles64, plan.ws_floats = 0, plan.w_rows = 64;
+      plan.bn = bn64, plan.grid = int(tiles64 * s), plan.tiles = tiles64, plan.ws_floats = 0, plan.w_rows = 64;
       plan.splits = plan.cluster = int(s);
       return plan;
     }
