@@ -311,15 +311,16 @@ struct Heads {
 
 // This warp's tiles [i0, n) through its ring, tile i0 + j in slot j % depth, loading nothing past n; the
 // first `issued` of them are in flight already. In flight: the whole ring, or, in a full grid's long stream
-// (FULL_GRID and long_stream), kFullGridStages of its slots (such a warp loads nothing before the wait).
+// (FULL_GRID and long_stream), kFullGridStages of its slots (below d 256 such a warp loads nothing before the wait).
 // Tiles fill in order, so the cp.async groups keep their count whichever side of the wait a tile was issued on.
 template <bool FULL_GRID, int RING, typename T, int D>
 __device__ __forceinline__ void stream(const WarpRing<T, D>& w, const Heads<T, D>& h, int i0, int n, int issued) {
   constexpr int STAGES = kStages<T, D, RING>, SHALLOW = kFullGridStages<T, D>;
   static_assert(SHALLOW <= STAGES, "the shallow depth is part of the ring");
-  // At d 64 / 128 a long stream loads no tile early; at d 256 it does, its shallow depth being its ring's (load_early)
+  // At d 64 / 128 a shallow long stream loads no tile early (load_early); at d 256 it does, its shallow depth being
+  // its ring's
   static_assert(kLongStreamTiles >= 8 && kLongStreamTiles * kWarps * kTK >= kOneSplitKeys,
-                "a long stream below d 256 loads no tile early (warps with at most 8 tiles, or a small call, do)");
+                "warps of at most 8 tiles and small calls, which load their ring early, never stream shallow");
   const bool shallow = FULL_GRID && long_stream(w.r.n_my);
   const int depth = shallow ? SHALLOW : STAGES;
   for (int j = issued; j < depth; ++j) {
