@@ -7,9 +7,9 @@
 // Launched as a programmatic dependent (common/launch.h), the kernel's setup overlaps the previous
 // kernel's tail. With stable_prefix (the engine's call: start_pos and the cache rows before it are final
 // before the previous kernel runs), the split is laid out before griddep_wait, and a warp with at most 8
-// tiles (any, at d 256 or where every CTA is resident at once) loads its first tiles there, as far as they lie
-// wholly before the newest key (which the previous kernel, rope, may be writing). q is read after the wait: in
-// the engine rope writes it just before.
+// tiles (any, at d 256, or at d 128 where every CTA is resident at once) loads its first tiles there, as far
+// as they lie wholly before the newest key (which the previous kernel, rope, may be writing). q is read after
+// the wait: in the engine rope writes it just before.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -34,11 +34,14 @@ constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flig
 // throttle's round trips outlast a call this short (H100, 1 x 192: 3.12 us against 3.78 throttled). With
 // two pieces a tile both groups are in flight; the stream's waits then wait for a little more than they
 // need, never less.
-// A warp of more than 8 tiles in a grid of at most a CTA an SM (all_resident) fills its ring at once too: in the engine
-// the kernel before is rope, whose short tail leaves HBM idle (the 8B bf16 step, H200, ms: 16 x 1k 5.370 -> 5.317, 8 x
-// 2k 4.983 -> 4.916, 4 x 4k 4.924 -> 4.887), where such warps took no early tiles. Back to back (apps/benchmark.py)
-// the same calls lose 1-5% (1 x 16k 19.37 -> 20.27 us, 16 x 1k 17.49 -> 18.40): each call's early bytes land in the
-// previous call's stream, not in an idle tail. A full grid's shallow long stream (stream()) loads none early.
+// At d 128 a warp of more than 8 tiles in a grid of at most a CTA an SM (all_resident) fills its ring at once too: in
+// the engine the kernel before is rope, whose short tail leaves HBM idle (the 8B bf16 step, H200, ms: 16 x 1k 5.370 ->
+// 5.317, 8 x 2k 4.983 -> 4.916, 4 x 4k 4.924 -> 4.887), where such warps took no early tiles. Back to back
+// (apps/benchmark.py) the same calls lose 1-5% (1 x 16k 19.37 -> 20.27 us, 16 x 1k 17.49 -> 18.40): each call's early
+// bytes land in the previous call's stream, not in an idle tail. At d 64 it lost in the engine too (the SmolLM2-135M
+// shape's step at 16 x 2k 0.959 -> 0.976 ms). A full grid's shallow long stream (stream()) loads none early.
+template <int D>
+constexpr bool kLongEarly = D == 128;
 // At d 256 a CTA (137 KB of shared memory) holds its SM alone: no CTA of the previous call streams beside it, and
 // its rings fill at once, long streams too (H200, bf16, us, throttled / at once: 16 x 8k x 8 / 4 heads, window
 // 512 12.45 / 11.26, 64 x 32k x 4 / 1, window 512 13.00 / 11.90, 16 x 4k 65.5 / 63.2; 1 x 32k 36.7 / 37.3).
@@ -51,7 +54,7 @@ __device__ __forceinline__ void load_early(const WarpRing<T, D>& w, int& filled)
   const Range& r = w.r;
   // (The call's K/V is counted with every sequence at this one's range's length.)
   const bool at_once = kEarlyAtOnce<D> || (r.n_active == 1 && small_call<T, D>(grid_pairs(), r.seq.tiles())) ||
-                       (w.p.all_resident && r.n_my > 8 && !(FULL_GRID && long_stream(r.n_my)));
+                       (kLongEarly<D> && w.p.all_resident && r.n_my > 8 && !(FULL_GRID && long_stream(r.n_my)));
   const int early = at_once ? min(STAGES, r.n_my) : r.n_my <= 8 ? min(EARLY, r.n_my) : 0;
   while (filled < early && min(w.key0(filled) + kTK, r.s1) <= r.len - 1) {
     if (filled >= 1 && !at_once) ptx::cp_async_wait<0>();
