@@ -351,10 +351,10 @@ def test_sm90_persistent_split_k(mnk, dtype):
 # keeps the 128-row tiles. Past 64 rows, split-K with clusters (partials summed through
 # distributed shared memory; on 132 SMs): 8100 x 264 is 64 tiles x 2, a tile one pair (ranges of 2 and 3 steps, a
 # K tail), 6000 x 4104 47 x 2 (an N tail of 112 rows); 4000 x 8200 is 32 x 4 in pairs whose rank 0 sums through
-# the workspace (ranges of 32 and 33 steps, an N tail of 32 rows), 4000 x 4104 32 x 3 in whole clusters of 3 (ranges of 21 and 22 steps), 2000 x 2056 16 x 8
-# in pairs (16 clusters of 7 do not fit on the H200 measured); 3000 x 12296 is 24 x 5 without clusters (ranges of
-# 38 and 39 steps), 3000 x 1032 24 x 4 in whole clusters of 4. Above M = 128 the shorter K take the persistent
-# kernel.
+# the workspace (ranges of 32 and 33 steps, an N tail of 32 rows), 4000 x 4104 32 x 3 in whole clusters of 3
+# (ranges of 21 and 22 steps), 2000 x 2056 16 x 8 in pairs (16 clusters of 7 do not fit on the H200 measured);
+# 3000 x 12296 is 24 x 5 without clusters (ranges of 38 and 39 steps), 3000 x 1032 24 x 4 in whole clusters of 4.
+# Above M = 128 the shorter K take the persistent kernel.
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="sm90 path needs Hopper")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -312,13 +312,15 @@ struct StreamK {
   int cluster;     // split-K in clusters of this many CTAs (S: ws and counters unused; 2 of S: pairs); 1: none
 };
 
-// kWG consumer warpgroups, each 64 rows of a W tile: 2 (128-row tiles) or 1 (64-row tiles, whole K a CTA).
+// kWG consumer warpgroups, each 64 rows of a W tile: 2 (128-row tiles) or 1 (64-row tiles: whole K a CTA, or K split in
+// whole clusters).
 template <int BN, int kWG = 2>
 constexpr int small_m_stage_bytes() {
   return kWG * 64 * kBK * 2 + BN * kBK * 2;  // W 128 (or 64) x 64 + X BN x 64
 }
 // As many stages as ~200 KB holds, 16 at most: 11 at BN = 8 and 16 (~176 KB of W in flight), 8 at 64, 6 at 128, 5
-// at 144 and 192 (64-row tiles: 16 at BN 16 and 32, 12 at 64). Past BN = 128 setmaxnreg moves the producer's registers to the consumers, as in wgmma_kernel.
+// at 144 and 192 (64-row tiles: 16 at BN 16 and 32, 12 at 64). Past BN = 128 setmaxnreg moves the producer's
+// registers to the consumers, as in wgmma_kernel.
 template <int BN, int kWG = 2>
 constexpr int small_m_stages() {
   return std::min(16, 200 * 1024 / small_m_stage_bytes<BN, kWG>());
