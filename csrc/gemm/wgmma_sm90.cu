@@ -692,11 +692,12 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms, bool plain) {
   // 15.3, 64 x 4096 x 14336 34.5 -> 48.9; 16.6 and 51.9 with each pair sharing its tile's W by TMA multicast.
   const int64_t tiles64 = (int64_t(N) + 63) / 64, k_steps64 = std::max<int64_t>(1, (int64_t(K) + kBK - 1) / kBK);
   const int bn64 = M <= 16 ? 16 : M <= 32 ? 32 : 64;  // the 64-row tiles' activation rows
-  if (plain && M <= 64 && tiles64 <= sms && 10 * tiles64 >= 7 * int64_t(sms)) {
-    plan.bn = bn64;
-    plan.grid = int(tiles64), plan.tiles = tiles64, plan.ws_floats = 0, plan.splits = plan.cluster = 1, plan.w_rows = 64;
+  auto w64_plan = [&](int64_t splits) {  // splits CTAs a tile, one cluster
+    plan.bn = bn64, plan.grid = int(tiles64 * splits), plan.tiles = tiles64, plan.ws_floats = 0, plan.w_rows = 64;
+    plan.splits = plan.cluster = int(splits);
     return plan;
-  }
+  };
+  if (plain && M <= 64 && tiles64 <= sms && 10 * tiles64 >= 7 * int64_t(sms)) return w64_plan(1);
   // Fewer: S CTAs a 64-row tile, each a contiguous part of K, summed in a cluster of S, where S CTAs a tile fill 7/10 of
   // the SMs or more and the clusters fit at once (the 8B o and down at 64 tiles: 2 a tile on 128 SMs, against 128-row
   // tiles in 32 clusters of 3 on 96, or 4 a tile in pairs through the workspace; H200, us: 32 x 4096 x 4096 12.37 ->
@@ -704,11 +705,7 @@ Sm90SmallM sm90_small_m_plan(int M, int N, int K, int sms, bool plain) {
   if (plain && M <= 64 && tiles64 <= sms / 2) {
     int64_t s = std::min<int64_t>({sms / tiles64, 8, k_steps64});
     while (s >= 2 && 10 * tiles64 * s >= 7 * int64_t(sms) && !small_m_w64_clusters_fit(bn64, int(s), tiles64)) --s;
-    if (s >= 2 && 10 * tiles64 * s >= 7 * int64_t(sms)) {
-      plan.bn = bn64, plan.grid = int(tiles64 * s), plan.tiles = tiles64, plan.ws_floats = 0, plan.w_rows = 64;
-      plan.splits = plan.cluster = int(s);
-      return plan;
-    }
+    if (s >= 2 && 10 * tiles64 * s >= 7 * int64_t(sms)) return w64_plan(s);
   }
   plan.bn = 8;
   while (plan.bn < M && plan.bn < kSm90SmallMAll) plan.bn *= 2;
