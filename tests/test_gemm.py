@@ -512,9 +512,9 @@ ACT_PLANS = [(17, 1536, 576, "gemv: tiles "), (40, 100, 328, "gemv: tiles "), (1
              # more rows unfused
              (64, 2048, 2048, "sm90 small-M"), (32, 2048, 4096, "sm90 small-M"), (40, 1000, 4200, "sm90 small-M"),
              (40, 5120, 1024, "sm90 small-M"),
-             # 79 tiles of 64 rows: the plain linear keeps 128-row tiles and the same splits, so the fused bits are the
-             # two launches'
-             (48, 2504, 4096, "sm90 small-M"),
+             # 79 tiles of 64 rows: the plain linear keeps 128-row tiles and the same splits (3 a tile through the
+             # workspace), so the fused bits are the two launches'
+             (48, 2504, 4096, "sm90 small-M split=3 cluster=1 "),
              (8, 100, 328, None), (9, 1536, 576, None), (16, 8448, 4096, None), (256, 1536, 576, None),
              (65, 2048, 2048, None), (144, 2048, 8192, None)]
 ACT_CASES = [c[:3] for c in ACT_PLANS]
