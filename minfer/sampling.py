@@ -82,6 +82,7 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
         # Keep a token while the mass before it is below top_p: the smallest set reaching top_p.
         mass_before = probs.cumsum(-1) - probs
         drop_sorted = mass_before >= top_p
+        drop_sorted[:, 0] = False  # the most likely token always stays (a top_p that is 0 in fp32 keeps it)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -223,6 +224,7 @@ def filter_rows(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         mass_before = probs.cumsum(-1) - probs
         # top_p = 1 is off, even where rounding brings the cumulated mass to 1 before the tail
         drop_sorted = (mass_before >= t.top_p[:, None]) & (t.top_p < 1)[:, None]
+        drop_sorted[:, 0] = False  # the most likely token always stays (a top_p that is 0 in fp32 keeps it)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

@@ -54,6 +54,14 @@ def test_each_row_uses_its_own_filters():
         assert torch.equal(out[row], filter_logits(logits[row:row + 1], k, p, m)[0])
 
 
+def test_a_top_p_under_fp32_keeps_the_top_token():
+    """top_p = 1e-300 passes the check (> 0) and is 0 in the rows' fp32 tensor: the nucleus still holds the most
+    likely token, so every draw is it (a nucleus of nothing gave NaN probabilities)."""
+    params = SamplingParams(temperature=1.0, top_p=1e-300)
+    assert torch.equal(draws(LOGITS, params, n=1000), torch.tensor([0.0, 1000, 0, 0, 0], dtype=torch.float64))
+    assert torch.equal(filter_logits(LOGITS[None], 0, 1e-300, 0.0).isfinite()[0], LOGITS == LOGITS.max())
+
+
 def test_seeded_row_is_the_same_alone_or_in_a_batch():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(8, 1000, generator=g)
