@@ -216,6 +216,23 @@ def assert_error(r, status, param=None):
     ('{"prompt": [1, 99999999]}', "prompt"),  # outside the vocabulary
     ('{"prompt": [-1]}', "prompt"),
     ('{"prompt": "' + "word " * 200 + '"}', "prompt"),  # over the context
+    ('{"prompt": "x", "foo": ' + "[" * 2000 + "]" * 2000 + "}", None),  # nested past json's recursion limit
+    ('{"prompt": 5}', "prompt"),  # a union's member is not the param, and the message lists what it takes
+    ('{"prompt": [true, false]}', "prompt"),  # strict types: no bools as ids, numbers, counts
+    ('{"prompt": [1.0]}', "prompt"),
+    ('{"prompt": "x", "temperature": true}', "temperature"),
+    ('{"prompt": "x", "n": 2.0}', "n"),
+    ('{"prompt": "x", "max_tokens": "1"}', "max_tokens"),
+    ('{"prompt": "x", "stop": 5}', "stop"),
+    ('{"prompt": "x", "stop": ' + json.dumps([str(i) for i in range(65)]) + "}", "stop"),
+    ('{"prompt": "x", "temperature": 1e-6}', "temperature"),  # the core's check, named as the field
+    ('{"prompt": "x", "stop": ["a", ""]}', "stop"),
+    ('{"prompt": "x", "echo": true}', "echo"),  # OpenAI's fields that minfer lacks: only their no-op values
+    ('{"prompt": "x", "best_of": 2}', None),
+    ('{"prompt": "x", "suffix": "y"}', "suffix"),
+    ('{"prompt": "x", "logit_bias": {"1": 5}}', "logit_bias"),
+    ('{"prompt": "x", "stream_options": {"include_usage": true}}', None),  # without stream
+    ('{"prompt": ' + json.dumps([[1]] * 33) + ', "n": 128, "max_tokens": 1}', "n"),  # 4224 sequences: over 4096
 ])
 def test_bad_completion_requests(server, body, param):
     assert_error(server.http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"}),
@@ -223,9 +240,40 @@ def test_bad_completion_requests(server, body, param):
 
 
 def test_bad_chat_requests(server):
+    user = [{"role": "user", "content": "x"}]
     for body, param in [({"messages": []}, "messages"), ({"messages": [{"role": "robot", "content": "x"}]}, None),
-                        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 99}, "top_logprobs")]:
+                        ({"messages": user, "top_logprobs": 99}, "top_logprobs"),
+                        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+                        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+                         "messages.0.content.0.type"),  # a text model says so, rather than drop the image
+                        ({"messages": user, "tools": [{"type": "function"}]}, "tools"),
+                        ({"messages": user, "response_format": {"type": "json_object"}}, "response_format.type")]:
         assert_error(server.http.post("/v1/chat/completions", json=body), 400, param)
+
+
+def test_null_is_default_and_no_op_fields_pass(server, solo):
+    """OpenAI's nullable fields take null as their default; its fields minfer lacks pass at their no-op values."""
+    nulls = dict.fromkeys(["temperature", "top_p", "n", "presence_penalty", "frequency_penalty", "stream", "stop",
+                           "seed", "logit_bias", "suffix", "best_of"])
+    body = {"prompt": PROMPTS[0], "max_tokens": 8, **nulls, "echo": False, "logit_bias": {}, "store": False,
+            "service_tier": "auto"}
+    r = server.http.post("/v1/completions", json=body | {"temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == solo[0]
+    assert server.http.post("/v1/completions", json=body).status_code == 200  # temperature null: 1.0, sampled
+    chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "max_tokens": 2,
+            "logprobs": None, "temperature": None, "response_format": {"type": "text"}, "tool_choice": "none",
+            "parallel_tool_calls": False}
+    assert server.http.post("/v1/chat/completions", json=chat).status_code == 200
+    assert server.http.get("/v1/models/" + NAME).json()["id"] == NAME
+    assert_error(server.http.get("/v1/models/gpt-4"), 404, "model")
+    assert_idle(server.core)
+
+
+def test_tiny_top_p_keeps_the_top_token(server, solo):
+    """A top_p that is 0 in fp32 still keeps the most likely token: the greedy text, not an empty one."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 8, "top_p": 1e-300, "seed": 1}
+    assert server.http.post("/v1/completions", json=body).json()["choices"][0]["text"] == solo[0]
 
 
 def test_not_found_and_too_large(server):
@@ -238,6 +286,8 @@ def test_not_found_and_too_large(server):
 def test_api_key(server):
     assert_error(httpx.post(server.url + "/v1/completions", json={"prompt": "x"}), 401)
     assert_error(httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+    assert_error(httpx.get(server.url + "/v1/models", headers={"Authorization": KEY}), 401)
+    assert httpx.get(server.url + "/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
     assert httpx.get(server.url + "/health").status_code == 200  # health and metrics need no key
@@ -250,6 +300,27 @@ def test_full_queue_is_429(server):
     finally:
         srv.should_exit = True
         thread.join()
+
+
+def test_max_waiting_holds_under_a_burst(server, monkeypatch):
+    """Concurrent requests see each other's admissions: at most --max-waiting wait, the rest get 429; a request
+    that alone needs more than the limit is a 400 naming n, not a 429 to retry forever."""
+    step = server.core.step
+    monkeypatch.setattr(server.core, "step", lambda: (time.sleep(0.2), step())[1])
+    srv, thread, url = start(build_app(server.engine, NAME, max_waiting=2))
+    try:
+        assert_error(httpx.post(url + "/v1/completions", json={"prompt": "x", "n": 3, "max_tokens": 1}), 400, "n")
+        body = {"prompt": "x", "max_tokens": 1}
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            replies = list(pool.map(lambda _: httpx.post(url + "/v1/completions", json=body, timeout=60), range(16)))
+        assert {r.status_code for r in replies} == {200, 429}
+        waiting = [int(re.search(r"\((\d+) requests waiting\)", r.json()["error"]["message"])[1])
+                   for r in replies if r.status_code == 429]
+        assert max(waiting) <= 2, waiting  # what each refused request saw: never more than the limit
+    finally:
+        srv.should_exit = True
+        thread.join()
+    assert_idle(server.core)
 
 
 def test_disconnect_mid_stream_frees_pages(server, caplog):
@@ -274,6 +345,22 @@ def test_disconnect_before_the_response_aborts(server, caplog, monkeypatch):
                          timeout=0.5)
     assert_idle(server.core)
     assert any("finish abort" in m for m in caplog.messages)
+
+
+def test_disconnect_during_admission_drops_the_request(server, monkeypatch):
+    """A client that leaves while its request waits for the engine thread (busy in a step) is never added:
+    no prefill for nobody."""
+    added, add, step = [], server.core.add_request, server.core.step
+    monkeypatch.setattr(server.core, "add_request", lambda ids, params, rid=None: (added.append(rid), add(ids, params, rid))[1])
+    monkeypatch.setattr(server.core, "step", lambda: (time.sleep(1.0), step())[1])
+    busy = threading.Thread(target=lambda: server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}))
+    busy.start()
+    time.sleep(0.2)  # the engine thread is in the first request's slow step
+    with pytest.raises(httpx.ReadTimeout):
+        server.http.post("/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 2}, timeout=0.2)
+    busy.join()
+    assert_idle(server.core)
+    assert len(added) == 1, added
 
 
 def test_failing_step_fails_its_requests_only(server, client, solo, monkeypatch):

@@ -1,4 +1,4 @@
-"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+"""The routes: /v1/chat/completions, /v1/completions, /v1/models[/{id}], /health, /metrics.
 
 A request is parsed and checked here (body size, JSON, fields), tokenized off the event loop, and handed to
 the engine thread as one engine request per choice (n choices of each prompt). Every error leaves in OpenAI's
@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..errors import MinferError
 from ..sampling import SamplingParams
@@ -29,6 +30,11 @@ from .protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse
                        CompletionRequest, CompletionResponse, ErrorInfo, ErrorResponse, Usage, new_id)
 
 MAX_BODY_BYTES = 4 << 20  # a body over this is a 413 before it is parsed
+MAX_SEQUENCES = 4096  # engine requests from one HTTP request (n x prompts): one request cannot hold the engine for long
+TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list"}  # pydantic's names of union members in a location
+# What a union field accepts, for its error message (pydantic names the union's first member only)
+UNION_TYPES = {"prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
+               "stop": "a string or a list of strings", "content": "a string or a list of text parts"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
                500: "internal_server_error", 503: "service_unavailable"}
@@ -61,8 +67,7 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"")
-        if self.api_key is not None and scope["path"].startswith("/v1") and not secrets.compare_digest(
-                headers.get(b"authorization", b""), f"Bearer {self.api_key}".encode()):
+        if self.api_key is not None and scope["path"].startswith("/v1") and not self.authorized(headers):
             return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)")(
                 scope, receive, send)
         if length.isdigit() and int(length) > self.max_body_bytes:
@@ -77,11 +82,18 @@ class Guard:
 
         try:
             await self.app(scope, receive, send_seen)
+        except ClientDisconnect:  # the client left while its body came in: nobody to answer
+            logging.getLogger("minfer.serve").info("%s %s: the client left", scope["method"], scope["path"])
         except Exception as e:  # a bug: this request fails, the server and the connection go on
             logging.getLogger("minfer.serve").exception("request failed")
             if started:
                 raise
             await error_response(500, f"{type(e).__name__}: {e}")(scope, receive, send)
+
+    def authorized(self, headers: dict) -> bool:
+        """Authorization: Bearer KEY (the scheme in any case, RFC 9110)."""
+        scheme, _, key = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and secrets.compare_digest(key.strip(), self.api_key.encode())
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
@@ -112,12 +124,12 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"invalid JSON: {e}") from None
+        except RecursionError:
+            raise APIError(400, "invalid JSON: nested too deeply") from None
         try:
             req = cls.model_validate(obj)
         except ValidationError as e:
-            err = e.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
-            raise APIError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
+            raise APIError(400, *validation_message(e.errors())) from None
         if req.model is not None and req.model != model_name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}", "model")
         return req
@@ -134,6 +146,24 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             except UnicodeEncodeError as e:
                 raise APIError(400, f"{param}: not valid Unicode ({e.reason})", param) from None
 
+    def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+        """pydantic's error as (message, param). A location names a union's members ('prompt', 'str'), one error
+        each: the one that reached a field inside its member (a content part's type) speaks, else the first. The
+        param is the path without the member, and a union's message says what it accepts."""
+        def field(p):
+            return isinstance(p, str) and re.fullmatch(r"[a-z_][a-z0-9_]*", p) and p not in TYPE_NAMES
+
+        def into_member(e):
+            tags = [i for i, p in enumerate(e["loc"]) if isinstance(p, str) and not field(p)]
+            return tags and any(field(p) for p in e["loc"][tags[-1] + 1:])
+        err = next((e for e in errors if into_member(e)), errors[0])
+        path = [str(p) for p in err["loc"] if isinstance(p, int) or field(p)]
+        param = ".".join(path) or None
+        in_union = len(path) < len(err["loc"])
+        union = UNION_TYPES.get(path[-1]) if path and in_union and not path[-1].isdigit() else None
+        msg = f"expected {union}" if union else err["msg"].removeprefix("Value error, ")
+        return (f"{param}: {msg}" if param else msg), param
+
     def params_for(req, max_tokens: int | None, logprobs: int | None, choice: int) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         seed = None if req.seed is None else (req.seed + choice) % 2**63  # n choices of one seed differ
@@ -145,21 +175,35 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                   logprobs=logprobs)
         except MinferError as e:
             # the core names the CLI flag (--top-p); the API names the field (top_p)
-            raise APIError(400, re.sub(r"^--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(e))) from None
+            message = re.sub(r"^--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(e))
+            field = re.match(r"[a-z_]+", message)
+            param = field[0] if field and field[0] in type(req).model_fields else "stop" if "stop" in message else None
+            raise APIError(400, message, param) from None
 
     # ---- running ----
 
-    async def submit(rid: str, prompts: list[list[int]], req, max_tokens, logprobs):
-        """One engine request per (prompt, choice); returns their Outputs and ids."""
+    async def submit(request: Request, rid: str, prompts: list[list[int]], req, max_tokens, logprobs):
+        """One engine request per (prompt, choice); returns their Outputs and ids. A client that leaves while
+        they are handed over cancels those not taken yet and aborts the others."""
         n = req.n * len(prompts)
+        if n > MAX_SEQUENCES or (max_waiting and n > max_waiting):  # never admitted (--max-waiting 0: none is)
+            limit = MAX_SEQUENCES if n > MAX_SEQUENCES else max_waiting
+            raise APIError(400, f"n x prompts = {n} sequences, over this server's limit of {limit} a request",
+                           "n" if req.n > 1 else "prompt")
+        params = [params_for(req, max_tokens, logprobs, c) for c in range(req.n)]
         if max_waiting is not None and engine.num_waiting + n > max_waiting:
             raise APIError(429, f"the server is busy ({engine.num_waiting} requests waiting); try again later")
-        params = [params_for(req, max_tokens, logprobs, c) for c in range(req.n)]
         out = Outputs()
         rids = [f"{rid}-{i}" for i in range(n)]
-        try:  # all at once, so that the choices start in the same step
-            await asyncio.gather(*(engine.add(rids[p * req.n + c], ids, params[c], out, p * req.n + c)
-                                   for p, ids in enumerate(prompts) for c in range(req.n)))
+        # all at once, so that the choices start in the same step; counted as waiting before any await
+        adds = asyncio.gather(*(engine.add(rids[p * req.n + c], ids, params[c], out, p * req.n + c)
+                                for p, ids in enumerate(prompts) for c in range(req.n)))
+        try:
+            while not (await asyncio.wait({adds}, timeout=0.25))[0]:
+                if await request.is_disconnected():
+                    adds.cancel()
+                    raise APIError(400, "the client closed the connection")
+            adds.result()
         except BaseException as e:
             for r in rids:
                 engine.abort(r)
@@ -201,9 +245,9 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         task = asyncio.ensure_future(run())
         while not (await asyncio.wait({task}, timeout=0.25))[0]:
             if await request.is_disconnected():
-                task.cancel()
-                break
-        return await task
+                task.cancel()  # deltas() aborts the unfinished choices
+                raise APIError(400, "the client closed the connection")
+        return task.result()
 
     def sse(events):
         """events: the chunks' JSON texts."""
@@ -275,11 +319,18 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                             "owned_by": "minfer", "max_model_len": core.max_context,
                                             "vocab_size": core.cfg.vocab_size}]}
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        for card in (await models())["data"]:
+            if card["id"] == model_id:
+                return card
+        raise APIError(404, f"the model {model_id!r} does not exist; this server serves {model_name!r}", "model")
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         req = await parse(request, ChatCompletionRequest)
         need_tokenizer()
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        messages = [m.for_template() for m in req.messages]
         need_unicode([m["content"] for m in messages], "messages")
         try:
             ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
@@ -287,7 +338,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             raise APIError(400, f"messages: {e}", "messages") from None
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         rid = new_id("chatcmpl")
-        out, rids = await submit(rid, [ids], req, req.max_completion_tokens or req.max_tokens, logprobs)
+        out, rids = await submit(request, rid, [ids], req, req.max_completion_tokens or req.max_tokens, logprobs)
         if req.stream:
             return sse(chat_chunks(rid, req, ids, out, rids))
         per_choice = await collect(request, out, rids)
@@ -329,7 +380,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         if not prompts:
             raise APIError(400, "prompt: no prompt given", "prompt")
         rid = new_id("cmpl")
-        out, rids = await submit(rid, prompts, req, req.max_tokens or 16, req.logprobs)
+        out, rids = await submit(request, rid, prompts, req, req.max_tokens or 16, req.logprobs)
         if req.stream:
             return sse(completion_chunks(rid, req, prompts, out, rids))
         per_choice = await collect(request, out, rids)

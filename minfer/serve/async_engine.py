@@ -102,14 +102,16 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    async def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, out: Outputs,
-                  index: int = 0) -> None:
-        """Queues the request; returns once the core took it, or raises its MinferError (a bad prompt)."""
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, out: Outputs,
+            index: int = 0) -> asyncio.Future:
+        """Queues the request, counted in num_waiting at once (no await between a caller's check of the count and
+        the add); the future resolves once the core took it, or raises its MinferError (a bad prompt). Cancelling
+        it before then drops the request."""
         done = concurrent.futures.Future()
         self._submitted += 1
         self._commands.put(("add", request_id, prompt_ids, params, _Request(out, index, len(prompt_ids)), done))
         self._wake.set()
-        await asyncio.wrap_future(done)
+        return asyncio.wrap_future(done)
 
     def abort(self, request_id: str) -> None:
         """Ends the request at the next step and frees its pages; nothing if it has finished."""

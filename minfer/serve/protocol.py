@@ -1,22 +1,50 @@
-"""OpenAI's request and response shapes (pydantic). Requests forbid unknown fields and non-finite numbers,
-so that an unsupported option is a 400 naming it, not silently ignored."""
+"""OpenAI's request and response shapes (pydantic). Requests forbid unknown fields, non-finite numbers and
+values of another JSON type (strict: true is no number, 2.0 no count, "1" no token id), so that an unsupported
+option is a 400 naming it, not silently ignored. An explicit null means the field's default, as in OpenAI's API.
+OpenAI's fields that minfer does not implement are accepted at their no-op values only."""
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+MAX_STOP = 64  # stop strings a request: each is looked for in the new text of every step
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if v is not None or k not in cls.model_fields or cls.model_fields[k].is_required()}
+        return data
+
+
+def unsupported(value: Any, no_op: Any) -> Any:
+    """A field of OpenAI's that minfer does not implement passes at its no-op value, else a 400 that says so."""
+    if value != no_op:
+        raise ValueError(f"{value!r} is not supported (only {no_op!r})")
+    return value
 
 
 class StreamOptions(Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous(cls, v):
+        return unsupported(v, False)
+
+
+class ResponseFormat(Request):
+    type: Literal["text"]  # json_object and json_schema need constrained decoding
 
 
 class SamplingFields(Request):
@@ -38,25 +66,60 @@ class SamplingFields(Request):
     min_p: float = Field(0.0, ge=0, lt=1)
     repetition_penalty: float = Field(1.0, gt=0)
     ignore_eos: bool = False
+    # OpenAI's, at their no-op values only
+    logit_bias: dict[str, float] = Field(default_factory=dict)
+    store: bool = False
+    metadata: dict[str, str] | None = None  # labels of a stored completion: nothing is stored
+    service_tier: str | None = None  # a scheduling hint: every request is served alike
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(v)}")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v):
+        return unsupported(v, {})
+
+    @field_validator("store")
+    @classmethod
+    def _no_store(cls, v):
+        return unsupported(v, False)
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream = true")
+        return self
 
 
-class ContentPart(BaseModel):
-    """A part of a message's content: text parts are read; others (image_url, ...) keep their fields, unread."""
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
+class ContentPart(Request):
+    """A part of a message's content: text only (a text model has nothing to read an image with)."""
+    type: Literal["text", "input_text"]
+    text: str
 
 
 class Message(Request):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, for the chat template
+    tool_call_id: str | None = None  # a tool turn's answer to that call
 
     def text(self) -> str:
-        """The text of the content; a list of parts keeps its text parts."""
+        """The text of the content, its parts joined."""
         if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content if p.type == "text")
+            return "".join(p.text for p in self.content)
         return self.content or ""
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it: role and content, and the tool fields where given."""
+        m = {"role": self.role, "content": self.text()}
+        m.update({k: v for k in ("name", "tool_calls", "tool_call_id") if (v := getattr(self, k)) is not None})
+        return m
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -64,11 +127,44 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str = "none"
+    parallel_tool_calls: bool = True
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v):
+        return unsupported(v, [])
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, v):
+        return v if v == "auto" else unsupported(v, "none")
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v):
+        return unsupported(v, False)
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        return unsupported(v, "")
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of = {self.best_of} is not supported (only n, {self.n})")
+        return self
 
 
 class Usage(BaseModel):
