@@ -1,7 +1,9 @@
 """Text <-> ids (the `tokenizers` library) and the chat template (jinja2)."""
 from __future__ import annotations
 
+import functools
 import os
+import re
 
 import jinja2
 import jinja2.sandbox
@@ -10,6 +12,7 @@ from .errors import MinferError, check_readable, file_error, read_json
 
 # Control tokens that end a turn in common chat formats; they stop generation when present.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|end|>", "<end_of_turn>")
+
 
 
 class Tokenizer:
@@ -26,6 +29,8 @@ class Tokenizer:
             if i is not None:
                 stops.add(i)
         self.stop_ids = sorted(stops)
+        self.special_ids = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+        self.byte_level = type(tok.decoder).__name__ == "ByteLevel"
 
     @property
     def vocab_size(self) -> int:
@@ -37,6 +42,19 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token adds to the text, where decode([id]) alone may be U+FFFD (a piece of a multi-byte
+        character): byte-level BPE's characters mapped back to bytes, SentencePiece's <0xNN> pieces as one byte,
+        other pieces as UTF-8 with '▁' for a space. Special tokens add nothing, as in decode."""
+        piece = self.tok.id_to_token(token_id)
+        if piece is None or token_id in self.special_ids:
+            return b""
+        if self.byte_level and all(c in _byte_of_char() for c in piece):
+            return bytes(_byte_of_char()[c] for c in piece)
+        if m := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece):
+            return bytes([int(m[1], 16)])
+        return piece.replace("\u2581", " ").encode()
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         if not self.chat_template:
@@ -55,6 +73,14 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict]) -> list[int]:
         # The template writes any BOS itself, so none is added here.
         return self.tok.encode(self.apply_chat_template(messages), add_special_tokens=False).ids
+
+
+@functools.cache
+def _byte_of_char() -> dict[str, int]:
+    """Byte-level BPE's characters back to their bytes."""
+    from .gguf import _bytes_to_unicode
+
+    return {c: b for b, c in _bytes_to_unicode().items()}
 
 
 class StreamDecoder:

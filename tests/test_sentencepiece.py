@@ -161,6 +161,8 @@ def check_text(ours, ref, text, roundtrip=True):
     assert ids[1:] == ref.encode(text, add_special_tokens=False)
     decoded = ours.decode(ids)
     assert decoded == ref.decode(ids, skip_special_tokens=True)
+    # the tokens' bytes (<0xNN> pieces one byte each) are the text's, but for the prefix space the decoder strips
+    assert b"".join(ours.token_bytes(i) for i in ids).decode() in (decoded, " " + decoded)
     if roundtrip:
         assert decoded == text
     dec = mtok.StreamDecoder(ours)

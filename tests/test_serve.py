@@ -188,6 +188,25 @@ def test_logprobs(server, client):
     assert all(len(t) == 3 for t in lp.top_logprobs) and "".join(lp.tokens) == out.choices[0].text
 
 
+def test_logprobs_of_byte_tokens(server):
+    """Tokens that are pieces of a multi-byte character (emoji) show as "bytes:\\xNN" with their real bytes, which
+    rebuild the text; distinct ones stay distinct in a completion's top_logprobs; text_offset indexes the text."""
+    body = {"prompt": "Emoji list: \U0001F600 \U0001F603 \U0001F604 \U0001F601 \U0001F606", "max_tokens": 6,
+            "temperature": 0}
+    out = server.http.post("/v1/completions", json=body | {"logprobs": 5}).json()["choices"][0]
+    lp, text = out["logprobs"], out["text"]
+    assert any(t.startswith("bytes:") for t in lp["tokens"]), lp["tokens"]  # the model answers in emoji
+    assert all(len(top) == 5 for top in lp["top_logprobs"]), lp["top_logprobs"]
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][-1] < len(text)
+    for t, start in zip(lp["tokens"], lp["text_offset"]):
+        assert t.startswith("bytes:") or text[start:].startswith(t), (t, start, text)
+    chat = {"messages": [{"role": "user", "content": body["prompt"]}], "max_tokens": 6, "temperature": 0,
+            "logprobs": True, "top_logprobs": 2}
+    out = server.http.post("/v1/chat/completions", json=chat).json()["choices"][0]
+    content = out["logprobs"]["content"]
+    assert bytes(b for e in content for b in e["bytes"]).decode(errors="replace").startswith(out["message"]["content"])
+
+
 def assert_error(r, status, param=None):
     assert r.status_code == status, r.text
     err = r.json()["error"]

@@ -50,6 +50,15 @@ def test_stream_decoder_holds_split_utf8(text):
         assert text.startswith(acc)
 
 
+@pytest.mark.parametrize("text", ["🤖", "héllo 🤖🎉 wörld 中文 👨‍👩‍👧", "tabs\tand\nnewlines"])
+def test_token_bytes_rebuild_the_text(text):
+    """Each token's bytes (a byte-level piece of a character alone decodes to U+FFFD) join to the text's UTF-8."""
+    tok = byte_tokenizer()
+    ids = tok.encode(text)
+    assert any(tok.decode([i]) == "\ufffd" for i in ids) or text.isascii()
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode()
+
+
 def test_stream_decoder_unfinished_character_is_not_emitted():
     tok = byte_tokenizer()
     ids = tok.encode("ok 🤖")

@@ -278,28 +278,36 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
 
     # ---- logprobs in the two shapes ----
 
-    def piece(token_id: int) -> str:
-        return tokenizer.decode([token_id]) if tokenizer else str(token_id)
+    def piece(token_id: int) -> tuple[str, bytes]:
+        """A token as logprobs show it, and its bytes. A piece of a multi-byte character is no text alone (it
+        decodes to U+FFFD): it shows as "bytes:\\xNN..." (vLLM's form), and its bytes rebuild the character."""
+        if tokenizer is None:
+            return str(token_id), str(token_id).encode()
+        text, raw = tokenizer.decode([token_id]), tokenizer.token_bytes(token_id)
+        if "\ufffd" in text and raw:
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return text, raw or text.encode()
 
     def chat_logprobs(entries: list[dict] | None) -> dict | None:
         if entries is None:
             return None
+
         def one(tid, lp):
-            s = piece(tid)
-            return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+            text, raw = piece(tid)
+            return {"token": text, "logprob": lp, "bytes": list(raw)}
         return {"content": [{**one(e["token_id"], e["logprob"]), "top_logprobs": [one(t, lp) for t, lp in e["top"]]}
                             for e in entries]}
 
     def completion_logprobs(entries: list[dict] | None, offset: int = 0) -> dict | None:
+        """text_offset: where each token's first character starts in the text (a token inside a multi-byte
+        character, where that character starts)."""
         if entries is None:
             return None
-        tokens = [piece(e["token_id"]) for e in entries]
-        offsets = []
-        for s in tokens:
-            offsets.append(offset)
-            offset += len(s)
-        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{piece(t): lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
+        ids = [e["token_id"] for e in entries]
+        offsets = [offset + len(tokenizer.decode(ids[:i]).rstrip("\ufffd")) if tokenizer else offset + i
+                   for i in range(len(ids))]
+        return {"tokens": [piece(t)[0] for t in ids], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{piece(t)[0]: lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
 
     # ---- routes ----
 
