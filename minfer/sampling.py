@@ -134,8 +134,14 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> t
     whatever else is in the batch (a counter-based generator). seeds, positions [batch] int64, >= 0."""
     key = _mix32(_mix32(_mix32((seeds >> 32) & _M32) ^ (seeds & _M32)) ^ (positions & _M32))  # [batch]
     ids = _mix32(torch.arange(vocab, device=seeds.device, dtype=torch.int64))  # [vocab]
-    h = _mix32(ids[None, :] ^ key[:, None])  # [batch, vocab]
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(_mix32(ids[None, :] ^ key[:, None]))  # [batch, vocab]
+
+
+def unit_interval(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes (int64) -> fp32 in (0, 1), both ends excluded: their top 23 bits at the middles of 2^23
+    equal steps. (With 24 bits the top step, 2^24 - 0.5, rounds to 2^24 in fp32: u = 1, an infinite Gumbel draw
+    that beat every filter.)"""
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def upload(values, dtype, device) -> torch.Tensor:

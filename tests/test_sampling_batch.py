@@ -3,7 +3,7 @@ seeded row draws the same token alone or in any batch; statistical checks of the
 logprobs by hand."""
 import torch
 
-from minfer.sampling import SamplingParams, SamplingTensors, filter_logits, sample_batch, uniform_noise
+from minfer.sampling import SamplingParams, SamplingTensors, filter_logits, sample_batch, uniform_noise, unit_interval
 from test_sampling import LOGITS, assert_matches, softmax_by_hand
 
 VOCAB = 5
@@ -31,6 +31,13 @@ def test_uniforms_are_uniform_and_keyed():
     assert torch.equal(again[0], u[2]) and torch.equal(again[1], u[0])
     # neighbouring ids are not correlated
     assert abs(torch.corrcoef(torch.stack([u[0, :-1], u[0, 1:]]))[0, 1].item()) < 0.02
+
+
+def test_uniforms_stay_inside_the_open_interval():
+    """The largest and smallest hashes map strictly inside (0, 1), so every Gumbel draw is finite."""
+    h = torch.tensor([0, 1, 511, 512, 2**31, 2**32 - 513, 2**32 - 512, 2**32 - 1])
+    u = unit_interval(h)
+    assert 0 < u.min() and u.max() < 1 and (-torch.log(-torch.log(u))).isfinite().all()
 
 
 def test_frequencies_match_the_target():
