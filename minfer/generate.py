@@ -9,12 +9,13 @@ import argparse
 import sys
 
 from .engine_args import add_engine_args
+from .errors import ArgumentParser
 
 DTYPES = ("float32", "float16", "bfloat16")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minfer.generate", description=__doc__,
+    p = ArgumentParser(prog="python -m minfer.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?",
                    help="HF folder, HF hub id, .gguf file or the name of a model minfer.fetch installs (gemma3-270m) "
@@ -70,8 +71,6 @@ def _check(args):
     from .errors import MinferError
     if args.max_new_tokens < 1:
         raise MinferError("--max-new-tokens must be at least 1")
-    if args.max_context is not None and args.max_context < 2:
-        raise MinferError("--max-context must be at least 2")
     if "" in args.stop:
         raise MinferError("--stop '' is empty: it would match before the first token")
     if args.system is not None and args.chat is False:

@@ -33,6 +33,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool | None = None, dequantize: bool = False,
                  async_scheduling: bool | None = None, cuda_graph_sizes: list[int] | None = None):
         if isinstance(dtype, str):
+            if dtype not in ("float32", "float16", "bfloat16"):
+                raise MinferError(f"dtype must be float32, float16 or bfloat16, not {dtype!r}")
             dtype = getattr(torch, dtype)
         self.engine = EngineCore(model, dtype=dtype, device=device, backend=backend, max_context=max_model_len,
                                  dequantize=dequantize, max_num_seqs=max_num_seqs,
@@ -48,11 +50,16 @@ class LLM:
 
     def _ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, dict):
-            return list(prompt["prompt_token_ids"])
+            if "prompt_token_ids" not in prompt:
+                raise MinferError(f"a prompt given as a dict takes 'prompt_token_ids', got keys {sorted(prompt)}")
+            prompt = prompt["prompt_token_ids"]
         if isinstance(prompt, str):
             if self.engine.tokenizer is None:
                 raise MinferError("this model has no tokenizer: give prompts as token ids")
             return self.engine.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)):
+            raise MinferError(f"a prompt is text, a list of token ids or {{'prompt_token_ids': [...]}}, not "
+                              f"{type(prompt).__name__}")
         return list(prompt)
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -63,7 +70,13 @@ class LLM:
         single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         prompts = [prompts] if single else list(prompts)
         ids = [self._ids(p) for p in prompts]
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(ids)
+        if isinstance(sampling_params, (list, tuple)):
+            params = list(sampling_params)
+        elif sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(ids)
+        else:
+            raise MinferError(f"sampling_params must be a SamplingParams or a list of them, not "
+                              f"{type(sampling_params).__name__}")
         with tqdm(total=len(ids), desc="Processed prompts", unit="prompt", file=sys.stderr,
                   disable=None if use_tqdm else True, dynamic_ncols=True) as bar:
             t0, tokens = time.perf_counter(), 0

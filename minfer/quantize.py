@@ -11,7 +11,6 @@ the file one at a time; OUT is written as OUT.part and renamed when complete.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
@@ -25,7 +24,7 @@ import torch
 
 from . import quant
 from .config import ModelConfig
-from .errors import MinferError, check_readable, read_json, run_cli
+from .errors import ArgumentParser, MinferError, check_readable, read_json, run_cli
 
 # --type -> (the type of most weights, llama.cpp's general.file_type: LlamaFileType)
 FTYPES = {"Q8_0": ("Q8_0", 7), "Q4_0": ("Q4_0", 2), "Q4_K_M": ("Q4_K", 15), "Q5_K_M": ("Q5_K", 17), "Q6_K": ("Q6_K", 18)}
@@ -409,7 +408,7 @@ def quantize_model(src: Source, out: str, ftype: str, device="cpu", pure: bool =
 # ---------------------------------------------------------------------------------------- CLI
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minfer.quantize", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m minfer.quantize", description=__doc__.split("\n\n")[0])
     p.add_argument("src", nargs="?", metavar="SRC", help="HF folder or F32/F16/BF16 GGUF (omit with --shape)")
     p.add_argument("out", metavar="OUT.gguf")
     p.add_argument("--type", required=True, help=f"one of {', '.join(FTYPES)}")

@@ -36,28 +36,52 @@ class SamplingParams:
     logprobs: int | None = None  # per token: the chosen id's log-probability and the top-n (0: chosen only)
 
     def __post_init__(self):
-        # One check per parameter, named by its CLI flag. Each accepts only good values, as NaN fails
-        # every comparison (a check that rejects bad values would let NaN through).
+        if isinstance(self.stop, str):  # one stop string, as vLLM takes it
+            self.stop = [self.stop]
+        self.validate()
+
+    def validate(self) -> None:
+        """One check per parameter, named by its CLI flag. Each accepts only good values, as NaN fails every
+        comparison (a check that rejects bad values would let NaN through); the engine checks again at
+        add_request, so that a field changed after construction is checked too. Values run in fp32: a
+        temperature or penalty past its range there would be inf or 0."""
         t = self.temperature
-        if not (t == 0 or MIN_TEMPERATURE <= t < math.inf):
-            raise MinferError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, not {t}")
-        if not self.top_k >= 0:
-            raise MinferError(f"--top-k must be >= 0 (0 = off), not {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise MinferError(f"--top-p must be in (0, 1], not {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise MinferError(f"--min-p must be in [0, 1), not {self.min_p}")
-        if not 0 < self.repetition_penalty < math.inf:
-            raise MinferError(f"--repetition-penalty must be a finite number > 0, not {self.repetition_penalty}")
+        if not (_number(t) and (t == 0 or MIN_TEMPERATURE <= t <= FP32_MAX)):
+            raise MinferError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, not {t!r}")
+        if not (_integer(self.top_k) and self.top_k >= 0):
+            raise MinferError(f"--top-k must be an integer >= 0 (0 = off), not {self.top_k!r}")
+        if not (_number(self.top_p) and 0 < self.top_p <= 1):
+            raise MinferError(f"--top-p must be in (0, 1], not {self.top_p!r}")
+        if not (_number(self.min_p) and 0 <= self.min_p < 1):
+            raise MinferError(f"--min-p must be in [0, 1), not {self.min_p!r}")
+        if not (_number(self.repetition_penalty) and FP32_TINY <= self.repetition_penalty <= FP32_MAX):
+            raise MinferError(f"--repetition-penalty must be a number > 0 that fp32 holds, not {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise MinferError(f"--{name.replace('_', '-')} must be in [-2, 2], not {getattr(self, name)}")
-        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
-            raise MinferError(f"max_tokens (--max-new-tokens) must be at least 1, not {self.max_tokens}")
+            if not (_number(getattr(self, name)) and -2 <= getattr(self, name) <= 2):
+                raise MinferError(f"--{name.replace('_', '-')} must be in [-2, 2], not {getattr(self, name)!r}")
+        if self.seed is not None and not (_integer(self.seed) and 0 <= self.seed < 2**63):
+            raise MinferError(f"--seed must be an integer in [0, 2^63), not {self.seed!r}")
+        if not (_integer(self.max_tokens) and self.max_tokens >= 1):
+            raise MinferError(f"max_tokens (--max-new-tokens) must be at least 1, not {self.max_tokens!r}")
+        if not (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop)):
+            raise MinferError(f"stop must be a string or a list of strings, not {self.stop!r}")
         if "" in self.stop:
             raise MinferError("empty stop string: it would match before the first token")
-        if self.logprobs is not None and not self.logprobs >= 0:
-            raise MinferError(f"logprobs must be >= 0, not {self.logprobs}")
+        if not (isinstance(self.stop_token_ids, (list, tuple)) and all(_integer(i) for i in self.stop_token_ids)):
+            raise MinferError(f"stop_token_ids must be a list of token ids, not {self.stop_token_ids!r}")
+        if self.logprobs is not None and not (_integer(self.logprobs) and self.logprobs >= 0):
+            raise MinferError(f"logprobs must be an integer >= 0, not {self.logprobs!r}")
+
+
+FP32_TINY, FP32_MAX = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _integer(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -274,6 +274,22 @@ def test_error_names_the_one_bad_sampling_flag(capsys, flag, value):
     assert [f for f in SAMPLING_FLAGS if f in err] == [flag]
 
 
+@pytest.mark.parametrize("args,needle", [(["--top-k", "x"], "--top-k"), (["--bogus"], "--bogus"),
+                                         (["--dtype", "foo"], "--dtype"), (["-p"], "-p/--prompt"),
+                                         (["--frequency-penalty", "-inf"], "--frequency-penalty"),  # a value, not a flag
+                                         (["--repetition-penalty", "1e-46"], "--repetition-penalty"),  # 0 in fp32
+                                         (["--temperature", "1e39"], "--temperature")])  # inf in fp32
+def test_error_bad_flags_are_one_line_and_exit_1(capsys, args, needle):
+    """argparse's own errors (a bad value's type, an unknown flag, a missing value) follow the CLI's rule too:
+    one line, exit 1, no usage block."""
+    try:
+        rc, out, err = main(capsys, "-p", "hi", "--temperature", "0", *args)
+    except SystemExit as e:
+        rc, (out, err) = e.code, capsys.readouterr()
+    assert rc == 1
+    assert_one_line_error(rc, out, err, needle)
+
+
 @pytest.mark.parametrize("flag", [[], ["--dequantize"]])
 def test_dequantize_flag_reaches_the_engine(capsys, monkeypatch, flag):
     """On the CPU --dequantize changes no output (see test_dequantize_gives_the_same_greedy_text), so check that

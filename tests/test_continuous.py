@@ -240,6 +240,51 @@ def test_llm_api():
     assert_idle(llm.engine)
 
 
+def test_llm_bad_input_is_a_value_error_and_leaves_it_usable():
+    """A bad prompt or parameter is a MinferError (a ValueError) naming it, before any step; a call that fails
+    midway through its prompts leaves nothing queued, so the next call runs as on a fresh LLM."""
+    llm = LLM(dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, block_size=PAGE, num_pages=64)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    want = llm.generate(PROMPTS[0], greedy)[0].token_ids
+    bad_calls = [
+        (lambda: llm.generate([PROMPTS[0], PROMPTS[3], [-1]], greedy), "out of range"),
+        (lambda: llm.generate([PROMPTS[0], {"ids": [1]}], greedy), "prompt_token_ids"),
+        (lambda: llm.generate([PROMPTS[0], None], greedy), "a prompt is text"),
+        (lambda: llm.generate([[1.5, 2.7]], greedy), "integers"),
+        (lambda: llm.generate(PROMPTS[0], {"temperature": 0}), "sampling_params"),
+        (lambda: llm.generate(PROMPTS[:2], [greedy]), "2 prompts and 1 sampling params"),
+    ]
+    for call, needle in bad_calls:
+        with pytest.raises(ValueError, match=needle):
+            call()
+        assert_idle(llm.engine)
+    for bad, needle in [({"seed": float("nan")}, "--seed"), ({"seed": "x"}, "--seed"), ({"logprobs": True}, "logprobs"),
+                        ({"stop": [5]}, "stop"), ({"repetition_penalty": 1e-46}, "--repetition-penalty"),
+                        ({"temperature": 1e39}, "--temperature"), ({"top_k": 1.5}, "--top-k")]:
+        with pytest.raises(ValueError, match=needle):
+            SamplingParams(**bad)
+    with pytest.raises(ValueError, match="more than the vocabulary"):
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=2, logprobs=10**6))
+    changed = SamplingParams(temperature=0.0)
+    changed.top_p = 0.0  # after construction: the engine checks it again
+    with pytest.raises(ValueError, match="--top-p"):
+        llm.generate(PROMPTS[0], changed)
+    assert SamplingParams(stop=".").stop == ["."]  # one string, as vLLM takes it
+    (again,) = llm.generate(PROMPTS[0], (greedy,))  # a tuple of params is a list
+    assert again.token_ids == want
+    for bad, needle in [({"dtype": "foo"}, "dtype"), ({"max_model_len": 0}, "max_model_len")]:
+        with pytest.raises(ValueError, match=needle):
+            LLM(**{"device": "cpu", "backend": "ref", **bad})
+
+
+@pytest.mark.parametrize("kw", [{"max_model_len": 2}, {"max_model_len": 4}, {"num_pages": 1}])
+def test_tiny_contexts_and_page_pools_run(kw):
+    """The warm-up request fits whatever context or page pool the engine has."""
+    llm = LLM(**{"dtype": "float32", "device": "cpu", "backend": "ref", "block_size": PAGE, **kw})
+    (out,) = llm.generate([1], SamplingParams(temperature=0.0, max_tokens=1))
+    assert len(out.token_ids) == 1
+
+
 def test_llm_progress_bar(monkeypatch):
     """generate() shows a bar of the finished prompts and the output tok/s where a terminal would show it, and
     none with use_tqdm=False; the caller's on_output still sees every output."""

@@ -15,6 +15,7 @@ penalty (the penalties read the output ids on the host) waits for the ids first.
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 import random
 import sys
@@ -296,6 +297,12 @@ class EngineCore(LoadedModel):
     # ---- requests ----
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        if not isinstance(params, SamplingParams):
+            raise MinferError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
+        params.validate()
+        if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in prompt_ids):
+            raise MinferError("prompt token ids must be integers")
+        prompt_ids = [int(i) for i in prompt_ids]  # numpy's too
         n = len(prompt_ids)
         if n == 0:
             raise MinferError("empty prompt")
@@ -305,6 +312,8 @@ class EngineCore(LoadedModel):
         vocab = self.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise MinferError(f"prompt token id out of range [0, {vocab})")
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise MinferError(f"logprobs is {params.logprobs}, more than the vocabulary's {vocab} tokens")
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.seqs:
             raise MinferError(f"request id {request_id!r} is already in use")
@@ -515,8 +524,11 @@ class EngineCore(LoadedModel):
             return 0.0
         t0 = time.perf_counter()
         bm = self.block_manager
-        self.add_request([0] * min(8, self.max_context - 4), SamplingParams(temperature=0.0, max_tokens=3,
-                                                                           ignore_eos=True), "warmup")
+        room = min(self.max_context, bm.num_pages * bm.page_size)  # positions one request can hold
+        if room >= 2:  # up to 8 prompt tokens and 3 new ones, within a tiny context or page pool
+            n_prompt = min(8, room - 1)
+            self.add_request([0] * n_prompt, SamplingParams(temperature=0.0, max_tokens=min(3, room - n_prompt),
+                                                            ignore_eos=True), "warmup")
         while self.has_unfinished():
             self.step()
         bm.reset_prefix_cache()
@@ -539,12 +551,14 @@ class EngineCore(LoadedModel):
         hits0, preempt0 = bm.hit_tokens, sched.num_preemptions
         self._sync()
         t0 = time.perf_counter()
-        index = {self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, params))}
+        index: dict[str, int] = {}  # request id -> prompt
         stats = Stats(prompt_tokens=sum(map(len, prompts)), warmup_s=warmup_s)
         results: list[RequestOutput | None] = [None] * len(prompts)
         first: dict[int, float] = {}
         t_decode = None  # when every request had its first token: the prefill phase's end
         try:
+            for i, (p, sp) in enumerate(zip(prompts, params)):  # a bad prompt: the ones before it are aborted
+                index[self.add_request(p, sp)] = i
             while any(r is None or not r.finished for r in results):
                 outs = self.step()
                 if t_decode is not None:
@@ -560,7 +574,7 @@ class EngineCore(LoadedModel):
                         on_output(i, out)
                 if t_decode is None and len(first) == len(prompts):
                     t_decode = now
-        finally:  # an exception (stdout closed, ^C) leaves no request behind
+        finally:  # an exception (a bad prompt, stdout closed, ^C) leaves no request behind
             for rid in list(self.seqs):
                 if rid in index:
                     self.abort_request(rid)

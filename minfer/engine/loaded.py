@@ -49,6 +49,8 @@ class LoadedModel:
         expanded to `dtype` at load instead of staying in their blocks; the ref backend always expands
         them (it has no kernels that read blocks, and would dequantize every matrix at every step)."""
         t0 = time.perf_counter()
+        if max_context is not None and not (isinstance(max_context, int) and max_context >= 2):
+            raise MinferError(f"--max-context (max_model_len) must be at least 2, not {max_context!r}")
         self.device = _device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.ops = _backend(backend, self.device)

@@ -14,12 +14,12 @@ import torch
 
 from .. import shapes
 from ..engine_args import add_engine_args, engine_kwargs
-from ..errors import MinferError, run_cli
+from ..errors import ArgumentParser, MinferError, run_cli
 from ..generate import DTYPES
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minfer.serve", description=__doc__,
+    p = ArgumentParser(prog="python -m minfer.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?",
                    help="HF folder, HF hub id, .gguf file or the name of a model minfer.fetch installs (gemma3-270m) "
