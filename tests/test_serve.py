@@ -570,4 +570,5 @@ def test_server_process_bad_flags(tmp_path):
     import sys
     r = subprocess.run([sys.executable, "-m", "minfer.serve", str(tmp_path / "x.gguf"), "--shape", "llama-3-8b"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "give a CHECKPOINT or --shape, not both" in r.stderr
+    assert r.returncode == 1 and "give a CHECKPOINT or --shape, not both" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
