@@ -221,7 +221,10 @@ def test_bad_input(engine, ids):
     for bad, flag in [({"gpu_memory_utilization": 0}, "--gpu-memory-utilization"),
                       ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization"),
                       ({"gpu_memory_utilization": float("nan")}, "--gpu-memory-utilization"),
-                      ({"num_pages": 0}, "--num-pages"), ({"page_size": 0}, "--block-size")]:
+                      ({"num_pages": 0}, "--num-pages"), ({"page_size": 0}, "--block-size"),
+                      ({"max_num_seqs": 2**17}, "--max-num-seqs"), ({"max_num_batched_tokens": 2**21},
+                                                                   "--max-num-batched-tokens"),
+                      ({"page_size": 2**17}, "--block-size"), ({"num_pages": 2**40}, "--num-pages")]:
         with pytest.raises(MinferError, match=flag):
             make(**bad)
     with pytest.raises(MinferError, match="--cuda-graph-sizes"):

@@ -37,6 +37,8 @@ from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, Status
 from .stats import Stats
 
+# The engine's sizes at most: past these a step's own lists and tables, not the GPU, are what run out.
+MAX_SEQS, MAX_STEP_TOKENS, MAX_PAGE_SIZE = 1 << 16, 1 << 20, 1 << 16
 # Without --num-pages on the CPU: pages for max_num_seqs full contexts, but at most this many bytes.
 CPU_CACHE_BYTES = 1 << 30
 
@@ -184,16 +186,16 @@ class EngineCore(LoadedModel):
         server, whose requests arrive one by one: ~2x sooner first tokens on the default model, for ~1 s of
         capture at start (H200), which a one-shot prompt or an offline batch (its prompts together) never wins
         back."""
-        if not max_num_seqs >= 1:
-            raise MinferError(f"--max-num-seqs must be at least 1, not {max_num_seqs}")
-        if not max_num_batched_tokens >= 1:
-            raise MinferError(f"--max-num-batched-tokens must be at least 1, not {max_num_batched_tokens}")
+        if not 1 <= max_num_seqs <= MAX_SEQS:
+            raise MinferError(f"--max-num-seqs must be in [1, {MAX_SEQS}], not {max_num_seqs}")
+        if not 1 <= max_num_batched_tokens <= MAX_STEP_TOKENS:
+            raise MinferError(f"--max-num-batched-tokens must be in [1, {MAX_STEP_TOKENS}], not {max_num_batched_tokens}")
         if not long_prefill_token_threshold >= 0:
             raise MinferError(f"--long-prefill-token-threshold must be at least 0, not {long_prefill_token_threshold}")
         if cuda_graph_sizes is not None and not (cuda_graph_sizes and min(cuda_graph_sizes) >= 1):
             raise MinferError(f"--cuda-graph-sizes must be sizes of at least 1, not {cuda_graph_sizes}")
-        if not page_size >= 1:
-            raise MinferError(f"--block-size must be at least 1, not {page_size}")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise MinferError(f"--block-size must be in [1, {MAX_PAGE_SIZE}], not {page_size}")
         if not 0 < gpu_memory_utilization <= 1:
             raise MinferError(f"--gpu-memory-utilization must be in (0, 1], not {gpu_memory_utilization}")
         if num_pages is not None and not num_pages >= 1:
@@ -235,8 +237,13 @@ class EngineCore(LoadedModel):
                                   f"GPU's free memory")
         # One page more in each group than the block manager hands out: the decode graphs' padding rows write
         # and read it, and the sliding group's freed entries point at it.
-        self.cache = PagedKVCache(cfg.num_layers, num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim,
-                                  self.dtype, self.device, sliding, local_pages + 1)
+        try:
+            self.cache = PagedKVCache(cfg.num_layers, num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim,
+                                      self.dtype, self.device, sliding, local_pages + 1)
+        except (RuntimeError, MemoryError):  # torch's OutOfMemoryError is a RuntimeError
+            need = num_pages * page_bytes + (local_pages + 1) * local_page_bytes
+            raise MinferError(f"--num-pages {num_pages}: {need / 2**30:.2f} GiB of KV cache does not fit in "
+                              f"{self.device.type} memory") from None
         self.block_manager = BlockManager(num_pages, page_size, prefix_caching, window, local_pages)
         self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens,
                                    long_prefill_token_threshold)
