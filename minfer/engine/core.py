@@ -15,7 +15,7 @@ penalty (the penalties read the output ids on the host) waits for the ids first.
 from __future__ import annotations
 
 import itertools
-import numbers
+import operator
 import os
 import random
 import sys
@@ -307,9 +307,10 @@ class EngineCore(LoadedModel):
         if not isinstance(params, SamplingParams):
             raise MinferError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
         params.validate()
-        if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in prompt_ids):
-            raise MinferError("prompt token ids must be integers")
-        prompt_ids = [int(i) for i in prompt_ids]  # numpy's too
+        try:
+            prompt_ids = [operator.index(i) for i in prompt_ids]  # ints, numpy's too; no floats
+        except TypeError:
+            raise MinferError("prompt token ids must be integers") from None
         n = len(prompt_ids)
         if n == 0:
             raise MinferError("empty prompt")

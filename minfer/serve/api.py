@@ -9,6 +9,7 @@ deltas that piled up for a request while the loop was busy go out as one chunk a
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import logging
 import re
@@ -300,13 +301,17 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
 
     def completion_logprobs(entries: list[dict] | None, offset: int = 0) -> dict | None:
         """text_offset: where each token's first character starts in the text (a token inside a multi-byte
-        character, where that character starts)."""
+        character, where that character starts): the characters of the tokens' bytes before it, counted by an
+        incremental UTF-8 decoder, which holds an unfinished character back."""
         if entries is None:
             return None
-        ids = [e["token_id"] for e in entries]
-        offsets = [offset + len(tokenizer.decode(ids[:i]).rstrip("\ufffd")) if tokenizer else offset + i
-                   for i in range(len(ids))]
-        return {"tokens": [piece(t)[0] for t in ids], "token_logprobs": [e["logprob"] for e in entries],
+        tokens, offsets, chars = [], [], codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for e in entries:
+            text, raw = piece(e["token_id"])
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(chars.decode(raw))
+        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [{piece(t)[0]: lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
 
     # ---- routes ----
