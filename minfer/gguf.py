@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import quant
-from .config import ModelConfig
+from .config import ModelConfig, check_fields, positive_int, positive_number
 from .errors import MinferError, file_error
 
 # GGUF tensor name -> HF name ("{i}" is the layer index).
@@ -152,19 +152,32 @@ def _field(reader: Reader, key: str, default=None):
     return reader.fields.get(key, default)
 
 
+_INT, _NUMBER = (positive_int, "a positive integer"), (positive_number, "a positive number")
+# {arch}.* keys read into the config, checked before any arithmetic on them (the rest: ModelConfig.validate).
+_KEYS = {"embedding_length": _INT, "attention.head_count": _INT, "attention.head_count_kv": _INT,
+         "block_count": _INT, "feed_forward_length": _INT, "context_length": _INT, "vocab_size": _INT,
+         "attention.key_length": _INT, "rope.dimension_count": _INT, "attention.sliding_window": _INT,
+         "attention.layer_norm_rms_epsilon": _NUMBER, "rope.freq_base": _NUMBER, "rope.freq_base_swa": _NUMBER,
+         "rope.scaling.factor": _NUMBER, "final_logit_softcapping": _NUMBER}
+
+
 def read_config(reader) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in ARCHS:
         raise MinferError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHS)}")
     a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    check_fields({k: a(k) for k in _KEYS}, _KEYS, f"GGUF metadata {arch}.")
     hidden, heads = a("embedding_length"), a("attention.head_count")
     if hidden is None or heads is None:
         raise MinferError(f"GGUF file lacks {arch}.embedding_length / {arch}.attention.head_count")
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     names = {t.name for t in reader.tensors}
     rope_scaling = None
-    if a("rope.scaling.type") == "linear":
+    kind = a("rope.scaling.type")
+    if kind == "linear":
         rope_scaling = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
+    elif kind not in (None, "none"):
+        raise MinferError(f"unsupported GGUF {arch}.rope.scaling.type {kind!r}; supported: none, linear")
     if "rope_freqs.weight" in names:  # llama3-style scaling, stored as per-frequency divisors
         freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         rope_scaling = {"rope_type": "freq_factors", "factors": tensor_to_torch(freqs).float().tolist()}
@@ -203,6 +216,9 @@ def _gemma3_config(a, hidden: int, heads: int, head_dim: int) -> dict:
     from .config import FULL, SLIDING
     layers = a("block_count")
     pattern = a("attention.sliding_window_pattern", 6)
+    if not (type(pattern) is int and pattern > 0 or isinstance(pattern, list) and len(pattern) == layers):
+        raise MinferError(f"GGUF metadata gemma3.attention.sliding_window_pattern is {pattern!r}; it must be a "
+                          f"positive integer or one bool a layer")
     if isinstance(pattern, list):
         types = [SLIDING if p else FULL for p in pattern]
     else:
@@ -309,8 +325,9 @@ def tokenizer_from_fields(field):
     if kind != "gpt2":
         raise MinferError(f"unsupported GGUF tokenizer {kind!r}; supported: gpt2 (byte-level BPE), "
                           f"llama (SentencePiece)")
-    tokens = field("tokenizer.ggml.tokens")
-    merges = field("tokenizer.ggml.merges") or []
+    tokens, merges = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.merges")
+    if not tokens or not merges:  # without merges BPE splits every word into characters: fluent-looking garbage
+        raise MinferError(f"GGUF tokenizer (gpt2) lacks tokenizer.ggml.{'tokens' if not tokens else 'merges'}")
     types = field("tokenizer.ggml.token_type") or [1] * len(tokens)
     alphabet = set(_bytes_to_unicode().values())
     spell = _bytes_to_unicode()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from .errors import MinferError
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # tokenizer.ggml.token_type
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
 NORMALIZER_ARCHS = GEMMA_ARCHS + ("phi3",)  # spaces become '▁' in a normalizer, not a Metaspace pre-tokenizer
@@ -92,6 +94,8 @@ def from_gguf_fields(field) -> tuple[Tokenizer, dict]:
     """The tokenizer and its metadata from a GGUF's fields; field(key, default) reads one."""
     ids = [field(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown", "padding")]
     tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+    if not tokens:
+        raise MinferError("GGUF tokenizer (llama) lacks tokenizer.ggml.tokens")
     arch = field("general.architecture", "llama")
     tok = build_sentencepiece(tokens, field("tokenizer.ggml.scores"), types,
                               add_space_prefix=bool(field("tokenizer.ggml.add_space_prefix", True)),

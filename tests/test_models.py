@@ -207,6 +207,37 @@ def test_config_bad_sizes_are_named(key, value):
         ModelConfig.from_hf(hf_config(**{key: value}))
 
 
+@pytest.mark.parametrize("key,value", [
+    ("rms_norm_eps", "1e-5"), ("rope_theta", float("nan")), ("rope_theta", -1.0), ("partial_rotary_factor", 2.0),
+    ("max_position_embeddings", 1e3), ("tie_word_embeddings", "false"), ("attention_bias", 1),
+    ("eos_token_id", [2, "3"]), ("bos_token_id", -1), ("rope_scaling", [8.0]), ("sliding_window", "4096"),
+    ("layer_types", "full_attention")])
+def test_config_fields_of_the_wrong_type_are_named(key, value):
+    """A value of the wrong type is an error naming its field, not a silent default (bool("false") is True)
+    nor a TypeError in the model's set-up."""
+    from minfer.config import ModelConfig
+    with pytest.raises(MinferError, match=f"config.json: {key} is"):
+        ModelConfig.from_hf(hf_config(**{key: value}))
+
+
+@pytest.mark.parametrize("scaling,message", [
+    ({"rope_type": "llama3", "factor": "8"}, "rope_scaling.factor is"),
+    ({"rope_type": "linear"}, "needs a positive factor"),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0}, "below high_freq"),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192.5}, "original_max_position")])
+def test_config_bad_rope_scaling_is_named(scaling, message):
+    from minfer.config import ModelConfig
+    with pytest.raises(MinferError, match=message):
+        ModelConfig.from_hf(hf_config(rope_scaling=scaling))
+
+
+def test_config_nulls_are_defaults():
+    from minfer.config import ModelConfig
+    cfg = ModelConfig.from_hf(hf_config(rms_norm_eps=None, tie_word_embeddings=None, max_position_embeddings=None)
+                              | {"rms_norm_eps": None, "tie_word_embeddings": None, "max_position_embeddings": None})
+    assert (cfg.rms_norm_eps, cfg.tie_word_embeddings, cfg.max_position_embeddings) == (1e-6, False, 4096)
+
+
 def test_config_that_is_not_an_object():
     from minfer.config import ModelConfig
     with pytest.raises(MinferError, match="config.json.*not an object"):
