@@ -16,9 +16,11 @@ import torch
 from tqdm import tqdm
 
 from . import gguf, tokenizer
-from .config import ModelConfig
+from .config import HF_FIELDS, ModelConfig, check_fields
 from .errors import MinferError, check_readable, file_error, open_input, read_json
 from .fetch import DEFAULT_MODEL_FILE, MODELS, cache_dir  # the models setup.sh installs, and their folder
+from .quant import QuantizedWeight
+from .shapes import check_tensors
 
 
 @dataclass
@@ -52,7 +54,8 @@ def _progress(items, desc):
 
 def _looks_like_hub_id(name: str) -> bool:
     parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+    return (len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+            and not name.endswith((".gguf", ".safetensors", ".json")))  # a file's name: a mistyped path
 
 
 def resolve(checkpoint: str | None) -> str:
@@ -60,6 +63,11 @@ def resolve(checkpoint: str | None) -> str:
     minfer.fetch installs, such as gemma3-270m)."""
     if checkpoint is None:
         return default_checkpoint()
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise MinferError(f"the checkpoint is a path or a hub id, not {type(checkpoint).__name__}")
+    checkpoint = os.fspath(checkpoint)
+    if not checkpoint:
+        raise MinferError("the checkpoint is an empty name (omit it for the default model)")
     path = os.path.expanduser(checkpoint)
     try:
         os.stat(path)
@@ -103,75 +111,116 @@ def _load_gguf(path, dtype, device, times, dequantize):
     reader = gguf.open_reader(path)
     cfg = gguf.read_config(reader)
     tok = tokenizer.from_gguf(reader)
+    _check_vocabulary(cfg, tok, path)
+    tensors = {name: t for t in reader.tensors if (name := gguf.hf_name(t.name, cfg.arch))}  # by HF name
+    check_tensors(cfg, {name: t.shape for name, t in tensors.items()}, path, lambda name: tensors[name].name)
     weights = gguf.read_weights(reader, cfg, dtype, device, lambda xs: _progress(xs, "loading"), times,
                                 keep_quantized=not dequantize)
-    _check_complete(cfg, weights, path)
+    _check_finite(weights, path)
     return cfg, weights, tok
 
 
-def _load_hf_folder(folder, dtype, device, times):
-    from safetensors import safe_open
-
+def read_hf_config(folder: str) -> ModelConfig:
+    """config.json, with generation_config.json's EOS ids; quantized safetensors refused (their scales are tensors
+    minfer does not read: every matrix would be off by them)."""
     hf_cfg = read_json(os.path.join(folder, "config.json"), missing_ok=True)
     if hf_cfg is None:
         raise MinferError(f"{folder}: no config.json (not an HF checkpoint folder)")
     cfg = ModelConfig.from_hf(hf_cfg)
+    if quantization := hf_cfg.get("quantization_config"):
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise MinferError(f"{folder}: quantized safetensors ({method or 'quantization_config'}) are not supported; "
+                          f"use the unquantized checkpoint or a GGUF file")
     gen_path = os.path.join(folder, "generation_config.json")
-    eos = (read_json(gen_path, missing_ok=True) or {}).get("eos_token_id")
+    gen = read_json(gen_path, missing_ok=True) or {}
+    check_fields(gen, {"eos_token_id": HF_FIELDS["eos_token_id"]}, f"{gen_path}: ")
+    eos = gen.get("eos_token_id")
     if eos is not None:
         cfg.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(eos if isinstance(eos, list) else [eos]))
+    return cfg
 
+
+def shard_paths(folder: str) -> list[str]:
+    """The safetensors files of an HF folder: its index's shards, or model.safetensors."""
     index_path = os.path.join(folder, "model.safetensors.index.json")
     index = read_json(index_path, missing_ok=True)
     if index is not None:
         if not isinstance(index.get("weight_map"), dict):
             raise MinferError(f"{index_path}: no weight_map")
-        shards = sorted(set(index["weight_map"].values()))
-    elif os.path.exists(os.path.join(folder, "model.safetensors")):
-        shards = ["model.safetensors"]
-    else:
-        raise MinferError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+        return [os.path.join(folder, shard) for shard in sorted(set(index["weight_map"].values()))]
+    if os.path.exists(os.path.join(folder, "model.safetensors")):
+        return [os.path.join(folder, "model.safetensors")]
+    raise MinferError(f"{folder}: no model.safetensors or model.safetensors.index.json")
 
+
+@contextmanager
+def reading(path: str):
+    """A truncated or corrupt safetensors file read inside is a MinferError naming it."""
+    try:
+        yield
+    except MinferError:
+        raise
+    except Exception as e:
+        raise MinferError(f"{path}: cannot read safetensors ({type(e).__name__}: {e})") from None
+
+
+def open_shard(path: str):
+    """(the open safetensors file, its tensors' shapes by name), its weights all float: an integer or fp8 weight
+    would be cast without the scales that give it its values."""
+    from safetensors import safe_open
+    check_readable(path)
+    with reading(path):
+        f = safe_open(path, framework="pt", device="cpu")
+        shapes = {}
+        for name in f.keys():
+            tensor = f.get_slice(name)
+            if tensor.get_dtype() not in ("F16", "BF16", "F32", "F64") and name.endswith(("weight", "bias")):
+                raise MinferError(f"{path}: {name} is {tensor.get_dtype()}; minfer reads float16, bfloat16 and "
+                                  f"float32 weights")
+            shapes[name] = tuple(tensor.get_shape())
+    return f, shapes
+
+
+def _load_hf_folder(folder, dtype, device, times):
+    cfg = read_hf_config(folder)
+    paths = shard_paths(folder)
+    tok = tokenizer.from_hf_folder(folder, cfg.eos_token_ids, cfg.bos_token_id)
+    _check_vocabulary(cfg, tok, folder)
+    shards = [open_shard(path) for path in paths]  # the tables first: nothing is read from a wrong checkpoint
+    check_tensors(cfg, {name: shape for _, shapes in shards for name, shape in shapes.items()}, folder)
     # HF's Gemma checkpoints store w of RMSNorm's x * (1 + w); the ops (and GGUF files) take 1 + w itself.
     norm_offset = 1.0 if cfg.arch == "gemma3" else 0.0
     weights = {}
-    for shard in shards:
-        shard_path = os.path.join(folder, shard)
-        check_readable(shard_path)
-        try:
-            with safe_open(shard_path, framework="pt", device="cpu") as f:
-                for name in _progress(list(f.keys()), f"loading {shard}"):
-                    with times("read"):
-                        w = f.get_tensor(name)
-                    with times("upload"):
-                        w = w.to(device)
-                    with times("dequantize"):
-                        if norm_offset and name.endswith("norm.weight"):
-                            w = w.float() + norm_offset
-                        weights[name] = w.to(dtype)
-        except MinferError:
-            raise
-        except Exception as e:  # truncated or corrupt file
-            raise MinferError(f"{shard_path}: cannot read safetensors ({type(e).__name__}: {e})") from None
-    tok = tokenizer.from_hf_folder(folder, cfg.eos_token_ids, cfg.bos_token_id)
-    _check_complete(cfg, weights, folder)
+    for path, (f, shapes) in zip(paths, shards):
+        with reading(path):
+            for name in _progress(list(shapes), f"loading {os.path.basename(path)}"):
+                with times("read"):
+                    w = f.get_tensor(name)
+                with times("upload"):
+                    w = w.to(device)
+                with times("dequantize"):
+                    if norm_offset and name.endswith("norm.weight"):
+                        w = w.float() + norm_offset
+                    weights[name] = w.to(dtype)
+    _check_finite(weights, folder)
     return cfg, weights, tok
 
 
-def _check_complete(cfg: ModelConfig, weights: dict, where: str) -> None:
-    need = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if cfg.tie_word_embeddings else ["lm_head.weight"])
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        need += [p + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
-                                 "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                                 "mlp.down_proj.weight")]
-        if cfg.attention_bias:
-            need += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
-        if cfg.qk_norm:
-            need += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        if cfg.sandwich_norm:
-            need += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
-    missing = [n for n in need if n not in weights]
-    if missing:
-        raise MinferError(f"{where}: checkpoint is missing {len(missing)} tensors, e.g. {missing[0]}")
+def _check_vocabulary(cfg: ModelConfig, tok, where: str) -> None:
+    """Every id the tokenizer gives or stops on is a row of the embedding: a larger tokenizer would index past it."""
+    if tok.vocab_size > cfg.vocab_size:
+        raise MinferError(f"{where}: the tokenizer has {tok.vocab_size} tokens, more than the model's vocab_size "
+                          f"{cfg.vocab_size}")
+    ids = [i for i in (tok.bos_token_id, *tok.stop_ids) if i is not None]
+    if ids and max(ids) >= cfg.vocab_size:
+        raise MinferError(f"{where}: BOS/EOS token id {max(ids)} is past the model's vocab_size {cfg.vocab_size}")
+
+
+def _check_finite(weights: dict, where: str) -> None:
+    """No NaN or infinity in a weight (in a quantized one, its blocks' scales): it would make every logit NaN and
+    the output empty. One device sync for them all."""
+    names = list(weights)
+    finite = torch.stack([w.finite() if isinstance(w, QuantizedWeight)
+                          else torch.isfinite(w.amax()) & torch.isfinite(w.amin()) for w in weights.values()])
+    if not bool(finite.all()):
+        raise MinferError(f"{where}: tensor {names[int(finite.logical_not().nonzero()[0])]} holds NaN or Inf")

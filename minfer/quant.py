@@ -29,6 +29,10 @@ from .errors import MinferError
 BLOCK_ELEMS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 QUANTIZED = tuple(BLOCK_ELEMS)
+# Byte offsets of each block's fp16 scales (d, then m or dmin where the format has one): the only fields of a
+# block that can be NaN or infinite.
+SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2),
+                 "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
@@ -146,6 +150,12 @@ class QuantizedWeight:
     @property
     def device(self) -> torch.device:
         return self.blocks.device
+
+    def finite(self) -> torch.Tensor:
+        """A bool on the blocks' device: every block's scales are finite (tiling keeps each block whole)."""
+        b = self.blocks.reshape(-1, BLOCK_BYTES[self.kind])
+        scales = torch.cat([b[:, at:at + 2] for at in SCALE_OFFSETS[self.kind]], 1).view(torch.float16)
+        return torch.isfinite(scales.amax()) & torch.isfinite(scales.amin())
 
     def nbytes(self) -> int:
         return self.blocks.numel()

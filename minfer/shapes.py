@@ -5,6 +5,8 @@ every tensor the model reads (HF names) with small random values, made on the de
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from .config import FULL, SLIDING, ModelConfig
@@ -76,6 +78,34 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.sandwich_norm:
             shapes[p + "pre_feedforward_layernorm.weight"] = shapes[p + "post_feedforward_layernorm.weight"] = (h,)
     return shapes
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def check_tensors(cfg: ModelConfig, found: dict[str, tuple[int, ...]], where: str, label=lambda name: name,
+                  exact: bool = False) -> None:
+    """found (HF name -> shape) holds every tensor cfg's model reads, each in its shape, and no layer past cfg's
+    (a config with fewer would drop the rest in silence); exact: nothing else either. label: HF name -> the name
+    `where` itself gives the tensor. Else a MinferError naming the tensor."""
+    layers = {int(m[1]) for name in found if (m := _LAYER.match(name))}
+    if layers and max(layers) >= cfg.num_layers:
+        raise MinferError(f"{where}: has tensors of layer {max(layers)}, but the config's layer count is "
+                          f"{cfg.num_layers}")
+    if len(layers) < cfg.num_layers:  # before weight_shapes lists the names of every layer the config claims
+        i = min(set(range(len(layers) + 1)) - layers)
+        raise MinferError(f"{where}: has no tensors of layer {i}; the config's layer count is {cfg.num_layers}")
+    need = weight_shapes(cfg)
+    missing = [name for name in need if name not in found]
+    if missing:
+        raise MinferError(f"{where}: missing {len(missing)} tensors, e.g. {label(missing[0])}")
+    for name, shape in found.items():
+        if name not in need:
+            if exact:
+                raise MinferError(f"{where}: tensor {label(name)} is not one of a {cfg.arch} model with this config")
+        elif tuple(shape) != need[name]:
+            raise MinferError(f"{where}: tensor {label(name)} has shape {list(shape)}; the config needs "
+                              f"{list(need[name])}")
 
 
 @torch.inference_mode()

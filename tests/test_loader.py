@@ -112,3 +112,106 @@ def test_bench_load_writes_and_times_both_checkpoints(tmp_path, capsys):
     assert torch.equal(weights[name], quantize.shape_source("smollm2-135m", "cpu").read(name).to(torch.bfloat16))
     assert tok.encode("hello world") and cfg.num_layers == 30
     assert "the GGUF loads in" in capsys.readouterr().out
+
+
+def rewrite_tiny(folder, config=None, tensors=None, drop=()):
+    """The tiny folder with config.json keys replaced, tensors replaced or added, and tensors dropped."""
+    from safetensors.torch import load_file, save_file
+    if config:
+        path = os.path.join(folder, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        with open(path, "w") as f:
+            json.dump({**cfg, **config}, f)
+    path = os.path.join(folder, "model.safetensors")
+    w = {k: v for k, v in load_file(path).items() if k not in drop}
+    save_file({**w, **(tensors or {})}, path)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(tensors={"model.layers.1.mlp.down_proj.weight": torch.randn(48, 32)}),
+     r"model.layers.1.mlp.down_proj.weight has shape \[48, 32\]; the config needs \[32, 48\]"),
+    (dict(tensors={"model.layers.0.input_layernorm.weight": torch.ones(1)}), r"input_layernorm.weight has shape \[1\]"),
+    (dict(tensors={"lm_head.weight": torch.randn(100, 32)}), r"lm_head.weight has shape \[100, 32\]"),
+    (dict(config={"num_hidden_layers": 1}), "has tensors of layer 1, but the config's layer count is 1"),
+    (dict(config={"num_hidden_layers": 3}), "has no tensors of layer 2; the config's layer count is 3"),
+    (dict(drop=["model.layers.1.self_attn.v_proj.weight"]), "missing 1 tensors, e.g. model.layers.1.self_attn.v_proj"),
+    # refused before any table of that size is made
+    (dict(config={"head_dim": 10 ** 8}), r"has shape \[16, 32\]; the config needs \[200000000, 32\]"),
+    (dict(config={"vocab_size": 32}), "the tokenizer has 64 tokens, more than the model's vocab_size 32"),
+    (dict(config={"vocab_size": 1000}), r"has shape \[64, 32\]; the config needs \[1000, 32\]"),
+    (dict(config={"eos_token_id": 5000, "vocab_size": 64}), "EOS token id 5000 is past"),
+    (dict(tensors={"model.layers.0.self_attn.q_proj.weight": torch.full((32, 32), float("nan"))}),
+     "model.layers.0.self_attn.q_proj.weight holds NaN or Inf"),
+    (dict(tensors={"model.norm.weight": torch.full((32,), float("inf"))}), "model.norm.weight holds NaN or Inf"),
+    (dict(config={"quantization_config": {"quant_method": "fp8"}}), r"quantized safetensors \(fp8\) are not supported"),
+    (dict(tensors={"model.layers.0.mlp.up_proj.weight": torch.zeros(48, 32, dtype=torch.int64)}),
+     "up_proj.weight is I64"),
+])
+def test_a_checkpoint_its_config_does_not_describe_is_refused(tiny, change, message):
+    """Shapes, layer count, vocabulary, finiteness and dtype are checked at load, each error naming the tensor or
+    the field: none of these may run (garbage, dropped layers, an index past the embedding) or fail in torch."""
+    rewrite_tiny(tiny, **change)
+    with pytest.raises(MinferError, match=message):
+        load(tiny)
+
+
+def test_generation_config_eos_of_the_wrong_type_is_named(tiny):
+    with open(os.path.join(tiny, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": "w1"}, f)
+    with pytest.raises(MinferError, match="generation_config.json: eos_token_id is 'w1'"):
+        load(tiny)
+
+
+def test_checkpoint_argument_forms(tiny, tmp_path):
+    import pathlib
+    assert load(pathlib.Path(tiny))[0].num_layers == 2  # a Path is a path
+    with pytest.raises(MinferError, match="not int"):
+        loader.resolve(123)
+    with pytest.raises(MinferError, match="empty name"):
+        loader.resolve("")
+    with pytest.raises(MinferError, match="models/smol.gguf: no such file"):  # a file's name, never a hub id
+        loader.resolve("models/smol.gguf")
+
+
+def test_quantized_scales_that_are_not_finite_are_found():
+    from minfer.quant import BLOCK_BYTES, QuantizedWeight, SCALE_OFFSETS
+    for kind, offsets in SCALE_OFFSETS.items():
+        for at in offsets:
+            blocks = torch.zeros(32, 256 // (256 if "K" in kind else 32) * BLOCK_BYTES[kind], dtype=torch.uint8)
+            w = QuantizedWeight(kind, blocks, (32, 256))
+            assert bool(w.finite())
+            blocks.view(-1, BLOCK_BYTES[kind])[7, at:at + 2] = torch.tensor([0x00, 0x7E], dtype=torch.uint8)  # NaN
+            assert not bool(w.finite()), (kind, at)
+
+
+def gguf_fields(**changes):
+    """A valid llama GGUF's metadata (as read), with changes (None drops a key)."""
+    fields = {"general.architecture": "llama", "llama.embedding_length": 64, "llama.attention.head_count": 4,
+              "llama.block_count": 2, "llama.feed_forward_length": 128, "llama.context_length": 256,
+              "tokenizer.ggml.tokens": ["a"] * 100}
+    fields.update(changes)
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"llama.attention.layer_norm_rms_epsilon": -1.0}, "layer_norm_rms_epsilon is -1.0; it must be a positive"),
+    ({"llama.rope.freq_base": 0.0}, "rope.freq_base is 0.0"),
+    ({"llama.attention.head_count": 0}, "head_count is 0"),
+    ({"llama.embedding_length": "64"}, "embedding_length is '64'"),
+    ({"llama.rope.scaling.type": "yarn"}, "rope.scaling.type 'yarn'"),
+    ({"llama.rope.dimension_count": 128}, "RoPE over"),
+])
+def test_gguf_metadata_is_checked(changes, message):
+    from types import SimpleNamespace
+    from minfer import gguf
+    assert gguf.read_config(SimpleNamespace(fields=gguf_fields(), tensors=[])).num_layers == 2
+    with pytest.raises(MinferError, match=message):
+        gguf.read_config(SimpleNamespace(fields=gguf_fields(**changes), tensors=[]))
+
+
+def test_gguf_bpe_without_merges_is_refused():
+    from minfer import gguf
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"]}
+    with pytest.raises(MinferError, match="lacks tokenizer.ggml.merges"):
+        gguf.tokenizer_from_fields(lambda key, default=None: fields.get(key, default))
