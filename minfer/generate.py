@@ -62,7 +62,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.model and args.checkpoint:
         p.error("give the checkpoint once: as CHECKPOINT or as --model")
-    args.checkpoint = args.checkpoint or args.model
+    args.checkpoint = args.model if args.checkpoint is None else args.checkpoint
     return args
 
 
@@ -86,10 +86,17 @@ def _text(arg: str, flag: str) -> str:
     return fixed
 
 
+# A prompt on stdin, at most: a 10M-token context's text is ~40 MB; `yes | ...` must not fill the memory.
+MAX_STDIN_BYTES = 64 << 20
+
+
 def _prompt(arg: str) -> str:
+    from .errors import MinferError
     if arg != "-":
         return _text(arg, "-p")
-    data = sys.stdin.buffer.read()
+    data = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1)
+    if len(data) > MAX_STDIN_BYTES:
+        raise MinferError(f"-p -: stdin holds over {MAX_STDIN_BYTES >> 20} MiB, more than any context")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -56,7 +56,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.engine.tokenizer is None:
                 raise MinferError("this model has no tokenizer: give prompts as token ids")
-            return self.engine.tokenizer.encode(prompt)
+            return self.engine.tokenizer.encode(prompt, self.engine.max_context)
         if not isinstance(prompt, (list, tuple)):
             raise MinferError(f"a prompt is text, a list of token ids or {{'prompt_token_ids': [...]}}, not "
                               f"{type(prompt).__name__}")

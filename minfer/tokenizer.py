@@ -36,7 +36,21 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The most characters one token spans (added tokens included)."""
+        return max(map(len, self.tok.get_vocab(with_added_tokens=True)))
+
+    def check_fits(self, text: str, max_tokens: int | None) -> None:
+        """Refuses, before tokenizing it (time and memory grow with the text), a text that takes more than
+        max_tokens tokens however it is split: each token spans at most longest_token characters, and 4x that
+        for normalizers that merge characters (NFKC joins up to 3 Hangul jamo into one)."""
+        if max_tokens is not None and len(text) > 4 * max_tokens * self.longest_token:
+            raise MinferError(f"prompt is {len(text)} characters, more than {max_tokens} tokens can hold")
+
+    def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
+        """max_tokens: refuse a text too long for it before tokenizing (check_fits)."""
+        self.check_fits(text, max_tokens)
         ids = self.tok.encode(text, add_special_tokens=False).ids
         return [self.bos_token_id] + ids if self.add_bos else ids
 
@@ -70,9 +84,11 @@ class Tokenizer:
             messages=messages, add_generation_prompt=True, bos_token=tok_text(self.bos_token_id),
             eos_token=tok_text(self.eos_token_id))
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], max_tokens: int | None = None) -> list[int]:
         # The template writes any BOS itself, so none is added here.
-        return self.tok.encode(self.apply_chat_template(messages), add_special_tokens=False).ids
+        text = self.apply_chat_template(messages)
+        self.check_fits(text, max_tokens)
+        return self.tok.encode(text, add_special_tokens=False).ids
 
 
 @functools.cache

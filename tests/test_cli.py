@@ -244,6 +244,15 @@ def test_error_prompt_longer_than_context(tmp_path, n):
     assert_one_line_error(*run(folder, "-p", prompt, "--max-context", "16"), f"{n} tokens", "16", "no room")
 
 
+def test_error_context_past_the_model(tmp_path):
+    """-c past the model's positions is refused (as vLLM does), not capped in silence; a prompt that fills the
+    model's whole context says so, not to raise -c."""
+    folder = write_tiny_hf(str(tmp_path / "tiny"))  # 128 positions
+    assert_one_line_error(*run(folder, "-p", "hi", "-c", "129"), "129", "128 positions")
+    prompt = " ".join(f"w{i % 60 + 2}" for i in range(130))
+    assert_one_line_error(*run(folder, "-p", prompt), "the model holds 128 positions")
+
+
 @pytest.mark.parametrize("bad", [["--top-p", "0"], ["--max-new-tokens", "0"], ["--temperature", "-1"]])
 def test_error_bad_options(bad):
     assert_one_line_error(*run("-p", "hi", *bad))
@@ -410,3 +419,25 @@ def test_ignore_eos_and_verbose(tiny):
     assert_clean_stats(stats)
     for part in ("read", "upload", "dequantize"):
         assert f"{part} " in split
+
+
+def test_error_stdin_past_any_context():
+    """`-p -` reads at most 64 MiB: an endless stdin (`yes | ...`) is a one-line error, not a full memory."""
+    rc, out, err = run("-p", "-", stdin=b"x" * ((64 << 20) + 1))
+    assert_one_line_error(rc, out, err, "stdin holds over 64 MiB")
+
+
+def test_error_text_no_context_holds(tiny):
+    """A text longer than any tokenization of the context is refused before it is tokenized."""
+    rc, out, err = run(tiny, "-p", "-", "--device", "cpu", stdin="w3 " * 200_000)
+    assert_one_line_error(rc, out, err, "600000 characters, more than 128 tokens")
+
+
+@pytest.mark.parametrize("flag", [[""], ["-m", ""]])
+def test_error_empty_checkpoint(flag):
+    assert_one_line_error(*run(*flag, "-p", "hi"), "empty name")
+
+
+def test_error_page_past_the_context(tiny):
+    assert_one_line_error(*run(tiny, "-p", "hi", "--device", "cpu", "--block-size", "256"),
+                          "--block-size 256 is past the 128-token context")

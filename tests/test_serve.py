@@ -238,6 +238,7 @@ def assert_error(r, status, param=None):
     ('{"prompt": [1, 99999999]}', "prompt"),  # outside the vocabulary
     ('{"prompt": [-1]}', "prompt"),
     ('{"prompt": "' + "word " * 200 + '"}', "prompt"),  # over the context
+    ('{"prompt": "' + "word " * 200_000 + '"}', "prompt"),  # over any tokenization of it: refused untokenized
     ('{"prompt": "x", "foo": ' + "[" * 2000 + "]" * 2000 + "}", None),  # nested past json's recursion limit
     ('{"prompt": 5}', "prompt"),  # a union's member is not the param, and the message lists what it takes
     ('{"prompt": [true, false]}', "prompt"),  # strict types: no bools as ids, numbers, counts
@@ -269,6 +270,7 @@ def test_bad_chat_requests(server):
                         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                          "messages.0.content.0.type"),  # a text model says so, rather than drop the image
                         ({"messages": user, "tools": [{"type": "function"}]}, "tools"),
+                        ({"messages": [{"role": "user", "content": "word " * 200_000}]}, "messages"),
                         ({"messages": user, "response_format": {"type": "json_object"}}, "response_format.type")]:
         assert_error(server.http.post("/v1/chat/completions", json=body), 400, param)
 
@@ -383,6 +385,23 @@ def test_disconnect_during_admission_drops_the_request(server, monkeypatch):
     busy.join()
     assert_idle(server.core)
     assert len(added) == 1, added
+
+
+def test_a_bad_prompt_rejects_its_request_whole(server, monkeypatch):
+    """A request with one prompt past the context is a 400 before any of its prompts is added: nothing
+    prefilled, nothing counted in the metrics."""
+    added, add = [], server.core.add_request
+    monkeypatch.setattr(server.core, "add_request",
+                        lambda ids, params, rid=None: (added.append(rid), add(ids, params, rid))[1])
+
+    def metric(name):
+        text = httpx.get(server.url + "/metrics").text
+        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    before = metric("minfer_prompt_tokens_total"), metric("minfer_requests_finished_total")
+    body = {"prompt": [PROMPTS[0], "one two " * CONTEXT], "n": 2, "max_tokens": 2}
+    assert_error(server.http.post("/v1/completions", json=body), 400, "prompt")
+    assert_idle(server.core)
+    assert added == [] and (metric("minfer_prompt_tokens_total"), metric("minfer_requests_finished_total")) == before
 
 
 def test_failing_step_fails_its_requests_only(server, client, solo, monkeypatch):

@@ -97,3 +97,31 @@ def test_hf_folder_bos_detection(tmp_path):
     assert t.stop_ids == [0, 1]  # "</s>" ends a turn in many formats, so it stops too
     # but the template's eos_token is the model's eos, not the smallest stop id
     assert t.apply_chat_template([{"role": "user", "content": "hi"}]) == "[hi]b"
+
+
+def test_a_text_no_context_holds_is_refused_before_tokenizing():
+    """encode(text, max_tokens) refuses a text longer than 4 x max_tokens x the longest token's characters (no
+    split fits it) without tokenizing it, and never refuses one that could fit."""
+    from minfer.errors import MinferError
+    tok = byte_tokenizer()
+    assert tok.longest_token == 1
+    assert len(tok.encode("ab" * 8, max_tokens=4)) == 16  # not over the bound: the engine's own check decides
+    with pytest.raises(MinferError, match="17 characters, more than 4 tokens"):
+        tok.encode("a" * 17, max_tokens=4)
+    tok.check_fits("x" * 17, None)  # no limit given: nothing to check
+
+
+def test_no_token_spans_more_than_longest_token():
+    """The bound's premise on a real BPE vocabulary (the default model's, when installed): a text takes at least
+    len(text) / longest_token tokens."""
+    from minfer import loader
+    path = os.path.join(loader.cache_dir(), loader.DEFAULT_MODEL_FILE)
+    if not os.path.exists(path):
+        pytest.skip(f"default model not at {path}")
+    from minfer import gguf
+    tok = mtok.from_gguf(gguf.open_reader(path))
+    rng = random.Random(0)
+    pieces = ["    ", "=" * 64, "the ", "中文", "🤖", "\n\n", "def f(x):\n    return x\n", "-" * 200, " " * 300]
+    for _ in range(20):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 40)))
+        assert len(tok.encode(text)) * tok.longest_token >= len(text)

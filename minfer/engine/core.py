@@ -201,6 +201,9 @@ class EngineCore(LoadedModel):
         if num_pages is not None and not num_pages >= 1:
             raise MinferError(f"--num-pages must be at least 1, not {num_pages}")
         super().__init__(checkpoint, **load_kwargs)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        if page_size > max(self.max_context, 16):  # a page past one context only wastes memory
+            raise MinferError(f"--block-size {page_size} is past the {self.max_context}-token context")
         if self.ops.name == "cuda" and page_size % 16:
             raise MinferError(f"--block-size {page_size}: the cuda backend needs a multiple of 16 (the attention "
                               f"kernels' key tile)")
@@ -304,6 +307,22 @@ class EngineCore(LoadedModel):
     # ---- requests ----
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        prompt_ids = self.check_request(prompt_ids, params, request_id)
+        if request_id is None:  # the next number no caller has taken as its own id
+            request_id = next(i for i in map(str, self._ids) if i not in self.seqs)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        seq = Sequence(request_id, prompt_ids, params, min(params.max_tokens, self.max_context - len(prompt_ids)), seed,
+                       arrival_time=time.perf_counter())
+        seq.decoder = StreamDecoder(self.tokenizer) if self.tokenizer else None
+        seq.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
+        seq.penalized = (params.repetition_penalty != 1.0 or params.presence_penalty != 0
+                         or params.frequency_penalty != 0)
+        self.scheduler.add(seq)
+        self.seqs[request_id] = seq
+        return request_id
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> list[int]:
+        """The MinferError add_request would raise for this request, before anything is added; its ids as ints."""
         if not isinstance(params, SamplingParams):
             raise MinferError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
         params.validate()
@@ -314,27 +333,15 @@ class EngineCore(LoadedModel):
         n = len(prompt_ids)
         if n == 0:
             raise MinferError("empty prompt")
-        if n >= self.max_context:
-            raise MinferError(f"prompt is {n} tokens and the context holds {self.max_context}: "
-                              f"no room to generate (raise --max-context)")
+        self.check_prompt_fits(n)
         vocab = self.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise MinferError(f"prompt token id out of range [0, {vocab})")
         if params.logprobs is not None and params.logprobs > vocab:
             raise MinferError(f"logprobs is {params.logprobs}, more than the vocabulary's {vocab} tokens")
-        request_id = str(next(self._ids)) if request_id is None else request_id
-        if request_id in self.seqs:
+        if request_id is not None and request_id in self.seqs:
             raise MinferError(f"request id {request_id!r} is already in use")
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        seq = Sequence(request_id, list(prompt_ids), params, min(params.max_tokens, self.max_context - n), seed,
-                       arrival_time=time.perf_counter())
-        seq.decoder = StreamDecoder(self.tokenizer) if self.tokenizer else None
-        seq.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
-        seq.penalized = (params.repetition_penalty != 1.0 or params.presence_penalty != 0
-                         or params.frequency_penalty != 0)
-        self.scheduler.add(seq)
-        self.seqs[request_id] = seq
-        return request_id
+        return prompt_ids
 
     def abort_request(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id, None)

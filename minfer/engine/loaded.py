@@ -13,7 +13,8 @@ from ..model import Transformer
 from ..ops import cuda_available, get_backend
 
 
-def _device(name: str | None) -> torch.device:
+def parse_device(name: str | None) -> torch.device:
+    """--device as a torch device (None: cuda if there is a GPU), or a one-line error."""
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -51,7 +52,7 @@ class LoadedModel:
         t0 = time.perf_counter()
         if max_context is not None and not (isinstance(max_context, int) and max_context >= 2):
             raise MinferError(f"--max-context (max_model_len) must be at least 2, not {max_context!r}")
-        self.device = _device(device)
+        self.device = parse_device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.ops = _backend(backend, self.device)
         self.load_times = loader.LoadTimes(device=self.device)
@@ -65,10 +66,23 @@ class LoadedModel:
             raise MinferError("Gemma 3 overflows float16 (its activations pass 65504, every logit then NaN): "
                               "use --dtype bfloat16 or float32")
         limit = self.cfg.max_position_embeddings
-        self.max_context = min(max_context or limit, limit)
+        if max_context is not None and max_context > limit:  # as vLLM: positions the model was never trained on
+            raise MinferError(f"--max-context (max_model_len) {max_context} is past the model's {limit} positions "
+                              f"(max_position_embeddings)")
+        self.max_context = max_context or limit
         self.model = Transformer(self.cfg, weights, self.ops, self.max_context)
         self._sync()
         self.load_s = time.perf_counter() - t0
+
+    def check_prompt_fits(self, n: int) -> None:
+        """A prompt of n tokens leaves room for at least one new token, or a one-line error that says what to do."""
+        if n < self.max_context:
+            return
+        limit = self.cfg.max_position_embeddings
+        hint = (f"raise --max-context, up to {limit}" if self.max_context < limit
+                else f"the model holds {limit} positions: shorten the prompt")
+        raise MinferError(f"prompt is {n} tokens and the context holds {self.max_context}: no room to generate "
+                          f"({hint})")
 
     @classmethod
     def from_random_weights(cls, cfg: ModelConfig, **kwargs):
@@ -90,6 +104,6 @@ class LoadedModel:
 
     def encode(self, text: str, chat: bool, system: str | None = None) -> list[int]:
         if not chat:
-            return self.tokenizer.encode(text)
+            return self.tokenizer.encode(text, self.max_context)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        return self.tokenizer.encode_chat(messages)
+        return self.tokenizer.encode_chat(messages, self.max_context)

@@ -138,9 +138,7 @@ class Engine(LoadedModel):
         if batch == 0 or min(lens) == 0:
             raise MinferError("empty prompt")
         longest = max(lens)
-        if longest >= self.max_context:
-            raise MinferError(f"prompt is {longest} tokens and the context holds {self.max_context}: "
-                              f"no room to generate (raise --max-context)")
+        self.check_prompt_fits(longest)
         # Each sequence may grow to the context's end, whatever the other prompts' lengths.
         caps = [min(max_new_tokens, self.max_context - n) for n in lens]
         capacity = max(n + c for n, c in zip(lens, caps))

@@ -197,8 +197,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         out = Outputs()
         rids = [f"{rid}-{i}" for i in range(n)]
         # all at once, so that the choices start in the same step; counted as waiting before any await
-        adds = asyncio.gather(*(engine.add(rids[p * req.n + c], ids, params[c], out, p * req.n + c)
-                                for p, ids in enumerate(prompts) for c in range(req.n)))
+        adds = engine.add([(rids[p * req.n + c], ids, params[c], p * req.n + c)
+                           for p, ids in enumerate(prompts) for c in range(req.n)], out)
         try:
             while not (await asyncio.wait({adds}, timeout=0.25))[0]:
                 if await request.is_disconnected():
@@ -346,7 +346,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         messages = [m.for_template() for m in req.messages]
         need_unicode([m["content"] for m in messages], "messages")
         try:
-            ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
+            ids = await asyncio.to_thread(tokenizer.encode_chat, messages, core.max_context)
         except (MinferError, jinja2.TemplateError) as e:
             raise APIError(400, f"messages: {e}", "messages") from None
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -387,7 +387,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             need_tokenizer()
             texts = [prompt] if isinstance(prompt, str) else prompt
             need_unicode(texts, "prompt")
-            prompts = await asyncio.to_thread(lambda: [tokenizer.encode(t) for t in texts])
+            try:
+                prompts = await asyncio.to_thread(lambda: [tokenizer.encode(t, core.max_context) for t in texts])
+            except MinferError as e:
+                raise APIError(400, str(e), "prompt") from None
         else:
             prompts = [prompt] if prompt and isinstance(prompt[0], int) else prompt
         if not prompts:

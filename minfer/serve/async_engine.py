@@ -102,14 +102,14 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, out: Outputs,
-            index: int = 0) -> asyncio.Future:
-        """Queues the request, counted in num_waiting at once (no await between a caller's check of the count and
-        the add); the future resolves once the core took it, or raises its MinferError (a bad prompt). Cancelling
-        it before then drops the request."""
+    def add(self, requests: list[tuple[str, list[int], SamplingParams, int]], out: Outputs) -> asyncio.Future:
+        """Queues the engine requests of one API request, (id, prompt ids, params, choice index) each, all or none:
+        the future resolves once the core took them all, or raises the MinferError of the first bad one (then none
+        was added, so none is prefilled or counted). They count in num_waiting at once (no await between a
+        caller's check of the count and the add). Cancelling the future before the core took them drops them."""
         done = concurrent.futures.Future()
-        self._submitted += 1
-        self._commands.put(("add", request_id, prompt_ids, params, _Request(out, index, len(prompt_ids)), done))
+        self._submitted += len(requests)
+        self._commands.put(("add", requests, out, done))
         self._wake.set()
         return asyncio.wrap_future(done)
 
@@ -148,17 +148,20 @@ class AsyncEngine:
             if cmd[0] == "abort":
                 self._abort(cmd[1])
                 continue
-            _, rid, ids, params, req, done = cmd
-            self._applied += 1
-            if not done.set_running_or_notify_cancel():  # the client left before it was added
+            _, requests, out, done = cmd
+            self._applied += len(requests)
+            if not done.set_running_or_notify_cancel():  # the client left before they were added
                 continue
             try:
-                self.core.add_request(ids, params, rid)
+                for rid, ids, params, _ in requests:
+                    self.core.check_request(ids, params, rid)
             except Exception as e:
                 done.set_exception(e)
                 continue
-            self._requests[rid] = req
-            self.metrics.prompt_tokens.inc(len(ids))
+            for rid, ids, params, index in requests:
+                self.core.add_request(ids, params, rid)
+                self._requests[rid] = _Request(out, index, len(ids))
+                self.metrics.prompt_tokens.inc(len(ids))
             done.set_result(None)
 
     def _abort(self, rid: str, error: Exception | None = None) -> None:
