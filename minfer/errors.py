@@ -3,9 +3,12 @@ through `open_input`/`read_json`, so that a missing, unreadable or broken file n
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import re
+import signal
 import sys
+import threading
 
 
 class MinferError(ValueError):
@@ -13,12 +16,15 @@ class MinferError(ValueError):
     `except ValueError` catches a bad argument as it does in other libraries)."""
 
 
-def file_error(path: str, e: OSError) -> MinferError:
+def file_error(path: str, e: OSError, action: str = "open") -> MinferError:
+    """e as one line naming path; action: what failed (open, write)."""
     if isinstance(e, FileNotFoundError):
         return MinferError(f"{path}: no such file")
     if isinstance(e, PermissionError):
         return MinferError(f"{path}: permission denied")
-    return MinferError(f"{path}: cannot open ({e.strerror or type(e).__name__})")
+    if e.errno == errno.ENOSPC:
+        return MinferError(f"{path}: cannot {action} (no space left on the device)")
+    return MinferError(f"{path}: cannot {action} ({e.strerror or str(e) or type(e).__name__})")
 
 
 def open_input(path: str, mode: str = "r"):
@@ -52,13 +58,24 @@ def read_json(path: str, missing_ok: bool = False) -> dict | None:
     return obj
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that cleanup (finally, except BaseException) runs."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated
+
+
 def run_cli(fn) -> int:
-    """Runs a command-line entry point: a MinferError is one line and exit 1; stdout closed early (`| head`)
-    ends quietly with 141, as a tool killed by SIGPIPE; anything else is one line naming the exception
-    (MINFER_DEBUG=1 raises it, with its traceback)."""
+    """Runs a command-line entry point: a MinferError is one line and exit 1; Ctrl-C ends quietly with 130, and
+    SIGTERM (kill, timeout, a container stopping) with 143, each after the cleanup that removes partial files;
+    stdout closed early (`| head`) ends quietly with 141, as a tool killed by SIGPIPE; anything else is one line
+    naming the exception (MINFER_DEBUG=1 raises it, with its traceback)."""
     import os
     import sys
 
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+    old = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         fn()
     except MinferError as e:
@@ -66,6 +83,8 @@ def run_cli(fn) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except _Terminated:
+        return 143
     except BrokenPipeError:
         # Point stdout at /dev/null, so that the interpreter's own flush at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -76,6 +95,9 @@ def run_cli(fn) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"minfer: error: {type(e).__name__}: {msg} (MINFER_DEBUG=1 for a traceback)", file=sys.stderr)
         return 1
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     return 0
 
 

