@@ -19,7 +19,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # after the stdlib, whose `profile` apps/ shadows
+from bench.cli import check_json, int_range, sizes  # noqa: E402
 from bench.common import copy_bandwidth_gbs  # noqa: E402
 from bench.roofline import kv_bytes, weight_bytes  # noqa: E402
 from bench.step_profile import print_breakdown, profile_steps  # noqa: E402
@@ -27,6 +28,7 @@ from bench.workload import append_json  # noqa: E402
 
 from minfer import shapes  # noqa: E402
 from minfer.engine import Engine  # noqa: E402
+from minfer.errors import ArgumentParser, MinferError, run_cli  # noqa: E402
 from minfer.sampling import SamplingParams  # noqa: E402
 
 
@@ -75,35 +77,22 @@ def run_batch(engine: Engine, batch: int, args, copy_gbs: float) -> dict:
     )
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", nargs="?", help="HF folder, hub id or .gguf (default: the default model)")
-    p.add_argument("--shape", choices=sorted(shapes.SHAPES), help="random weights of this model's shape")
-    p.add_argument("--batch", default="1,16,64", help="comma-separated batch sizes")
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--gen-len", type=int, default=128)
-    p.add_argument("--dtype", choices=["float16", "bfloat16"], help="default: the engine's (bfloat16)")
-    p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
-    p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--json", help="append one JSON line per batch size to this file")
-    p.add_argument("--profile", action="store_true", help="also print a decode step's kernels for each batch size")
-    args = p.parse_args(argv)
+def run(args) -> None:
+    if args.shape:  # its positions are known before the load (a checkpoint's only after it)
+        limit = shapes.config(args.shape).max_position_embeddings
+        if args.prompt_len + args.gen_len > limit:
+            raise MinferError(f"--prompt-len {args.prompt_len} + --gen-len {args.gen_len} tokens do not fit the "
+                              f"{limit} positions of {args.shape}")
+    check_json(args.json)
     if not torch.cuda.is_available():
-        print("bench_e2e: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    if args.shape and args.checkpoint:
-        p.error("give a CHECKPOINT or --shape, not both")
-    if args.gen_len < 2 or args.prompt_len < 1:
-        p.error("need --gen-len >= 2 and --prompt-len >= 1")
-
+        raise MinferError("bench_e2e needs a CUDA GPU")
     copy_gbs = copy_bandwidth_gbs()
     engine = make_engine(args)
     print(f"# {torch.cuda.get_device_name(0)} | copy {copy_gbs:.0f} GB/s | {args.shape or args.checkpoint or 'default model'}"
           f" | weights {weight_bytes(engine) / 1e9:.2f} GB | load {engine.load_s:.2f} s")
     print(f"{'model':>16} {'dtype':>8} {'batch':>5} {'prefill tok/s':>13} {'TTFT ms':>8} {'decode tok/s':>12} "
           f"{'ms/step':>8} {'%roof':>6} {'load s':>6} {'peak GB':>7}")
-    for batch in (int(b) for b in args.batch.split(",")):
+    for batch in args.batch:
         row = run_batch(engine, batch, args, copy_gbs)
         print(f"{row['model']:>16} {row['dtype']:>8} {batch:5d} {row['prefill_tok_s']:13.0f} {row['ttft_ms']:8.2f} "
               f"{row['decode_tok_s']:12.1f} {row['ms_per_step']:8.3f} {row['pct_roofline']:6.1f} {row['load_s']:6.2f} "
@@ -113,7 +102,26 @@ def main(argv=None) -> int:
             context = args.prompt_len + args.gen_len // 2
             print(f"## a decode step at batch {batch}, context {context}")
             print_breakdown(profile_decode(engine, batch, context), row["ms_per_step"])
-    return 0
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", nargs="?", help="HF folder, hub id or .gguf (default: the default model)")
+    p.add_argument("--shape", choices=sorted(shapes.SHAPES), help="random weights of this model's shape")
+    p.add_argument("--batch", type=sizes, default=[1, 16, 64], help="comma-separated batch sizes (default: 1,16,64)")
+    p.add_argument("--prompt-len", type=int_range(1), default=128)
+    p.add_argument("--gen-len", type=int_range(2), default=128,
+                   help="at least 2: a decode step after the prefill's token")
+    p.add_argument("--dtype", choices=["float16", "bfloat16"], help="default: the engine's (bfloat16)")
+    p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
+    p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
+    p.add_argument("--reps", type=int_range(1), default=3)
+    p.add_argument("--json", help="append one JSON line per batch size to this file")
+    p.add_argument("--profile", action="store_true", help="also print a decode step's kernels for each batch size")
+    args = p.parse_args(argv)
+    if args.shape and args.checkpoint:
+        p.error("give a CHECKPOINT or --shape, not both")
+    return run_cli(lambda: run(args))
 
 
 if __name__ == "__main__":

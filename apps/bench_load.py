@@ -14,17 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # after the stdlib, whose `profile` apps/ shadows
+from bench.cli import check_json, int_range  # noqa: E402
 from bench.workload import append_json  # noqa: E402
 
 from minfer import loader, quantize, shapes, tokenizer  # noqa: E402
-from minfer.errors import MinferError, run_cli  # noqa: E402
+from minfer.engine.loaded import parse_device  # noqa: E402
+from minfer.errors import ArgumentParser, MinferError, run_cli  # noqa: E402
 from minfer.quant import QuantizedWeight  # noqa: E402
 
 SHARD_BYTES = 5 << 30  # HF's default max_shard_size
@@ -110,9 +111,8 @@ def time_load(path: str, device, reps: int) -> dict:
 
 
 def run(args) -> int:
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise MinferError("--device cuda: no GPU here (pass --device cpu)")
+    device = parse_device(args.device)
+    check_json(args.json)
     os.makedirs(args.dir, exist_ok=True)
     folder = os.path.join(args.dir, f"{args.shape}-bf16")
     gguf_path = os.path.join(args.dir, f"{args.shape}-{args.type}.gguf")
@@ -140,17 +140,15 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="llama-3-8b", choices=sorted(s for s, v in shapes.SHAPES.items()
                                                                    if v["arch"] == "llama"))
     p.add_argument("--type", default="Q4_K_M", choices=sorted(quantize.FTYPES))
     p.add_argument("--dir", default="/tmp/minfer-load", help="where the folder and the GGUF are written (kept)")
     p.add_argument("--device", default="cuda", help="where the weights load (and are made and quantized)")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int_range(1), default=3)
     p.add_argument("--json", help="append one JSON line per checkpoint to this file")
     args = p.parse_args(argv)
-    if args.reps < 1:
-        p.error("--reps must be >= 1")
     return run_cli(lambda: run(args))
 
 

@@ -24,10 +24,17 @@ import time
 
 import httpx
 
+from minfer.errors import ArgumentParser
+
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-from bench.server import add_server_args, client as server_client  # noqa: E402
-from bench.workload import append_json, make_requests, pct  # noqa: E402
+from bench.cli import check_json, int_range, length_spec, run_status, seconds  # noqa: E402
+from bench.server import add_server_args, client as server_client, first_model  # noqa: E402
+from bench.workload import MAX_REQUESTS, append_json, make_requests, pct  # noqa: E402
+
+# A run's requests arrive within about this many seconds at most (--num-requests / --request-rate): a rate so
+# small that they would arrive over years is a typo, not a benchmark.
+MAX_ARRIVAL_S = 86400
 
 
 async def one(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int) -> dict:
@@ -61,8 +68,8 @@ async def one(client: httpx.AsyncClient, model: str, prompt: list[int], max_toke
 
 
 async def run(args) -> dict:
-    async with server_client(args, None) as client:
-        info = (await client.get("/v1/models")).raise_for_status().json()["data"][0]
+    async with server_client(args, args.timeout) as client:
+        info = await first_model(client, args)
         model = args.model or info["id"]
         reqs = make_requests(args.num_requests, args.input_len, args.output_len,
                              args.vocab_size or info.get("vocab_size") or 256, args.seed)
@@ -100,21 +107,8 @@ async def run(args) -> dict:
     return row
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_server_args(p)
-    p.add_argument("--num-requests", type=int, default=64)
-    p.add_argument("--input-len", default="128", help="prompt tokens: N or LO:HI (default: %(default)s)")
-    p.add_argument("--output-len", default="128", help="output tokens: N or LO:HI (default: %(default)s)")
-    p.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests a second, Poisson arrivals; inf sends all at once (default: %(default)s)")
-    p.add_argument("--max-concurrency", type=int, help="requests in flight, at most (default: no limit)")
-    p.add_argument("--vocab-size", type=int, help="prompt ids are below it (default: the server's, else 256)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="append the run to this file as one JSON line")
-    args = p.parse_args(argv)
-    if not args.request_rate > 0:
-        p.error("--request-rate must be > 0 (inf: all at once)")
+def report(args) -> int:
+    check_json(args.json)
     row = asyncio.run(run(args))
     pick = lambda k: "-" if row[k] is None else f"{row[k]:.1f}"  # noqa: E731
     print(f"{row['completed']}/{row['num_requests']} requests ({row['failed']} failed) in {row['duration_s']:.2f} s: "
@@ -125,6 +119,32 @@ def main(argv=None) -> int:
         print(f"first error: {row['first_error']}", file=sys.stderr)
     append_json(args.json, row)
     return 1 if row["failed"] else 0
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_args(p)
+    p.add_argument("--num-requests", type=int_range(1, MAX_REQUESTS), default=64)
+    p.add_argument("--input-len", type=length_spec, default="128",
+                   help="prompt tokens: N or LO:HI (default: %(default)s)")
+    p.add_argument("--output-len", type=length_spec, default="128",
+                   help="output tokens: N or LO:HI (default: %(default)s)")
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests a second, Poisson arrivals; inf sends all at once (default: %(default)s)")
+    p.add_argument("--max-concurrency", type=int_range(1), help="requests in flight, at most (default: no limit)")
+    p.add_argument("--vocab-size", type=int_range(1), help="prompt ids are below it (default: the server's, else 256)")
+    p.add_argument("--timeout", type=seconds(), default=300,
+                   help="seconds a request waits for the server's next bytes (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="append the run to this file as one JSON line")
+    args = p.parse_args(argv)
+    if not args.request_rate > 0:
+        p.error("--request-rate must be > 0 (inf: all at once)")
+    if args.num_requests / args.request_rate > MAX_ARRIVAL_S:
+        p.error(f"--request-rate {args.request_rate:g}: {args.num_requests} requests would arrive over "
+                f"{args.num_requests / args.request_rate:.3g} s; give at least "
+                f"{args.num_requests / MAX_ARRIVAL_S:.3g}, for a run of a day at most")
+    return run_status(lambda: report(args))
 
 
 if __name__ == "__main__":

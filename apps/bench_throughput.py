@@ -47,14 +47,16 @@ from minfer import shapes
 from minfer.engine import Engine
 from minfer.engine.core import EngineCore
 from minfer.engine_args import add_engine_args, engine_kwargs
+from minfer.errors import ArgumentParser, MinferError, run_cli
 from minfer.sampling import SamplingParams
 
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from bench.cli import check_json, int_range, length_spec, sizes  # noqa: E402
 from bench.common import copy_bandwidth_gbs  # noqa: E402
 from bench.roofline import kv_bytes, weight_bytes  # noqa: E402
 from bench.step_profile import print_breakdown, profile_steps  # noqa: E402
-from bench.workload import append_json, make_requests, pct  # noqa: E402
+from bench.workload import MAX_REQUESTS, append_json, length_range, make_requests, pct  # noqa: E402
 
 
 def peak_gb(device: torch.device) -> float | None:
@@ -103,26 +105,29 @@ def host_idle(timeline) -> dict:
 
 def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
     """The running requests' ITL before and while a --long-prompt-len prompt prefills (module docstring)."""
-    engine.warmup()
     if args.long_prompt_len >= engine.max_context:
-        raise SystemExit(f"--long-prompt-len {args.long_prompt_len}: the context holds {engine.max_context} tokens")
+        raise MinferError(f"--long-prompt-len {args.long_prompt_len}: the context holds {engine.max_context} tokens")
     rng, vocab = random.Random(args.seed + 1), engine.cfg.vocab_size
     # tokens enough that no running request finishes during the measurement: twice the steps it should take
-    chunk = max(1, args.max_num_batched_tokens - len(reqs))
+    chunk = max(1, engine.max_num_batched_tokens - len(reqs))
     chunk = min(chunk, args.long_prefill_token_threshold or chunk)
     chunk_steps = -(-args.long_prompt_len // chunk)
     if args.profile_from and args.profile_from >= chunk_steps - 1:
-        raise SystemExit(f"--profile-from {args.profile_from}: the prompt takes {chunk_steps} chunks of {chunk} tokens; "
-                         f"give at most {chunk_steps - 2}")
+        raise MinferError(f"--profile-from {args.profile_from}: the prompt takes {chunk_steps} chunks of {chunk} "
+                          f"tokens; give at most {chunk_steps - 2}")
     n_out = args.itl_steps + 16 + 2 * chunk_steps
+    longest = max(len(ids) for ids, _ in reqs)
+    if longest + n_out > engine.max_context:
+        raise MinferError(f"--input-len {args.input_len}: the running requests make {n_out} tokens during the "
+                          f"measurement, and {longest} + {n_out} do not fit the {engine.max_context}-token context")
+    engine.warmup()
     cuda = engine.device.type == "cuda"
     kernels = None
     # the first round's steps from chunk --profile-from on that cannot reach the prompt's end
     n_profile = min(16, (chunk_steps - args.profile_from) // 2) if args.profile else 0
     rounds = []  # the measured rounds' figures
     for r in range(1 + args.rounds):  # round 0 pays the chunk shapes' first-call costs
-        running = {engine.add_request(ids, SamplingParams(temperature=0.0, ignore_eos=True,
-                                                          max_tokens=min(n_out, engine.max_context - len(ids)))): []
+        running = {engine.add_request(ids, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n_out)): []
                    for ids, _ in reqs}
         st = dict(before=0, after=0, long_id=None, t_steady=None, t_add=None, t_first=None)
 
@@ -134,7 +139,8 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
                 if o.request_id in running:
                     running[o.request_id].append(t)
                     if o.finished:
-                        raise SystemExit(f"request {o.request_id} finished ({o.finish_reason}) during the measurement")
+                        raise RuntimeError(f"request {o.request_id} finished ({o.finish_reason}) during the "
+                                           f"measurement")
                 elif o.request_id == st["long_id"]:
                     st["t_first"] = t
             if st["long_id"] is not None:
@@ -166,7 +172,7 @@ def run_long_prompt(engine: EngineCore, reqs, args) -> dict:
         engine.block_manager.reset_prefix_cache()  # the next round's prompts are the same
     median = sorted(rounds, key=lambda f: f["itl_ratio_p50"])[(len(rounds) - 1) // 2]
     return dict(engine="long prompt", long_prompt_len=args.long_prompt_len, running=len(reqs),
-                max_num_batched_tokens=args.max_num_batched_tokens,
+                max_num_batched_tokens=engine.max_num_batched_tokens,
                 long_prefill_token_threshold=args.long_prefill_token_threshold, **median,
                 itl_ratio_p50_rounds=[f["itl_ratio_p50"] for f in rounds],
                 kernels=kernels[0] if kernels else None, profiled_steps=kernels[1] if kernels else None,
@@ -188,16 +194,23 @@ def itl_figures(running: dict, st: dict, timeline) -> dict:
                 step_ms_during=1e3 * (t_first - t_add) / after, gpu_ms_during=gpu_ms)
 
 
+def decode_tokens(engine: EngineCore, batch: int, args) -> int:
+    """The new tokens each of batch requests of --input-len tokens needs to stay running through the timed steps."""
+    context = int(args.input_len)
+    # The first prompts decode while the last ones prefill: they need that many more tokens to stay running.
+    prefill_steps = -(-batch * context // engine.max_num_batched_tokens) + 2
+    n_out = 4 + prefill_steps + args.decode_steps * (2 if args.profile else 1)
+    if context + n_out > engine.max_context:
+        raise MinferError(f"--input-len {context} and {n_out} new tokens (--decode-batch {batch}, --decode-steps "
+                          f"{args.decode_steps}) do not fit the {engine.max_context}-token context")
+    return n_out
+
+
 def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | None) -> dict:
     """batch requests of --input-len tokens decoding together: --decode-steps steps timed (module docstring)."""
+    context, steps, n_out = int(args.input_len), args.decode_steps, decode_tokens(engine, batch, args)
     engine.warmup()
-    context, steps = int(args.input_len), args.decode_steps
     rng, vocab = random.Random(args.seed), engine.cfg.vocab_size
-    # The first prompts decode while the last ones prefill: they need that many more tokens to stay running.
-    prefill_steps = -(-batch * context // args.max_num_batched_tokens) + 2
-    n_out = 4 + prefill_steps + steps * (2 if args.profile else 1)
-    if context + n_out > engine.max_context:
-        raise SystemExit(f"--input-len {context} and {n_out} new tokens do not fit the {engine.max_context}-token context")
     rids = [engine.add_request([rng.randrange(vocab) for _ in range(context)],
                                SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True)) for _ in range(batch)]
     got = dict.fromkeys(rids, 0)
@@ -208,7 +221,9 @@ def run_decode_steps(engine: EngineCore, batch: int, args, copy_gbs: float | Non
 
     def decode_step():
         engine.step()
-        assert engine.last_step == (batch, batch), f"a step of {engine.last_step} (sequences, tokens), not {batch} decodes"
+        if engine.last_step != (batch, batch):  # e.g. a KV cache too small for them all (--num-pages)
+            raise MinferError(f"--decode-batch {batch}: a step ran {engine.last_step} (sequences, tokens), not "
+                              f"{batch} decodes")
 
     engine.timeline = [] if engine.device.type == "cuda" else None
     t0 = time.perf_counter()
@@ -292,14 +307,16 @@ def run_static(args, reqs, make_kwargs) -> dict:
                 host_idle=None, host_idle_b16=None)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", help="HF folder, hub id or .gguf (default: the default model)")
     p.add_argument("--shape", choices=sorted(shapes.SHAPES), help="random weights of this model's shape")
-    p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--input-len", default="100:1024", help="prompt tokens: N or LO:HI (default: %(default)s)")
-    p.add_argument("--output-len", default="100:1024", help="new tokens: N or LO:HI (default: %(default)s)")
-    p.add_argument("--shared-prefix", type=int, default=0, help="the same first N tokens in every prompt")
+    p.add_argument("--num-requests", type=int_range(1, MAX_REQUESTS), default=256)
+    p.add_argument("--input-len", type=length_spec, default="100:1024",
+                   help="prompt tokens: N or LO:HI (default: %(default)s)")
+    p.add_argument("--output-len", type=length_spec, default="100:1024",
+                   help="new tokens: N or LO:HI (default: %(default)s)")
+    p.add_argument("--shared-prefix", type=int_range(0), default=0, help="the same first N tokens in every prompt")
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and token ids")
     p.add_argument("--static", action="store_true", help="also run the static engine on the same requests")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
@@ -307,37 +324,48 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
     p.add_argument("--dequantize", action="store_true")
     add_engine_args(p)
-    p.add_argument("--long-prompt-len", type=int, default=0,
+    p.add_argument("--long-prompt-len", type=int_range(0), default=0,
                    help="measure the requests' decode latency while a prompt of this many tokens prefills")
-    p.add_argument("--itl-steps", type=int, default=32, help="with --long-prompt-len: decode steps before it")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--itl-steps", type=int_range(2), default=32,
+                   help="with --long-prompt-len: decode steps before it (an inter-token gap needs two)")
+    p.add_argument("--rounds", type=int_range(1), default=1,
                    help="with --long-prompt-len: rounds measured after the first; the median one is reported")
     p.add_argument("--ttft", action="store_true",
                    help="time each request to its first token instead (alone, or among --beside N decoding), from "
                         "the prompt graphs (as the server captures them) and eagerly")
-    p.add_argument("--beside", type=int, default=0, metavar="N",
+    p.add_argument("--beside", type=int_range(0), default=0, metavar="N",
                    help="with --ttft: N requests decode meanwhile, and each timed one joins them")
-    p.add_argument("--decode-batch", help="time the decode step at these batch sizes (comma-separated) instead")
-    p.add_argument("--decode-steps", type=int, default=32, help="with --decode-batch: steps timed (default: %(default)s)")
+    p.add_argument("--decode-batch", type=sizes,
+                   help="time the decode step at these batch sizes (comma-separated) instead")
+    p.add_argument("--decode-steps", type=int_range(1), default=32,
+                   help="with --decode-batch: steps timed (default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="with --decode-batch or --long-prompt-len: also print the steps' kernels")
-    p.add_argument("--profile-from", type=int, default=0, metavar="K",
+    p.add_argument("--profile-from", type=int_range(0), default=0, metavar="K",
                    help="with --long-prompt-len --profile: profile from the prompt's chunk K on (default: %(default)s)")
     p.add_argument("--json", help="append one JSON line per engine to this file")
     args = p.parse_args(argv)
     if args.shape and args.checkpoint:
         p.error("give a CHECKPOINT or --shape, not both")
-    if args.decode_batch and not args.input_len.isdigit():
+    if args.decode_batch and ":" in args.input_len:
         p.error(f"--decode-batch needs one context length, --input-len N (not {args.input_len!r})")
-    if args.decode_batch and not all(b.isdigit() and int(b) >= 1 for b in args.decode_batch.split(",")):
-        p.error(f"--decode-batch: give batch sizes of at least 1, comma-separated (not {args.decode_batch!r})")
-    if args.profile_from < 0 or (args.profile_from and not (args.profile and args.long_prompt_len)):
-        p.error("--profile-from K needs K >= 0, --profile and --long-prompt-len")
-    if args.beside < 0 or (args.beside and not args.ttft):
-        p.error("--beside N needs N >= 0 and --ttft")
-    if args.long_prompt_len < 0 or args.itl_steps < 2 or args.decode_steps < 1 or args.rounds < 1:
-        p.error("--long-prompt-len must be >= 0, --itl-steps >= 2 (an inter-token gap needs two steps), "
-                "--decode-steps >= 1, --rounds >= 1")
+    if args.profile_from and not (args.profile and args.long_prompt_len):
+        p.error("--profile-from K needs --profile and --long-prompt-len")
+    if args.beside and not args.ttft:
+        p.error("--beside N needs --ttft")
+    # A request that finds no free slot in the step waits for one: the mode would time the queue instead.
+    if args.decode_batch and max(args.decode_batch) > args.max_num_seqs:
+        p.error(f"--decode-batch {max(args.decode_batch)}: a step runs at most --max-num-seqs {args.max_num_seqs}")
+    if args.ttft and args.beside + 1 > args.max_num_seqs:
+        p.error(f"--ttft --beside {args.beside}: the timed request and the {args.beside} beside it need "
+                f"--max-num-seqs >= {args.beside + 1}")
+    if args.long_prompt_len and args.num_requests + 1 > args.max_num_seqs:
+        p.error(f"--long-prompt-len: the {args.num_requests} requests (--num-requests) and the prompt need "
+                f"--max-num-seqs >= {args.num_requests + 1}")
+    return args
 
+
+def run(args) -> None:
+    check_json(args.json)
     make_kwargs = dict(dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                        backend=args.backend)
     if args.shape:
@@ -348,8 +376,9 @@ def main(argv=None) -> int:
     dev = core.device
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     if args.decode_batch:
+        decode_tokens(core, max(args.decode_batch), args)  # the largest batch needs the most: fits, or fails now
         copy_gbs = copy_bandwidth_gbs() if dev.type == "cuda" else None
-        for batch in (int(b) for b in args.decode_batch.split(",")):
+        for batch in args.decode_batch:
             row = run_decode_steps(core, batch, args, copy_gbs)
             row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)
             roof = "" if row["pct_roofline"] is None else (f" | {row['pct_roofline']:.1f}% of the roofline "
@@ -361,12 +390,14 @@ def main(argv=None) -> int:
             if row["kernels"]:
                 print_breakdown(row["kernels"], row["ms_per_step"])
             append_json(args.json, row)
-        return 0
+        return
+    # checked on the lengths' bounds, before any is drawn: each request that --seed could draw fits
+    longest = length_range(args.input_len)[1] + length_range(args.output_len)[1]
+    if longest > core.max_context:
+        raise MinferError(f"--input-len {args.input_len} and --output-len {args.output_len}: a request of up to "
+                          f"{longest} tokens does not fit the {core.max_context}-token context")
     reqs = make_requests(args.num_requests, args.input_len, args.output_len, core.cfg.vocab_size, args.seed,
                          args.shared_prefix)
-    too_long = [len(ids) for ids, n in reqs if len(ids) + n > core.max_context]
-    if too_long:
-        p.error(f"{len(too_long)} requests do not fit the {core.max_context}-token context")
     if args.ttft:
         row = run_ttft(core, reqs, args)
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)
@@ -378,7 +409,7 @@ def main(argv=None) -> int:
         print(f"TTFT of {len(reqs)} {among} requests of {args.input_len} tokens: eagerly p50/p90 "
               f"{row['ttft_eager_p50_ms']:.2f}/{row['ttft_eager_p90_ms']:.2f} ms, {graphed}", flush=True)
         append_json(args.json, row)
-        return 0
+        return
     if args.long_prompt_len:
         row = run_long_prompt(core, reqs, args)
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device)
@@ -400,7 +431,7 @@ def main(argv=None) -> int:
                   f"(the first round), per step:")
             print_breakdown(row["kernels"], None)
         append_json(args.json, row)
-        return 0
+        return
     rows = [run_continuous(core, reqs, args)]
     prefix_caching = core.block_manager.prefix_caching  # as the engine took --enable-prefix-caching for this model
     if args.static:
@@ -424,7 +455,11 @@ def main(argv=None) -> int:
         print(f"{row['engine']:>10}: {len(reqs)} requests in {s:.2f} s | {row['requests_s']:.2f} req/s | "
               f"output {row['output_tok_s']:.1f} tok/s | total {row['total_tok_s']:.1f} tok/s{extra}{peak}", flush=True)
         append_json(args.json, row)
-    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run_cli(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -19,32 +19,19 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.append(HERE)  # after the stdlib, whose `profile` this file would shadow
 sys.path.insert(1, os.path.dirname(HERE))  # the repo root, for `import minfer` without an install
-from benchmark import all_cases, parse_shape  # noqa: E402
+from bench.cli import int_range  # noqa: E402
+from benchmark import all_cases, misfit, parse_shape  # noqa: E402
+
+from minfer.errors import ArgumentParser, MinferError, run_cli  # noqa: E402
 
 
-def main(argv=None) -> int:
-    cases = all_cases()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", required=True, choices=sorted(cases))
-    p.add_argument("--which", choices=["ref", "minfer"], default="minfer")
-    p.add_argument("--shape", type=parse_shape, help="comma-separated; default: the case's largest shape")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--path", help="one kernel path by itself (see the case's paths)")
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=3)
-    args = p.parse_args(argv)
+def run(args, case) -> None:
     if not torch.cuda.is_available():
-        print("profile: needs a CUDA GPU", file=sys.stderr)
-        return 2
-
-    case = cases[args.kernel]
+        raise MinferError("profile needs a CUDA GPU")
     dtype = getattr(torch, args.dtype) if args.dtype else case.dtypes[0]
     shape = args.shape or max(case.shapes, key=lambda s: case.bytes(s, dtype))
-    if args.path and args.path not in case.paths:
-        print(f"{args.kernel}: no path {args.path!r} (has {', '.join(case.paths) or 'none'})", file=sys.stderr)
-        return 2
     fn = case.ref if args.which == "ref" else (case.paths[args.path] if args.path else case.minfer)
     inputs = case.make_inputs(shape, dtype)
 
@@ -62,7 +49,24 @@ def main(argv=None) -> int:
     torch.cuda.synchronize()
     print(f"profile: {name} shape {'x'.join(map(str, shape))} {str(dtype).replace('torch.', '')}, "
           f"{args.iters} iterations")
-    return 0
+
+
+def main(argv=None) -> int:
+    cases = all_cases()
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernel", required=True, choices=sorted(cases))
+    p.add_argument("--which", choices=["ref", "minfer"], default="minfer")
+    p.add_argument("--shape", type=parse_shape, help="comma-separated; default: the case's largest shape")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--path", help="one kernel path by itself (see the case's paths)")
+    p.add_argument("--iters", type=int_range(1), default=5)
+    p.add_argument("--warmup", type=int_range(0), default=3)
+    args = p.parse_args(argv)
+    case = cases[args.kernel]
+    problem = misfit(args.kernel, case, args.path, [args.shape] if args.shape else [])
+    if problem:
+        p.error(problem)
+    return run_cli(lambda: run(args, case))
 
 
 if __name__ == "__main__":

@@ -51,10 +51,13 @@ from collections import Counter
 
 import httpx
 
+from minfer.errors import ArgumentParser, MinferError
+
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-from bench.server import add_server_args, client as server_client  # noqa: E402
-from bench.workload import append_json, lengths  # noqa: E402
+from bench.cli import check_json, int_range, length_spec, run_status, seconds  # noqa: E402
+from bench.server import add_server_args, client as server_client, first_model  # noqa: E402
+from bench.workload import MAX_REQUESTS, append_json, length_range, lengths  # noqa: E402
 
 DEFAULT_CONTEXT = 256  # when /v1/models does not say max_model_len
 WORDS = ("the of and to in is was for on that with as by at from his her time year people way day man thing "
@@ -73,8 +76,6 @@ def make_plan(args, rng: random.Random, server: dict) -> tuple[list[dict], dict]
     n_disc = round(n_req * args.disconnect_fraction)
     n_bad = round(n_req * args.malformed_fraction)
     n_valid = n_req - n_disc - n_bad
-    if n_valid < 0:
-        raise SystemExit("--disconnect-fraction + --malformed-fraction must be <= 1")
     n_probe = min(args.probe_copies, n_valid)
     kinds = ["probe"] * n_probe + ["valid"] * (n_valid - n_probe) + ["disconnect"] * n_disc + ["malformed"] * n_bad
     rng.shuffle(kinds)
@@ -88,7 +89,7 @@ def make_plan(args, rng: random.Random, server: dict) -> tuple[list[dict], dict]
     plan, probes, bad = [], 0, rng.randrange(len(MALFORMED))
     for kind, max_tokens in zip(kinds, outs):
         # a disconnect asks for more than it reads, so that its cut comes mid-stream even where chunks merge
-        max_tokens = min(4 * hi, ctx // 2) if kind == "disconnect" else min(max_tokens, ctx - 1)
+        max_tokens = min(4 * hi, ctx // 2) if kind == "disconnect" else max_tokens
         if kind == "probe":  # alternately not streamed and streamed
             item = dict(probe, body=dict(probe["body"]), stream=bool(probes % 2))
             if item["stream"]:
@@ -336,10 +337,15 @@ def gauges(text: str) -> dict[str, float]:
 async def discover(client: httpx.AsyncClient, args) -> tuple[str | None, dict]:
     """The model, context, vocabulary and whether text prompts work (and the tokens the chat template and
     BOS add to a prompt)."""
-    info = (await client.get("/v1/models")).raise_for_status().json()["data"][0]
+    info = await first_model(client, args)
     model = args.model or info["id"]
     server = {"context": info.get("max_model_len") or DEFAULT_CONTEXT, "vocab": info.get("vocab_size") or 256,
               "tokenizer": False, "chat_overhead": 0, "text_overhead": 0}
+    # a valid request holds a prompt token and max_tokens new ones: more than that would have to be cut silently
+    most = length_range(args.max_tokens)[1]
+    if most > server["context"] - 1:
+        raise MinferError(f"--max-tokens {args.max_tokens}: the server's context holds {server['context']} tokens "
+                          f"(max_model_len), so a request makes at most {server['context'] - 1}")
     r = await client.post("/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 1})
     if r.status_code == 200:
         c = await client.post("/v1/chat/completions", json={"model": model, "max_tokens": 1,
@@ -348,7 +354,8 @@ async def discover(client: httpx.AsyncClient, args) -> tuple[str | None, dict]:
             server |= {"tokenizer": True, "text_overhead": r.json()["usage"]["prompt_tokens"],
                        "chat_overhead": c.json()["usage"]["prompt_tokens"]}
     elif "tokenizer" not in r.text:
-        raise SystemExit(f"POST /v1/completions with a text prompt: {r.status_code}: {r.text[:200]}")
+        raise MinferError(f"POST /v1/completions with a text prompt: {r.status_code}: "
+                          f"{' '.join(r.text[:200].split())}")
     return model, server
 
 
@@ -363,6 +370,11 @@ async def settle(client: httpx.AsyncClient, timeout: float) -> dict[str, float]:
         await asyncio.sleep(0.1)
 
 
+def concurrency(args, plan: list[dict]) -> int:
+    """Requests in flight at most: --max-concurrency, whose 0 means all of them."""
+    return args.max_concurrency or len(plan)
+
+
 async def run(args) -> dict:
     failures: list[str] = []
     notes: list[str] = []  # probe mismatches under --probe-may-differ
@@ -373,7 +385,7 @@ async def run(args) -> dict:
         solo = await send(client, probe, model, args.timeout)
         if solo["problems"]:
             failures += [f"probe alone: {p}" for p in solo["problems"]]
-        gate = asyncio.Semaphore(args.max_concurrency or len(plan))
+        gate = asyncio.Semaphore(concurrency(args, plan))
 
         async def limited(item):
             async with gate:
@@ -413,7 +425,7 @@ async def run(args) -> dict:
                         f"waiting {g.get('minfer_num_requests_waiting', 0):g})")
     if health != 200:
         failures.append(f"/health: {health}")
-    row = {"model": model, "num_requests": len(plan), "max_concurrency": args.max_concurrency,
+    row = {"model": model, "num_requests": len(plan), "max_concurrency": concurrency(args, plan),
            "max_tokens": args.max_tokens, "seed": args.seed, "context": server["context"],
            "tokenizer": server["tokenizer"], "valid": kinds["valid"] + kinds["probe"], "probe": kinds["probe"],
            "disconnect": kinds["disconnect"], "malformed": kinds["malformed"],
@@ -429,28 +441,8 @@ async def run(args) -> dict:
     return row
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_server_args(p)
-    p.add_argument("--num-requests", type=int, default=1000)
-    p.add_argument("--max-concurrency", type=int, default=32, help="requests in flight, at most (default: %(default)s)")
-    p.add_argument("--disconnect-fraction", type=float, default=0.1, help="default: %(default)s")
-    p.add_argument("--malformed-fraction", type=float, default=0.1, help="default: %(default)s")
-    p.add_argument("--max-tokens", default="8:64",
-                   help="tokens a valid request makes: N or LO:HI (default: %(default)s)")
-    p.add_argument("--probe-copies", type=int, default=8, help="the probe's copies in the storm (default: %(default)s)")
-    p.add_argument("--probe-may-differ", action="store_true",
-                   help="report the probe's storm texts that differ from its solo text, without failing: the cuda "
-                        "backend's numerics depend on the batch (M <= 32 quantized weights run on the fused GEMV, "
-                        "more rows on weights dequantized to the activation dtype), so a greedy near tie can flip")
-    p.add_argument("--timeout", type=float, default=300, help="seconds a request may take (default: %(default)s)")
-    p.add_argument("--settle-timeout", type=float, default=10,
-                   help="seconds to wait after the storm for the server to go idle (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="append the run to this file as one JSON line")
-    args = p.parse_args(argv)
-    if args.num_requests < 1 or not 0 <= args.disconnect_fraction <= 1 or not 0 <= args.malformed_fraction <= 1:
-        p.error("--num-requests must be >= 1 and the fractions in [0, 1]")
+def report(args) -> int:
+    check_json(args.json)
     row = asyncio.run(run(args))
     st = " ".join(f"{k}x{v}" for k, v in row["statuses"].items())
     print(f"{'PASS' if row['passed'] else 'FAIL'}: {row['num_requests']} requests ({row['valid']} valid incl. "
@@ -467,6 +459,35 @@ def main(argv=None) -> int:
         print(f"  ... {len(row['failures']) - 5} more", file=sys.stderr)
     append_json(args.json, row)
     return 0 if row["passed"] else 1
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_args(p)
+    p.add_argument("--num-requests", type=int_range(1, MAX_REQUESTS), default=1000)
+    p.add_argument("--max-concurrency", type=int_range(0), default=32,
+                   help="requests in flight, at most; 0: no limit (default: %(default)s)")
+    p.add_argument("--disconnect-fraction", type=float, default=0.1, help="default: %(default)s")
+    p.add_argument("--malformed-fraction", type=float, default=0.1, help="default: %(default)s")
+    p.add_argument("--max-tokens", type=length_spec, default="8:64",
+                   help="tokens a valid request makes: N or LO:HI (default: %(default)s)")
+    p.add_argument("--probe-copies", type=int_range(0), default=8,
+                   help="the probe's copies in the storm (default: %(default)s)")
+    p.add_argument("--probe-may-differ", action="store_true",
+                   help="report the probe's storm texts that differ from its solo text, without failing: the cuda "
+                        "backend's numerics depend on the batch (M <= 32 quantized weights run on the fused GEMV, "
+                        "more rows on weights dequantized to the activation dtype), so a greedy near tie can flip")
+    p.add_argument("--timeout", type=seconds(), default=300,
+                   help="seconds a request waits for the server's next bytes (default: %(default)s)")
+    p.add_argument("--settle-timeout", type=seconds(zero_ok=True), default=10,
+                   help="seconds to wait after the storm for the server to go idle (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="append the run to this file as one JSON line")
+    args = p.parse_args(argv)
+    n, disconnect, malformed = args.num_requests, args.disconnect_fraction, args.malformed_fraction
+    if not (0 <= disconnect <= 1 and 0 <= malformed <= 1) or round(n * disconnect) + round(n * malformed) > n:
+        p.error("--disconnect-fraction and --malformed-fraction must be in [0, 1], and their sum <= 1")
+    return run_status(lambda: report(args))
 
 
 if __name__ == "__main__":

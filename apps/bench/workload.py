@@ -7,14 +7,28 @@ import json
 import math
 import random
 
+from minfer.errors import MinferError
+
+# --num-requests, at most: the requests are drawn up front, and a typo's billion would fill memory first
+MAX_REQUESTS = 1_000_000
+
+
+def length_range(spec: str) -> tuple[int, int] | None:
+    """(LO, HI) of a length spec, a number N or LO:HI with 1 <= LO <= HI; None when spec is not one."""
+    lo, sep, hi = spec.partition(":")
+    try:
+        lo, hi = int(lo), int(hi if sep else lo)
+    except ValueError:
+        return None
+    return (lo, hi) if 1 <= lo <= hi else None
+
 
 def lengths(spec: str, n: int, rng: random.Random, flag: str) -> list[int]:
     """n lengths from spec: a number N, or LO:HI (uniform, inclusive)."""
-    lo, _, hi = spec.partition(":")
-    lo, hi = int(lo), int(hi or lo)
-    if not 1 <= lo <= hi:
-        raise SystemExit(f"{flag} {spec!r}: give N or LO:HI, 1 <= LO <= HI")
-    return [rng.randint(lo, hi) for _ in range(n)]
+    bounds = length_range(spec)
+    if bounds is None:
+        raise MinferError(f"{flag} {spec!r}: give N or LO:HI, 1 <= LO <= HI")
+    return [rng.randint(*bounds) for _ in range(n)]
 
 
 def make_requests(num_requests: int, input_len: str, output_len: str, vocab: int, seed: int = 0,
@@ -24,7 +38,8 @@ def make_requests(num_requests: int, input_len: str, output_len: str, vocab: int
     rng = random.Random(seed)
     ins = lengths(input_len, num_requests, rng, "--input-len")
     outs = lengths(output_len, num_requests, rng, "--output-len")
-    prefix = [rng.randrange(vocab) for _ in range(shared_prefix)]
+    # only the ids that the longest prompt holds: the rest would be cut off every prompt
+    prefix = [rng.randrange(vocab) for _ in range(min(shared_prefix, max(ins, default=0)))]
     reqs = []
     for n_in, n_out in zip(ins, outs):
         tail = [rng.randrange(vocab) for _ in range(max(0, n_in - len(prefix)))]
