@@ -106,9 +106,11 @@ class Reader:
             spans.append((begin, end, name))
         spans.sort()
         for (begin, end, name), (nxt, _, other) in zip(spans, spans[1:]):
-            if end > nxt:
+            # writers pad each tensor to the alignment: a gap past it means a type or shape that reads too few bytes
+            if not 0 <= nxt - end < align:
                 t = next(t for t in self.tensors if t.name == name)
-                raise MinferError(f"tensor {name} ({t.kind} {list(t.shape)}, {end - begin} bytes) runs into tensor "
+                where = "runs into" if end > nxt else f"leaves {nxt - end} bytes before"
+                raise MinferError(f"tensor {name} ({t.kind} {list(t.shape)}, {end - begin} bytes) {where} tensor "
                                   f"{other} at byte {nxt}: its type or shape does not match its data")
 
     def _unpack(self, fmt: str) -> tuple:

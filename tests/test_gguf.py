@@ -340,8 +340,11 @@ def test_unknown_tensor_type_is_named(tmp_path):
         mgguf.open_reader(path)
 
 
-def test_a_tensor_larger_than_its_data_is_named(tmp_path):
-    """A header whose type and shape give a tensor more bytes than lie before the next tensor's data."""
+@pytest.mark.parametrize("rows,message", [(6, r"\(F32 \[6, 64\], 1536 bytes\) runs into tensor b at byte"),
+                                          (2, r"\(F32 \[2, 64\], 512 bytes\) leaves 512 bytes before tensor b")])
+def test_a_tensor_that_does_not_match_its_data_is_named(tmp_path, rows, message):
+    """A header whose type and shape give a tensor more bytes than lie before the next tensor's data, or fewer
+    than the alignment's padding explains."""
     path = str(tmp_path / "two.gguf")
     w = gguf.GGUFWriter(path, "llama")
     w.add_tensor("a", np.zeros((4, 64), dtype=np.float32))
@@ -353,9 +356,9 @@ def test_a_tensor_larger_than_its_data_is_named(tmp_path):
     assert [t.name for t in mgguf.open_reader(path).tensors] == ["a", "b"]  # as written, it reads
     data = bytearray(open(path, "rb").read())
     at = data.index(b"\x01\x00\x00\x00\x00\x00\x00\x00a") + 9  # after a's name: n_dims, then ne0, ne1
-    data[at + 12:at + 20] = (6).to_bytes(8, "little")  # ne1: 6 rows, 1536 bytes where 4 rows' 1024 lie
+    data[at + 12:at + 20] = rows.to_bytes(8, "little")  # ne1, where 4 rows' 1024 bytes lie
     open(path, "wb").write(bytes(data))
-    with pytest.raises(MinferError, match=r"tensor a \(F32 \[6, 64\], 1536 bytes\) runs into tensor b at byte"):
+    with pytest.raises(MinferError, match=r"tensor a " + message):
         mgguf.open_reader(path)
 
 
