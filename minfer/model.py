@@ -22,9 +22,9 @@ def rope_cos_sin(cfg: ModelConfig, max_positions: int, device, local: bool = Fal
     inv_freq = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
     scaling = {} if local else (cfg.rope_scaling or {})
     kind = scaling.get("rope_type")
-    positions = torch.arange(max_positions, dtype=torch.float64)
+    stretch = 1.0  # positions are divided by it
     if kind == "linear":
-        positions = positions / scaling["factor"]
+        stretch = scaling["factor"]
     elif kind == "llama3":
         factor, low, high = scaling["factor"], scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
         old_ctx = scaling.get("original_max_position_embeddings", 8192)
@@ -35,8 +35,14 @@ def rope_cos_sin(cfg: ModelConfig, max_positions: int, device, local: bool = Fal
         inv_freq = torch.where(medium, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
     elif kind == "freq_factors":
         inv_freq = inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)
-    angles = positions[:, None] * inv_freq[None, :]  # [positions, rot/2]
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).float().to(device)
+    table = torch.empty(max_positions, rot, dtype=torch.float32, device=device)
+    half = rot // 2
+    for start in range(0, max_positions, 1 << 16):  # fp64 a chunk at a time: a long context's table fits in fp32 only
+        positions = torch.arange(start, min(start + (1 << 16), max_positions), dtype=torch.float64) / stretch
+        angles = positions[:, None] * inv_freq[None, :]  # [chunk, rot/2]
+        table[start:start + len(positions), :half] = angles.cos().float()
+        table[start:start + len(positions), half:] = angles.sin().float()
+    return table
 
 
 Weight = torch.Tensor | QuantizedWeight
