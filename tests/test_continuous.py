@@ -229,6 +229,10 @@ def test_bad_input(engine, ids):
             make(**bad)
     with pytest.raises(MinferError, match="--cuda-graph-sizes"):
         make(cuda_graph_sizes=[0, 8])
+    with pytest.raises(MinferError, match="out of range"):  # all or none: the good first one is not queued either
+        engine.add_requests([(ids[0], GREEDY, None), ([engine.cfg.vocab_size], GREEDY, None)])
+    with pytest.raises(MinferError, match="given twice"):
+        engine.add_requests([(ids[0], GREEDY, "a"), (ids[1], GREEDY, "a")])
     assert_idle(engine)
 
 

@@ -307,7 +307,18 @@ class EngineCore(LoadedModel):
     # ---- requests ----
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
-        prompt_ids = self.check_request(prompt_ids, params, request_id)
+        return self.add_requests([(prompt_ids, params, request_id)])[0]
+
+    def add_requests(self, requests: list[tuple[list[int], SamplingParams, str | None]]) -> list[str]:
+        """(prompt ids, params, request id or None) each, added all or none: every one is checked first, so that
+        a bad one raises its MinferError before any other is queued (and prefilled). Returns their ids."""
+        checked = [self._check_request(*r) for r in requests]
+        given = [rid for _, _, rid in requests if rid is not None]
+        if len(set(given)) != len(given):
+            raise MinferError("a request id is given twice")
+        return [self._add(ids, params, rid) for ids, (_, params, rid) in zip(checked, requests)]
+
+    def _add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None) -> str:
         if request_id is None:  # the next number no caller has taken as its own id
             request_id = next(i for i in map(str, self._ids) if i not in self.seqs)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
@@ -321,8 +332,8 @@ class EngineCore(LoadedModel):
         self.seqs[request_id] = seq
         return request_id
 
-    def check_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> list[int]:
-        """The MinferError add_request would raise for this request, before anything is added; its ids as ints."""
+    def _check_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None) -> list[int]:
+        """The request's ids as ints, or the MinferError that says what is wrong with it."""
         if not isinstance(params, SamplingParams):
             raise MinferError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
         params.validate()
@@ -572,8 +583,8 @@ class EngineCore(LoadedModel):
         first: dict[int, float] = {}
         t_decode = None  # when every request had its first token: the prefill phase's end
         try:
-            for i, (p, sp) in enumerate(zip(prompts, params)):  # a bad prompt: the ones before it are aborted
-                index[self.add_request(p, sp)] = i
+            rids = self.add_requests([(p, sp, None) for p, sp in zip(prompts, params)])  # all or none
+            index.update((rid, i) for i, rid in enumerate(rids))
             while any(r is None or not r.finished for r in results):
                 outs = self.step()
                 if t_decode is not None:

@@ -153,13 +153,11 @@ class AsyncEngine:
             if not done.set_running_or_notify_cancel():  # the client left before they were added
                 continue
             try:
-                for rid, ids, params, _ in requests:
-                    self.core.check_request(ids, params, rid)
+                self.core.add_requests([(ids, params, rid) for rid, ids, params, _ in requests])
             except Exception as e:
                 done.set_exception(e)
                 continue
-            for rid, ids, params, index in requests:
-                self.core.add_request(ids, params, rid)
+            for rid, ids, _, index in requests:
                 self._requests[rid] = _Request(out, index, len(ids))
                 self.metrics.prompt_tokens.inc(len(ids))
             done.set_result(None)
