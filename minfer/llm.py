@@ -4,6 +4,7 @@
     llm = LLM()  # the default model; or LLM("path/or/hub-id", dtype="bfloat16", max_num_seqs=64)
     for out in llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8)):
         print(out.text)
+    llm.chat([{"role": "user", "content": "Hi!"}])  # the model's chat template, as vLLM's LLM.chat
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .errors import MinferError
 from .sampling import SamplingParams
 
 Prompt = str | list[int] | dict  # text, token ids, or {"prompt_token_ids": [...]}
+Conversation = list[dict]  # messages: {"role": ..., "content": text or [{"type": "text", "text": ...}], ...}
 
 
 class LLM:
@@ -92,3 +94,43 @@ class LLM:
 
             outputs, self.last_stats = self.engine.generate(ids, params, on_output if bar.disable else progress)
         return outputs
+
+    def chat(self, messages: Conversation | list[Conversation],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, on_output=None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """One output per conversation, in order: each rendered by the model's chat template with the generation
+        prompt added (the assistant's turn), then generated as generate() does. A message is a dict with a str
+        'role' and a 'content' of text or of text parts; its other keys (name, tool_calls, ...) go to the template
+        as they are."""
+        single = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if single else messages
+        if not isinstance(conversations, (list, tuple)) or not conversations:
+            raise MinferError("messages must be a list of {'role', 'content'} dicts, or a list of such lists")
+        if self.engine.tokenizer is None:
+            raise MinferError("this model has no tokenizer: chat needs one")
+        prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(_template_messages(c, i),
+                                                                           self.engine.max_context)}
+                   for i, c in enumerate(conversations)]
+        return self.generate(prompts, sampling_params, on_output, use_tqdm)
+
+
+def _template_messages(conversation, index: int) -> list[dict]:
+    """A conversation's messages as chat templates read them: content parts joined into one text."""
+    where = f"messages[{index}]"
+    if not isinstance(conversation, (list, tuple)) or not conversation:
+        raise MinferError(f"{where}: a conversation is a non-empty list of message dicts")
+    out = []
+    for j, m in enumerate(conversation):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise MinferError(f"{where}[{j}]: a message is a dict with a str 'role'")
+        content = m.get("content")
+        if isinstance(content, (list, tuple)):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise MinferError(f"{where}[{j}]: content parts must be {{'type': 'text', 'text': str}}")
+            content = "".join(p["text"] for p in content)
+        elif content is not None and not isinstance(content, str):
+            raise MinferError(f"{where}[{j}]: content must be text or a list of text parts, not "
+                              f"{type(content).__name__}")
+        out.append({**m, "content": content or ""})
+    return out

@@ -247,6 +247,32 @@ def test_llm_api():
     assert_idle(llm.engine)
 
 
+def test_llm_chat():
+    """chat() renders each conversation with the model's template (generation prompt added) and generates from
+    those ids; content parts read as their joined text; a bad conversation is a ValueError naming it, nothing
+    queued."""
+    llm = LLM(dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, block_size=PAGE, num_pages=64)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    talk = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
+    ids = llm.get_tokenizer().encode_chat(talk)
+    assert llm.get_tokenizer().decode(ids).endswith("assistant\n")  # SmolLM2's template opens the reply
+    (out,) = llm.chat(talk, greedy)
+    assert out.prompt_token_ids == ids
+    (plain,) = llm.generate({"prompt_token_ids": ids}, greedy)
+    assert out.token_ids == plain.token_ids
+    parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "What is the capital "},
+                                                   {"type": "text", "text": "of France?"}]}]
+    two = llm.chat([parts, [{"role": "user", "content": "Hi"}]], greedy)
+    assert [o.prompt_token_ids for o in two] == [ids, llm.get_tokenizer().encode_chat([{"role": "user", "content": "Hi"}])]
+    assert two[0].token_ids == out.token_ids
+    for bad, needle in [([], "list of"), ([[]], r"messages\[0\]"), ([talk, [{"content": "x"}]], r"messages\[1\]\[0\]"),
+                        ([{"role": "user", "content": 5}], "content must be text"),
+                        ([{"role": "user", "content": [{"type": "image_url"}]}], "content parts")]:
+        with pytest.raises(ValueError, match=needle):
+            llm.chat(bad, greedy)
+        assert_idle(llm.engine)
+
+
 def test_llm_bad_input_is_a_value_error_and_leaves_it_usable():
     """A bad prompt or parameter is a MinferError (a ValueError) naming it, before any step; a call that fails
     midway through its prompts leaves nothing queued, so the next call runs as on a fresh LLM."""
