@@ -664,6 +664,22 @@ def test_text_is_the_same_read_late_or_never(engine, ids):
     assert_idle(engine)
 
 
+def test_text_with_stop_strings_is_never_taken_back(engine, ids):
+    """With stop strings too, an output's text is the text released so far (its new_texts joined): the tail held
+    back as a stop string's possible start is not in it, since the stop string may yet cut it off."""
+    full = engine.generate([ids[0]], [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)])[0][0].text
+    stop = full[1:full.index(".") + 1]  # " Paris." -> "Paris.": " Paris" is out before "." cuts it
+    seen = []
+    outs, _ = engine.generate([ids[0]], [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, stop=[stop])],
+                              lambda i, o: seen.append((o.new_text, o.text)))
+    assert outs[0].finish_reason == "stop" and outs[0].text == full[:1]
+    released = ""
+    for new, text in seen:
+        released += new
+        assert text == released
+    assert_idle(engine)
+
+
 class _Replay:
     """A captured decode graph, emulated: its replay runs the bucket's forward eagerly over the static
     metadata buffers, which is what the real graph reads."""

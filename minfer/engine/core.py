@@ -140,7 +140,8 @@ class RequestOutput:
 
     @property
     def text(self) -> str:
-        """Output text so far, cut before a stop string."""
+        """Output text so far, cut before a stop string: the new_texts so far joined (with stop strings, a tail
+        that may still begin one is not in it until the request finishes)."""
         if self._text is None:
             end = self._seq.decoded_length(self._n)
             self._text = self._seq.text[:end]
@@ -492,8 +493,8 @@ class EngineCore(LoadedModel):
 
     def _stop_strings(self, seq: Sequence, tok: int | None, reason: str | None) -> tuple[str | None, str, str]:
         """A request with stop strings decodes every new id (tok; None: none was added) and cuts its text before
-        the first stop string. Returns the finish reason, the text, and the text this step releases: a tail
-        that may still begin a stop string is held back until the request finishes."""
+        the first stop string. Returns the finish reason, the text released so far, and the text this step
+        releases: a tail that may still begin a stop string is held back until the request finishes."""
         stop = seq.params.stop
         new = seq.decoder.push(tok) if tok is not None and seq.decoder else ""
         if new:
@@ -508,7 +509,7 @@ class EngineCore(LoadedModel):
         hold = max(map(len, stop)) - 1
         end = len(seq.text) if reason else max(seq.emitted, len(seq.text) - hold)
         new_text, seq.emitted = seq.text[seq.emitted:end], max(seq.emitted, end)
-        return reason, seq.text, new_text
+        return reason, seq.text[:seq.emitted], new_text  # the held tail is no text yet: a stop string may cut it
 
     def _event(self):
         """A CUDA event recorded now, when the step timeline is kept (apps/bench_throughput.py), else None."""
