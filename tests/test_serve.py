@@ -210,6 +210,28 @@ def test_logprobs_of_byte_tokens(server, backend):
     assert bytes(b for e in content for b in e["bytes"]).decode(errors="replace").startswith(out["message"]["content"])
 
 
+def test_streamed_text_offsets_equal_not_streamed(server, backend):
+    """A streamed completion's text_offset are the non-streamed one's: a delta's text lags its tokens where a tail
+    that may begin a stop string or a character split across tokens is held back, so the offsets count the tokens'
+    characters, carried from delta to delta."""
+    if backend != "ref":
+        pytest.skip("the logprobs' formatting is the host's; the ref backend's run covers it")
+    emoji = "Emoji list: \U0001F600 \U0001F603 \U0001F604 \U0001F601 \U0001F606"
+    for prompt, stop in [(PROMPTS[3], ["zzzz"]), (emoji, ["zzzz"]), (emoji, [])]:  # the last: split characters alone
+        body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "logprobs": 2, "stop": stop, "ignore_eos": True}
+        full = server.http.post("/v1/completions", json=body).json()["choices"][0]
+        with server.http.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        choices = [c["choices"][0] for c in chunks if c["choices"]]
+        assert "".join(c["text"] for c in choices) == full["text"]
+        lp = {k: [x for c in choices for x in c["logprobs"][k]] for k in full["logprobs"]}
+        assert lp["tokens"] == full["logprobs"]["tokens"] and len(lp["tokens"]) == 10
+        assert lp["text_offset"] == full["logprobs"]["text_offset"], (lp["text_offset"], full["logprobs"])
+        for t, start in zip(lp["tokens"], lp["text_offset"]):
+            assert t.startswith("bytes:") or full["text"][start:].startswith(t), (t, start, full["text"])
+    assert_idle(server.core)
+
+
 def assert_error(r, status, param=None):
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -266,6 +288,8 @@ def test_bad_chat_requests(server):
     user = [{"role": "user", "content": "x"}]
     for body, param in [({"messages": []}, "messages"), ({"messages": [{"role": "robot", "content": "x"}]}, None),
                         ({"messages": user, "top_logprobs": 99}, "top_logprobs"),
+                        ({"messages": user, "top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+                        ({"messages": user, "logprobs": False, "top_logprobs": 2}, "top_logprobs"),
                         ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
                         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                          "messages.0.content.0.type"),  # a text model says so, rather than drop the image

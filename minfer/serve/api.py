@@ -299,18 +299,22 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         return {"content": [{**one(e["token_id"], e["logprob"]), "top_logprobs": [one(t, lp) for t, lp in e["top"]]}
                             for e in entries]}
 
-    def completion_logprobs(entries: list[dict] | None, offset: int = 0) -> dict | None:
+    def completion_logprobs(entries: list[dict] | None, state: list | None = None) -> dict | None:
         """text_offset: where each token's first character starts in the text (a token inside a multi-byte
         character, where that character starts): the characters of the tokens' bytes before it, counted by an
-        incremental UTF-8 decoder, which holds an unfinished character back."""
+        incremental UTF-8 decoder, which holds an unfinished character back. state: [offset, decoder], carried
+        from one streamed delta to the next (the deltas' released text lags the tokens while a stop string may
+        begin)."""
         if entries is None:
             return None
-        tokens, offsets, chars = [], [], codecs.getincrementaldecoder("utf-8")(errors="replace")
+        if state is None:
+            state = [0, codecs.getincrementaldecoder("utf-8")(errors="replace")]
+        tokens, offsets = [], []
         for e in entries:
             text, raw = piece(e["token_id"])
             tokens.append(text)
-            offsets.append(offset)
-            offset += len(chars.decode(raw))
+            offsets.append(state[0])
+            state[0] += len(state[1].decode(raw))
         return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [{piece(t)[0]: lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
 
@@ -409,18 +413,18 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
 
     async def completion_chunks(rid, req, prompts, out, rids):
         head = chunk_head(rid, "text_completion")
-        finals, offsets = [], {}
+        finals, states = [], {}  # per choice: completion_logprobs' [offset, decoder]
         async for new in deltas(out, rids):
             for i, ds in new.items():
                 last, text = ds[-1], "".join(d.text for d in ds)
                 if text or last.finished or (req.logprobs is not None and any(d.logprobs for d in ds)):
                     c = {"index": i, "text": text}
-                    if req.logprobs is not None:  # each delta's offsets start after the text of those before
+                    if req.logprobs is not None:  # the offsets run on from the deltas before (their tokens, not text)
                         c["logprobs"] = lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                        state = states.setdefault(i, [0, codecs.getincrementaldecoder("utf-8")(errors="replace")])
                         for d in ds:
-                            for k, v in completion_logprobs(d.logprobs, offsets.get(i, 0)).items():
+                            for k, v in completion_logprobs(d.logprobs, state).items():
                                 lp[k] += v
-                            offsets[i] = offsets.get(i, 0) + len(d.text)
                     yield head + dumps([finish(c, last.finish_reason)]) + "}"
                 if last.finished:
                     finals.append(last)

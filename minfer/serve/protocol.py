@@ -132,6 +132,13 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str = "none"
     parallel_tool_calls: bool = True
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, v, info):
+        if v and not info.data.get("logprobs"):  # OpenAI's and vLLM's 400: the top-n would be dropped silently
+            raise ValueError("only with logprobs = true")
+        return v
+
     @field_validator("tools")
     @classmethod
     def _no_tools(cls, v):
