@@ -186,6 +186,12 @@ def test_logprobs(server, client):
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
     assert all(len(t) == 3 for t in lp.top_logprobs) and "".join(lp.tokens) == out.choices[0].text
+    # sampled: a completion's top_logprobs hold the chosen token beside the top n (OpenAI's n + 1 at most)
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=16, temperature=1.5, seed=3, logprobs=1)
+    lp = out.choices[0].logprobs
+    for t, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert top[t] == pytest.approx(chosen, abs=1e-4) and len(top) <= 2, (t, chosen, top)
+    assert any(len(top) == 2 for top in lp.top_logprobs), "no token sampled below the top 1: the check saw nothing"
 
 
 def test_logprobs_of_byte_tokens(server, backend):

@@ -309,14 +309,17 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             return None
         if state is None:
             state = [0, codecs.getincrementaldecoder("utf-8")(errors="replace")]
-        tokens, offsets = [], []
+        tokens, offsets, tops = [], [], []
         for e in entries:
             text, raw = piece(e["token_id"])
             tokens.append(text)
             offsets.append(state[0])
             state[0] += len(state[1].decode(raw))
-        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{piece(t)[0]: lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
+            top = {piece(t)[0]: lp for t, lp in e["top"]}
+            top.setdefault(text, e["logprob"])  # OpenAI's rule: the sampled token always, up to n + 1 entries
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries], "top_logprobs": tops,
+                "text_offset": offsets}
 
     # ---- routes ----
 
