@@ -6,6 +6,7 @@ before the end (e.g. `| head`): generation stops quietly, as for a tool killed b
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from .engine_args import add_engine_args
@@ -48,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("-s", "--seed", type=int,
                    help="sampling seed, per prompt: a prompt samples the same alone or in a batch (default: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string, not empty (repeatable)")
+    p.add_argument("-l", "--logit-bias", action="append", default=[], type=_logit_bias, metavar="TOKEN_ID(+/-)BIAS",
+                   help="add BIAS to the token's logit, in [-100, 100], as llama.cpp writes it: 15043+1.5, 2-100 "
+                        "(repeatable)")
     p.add_argument("--dtype", choices=DTYPES, help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto",
@@ -64,6 +68,14 @@ def parse_args(argv=None):
         p.error("give the checkpoint once: as CHECKPOINT or as --model")
     args.checkpoint = args.model if args.checkpoint is None else args.checkpoint
     return args
+
+
+def _logit_bias(spec: str) -> tuple[int, float]:
+    """llama.cpp's TOKEN_ID(+/-)BIAS -> (token id, bias)."""
+    m = re.fullmatch(r"(\d+)([+-](?:\d+\.?\d*|\.\d+))", spec.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not TOKEN_ID(+/-)BIAS, e.g. 15043+1.5 or 2-100")
+    return int(m[1]), float(m[2])
 
 
 def _check(args):
@@ -113,7 +125,8 @@ def run(args) -> None:
     stop = [_text(s, "--stop") for s in args.stop]
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty, args.seed,
                             max_tokens=args.max_new_tokens, stop=stop, ignore_eos=args.ignore_eos,
-                            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+                            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                            logit_bias=dict(args.logit_bias))
     prompts = [_prompt(p) for p in args.prompt or ["Hello"]]
     system = None if args.system is None else _text(args.system, "--system")
     chat_flag = "--chat" if args.chat else "--system" if system is not None else None

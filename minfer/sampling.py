@@ -34,6 +34,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted from the logits of ids in the output so far (OpenAI's rule)
     frequency_penalty: float = 0.0  # subtracted once per occurrence in the output so far
     logprobs: int | None = None  # per token: the chosen id's log-probability and the top-n (0: chosen only)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
 
     def __post_init__(self):
         if isinstance(self.stop, str):  # one stop string, as vLLM takes it
@@ -71,9 +72,16 @@ class SamplingParams:
             raise MinferError(f"stop_token_ids must be a list of token ids, not {self.stop_token_ids!r}")
         if self.logprobs is not None and not (_integer(self.logprobs) and self.logprobs >= 0):
             raise MinferError(f"logprobs must be an integer >= 0, not {self.logprobs!r}")
+        if not isinstance(self.logit_bias, dict):
+            raise MinferError(f"--logit-bias must be a dict of token id -> bias, not {type(self.logit_bias).__name__}")
+        for i, b in self.logit_bias.items():
+            if not (_integer(i) and i >= 0 and _number(b) and -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS):
+                raise MinferError(f"--logit-bias maps token ids (integers >= 0) to numbers in [-{MAX_LOGIT_BIAS}, "
+                                  f"{MAX_LOGIT_BIAS}], not {i!r}: {b!r}")
 
 
 FP32_TINY, FP32_MAX = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max
+MAX_LOGIT_BIAS = 100  # OpenAI's range: -100 bans a token in effect, 100 all but forces it
 
 
 def _number(x) -> bool:
@@ -191,14 +199,16 @@ class SamplingTensors:
     positions: torch.Tensor | None  # [batch] int64: the position of the token being drawn (the RNG's counter)
     seen: torch.Tensor | None  # [batch, vocab] bool: prompt and output ids (for the repetition penalty)
     counts: torch.Tensor | None  # [batch, vocab] fp32: output id counts (presence / frequency penalties)
+    logit_bias: torch.Tensor | None  # [batch, vocab] fp32: added to the logits before anything else
     all_greedy: bool
     filters: tuple[bool, bool, bool]  # some row uses top-k, top-p, min-p
     num_logprobs: int | None  # the largest top-n asked for; None: no row wants logprobs
 
     @property
     def plain_greedy(self) -> bool:
-        """Every row greedy, with no penalty and no logprobs: the ids are the logits' argmax."""
-        return self.all_greedy and self.seen is None and self.counts is None and self.num_logprobs is None
+        """Every row greedy, with no penalty, no logit bias and no logprobs: the ids are the logits' argmax."""
+        return (self.all_greedy and self.seen is None and self.counts is None and self.logit_bias is None
+                and self.num_logprobs is None)
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], positions: list[int], prompts: list[list[int]],
@@ -219,6 +229,12 @@ class SamplingTensors:
             padded = col([o + [0] * (width - len(o)) for o in outputs], torch.int64)  # [batch, width]
             ones = col([[1.0] * len(o) + [0.0] * (width - len(o)) for o in outputs])
             counts = torch.zeros(batch, vocab, device=device).scatter_add_(1, padded, ones)
+        bias = None
+        if any(p.logit_bias for p in params):
+            bias = torch.zeros(batch, vocab, device=device)
+            entries = [(row, i, b) for row, p in enumerate(params) for i, b in p.logit_bias.items()]
+            rows, ids, values = zip(*entries)
+            bias.index_put_((col(rows, torch.int64), col(ids, torch.int64)), col(values))
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
         greedy = all(p.temperature == 0 for p in params)
         drawn = None if greedy else dict(  # what the random draw reads
@@ -233,7 +249,7 @@ class SamplingTensors:
             repetition_penalty=col([p.repetition_penalty for p in params]) if seen is not None else None,
             presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
             frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
-            seen=seen, counts=counts, all_greedy=greedy, filters=filters,
+            seen=seen, counts=counts, logit_bias=bias, all_greedy=greedy, filters=filters,
             num_logprobs=max(logprobs) if logprobs else None)
 
 
@@ -269,9 +285,12 @@ class Logprobs:
 
 def sample_batch(logits: torch.Tensor, t: SamplingTensors) -> tuple[torch.Tensor, Logprobs | None]:
     """logits [batch, vocab] fp32 -> ids [batch] int64, and logprobs when some row asked for them.
-    Penalties first (repetition, then presence / frequency), then temperature, the filters, and a Gumbel-max
-    draw: argmax(logits / T + g), g = -log(-log(u)), draws from softmax(logits / T) exactly."""
+    The logit bias first (as vLLM applies it), then the penalties (repetition, then presence / frequency), then
+    temperature, the filters, and a Gumbel-max draw: argmax(logits / T + g), g = -log(-log(u)), draws from
+    softmax(logits / T) exactly. Logprobs are of the raw logits."""
     raw = logits
+    if t.logit_bias is not None:
+        logits = logits + t.logit_bias
     if t.seen is not None:
         penalty = t.repetition_penalty[:, None]
         penalized = torch.where(logits > 0, logits / penalty, logits * penalty)

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from minfer import fetch, loader
+from minfer.gguf import open_reader
+from minfer.tokenizer import from_gguf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_PATH = os.path.join(loader.cache_dir(), loader.DEFAULT_MODEL_FILE)
@@ -82,6 +84,21 @@ def test_stdin_prompt_and_stop_string(accepted):
     assert rc == 0, err
     assert_clean_stats(err)
     assert out == full[: full.index(".")] + "\n"
+
+
+@needs_model
+def test_logit_bias_flag(capsys):
+    """-l/--logit-bias in llama.cpp's form: +100 on a token forces it at every step (in process, one short run)."""
+    rc, out, err = main(capsys, "-p", "Hi", "--temperature", "0", "-n", "3", "-l", "42+100", "--logit-bias", "3-1.5")
+    assert rc == 0, err
+    tok = from_gguf(open_reader(MODEL_PATH))
+    assert out == tok.decode([42] * 3) + "\n"
+    for spec, needle in [("42", "TOKEN_ID"), ("42+101", "[-100, 100]"), ("99999999+1", "out of range")]:
+        try:
+            rc, out, err = main(capsys, "-p", "hi", "--temperature", "0", "-l", spec)
+        except SystemExit as e:
+            rc, (out, err) = e.code, capsys.readouterr()
+        assert_one_line_error(rc, out, err, "--logit-bias", needle)
 
 
 @needs_model

@@ -4,6 +4,7 @@ prefill in chunks, preemption forced by a tiny page pool, prefix-cache hits); se
 batch-invariant; async scheduling gives the synchronous engine's tokens and text; decode steps through
 the graph path's metadata (graphs emulated on the CPU) give the eager ones; after every test all pages are
 free (cached or not); bad input is a clear error."""
+import dataclasses
 import itertools
 import os
 
@@ -157,6 +158,24 @@ def test_stops_and_logprobs(engine, ids):
     lp = outs[1].logprobs
     assert len(lp) == len(outs[1].token_ids) and all(len(e["top"]) == 3 for e in lp)
     assert all(e["top"][0][0] == e["token_id"] and e["logprob"] == e["top"][0][1] <= 0 for e in lp)  # greedy
+    assert_idle(engine)
+
+
+def test_logit_bias(engine, ids):
+    """A banned token (-100) gives way to the runner-up that the unbiased logprobs name, at every step; +100 forces
+    a token; a row without a bias in the same steps is as alone. Bad biases are errors, nothing queued."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    (plain, other), _ = engine.generate(ids[:2], [SamplingParams(temperature=0.0, max_tokens=1, logprobs=2), greedy])
+    (first, _), (runner_up, _) = plain.logprobs[0]["top"]
+    outs, _ = engine.generate([ids[0], ids[0], ids[1]], [
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={first: -100}),
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={42: 100}), greedy])
+    assert outs[0].token_ids[0] == runner_up and first not in outs[0].token_ids
+    assert outs[1].token_ids == [42] * 4 and outs[2].token_ids == other.token_ids
+    for bad, needle in [({engine.cfg.vocab_size: 1.0}, "out of range"), ({1: 101}, r"\[-100, 100\]"),
+                        ({1: float("nan")}, "--logit-bias"), ({"1": 1.0}, "--logit-bias"), ([1], "dict")]:
+        with pytest.raises(ValueError, match=needle):
+            engine.add_request(ids[0], dataclasses.replace(greedy, logit_bias=bad))
     assert_idle(engine)
 
 

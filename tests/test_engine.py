@@ -42,6 +42,17 @@ def test_output_alone_equals_output_in_a_batch(engine):
         assert b.finish_reason == a.finish_reason == "length"
 
 
+def test_parameters_the_static_engine_does_not_apply_are_refused(engine):
+    """The static engine samples one SamplingParams' temperature, filters, repetition penalty and seed: the rest
+    is an error naming them, not ignored."""
+    ids = engine.encode(SHORT, chat=False)
+    for params, needle in [(SamplingParams(temperature=0.0, presence_penalty=0.5), "presence_penalty"),
+                           (SamplingParams(temperature=0.0, logprobs=1), "logprobs"),
+                           (SamplingParams(temperature=0.0, logit_bias={1: 2.0}), "logit_bias")]:
+        with pytest.raises(MinferError, match=needle):
+            engine.generate([ids], params, 2)
+
+
 def test_repetition_penalty_sees_only_prompt_ids(engine, monkeypatch):
     """The prefill's seen-set holds each prompt's ids and nothing else (not the padding of a shorter one)."""
     real_sample, seen_at_prefill = engine_mod.sample, []

@@ -117,3 +117,22 @@ def test_logprobs_chosen_and_top_n():
     torch.testing.assert_close(lp.chosen, want[[0, 1], [1, 2]])
     assert lp.top_ids[0].tolist() == [1, 2]
     torch.testing.assert_close(lp.top[0], want[0, [1, 2]])
+
+
+def test_logit_bias_by_hand():
+    """Each row's bias is added to its own logits before the penalties and the draw; logprobs stay the raw
+    logits'; a row without a bias is as it was."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0]] * 4)
+    params = [SamplingParams(temperature=0.0, logit_bias={3: -100}),  # 3 banned: 0 wins
+              SamplingParams(temperature=0.0, logit_bias={1: 4.5}),  # -1.0 -> 3.5: 1 wins
+              SamplingParams(temperature=0.0, logprobs=1),  # no bias: 3
+              SamplingParams(temperature=0.0, logit_bias={3: -1.5}, repetition_penalty=2.0)]  # 3: 1.5, then 0.75
+    ids, lp = sample_batch(logits, tensors(params, prompts=[[0]] * 3 + [[3]]))
+    assert ids.tolist() == [0, 1, 3, 0]
+    torch.testing.assert_close(lp.chosen, logits.log_softmax(-1)[torch.arange(4), ids])  # the raw logits'
+    assert tensors([SamplingParams(temperature=0.0, logit_bias={2: 1})]).plain_greedy is False
+    # sampled: the bias shifts the distribution as softmax(logits + bias) says
+    biased = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5])
+    bias = {0: 1.0, 3: -2.0}
+    shifted = [x + bias.get(i, 0.0) for i, x in enumerate(biased.tolist())]
+    assert_matches(draws(biased, SamplingParams(temperature=1.0, logit_bias=bias)), softmax_by_hand(shifted))

@@ -281,7 +281,11 @@ def assert_error(r, status, param=None):
     ('{"prompt": "x", "echo": true}', "echo"),  # OpenAI's fields that minfer lacks: only their no-op values
     ('{"prompt": "x", "best_of": 2}', None),
     ('{"prompt": "x", "suffix": "y"}', "suffix"),
-    ('{"prompt": "x", "logit_bias": {"1": 5}}', "logit_bias"),
+    ('{"prompt": "x", "logit_bias": {"a": 5}}', "logit_bias"),
+    ('{"prompt": "x", "logit_bias": {"1": 101}}', "logit_bias"),
+    ('{"prompt": "x", "logit_bias": {"1": "5"}}', "logit_bias"),
+    ('{"prompt": "x", "logit_bias": {"99999999": 5}}', "logit_bias"),  # past the vocabulary: the core's check
+    ('{"prompt": "x", "logit_bias": ' + json.dumps({str(i): 1 for i in range(301)}) + "}", "logit_bias"),
     ('{"prompt": "x", "stream_options": {"include_usage": true}}', None),  # without stream
     ('{"prompt": ' + json.dumps([[1]] * 33) + ', "n": 128, "max_tokens": 1}', "n"),  # 4224 sequences: over 4096
 ])
@@ -321,6 +325,23 @@ def test_null_is_default_and_no_op_fields_pass(server, solo):
     assert server.http.post("/v1/chat/completions", json=chat).status_code == 200
     assert server.http.get("/v1/models/" + NAME).json()["id"] == NAME
     assert_error(server.http.get("/v1/models/gpt-4"), 404, "model")
+    assert_idle(server.core)
+
+
+def test_logit_bias(server, solo):
+    """OpenAI's logit_bias: -100 on each greedy token in turn steers the text off it, +100 forces a token, on both
+    endpoints."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+    plain = server.http.post("/v1/completions", json=body).json()["choices"][0]
+    first = server.core.tokenizer.encode(plain["logprobs"]["tokens"][0])
+    assert len(first) == 1
+    banned = server.http.post("/v1/completions", json=body | {"logit_bias": {str(first[0]): -100}}).json()
+    assert banned["choices"][0]["logprobs"]["tokens"][0] != plain["logprobs"]["tokens"][0]
+    forced = server.http.post("/v1/completions", json=body | {"logit_bias": {"42": 100}}).json()["choices"][0]
+    assert forced["text"] == server.core.tokenizer.decode([42] * 4)
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "logit_bias": {"42": 100}}
+    assert server.http.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"] == \
+        server.core.tokenizer.decode([42] * 3)
     assert_idle(server.core)
 
 

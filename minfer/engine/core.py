@@ -349,6 +349,8 @@ class EngineCore(LoadedModel):
         vocab = self.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise MinferError(f"prompt token id out of range [0, {vocab})")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise MinferError(f"--logit-bias: token id {max(params.logit_bias)} out of range [0, {vocab})")
         if params.logprobs is not None and params.logprobs > vocab:
             raise MinferError(f"logprobs is {params.logprobs}, more than the vocabulary's {vocab} tokens")
         if request_id is not None and request_id in self.seqs:

@@ -165,6 +165,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         msg = f"expected {union}" if union else err["msg"].removeprefix("Value error, ")
         return (f"{param}: {msg}" if param else msg), param
 
+    def field_named(e: MinferError) -> str:
+        """The core names the CLI flag (--top-p); the API names the field (top_p)."""
+        return re.sub(r"^--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(e))
+
     def params_for(req, max_tokens: int | None, logprobs: int | None, choice: int) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         seed = None if req.seed is None else (req.seed + choice) % 2**63  # n choices of one seed differ
@@ -173,10 +177,9 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                   min_p=req.min_p, repetition_penalty=req.repetition_penalty, seed=seed,
                                   max_tokens=max_tokens or core.max_context, stop=stop, ignore_eos=req.ignore_eos,
                                   presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                                  logprobs=logprobs)
+                                  logprobs=logprobs, logit_bias={int(t): b for t, b in req.logit_bias.items()})
         except MinferError as e:
-            # the core names the CLI flag (--top-p); the API names the field (top_p)
-            message = re.sub(r"^--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(e))
+            message = field_named(e)
             field = re.match(r"[a-z_]+", message)
             param = field[0] if field and field[0] in type(req).model_fields else "stop" if "stop" in message else None
             raise APIError(400, message, param) from None
@@ -209,7 +212,9 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             for r in rids:
                 engine.abort(r)
             if isinstance(e, MinferError):
-                raise APIError(400, str(e), "prompt" if "prompt" in str(e) else None) from None
+                message = field_named(e)
+                param = "logit_bias" if message.startswith("logit_bias") else "prompt" if "prompt" in message else None
+                raise APIError(400, message, param) from None
             raise
         return out, rids
 

@@ -4,14 +4,18 @@ option is a 400 naming it, not silently ignored. An explicit null means the fiel
 OpenAI's fields that minfer does not implement are accepted at their no-op values only."""
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..sampling import MAX_LOGIT_BIAS
+
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 MAX_STOP = 64  # stop strings a request: each is looked for in the new text of every step
+MAX_LOGIT_BIAS_TOKENS = 300  # logit_bias entries a request
 
 
 class Request(BaseModel):
@@ -66,8 +70,8 @@ class SamplingFields(Request):
     min_p: float = Field(0.0, ge=0, lt=1)
     repetition_penalty: float = Field(1.0, gt=0)
     ignore_eos: bool = False
+    logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (a JSON key) -> added to its logit
     # OpenAI's, at their no-op values only
-    logit_bias: dict[str, float] = Field(default_factory=dict)
     store: bool = False
     metadata: dict[str, str] | None = None  # labels of a stored completion: nothing is stored
     service_tier: str | None = None  # a scheduling hint: every request is served alike
@@ -81,8 +85,15 @@ class SamplingFields(Request):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v):
-        return unsupported(v, {})
+    def _token_biases(cls, v):
+        if len(v) > MAX_LOGIT_BIAS_TOKENS:  # every step builds each row's biases afresh
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(v)}")
+        for token, bias in v.items():
+            if not re.fullmatch(r"[0-9]{1,10}", token):
+                raise ValueError(f"keys are token ids, not {token!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"the bias of token {token} must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], not {bias}")
+        return v
 
     @field_validator("store")
     @classmethod
