@@ -35,6 +35,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted once per occurrence in the output so far
     logprobs: int | None = None  # per token: the chosen id's log-probability and the top-n (0: chosen only)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
+    prompt_logprobs: int | None = None  # per prompt token after the first: its log-probability and the top-n
 
     def __post_init__(self):
         if isinstance(self.stop, str):  # one stop string, as vLLM takes it
@@ -72,6 +73,8 @@ class SamplingParams:
             raise MinferError(f"stop_token_ids must be a list of token ids, not {self.stop_token_ids!r}")
         if self.logprobs is not None and not (_integer(self.logprobs) and self.logprobs >= 0):
             raise MinferError(f"logprobs must be an integer >= 0, not {self.logprobs!r}")
+        if self.prompt_logprobs is not None and not (_integer(self.prompt_logprobs) and self.prompt_logprobs >= 0):
+            raise MinferError(f"prompt_logprobs must be an integer >= 0, not {self.prompt_logprobs!r}")
         if not isinstance(self.logit_bias, dict):
             raise MinferError(f"--logit-bias must be a dict of token id -> bias, not {type(self.logit_bias).__name__}")
         for i, b in self.logit_bias.items():

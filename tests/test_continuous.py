@@ -114,6 +114,55 @@ def test_preemption_never_loses_a_request(ids, alone):
     assert_idle(tiny)
 
 
+@pytest.mark.parametrize("kw", [{}, {"num_pages": 24}, {"max_num_batched_tokens": 8, "async_scheduling": True}],
+                         ids=["plain", "preempting", "chunked-async"])
+def test_prompt_logprobs_are_the_prompts_own_in_any_batch(ids, alone, kw):
+    """prompt_logprobs (checked against transformers in test_gguf.py) are a prompt's own whatever the batch does:
+    with the prefix cache holding the prompt (not taken: a cached token has no logits), under preemption, in chunks
+    over several steps beside decodes, with async scheduling; the tokens are as without them, the others' too."""
+    long = max(ids, key=len)
+    asked = SamplingParams(temperature=0.0, repetition_penalty=1.2, max_tokens=16, ignore_eos=True, prompt_logprobs=2)
+    (want,), _ = make(prefix_caching=False).generate([long], [asked])
+    eng = make(**kw)
+    eng.generate(ids, [GREEDY] * len(ids))  # the prefix cache holds every prompt
+    outs, stats = eng.generate(ids + [long], [GREEDY] * len(ids) + [asked])
+    got = outs[-1]
+    assert got.token_ids == want.token_ids == alone[ids.index(long)]
+    assert [o.token_ids for o in outs[:-1]] == alone and (stats.preemptions > 0) == ("num_pages" in kw)
+    assert got.num_cached_tokens == 0 or stats.preemptions  # readmitted with its prompt logprobs done: it may hit
+    assert len(got.prompt_logprobs) == len(long) and got.prompt_logprobs[0] is None
+    for e, w, token in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:], long[1:]):
+        assert e["token_id"] == w["token_id"] == token and [i for i, _ in e["top"]] == [i for i, _ in w["top"]]
+        assert e["logprob"] == pytest.approx(w["logprob"], abs=1e-4)  # chunks change fp32's summation order
+    assert outs[0].prompt_logprobs is None
+    assert_idle(eng)
+
+
+def test_prompt_logprobs_keep_few_logits_a_step(ids, monkeypatch):
+    """The prompts whose logprobs are asked for keep at most PROMPT_LOGPROBS_CHUNK tokens' logits a step, all of
+    them together (each row is [vocab] fp32); they take more steps for it and give the same logprobs."""
+    from minfer.engine import scheduler
+    asked = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
+    params = [asked, GREEDY, asked, asked]
+    want, _ = make().generate(ids[:4], params)
+    monkeypatch.setattr(scheduler, "PROMPT_LOGPROBS_CHUNK", 5)
+    eng, kept = make(), []
+    real = eng._prompt_rows
+
+    def spy(seqs, counts):
+        kept.append(real(seqs, counts)[0])
+        return real(seqs, counts)
+
+    monkeypatch.setattr(eng, "_prompt_rows", spy)
+    got, _ = eng.generate(ids[:4], params)
+    assert max(map(len, kept)) <= 5 < sum(map(len, kept)) and [o.token_ids for o in got] == [o.token_ids for o in want]
+    for g, w in zip(got, want):
+        assert (g.prompt_logprobs is None) == (w.prompt_logprobs is None)
+        for e, f in zip((g.prompt_logprobs or [None])[1:], (w.prompt_logprobs or [None])[1:]):
+            assert e["token_id"] == f["token_id"] and e["logprob"] == pytest.approx(f["logprob"], abs=1e-4)
+    assert_idle(eng)
+
+
 def test_prefix_cache_hits_and_same_outputs(engine, ids, alone):
     engine.generate(ids, [GREEDY] * len(ids))  # fills the cache
     outs, stats = engine.generate(ids, [GREEDY] * len(ids))

@@ -104,6 +104,30 @@ def test_dequantized_weights_match_hf(engine, hf_model):
 
 
 @needs_model
+def test_prompt_logprobs_match_hf(hf_model):
+    """prompt_logprobs: each prompt token's log-probability given the tokens before it, and the top-n, as
+    transformers' log_softmax of the same prompt's logits; the prompt's logits come from several steps (7 tokens a
+    step)."""
+    from minfer import LLM, SamplingParams
+
+    model, _ = hf_model
+    llm = LLM(dtype="float32", device="cpu", backend="ref", max_model_len=64, block_size=4, num_pages=64,
+              max_num_batched_tokens=7)
+    ids = llm.get_tokenizer().encode("The quick brown fox jumps over the lazy dog. In 2024, scientists 🤖 found")
+    (out,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=3))
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)  # [tokens - 1, vocab]: row j predicts j + 1
+    got = out.prompt_logprobs
+    assert len(got) == len(ids) > 14 and got[0] is None and [e["token_id"] for e in got[1:]] == ids[1:]
+    torch.testing.assert_close(torch.tensor([e["logprob"] for e in got[1:]]),
+                               ref[torch.arange(len(ids) - 1), ids[1:]], atol=1e-3, rtol=0)
+    top = ref.topk(3)
+    assert [[i for i, _ in e["top"]] for e in got[1:]] == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor([[lp for _, lp in e["top"]] for e in got[1:]]), top.values, atol=1e-3,
+                               rtol=0)
+
+
+@needs_model
 def test_teacher_forced_logits_match_hf(engine, hf_model):
     from minfer.kv_cache import KVCache
 

@@ -278,9 +278,10 @@ def assert_error(r, status, param=None):
     ('{"prompt": "x", "stop": ' + json.dumps([str(i) for i in range(65)]) + "}", "stop"),
     ('{"prompt": "x", "temperature": 1e-6}', "temperature"),  # the core's check, named as the field
     ('{"prompt": "x", "stop": ["a", ""]}', "stop"),
-    ('{"prompt": "x", "echo": true}', "echo"),  # OpenAI's fields that minfer lacks: only their no-op values
+    ('{"prompt": "x", "echo": true, "stream": true}', "echo"),
+    ('{"prompt": "x", "max_tokens": 0}', "max_tokens"),  # without echo
+    ('{"prompt": "x", "suffix": "y"}', "suffix"),  # OpenAI's fields that minfer lacks: only their no-op values
     ('{"prompt": "x", "best_of": 2}', None),
-    ('{"prompt": "x", "suffix": "y"}', "suffix"),
     ('{"prompt": "x", "logit_bias": {"a": 5}}', "logit_bias"),
     ('{"prompt": "x", "logit_bias": {"1": 101}}', "logit_bias"),
     ('{"prompt": "x", "logit_bias": {"1": "5"}}', "logit_bias"),
@@ -342,6 +343,32 @@ def test_logit_bias(server, solo):
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "logit_bias": {"42": 100}}
     assert server.http.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"] == \
         server.core.tokenizer.decode([42] * 3)
+    assert_idle(server.core)
+
+
+def test_echo(server, solo, backend):
+    """echo: the prompt before the completion, and with logprobs its tokens' logprobs before the new ones' (the first
+    token's null), as the engine's prompt_logprobs give them; max_tokens 0 with echo scores the prompt alone
+    (lm-evaluation-harness's loglikelihood request)."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "echo": True, "logprobs": 2}
+    out = server.http.post("/v1/completions", json=body).json()
+    (c,), lp = out["choices"], out["choices"][0]["logprobs"]
+    ids = server.core.tokenizer.encode(PROMPTS[0])
+    assert c["text"] == PROMPTS[0] + solo[0] and out["usage"]["completion_tokens"] == 8
+    assert len(lp["tokens"]) == len(ids) + 8 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert "".join(lp["tokens"]) == c["text"] and lp["text_offset"][len(ids)] == len(PROMPTS[0])
+    b = BACKENDS[backend]  # the oracle: the same prompt's prompt_logprobs from an LLM of its own
+    llm = LLM(None, dtype=b["dtype"], device=b["device"], backend=backend, max_model_len=CONTEXT, block_size=b["page"],
+              **ENGINE)
+    want = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2))[0].prompt_logprobs
+    assert lp["token_logprobs"][1:len(ids)] == pytest.approx([e["logprob"] for e in want[1:]], abs=1e-4)
+    alone = server.http.post("/v1/completions", json=body | {"max_tokens": 0}).json()
+    assert alone["choices"][0]["text"] == PROMPTS[0] and alone["usage"]["completion_tokens"] == 0
+    assert alone["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"][:len(ids)]
+    two = server.http.post("/v1/completions", json={"prompt": [ids, ids[:3]], "max_tokens": 2, "temperature": 0,
+                                                    "echo": True}).json()["choices"]
+    assert [c["text"][:len(t)] for c, t in zip(two, [PROMPTS[0], server.core.tokenizer.decode(ids[:3])])] == \
+        [PROMPTS[0], server.core.tokenizer.decode(ids[:3])]
     assert_idle(server.core)
 
 

@@ -60,9 +60,11 @@ def upload_packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.de
 
 
 def step_metadata(work: list[tuple[list[int], int, list[int]]], page: int, sampled: list[int] | None,
-                  with_ids: bool, local_tables: list[list[int]] | None, device: torch.device):
+                  with_ids: bool, local_tables: list[list[int]] | None, device: torch.device,
+                  extra_rows: list[int] = ()):
     """The AttentionMetadata of a step's work (EngineCore._forward), its token ids [tokens] (with_ids; else
-    None) and the rows whose logits are wanted [len(sampled)], built in numpy: a step of 8192 tokens takes ~1.2 ms
+    None) and the rows whose logits are wanted [len(sampled) + len(extra_rows)]: each sampled sequence's last
+    token, then the step's tokens extra_rows (prompt logprobs). Built in numpy: a step of 8192 tokens takes ~1.2 ms
     of host time against ~11 with Python lists, a 2000-page table ~0.4 against ~4 (perf/engine.md)."""
     n = len(work)
     counts = np.fromiter((len(t) for t, _, _ in work), np.int64, n)
@@ -81,6 +83,8 @@ def step_metadata(work: list[tuple[list[int], int, list[int]]], page: int, sampl
 
     table, slots = table_and_slots([pages for _, _, pages in work])
     logit_index = cu[1:] - 1 if sampled is None else cu[1:][np.asarray(sampled, np.int64)] - 1
+    if len(extra_rows):
+        logit_index = np.concatenate([logit_index, np.asarray(extra_rows, np.int64)])
     wide = [slots, logit_index]
     if with_ids:
         wide.append(np.fromiter(itertools.chain.from_iterable(t for t, _, _ in work), np.int64, int(cu[-1])))
@@ -137,6 +141,13 @@ class RequestOutput:
     def logprobs(self) -> list[dict] | None:
         """Per output token: {"token_id", "logprob", "top": [(id, logprob), ...]}, when asked for."""
         return self._seq.logprobs if self._seq.params.logprobs is not None else None
+
+    @property
+    def prompt_logprobs(self) -> list[dict | None] | None:
+        """Per prompt token, as logprobs' entries (the first token's None: nothing predicts it), when asked for;
+        complete once the request has its first output token."""
+        seq = self._seq
+        return [None] + seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None
 
     @property
     def text(self) -> str:
@@ -351,8 +362,9 @@ class EngineCore(LoadedModel):
             raise MinferError(f"prompt token id out of range [0, {vocab})")
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise MinferError(f"--logit-bias: token id {max(params.logit_bias)} out of range [0, {vocab})")
-        if params.logprobs is not None and params.logprobs > vocab:
-            raise MinferError(f"logprobs is {params.logprobs}, more than the vocabulary's {vocab} tokens")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) is not None and getattr(params, name) > vocab:
+                raise MinferError(f"{name} is {getattr(params, name)}, more than the vocabulary's {vocab} tokens")
         if request_id is not None and request_id in self.seqs:
             raise MinferError(f"request id {request_id!r} is already in use")
         return prompt_ids
@@ -420,7 +432,8 @@ class EngineCore(LoadedModel):
         begin = self._event()
         ids = self._input_ids(seqs, counts, prev)  # None: all on the host
         local = [s.local_block_table for s in seqs] if self.block_manager.window is not None else None
-        if max(counts) == 1 and self.graphs is not None and self.graphs.fits(len(seqs)):
+        eager = any(s.wants_prompt_logprobs for s in seqs)  # the graphs keep no prompt token's logits
+        if max(counts) == 1 and self.graphs is not None and self.graphs.fits(len(seqs)) and not eager:
             logits = self.graphs.run([s.token_ids[-1] for s in seqs] if ids is None else ids,
                                      [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
                                      [s.slot for s in seqs], local)  # [len(seqs), vocab]: every row decodes
@@ -431,11 +444,15 @@ class EngineCore(LoadedModel):
             # with ids on the device, a placeholder list gives each row's count
             work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n] if ids is None else [0] * n,
                      s.num_computed_tokens, s.block_table) for s, n in zip(seqs, counts)]
-            key = self.piece_graphs.key(counts, rows) if self.piece_graphs is not None else None
+            key = self.piece_graphs.key(counts, rows) if self.piece_graphs is not None and not eager else None
             if key is not None:  # decodes beside one prompt piece
                 logits = self.piece_graphs.run(key, work, ids, local)  # [len(rows), vocab]
             else:
-                logits = self._forward(work, self.cache, rows, ids, local)
+                extra, targets, spans = self._prompt_rows(seqs, counts)
+                logits = self._forward(work, self.cache, rows, ids, local, extra)
+                if extra:
+                    self._prompt_logprobs(logits[len(rows):], targets, spans)
+                    logits = logits[:len(rows)]
             sampled = [seqs[i] for i in rows]
         for s, n in zip(seqs, counts):
             s.num_computed_tokens += n
@@ -528,14 +545,45 @@ class EngineCore(LoadedModel):
 
     def _forward(self, work: list[tuple[list[int], int, list[int]]], cache: PagedKVCache,
                  sampled: list[int] | None = None, ids: torch.Tensor | None = None,
-                 local_tables: list[list[int]] | None = None) -> torch.Tensor:
+                 local_tables: list[list[int]] | None = None, extra_rows: list[int] = ()) -> torch.Tensor:
         """work: per sequence (new token ids, position of the first, its pages). Returns the raw logits
-        (Model.final_logits) of the last new token of the sequences in `sampled` (default: all). ids: the new
-        tokens already on the device (async scheduling); work's lists then give only their counts. local_tables:
-        per sequence its sliding group's pages (None: one group)."""
+        (Model.final_logits) of the last new token of the sequences in `sampled` (default: all), then of the step's
+        tokens extra_rows. ids: the new tokens already on the device (async scheduling); work's lists then give only
+        their counts. local_tables: per sequence its sliding group's pages (None: one group)."""
         meta, host_ids, logit_index = step_metadata(work, cache.page_size, sampled, ids is None, local_tables,
-                                                    self.device)
+                                                    self.device, extra_rows)
         return self.model.forward_paged(host_ids if ids is None else ids, meta, cache, logit_index, raw_logits=True)
+
+    @staticmethod
+    def _prompt_rows(seqs: list[Sequence], counts: list[int]) -> tuple[list[int], list[int], list]:
+        """The step's tokens whose logits give prompt logprobs not computed yet: their rows among the step's tokens,
+        the prompt token each predicts, and per sequence (sequence, how many)."""
+        rows, targets, spans, start = [], [], [], 0
+        for s, n in zip(seqs, counts):
+            if s.wants_prompt_logprobs:
+                a = s.num_computed_tokens  # the chunk's first position (a recomputed prompt's rows are done)
+                lo, hi = max(a, len(s.prompt_logprobs)), min(a + n, len(s.prompt_ids) - 1)
+                if hi > lo:
+                    rows += range(start + lo - a, start + hi - a)
+                    targets += s.prompt_ids[lo + 1:hi + 1]
+                    spans.append((s, hi - lo))
+            start += n
+        return rows, targets, spans
+
+    def _prompt_logprobs(self, raw: torch.Tensor, targets: list[int], spans: list) -> None:
+        """Appends each span's prompt logprobs (of the model's raw distribution, as the output's) from the
+        lm_head's output [rows, vocab] at the rows that predict `targets`. Read back at once: only requests
+        that ask for them wait for it."""
+        lp = self.model.final_logits(raw).log_softmax(-1)  # [rows, vocab] fp32
+        chosen = lp.gather(1, upload(targets, torch.int64, self.device)[:, None])[:, 0].tolist()
+        k = max(s.params.prompt_logprobs for s, _ in spans)
+        top, top_ids = (x.tolist() for x in lp.topk(k, dim=-1)) if k else ([[]] * len(targets),) * 2
+        at = 0
+        for s, n in spans:
+            k = s.params.prompt_logprobs
+            s.prompt_logprobs += [{"token_id": targets[j], "logprob": chosen[j],
+                                   "top": list(zip(top_ids[j][:k], top[j][:k]))} for j in range(at, at + n)]
+            at += n
 
     def _sample_rows(self, raw: torch.Tensor, t: SamplingTensors) -> tuple[torch.Tensor, Logprobs | None]:
         """ids [rows] from the lm_head's output [rows, vocab]. A greedy batch with no penalty and no logprobs takes

@@ -10,7 +10,8 @@ a step:
    (block manager) is skipped.
 In a step with decodes, a prompt's chunk is at most long_prefill_token_threshold tokens (0: no cap): the
 decodes' inter-token latency then stays near a decode step's while a long prompt prefills, and a step of
-prompts alone still takes the whole budget.
+prompts alone still takes the whole budget. A prompt whose logprobs are asked for skips the prefix cache; such
+prompts run at most PROMPT_LOGPROBS_CHUNK tokens a step together, each token's logits kept.
 When a running sequence needs a page and none is left (in either pool, with sliding-window layers), the
 newest running sequence is preempted: its pages are freed, it goes back to the head of the queue, and its
 tokens (prompt and output so far) are computed again when it is readmitted. Nothing it generated is lost.
@@ -25,6 +26,11 @@ from dataclasses import dataclass, field
 from ..errors import MinferError
 from .block_manager import BlockManager
 from .sequence import Sequence, Status
+
+
+# The most prompt tokens a step whose logprobs are asked for, all such prompts together: each keeps its row of
+# logits ([tokens, vocab] fp32: 268 MB at Gemma 3's 262k tokens).
+PROMPT_LOGPROBS_CHUNK = 256
 
 
 @dataclass
@@ -97,10 +103,14 @@ class Scheduler:
                 decodes.append((s, 1))
         # the most tokens of one prompt this step
         chunk = self.long_prefill_token_threshold if decodes and self.long_prefill_token_threshold else budget
+        kept = PROMPT_LOGPROBS_CHUNK  # prompt tokens whose logits this step may still keep
         for seq, left in decodes + prefills:
             if seq.status != Status.RUNNING or budget == 0:  # preempted earlier in this loop, or out of budget
                 continue
-            n = min(left, budget, chunk)
+            n = min(left, budget, chunk, kept if seq.wants_prompt_logprobs else left)
+            if n == 0:
+                continue
+            kept -= n if seq.wants_prompt_logprobs else 0
             while not self.bm.allocate(seq, n):
                 victim = self.running[-1]
                 budget += chosen.pop(victim, 0)  # a victim scheduled earlier in this step is taken back
@@ -116,10 +126,13 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.in_flight:  # preempted with a token in flight: admitted once it is read
                 break
-            cached = self.bm.lookup(seq)
+            cached = [] if seq.wants_prompt_logprobs else self.bm.lookup(seq)  # a cached token has no logits
             n = min(seq.num_tokens - len(cached) * self.bm.page_size, budget, chunk)
-            if not self.bm.allocate(seq, n, cached):
+            if seq.wants_prompt_logprobs:
+                n = min(n, kept)
+            if n == 0 or not self.bm.allocate(seq, n, cached):
                 break
+            kept -= n if seq.wants_prompt_logprobs else 0
             self.waiting.popleft()
             seq.status, seq.slot = Status.RUNNING, self.free_slots.pop()
             self.running.append(seq)

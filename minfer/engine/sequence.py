@@ -45,6 +45,7 @@ class Sequence:
     decoder: object = None
     text_ends: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
+    prompt_logprobs: list = field(default_factory=list)  # entry k: prompt token k + 1's (params.prompt_logprobs)
     arrival_time: float = 0.0
     first_token_time: float | None = None
 
@@ -62,6 +63,12 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not all computed: its prompt runs without the prefix cache, in chunks
+        whose logits are all kept."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids) - 1
 
     def append(self, token_id: int) -> None:
         self.token_ids.append(token_id)

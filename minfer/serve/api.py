@@ -169,7 +169,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         """The core names the CLI flag (--top-p); the API names the field (top_p)."""
         return re.sub(r"^--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(e))
 
-    def params_for(req, max_tokens: int | None, logprobs: int | None, choice: int) -> SamplingParams:
+    def params_for(req, max_tokens: int | None, logprobs: int | None, choice: int,
+                   prompt_logprobs: int | None = None) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         seed = None if req.seed is None else (req.seed + choice) % 2**63  # n choices of one seed differ
         try:
@@ -177,7 +178,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                   min_p=req.min_p, repetition_penalty=req.repetition_penalty, seed=seed,
                                   max_tokens=max_tokens or core.max_context, stop=stop, ignore_eos=req.ignore_eos,
                                   presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                                  logprobs=logprobs, logit_bias={int(t): b for t, b in req.logit_bias.items()})
+                                  logprobs=logprobs, logit_bias={int(t): b for t, b in req.logit_bias.items()},
+                                  prompt_logprobs=prompt_logprobs)
         except MinferError as e:
             message = field_named(e)
             field = re.match(r"[a-z_]+", message)
@@ -186,7 +188,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
 
     # ---- running ----
 
-    async def submit(request: Request, rid: str, prompts: list[list[int]], req, max_tokens, logprobs):
+    async def submit(request: Request, rid: str, prompts: list[list[int]], req, max_tokens, logprobs,
+                     prompt_logprobs: int | None = None):
         """One engine request per (prompt, choice); returns their Outputs and ids. A client that leaves while
         they are handed over cancels those not taken yet and aborts the others."""
         n = req.n * len(prompts)
@@ -194,7 +197,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             limit = MAX_SEQUENCES if n > MAX_SEQUENCES else max_waiting
             raise APIError(400, f"n x prompts = {n} sequences, over this server's limit of {limit} a request",
                            "n" if req.n > 1 else "prompt")
-        params = [params_for(req, max_tokens, logprobs, c) for c in range(req.n)]
+        params = [params_for(req, max_tokens, logprobs, c, prompt_logprobs) for c in range(req.n)]
         if max_waiting is not None and engine.num_waiting + n > max_waiting:
             raise APIError(429, f"the server is busy ({engine.num_waiting} requests waiting); try again later")
         out = Outputs()
@@ -320,8 +323,9 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             tokens.append(text)
             offsets.append(state[0])
             state[0] += len(state[1].decode(raw))
-            top = {piece(t)[0]: lp for t, lp in e["top"]}
-            top.setdefault(text, e["logprob"])  # OpenAI's rule: the sampled token always, up to n + 1 entries
+            top = None if e["top"] is None else {piece(t)[0]: lp for t, lp in e["top"]}
+            if top is not None:
+                top.setdefault(text, e["logprob"])  # OpenAI's rule: the sampled token always, up to n + 1 entries
             tops.append(top)
         return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries], "top_logprobs": tops,
                 "text_offset": offsets}
@@ -394,6 +398,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await parse(request, CompletionRequest)
+        if req.max_tokens == 0 and not req.echo:
+            raise APIError(400, "max_tokens: 0 only with echo = true (the prompt alone)", "max_tokens")
+        if req.echo and req.stream:
+            raise APIError(400, "echo: not with stream = true", "echo")
         prompt = req.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
             need_tokenizer()
@@ -404,20 +412,35 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             except MinferError as e:
                 raise APIError(400, str(e), "prompt") from None
         else:
+            texts = None
             prompts = [prompt] if prompt and isinstance(prompt[0], int) else prompt
         if not prompts:
             raise APIError(400, "prompt: no prompt given", "prompt")
+        if req.echo and texts is None:
+            need_tokenizer()
         rid = new_id("cmpl")
-        out, rids = await submit(request, rid, prompts, req, req.max_tokens or 16, req.logprobs)
+        prompt_only = req.max_tokens == 0  # echo alone: the prompt (and its logprobs), no new token
+        out, rids = await submit(request, rid, prompts, req, 1 if prompt_only else req.max_tokens or 16, req.logprobs,
+                                 req.logprobs if req.echo else None)
         if req.stream:
             return sse(completion_chunks(rid, req, prompts, out, rids))
         per_choice = await collect(request, out, rids)
-        choices = [CompletionChoice(index=i, text="".join(d.text for d in ds),
-                                    logprobs=completion_logprobs([e for d in ds for e in d.logprobs]
-                                                                 if req.logprobs is not None else None),
-                                    finish_reason=ds[-1].finish_reason) for i, ds in sorted(per_choice.items())]
+        choices = []
+        for i, ds in sorted(per_choice.items()):
+            text = "" if prompt_only else "".join(d.text for d in ds)
+            entries = None if req.logprobs is None else [] if prompt_only else [e for d in ds for e in d.logprobs]
+            if req.echo:  # the prompt before the text, and its tokens' logprobs before the new ones'
+                p = i // req.n
+                head = texts[p] if texts is not None else tokenizer.decode(prompts[p])
+                if entries is not None:
+                    first = {"token_id": prompts[p][0], "logprob": None, "top": None}  # nothing predicts it
+                    entries = [first, *ds[-1].prompt_logprobs[1:], *entries]
+                text = head + text
+            choices.append(CompletionChoice(index=i, text=text, logprobs=completion_logprobs(entries),
+                                            finish_reason="length" if prompt_only else ds[-1].finish_reason))
+        finals = [ds[-1] for ds in per_choice.values()]
         return CompletionResponse(id=rid, model=model_name, choices=choices,
-                                  usage=usage(prompts, [ds[-1] for ds in per_choice.values()]))
+                                  usage=usage(prompts, [] if prompt_only else finals))
 
     async def completion_chunks(rid, req, prompts, out, rids):
         head = chunk_head(rid, "text_completion")

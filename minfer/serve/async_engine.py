@@ -35,6 +35,7 @@ class Delta:
     prompt_tokens: int
     completion_tokens: int  # output ids so far
     cached_tokens: int
+    prompt_logprobs: list | None = None  # the request's, on its last delta, when asked for
 
 
 class Outputs:
@@ -198,7 +199,7 @@ class AsyncEngine:
                     req.last = now
                 batches.setdefault(req.out.loop, []).append((req.out, Delta(
                     req.index, new_ids, logprobs, o.new_text, o.finished, o.finish_reason, req.prompt_tokens, n,
-                    o.num_cached_tokens)))
+                    o.num_cached_tokens, o.prompt_logprobs if o.finished else None)))
                 if o.finished:
                     del self._requests[o.request_id]
                     m.e2e.observe(now - req.arrival)
