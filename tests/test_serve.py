@@ -372,6 +372,29 @@ def test_echo(server, solo, backend):
     assert_idle(server.core)
 
 
+def test_tokenize_and_detokenize(server):
+    """vLLM's /tokenize gives the ids the completion and chat routes run (their usage counts them), /detokenize
+    the text of ids; bad input is a 400 naming the field."""
+    http, tok = server.http, server.core.tokenizer
+    r = http.post("/tokenize", json={"prompt": PROMPTS[0]}).json()
+    assert r["tokens"] == tok.encode(PROMPTS[0]) and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == server.core.max_context
+    used = http.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 1}).json()["usage"]
+    assert used["prompt_tokens"] == r["count"]
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = http.post("/tokenize", json={"messages": messages}).json()
+    assert chat["tokens"] == tok.encode_chat(messages)
+    used = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()["usage"]
+    assert used["prompt_tokens"] == chat["count"]
+    assert http.post("/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": PROMPTS[0]}
+    for path, body, param in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "x", "messages": messages}, "prompt"),
+                              ("/tokenize", {"prompt": 5}, "prompt"), ("/detokenize", {"tokens": [-1]}, "tokens"),
+                              ("/detokenize", {"tokens": [server.core.cfg.vocab_size]}, "tokens"),
+                              ("/detokenize", {"tokens": ["a"]}, "tokens.0")]:
+        assert_error(http.post(path, json=body), 400, param)
+    assert_idle(server.core)
+
+
 def test_tiny_top_p_keeps_the_top_token(server, solo):
     """A top_p that is 0 in fp32 still keeps the most likely token: the greedy text, not an empty one."""
     body = {"prompt": PROMPTS[0], "max_tokens": 8, "top_p": 1e-300, "seed": 1}

@@ -28,7 +28,8 @@ from ..errors import MinferError
 from ..sampling import SamplingParams
 from .async_engine import AsyncEngine, Delta, Outputs
 from .protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, CompletionChoice,
-                       CompletionRequest, CompletionResponse, ErrorInfo, ErrorResponse, Usage, new_id)
+                       CompletionRequest, CompletionResponse, DetokenizeRequest, ErrorInfo, ErrorResponse,
+                       TokenizeRequest, Usage, new_id)
 
 MAX_BODY_BYTES = 4 << 20  # a body over this is a 413 before it is parsed
 MAX_SEQUENCES = 4096  # engine requests from one HTTP request (n x prompts): one request cannot hold the engine for long
@@ -355,16 +356,46 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                 return card
         raise APIError(404, f"the model {model_id!r} does not exist; this server serves {model_name!r}", "model")
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        req = await parse(request, ChatCompletionRequest)
+    async def chat_ids(req) -> list[int]:
+        """A request's messages through the model's chat template, as token ids."""
         need_tokenizer()
         messages = [m.for_template() for m in req.messages]
         need_unicode([m["content"] for m in messages], "messages")
         try:
-            ids = await asyncio.to_thread(tokenizer.encode_chat, messages, core.max_context)
+            return await asyncio.to_thread(tokenizer.encode_chat, messages, core.max_context)
         except (MinferError, jinja2.TemplateError) as e:
             raise APIError(400, f"messages: {e}", "messages") from None
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req = await parse(request, TokenizeRequest)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "give one of prompt and messages", "prompt")
+        if req.messages is not None:
+            ids = await chat_ids(req)
+        else:
+            need_tokenizer()
+            need_unicode([req.prompt], "prompt")
+            try:
+                ids = await asyncio.to_thread(tokenizer.encode, req.prompt, core.max_context)
+            except MinferError as e:
+                raise APIError(400, str(e), "prompt") from None
+            if not req.add_special_tokens and tokenizer.add_bos:
+                ids = ids[1:]
+        return {"count": len(ids), "max_model_len": core.max_context, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        req = await parse(request, DetokenizeRequest)
+        need_tokenizer()
+        if any(not 0 <= t < core.cfg.vocab_size for t in req.tokens):
+            raise APIError(400, f"tokens: a token id is out of range [0, {core.cfg.vocab_size})", "tokens")
+        return {"prompt": tokenizer.decode(req.tokens)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        req = await parse(request, ChatCompletionRequest)
+        ids = await chat_ids(req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         rid = new_id("chatcmpl")
         out, rids = await submit(request, rid, [ids], req, req.max_completion_tokens or req.max_tokens, logprobs)

@@ -181,6 +181,20 @@ class CompletionRequest(SamplingFields):
         return self
 
 
+class TokenizeRequest(Request):
+    """vLLM's /tokenize: a prompt's ids as /v1/completions would run them, or chat messages' through the model's
+    template (the generation prompt added), as /v1/chat/completions would."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool = True  # a prompt's BOS, where the model adds one
+
+
+class DetokenizeRequest(Request):
+    model: str | None = None
+    tokens: list[int]
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
