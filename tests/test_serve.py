@@ -278,7 +278,6 @@ def assert_error(r, status, param=None):
     ('{"prompt": "x", "stop": ' + json.dumps([str(i) for i in range(65)]) + "}", "stop"),
     ('{"prompt": "x", "temperature": 1e-6}', "temperature"),  # the core's check, named as the field
     ('{"prompt": "x", "stop": ["a", ""]}', "stop"),
-    ('{"prompt": "x", "echo": true, "stream": true}', "echo"),
     ('{"prompt": "x", "max_tokens": 0}', "max_tokens"),  # without echo
     ('{"prompt": "x", "suffix": "y"}', "suffix"),  # OpenAI's fields that minfer lacks: only their no-op values
     ('{"prompt": "x", "best_of": 2}', None),
@@ -365,6 +364,15 @@ def test_echo(server, solo, backend):
     alone = server.http.post("/v1/completions", json=body | {"max_tokens": 0}).json()
     assert alone["choices"][0]["text"] == PROMPTS[0] and alone["usage"]["completion_tokens"] == 0
     assert alone["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"][:len(ids)]
+    for whole in (out, alone):  # streamed: the same text, logprobs and usage, the prompt's in the first chunk
+        stream = body | {"max_tokens": whole["usage"]["completion_tokens"], "stream": True,
+                         "stream_options": {"include_usage": True}}
+        with server.http.stream("POST", "/v1/completions", json=stream) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        parts = [c["choices"][0] for c in chunks if c["choices"]]
+        assert parts[0]["text"].startswith(PROMPTS[0]) and "".join(c["text"] for c in parts) == whole["choices"][0]["text"]
+        got = {k: [x for c in parts for x in c["logprobs"][k]] for k in lp}
+        assert got == whole["choices"][0]["logprobs"] and chunks[-1]["usage"] == whole["usage"]
     two = server.http.post("/v1/completions", json={"prompt": [ids, ids[:3]], "max_tokens": 2, "temperature": 0,
                                                     "echo": True}).json()["choices"]
     assert [c["text"][:len(t)] for c, t in zip(two, [PROMPTS[0], server.core.tokenizer.decode(ids[:3])])] == \

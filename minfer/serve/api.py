@@ -431,8 +431,6 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         req = await parse(request, CompletionRequest)
         if req.max_tokens == 0 and not req.echo:
             raise APIError(400, "max_tokens: 0 only with echo = true (the prompt alone)", "max_tokens")
-        if req.echo and req.stream:
-            raise APIError(400, "echo: not with stream = true", "echo")
         prompt = req.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
             need_tokenizer()
@@ -453,44 +451,60 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         prompt_only = req.max_tokens == 0  # echo alone: the prompt (and its logprobs), no new token
         out, rids = await submit(request, rid, prompts, req, 1 if prompt_only else req.max_tokens or 16, req.logprobs,
                                  req.logprobs if req.echo else None)
+        pieces = CompletionPieces(req, prompts, texts, prompt_only)
         if req.stream:
-            return sse(completion_chunks(rid, req, prompts, out, rids))
+            return sse(completion_chunks(rid, req, pieces, out, rids))
         per_choice = await collect(request, out, rids)
         choices = []
         for i, ds in sorted(per_choice.items()):
-            text = "" if prompt_only else "".join(d.text for d in ds)
-            entries = None if req.logprobs is None else [] if prompt_only else [e for d in ds for e in d.logprobs]
-            if req.echo:  # the prompt before the text, and its tokens' logprobs before the new ones'
-                p = i // req.n
-                head = texts[p] if texts is not None else tokenizer.decode(prompts[p])
-                if entries is not None:
-                    first = {"token_id": prompts[p][0], "logprob": None, "top": None}  # nothing predicts it
-                    entries = [first, *ds[-1].prompt_logprobs[1:], *entries]
-                text = head + text
+            text, entries = pieces.of(i, ds)
             choices.append(CompletionChoice(index=i, text=text, logprobs=completion_logprobs(entries),
-                                            finish_reason="length" if prompt_only else ds[-1].finish_reason))
-        finals = [ds[-1] for ds in per_choice.values()]
+                                            finish_reason=pieces.finish_reason(ds[-1])))
         return CompletionResponse(id=rid, model=model_name, choices=choices,
-                                  usage=usage(prompts, [] if prompt_only else finals))
+                                  usage=pieces.usage([ds[-1] for ds in per_choice.values()]))
 
-    async def completion_chunks(rid, req, prompts, out, rids):
+    class CompletionPieces:
+        """A completion choice's text and logprob entries from its deltas, the echoed prompt's before the first."""
+
+        def __init__(self, req, prompts: list[list[int]], texts: list[str] | None, prompt_only: bool):
+            self.req, self.prompts, self.texts, self.prompt_only = req, prompts, texts, prompt_only
+            self.started: set[int] = set()  # choices whose first delta was seen
+
+        def of(self, i: int, ds: list[Delta]) -> tuple[str, list[dict] | None]:
+            req = self.req
+            text = "" if self.prompt_only else "".join(d.text for d in ds)
+            entries = None if req.logprobs is None else [] if self.prompt_only else [e for d in ds for e in d.logprobs]
+            if req.echo and i not in self.started:  # the prompt before the text, its tokens' logprobs before theirs
+                p = i // req.n
+                text = (self.texts[p] if self.texts is not None else tokenizer.decode(self.prompts[p])) + text
+                if entries is not None:
+                    first = {"token_id": self.prompts[p][0], "logprob": None, "top": None}  # nothing predicts it
+                    entries = [first, *ds[0].prompt_logprobs[1:], *entries]
+            self.started.add(i)
+            return text, entries
+
+        def finish_reason(self, last: Delta) -> str | None:
+            return "length" if self.prompt_only and last.finished else last.finish_reason
+
+        def usage(self, finals: list[Delta]) -> Usage:
+            return usage(self.prompts, [] if self.prompt_only else finals)
+
+    async def completion_chunks(rid, req, pieces: CompletionPieces, out, rids):
         head = chunk_head(rid, "text_completion")
-        finals, states = [], {}  # per choice: completion_logprobs' [offset, decoder]
+        finals, states = [], {}  # per choice: completion_logprobs' [offset, decoder], carried from chunk to chunk
         async for new in deltas(out, rids):
             for i, ds in new.items():
-                last, text = ds[-1], "".join(d.text for d in ds)
-                if text or last.finished or (req.logprobs is not None and any(d.logprobs for d in ds)):
+                last = ds[-1]
+                text, entries = pieces.of(i, ds)
+                if text or last.finished or entries:
                     c = {"index": i, "text": text}
-                    if req.logprobs is not None:  # the offsets run on from the deltas before (their tokens, not text)
-                        c["logprobs"] = lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                    if entries is not None:  # the offsets run on from the chunks before (their tokens, not text)
                         state = states.setdefault(i, [0, codecs.getincrementaldecoder("utf-8")(errors="replace")])
-                        for d in ds:
-                            for k, v in completion_logprobs(d.logprobs, state).items():
-                                lp[k] += v
-                    yield head + dumps([finish(c, last.finish_reason)]) + "}"
+                        c["logprobs"] = completion_logprobs(entries, state)
+                    yield head + dumps([finish(c, pieces.finish_reason(last))]) + "}"
                 if last.finished:
                     finals.append(last)
         if req.stream_options and req.stream_options.include_usage:
-            yield head + '[],"usage":' + usage(prompts, finals).model_dump_json() + "}"
+            yield head + '[],"usage":' + pieces.usage(finals).model_dump_json() + "}"
 
     return app

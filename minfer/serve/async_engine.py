@@ -35,7 +35,7 @@ class Delta:
     prompt_tokens: int
     completion_tokens: int  # output ids so far
     cached_tokens: int
-    prompt_logprobs: list | None = None  # the request's, on its last delta, when asked for
+    prompt_logprobs: list | None = None  # the request's, on its first delta, when asked for
 
 
 class Outputs:
@@ -75,6 +75,7 @@ class _Request:
     first: float | None = None
     last: float = 0.0
     sent: int = 0  # output ids handed out so far
+    started: bool = False  # a delta handed out
 
 
 class AsyncEngine:
@@ -199,7 +200,8 @@ class AsyncEngine:
                     req.last = now
                 batches.setdefault(req.out.loop, []).append((req.out, Delta(
                     req.index, new_ids, logprobs, o.new_text, o.finished, o.finish_reason, req.prompt_tokens, n,
-                    o.num_cached_tokens, o.prompt_logprobs if o.finished else None)))
+                    o.num_cached_tokens, None if req.started else o.prompt_logprobs)))
+                req.started = True
                 if o.finished:
                     del self._requests[o.request_id]
                     m.e2e.observe(now - req.arrival)
