@@ -48,7 +48,8 @@ def test_parameters_the_static_engine_does_not_apply_are_refused(engine):
     ids = engine.encode(SHORT, chat=False)
     for params, needle in [(SamplingParams(temperature=0.0, presence_penalty=0.5), "presence_penalty"),
                            (SamplingParams(temperature=0.0, logprobs=1), "logprobs"),
-                           (SamplingParams(temperature=0.0, logit_bias={1: 2.0}), "logit_bias")]:
+                           (SamplingParams(temperature=0.0, logit_bias={1: 2.0}), "logit_bias"),
+                           (SamplingParams(temperature=0.0, prompt_logprobs=1), "prompt_logprobs")]:
         with pytest.raises(MinferError, match=needle):
             engine.generate([ids], params, 2)
 
