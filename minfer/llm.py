@@ -108,15 +108,15 @@ class LLM:
             raise MinferError("messages must be a list of {'role', 'content'} dicts, or a list of such lists")
         if self.engine.tokenizer is None:
             raise MinferError("this model has no tokenizer: chat needs one")
-        prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(_template_messages(c, i),
-                                                                           self.engine.max_context)}
+        prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(
+            _template_messages(c, "messages" if single else f"messages[{i}]"), self.engine.max_context)}
                    for i, c in enumerate(conversations)]
         return self.generate(prompts, sampling_params, on_output, use_tqdm)
 
 
-def _template_messages(conversation, index: int) -> list[dict]:
-    """A conversation's messages as chat templates read them: content parts joined into one text."""
-    where = f"messages[{index}]"
+def _template_messages(conversation, where: str) -> list[dict]:
+    """A conversation's messages as chat templates read them: content parts joined into one text. where: the
+    conversation's place in chat()'s argument, for the errors ("messages" when one conversation was given)."""
     if not isinstance(conversation, (list, tuple)) or not conversation:
         raise MinferError(f"{where}: a conversation is a non-empty list of message dicts")
     out = []

@@ -335,6 +335,7 @@ def test_llm_chat():
     assert two[0].token_ids == out.token_ids
     for bad, needle in [([], "list of"), ([[]], r"messages\[0\]"), ([talk, [{"content": "x"}]], r"messages\[1\]\[0\]"),
                         ([{"role": "user", "content": 5}], "content must be text"),
+                        ([talk[0], {"role": "user", "content": 5}], r"^messages\[1\]: content must be text"),
                         ([{"role": "user", "content": [{"type": "image_url"}]}], "content parts")]:
         with pytest.raises(ValueError, match=needle):
             llm.chat(bad, greedy)
