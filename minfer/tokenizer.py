@@ -57,6 +57,10 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
+    def special_text(self, token_id: int) -> str | None:
+        """A special token's own text (<|im_start|>), which decode skips; None for any other token."""
+        return self.tok.id_to_token(token_id) if token_id in self.special_ids else None
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token adds to the text, where decode([id]) alone may be U+FFFD (a piece of a multi-byte
         character): byte-level BPE's characters mapped back to bytes, SentencePiece's <0xNN> pieces as one byte,

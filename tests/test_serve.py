@@ -283,6 +283,7 @@ def assert_error(r, status, param=None):
     ('{"prompt": "x", "best_of": 2}', None),
     ('{"prompt": "x", "logit_bias": {"a": 5}}', "logit_bias"),
     ('{"prompt": "x", "logit_bias": {"1": 101}}', "logit_bias"),
+    ('{"prompt": "x", "logit_bias": {"1": 1, "01": 2}}', "logit_bias"),  # one token twice
     ('{"prompt": "x", "logit_bias": {"1": "5"}}', "logit_bias"),
     ('{"prompt": "x", "logit_bias": {"99999999": 5}}', "logit_bias"),  # past the vocabulary: the core's check
     ('{"prompt": "x", "logit_bias": ' + json.dumps({str(i): 1 for i in range(301)}) + "}", "logit_bias"),
@@ -373,6 +374,13 @@ def test_echo(server, solo, backend):
         assert parts[0]["text"].startswith(PROMPTS[0]) and "".join(c["text"] for c in parts) == whole["choices"][0]["text"]
         got = {k: [x for c in parts for x in c["logprobs"][k]] for k in lp}
         assert got == whole["choices"][0]["logprobs"] and chunks[-1]["usage"] == whole["usage"]
+    special = server.core.tokenizer.special_ids  # a special token shows as its name (vLLM's), adding no text
+    chat_ids = server.core.tokenizer.encode_chat([{"role": "user", "content": "Hi"}])
+    echoed = server.http.post("/v1/completions", json={"prompt": chat_ids, "max_tokens": 0, "echo": True,
+                                                       "logprobs": 1}).json()["choices"][0]
+    names = [t for t, i in zip(echoed["logprobs"]["tokens"], chat_ids) if i in special]
+    assert names and all(n.startswith("<|") for n in names), echoed["logprobs"]["tokens"]
+    assert echoed["text"] == server.core.tokenizer.decode(chat_ids)
     two = server.http.post("/v1/completions", json={"prompt": [ids, ids[:3]], "max_tokens": 2, "temperature": 0,
                                                     "echo": True}).json()["choices"]
     assert [c["text"][:len(t)] for c, t in zip(two, [PROMPTS[0], server.core.tokenizer.decode(ids[:3])])] == \

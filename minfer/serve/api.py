@@ -293,6 +293,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         decodes to U+FFFD): it shows as "bytes:\\xNN..." (vLLM's form), and its bytes rebuild the character."""
         if tokenizer is None:
             return str(token_id), str(token_id).encode()
+        if (special := tokenizer.special_text(token_id)) is not None:  # its name, as vLLM shows it; no text's bytes
+            return special, b""
         text, raw = tokenizer.decode([token_id]), tokenizer.token_bytes(token_id)
         if "\ufffd" in text and raw:
             text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)

@@ -93,6 +93,8 @@ class SamplingFields(Request):
                 raise ValueError(f"keys are token ids, not {token!r}")
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise ValueError(f"the bias of token {token} must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], not {bias}")
+        if len({int(t) for t in v}) < len(v):  # "01" and "1": one token, two biases
+            raise ValueError("a token id is given twice")
         return v
 
     @field_validator("store")
