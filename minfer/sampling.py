@@ -36,6 +36,7 @@ class SamplingParams:
     logprobs: int | None = None  # per token: the chosen id's log-probability and the top-n (0: chosen only)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
     prompt_logprobs: int | None = None  # per prompt token after the first: its log-probability and the top-n
+    min_tokens: int = 0  # new tokens before a stop id or stop string may end the output (vLLM's)
 
     def __post_init__(self):
         if isinstance(self.stop, str):  # one stop string, as vLLM takes it
@@ -65,6 +66,9 @@ class SamplingParams:
             raise MinferError(f"--seed must be an integer in [0, 2^63), not {self.seed!r}")
         if not (_integer(self.max_tokens) and self.max_tokens >= 1):
             raise MinferError(f"max_tokens (--max-new-tokens) must be at least 1, not {self.max_tokens!r}")
+        if not (_integer(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens):
+            raise MinferError(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], not "
+                              f"{self.min_tokens!r}")
         if not (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop)):
             raise MinferError(f"stop must be a string or a list of strings, not {self.stop!r}")
         if "" in self.stop:
@@ -202,7 +206,7 @@ class SamplingTensors:
     positions: torch.Tensor | None  # [batch] int64: the position of the token being drawn (the RNG's counter)
     seen: torch.Tensor | None  # [batch, vocab] bool: prompt and output ids (for the repetition penalty)
     counts: torch.Tensor | None  # [batch, vocab] fp32: output id counts (presence / frequency penalties)
-    logit_bias: torch.Tensor | None  # [batch, vocab] fp32: added to the logits before anything else
+    logit_bias: torch.Tensor | None  # [batch, vocab] fp32: added to the logits before anything else (-inf: banned)
     all_greedy: bool
     filters: tuple[bool, bool, bool]  # some row uses top-k, top-p, min-p
     num_logprobs: int | None  # the largest top-n asked for; None: no row wants logprobs
@@ -215,8 +219,9 @@ class SamplingTensors:
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], positions: list[int], prompts: list[list[int]],
-              outputs: list[list[int]], vocab: int, device) -> "SamplingTensors":
-        """The tensors a batch needs, and only those: an all-greedy batch without penalties needs none."""
+              outputs: list[list[int]], vocab: int, device, banned: list | None = None) -> "SamplingTensors":
+        """The tensors a batch needs, and only those: an all-greedy batch without penalties needs none.
+        banned: per row, ids it may not draw (a stop id before min_tokens)."""
         def col(values, dtype=torch.float32):
             return upload(values, dtype, device)
 
@@ -233,10 +238,11 @@ class SamplingTensors:
             ones = col([[1.0] * len(o) + [0.0] * (width - len(o)) for o in outputs])
             counts = torch.zeros(batch, vocab, device=device).scatter_add_(1, padded, ones)
         bias = None
-        if any(p.logit_bias for p in params):
+        entries = {(row, i): b for row, p in enumerate(params) for i, b in p.logit_bias.items()}
+        entries.update(((row, i), float("-inf")) for row, ids in enumerate(banned or ()) for i in ids)  # -inf wins
+        if entries:
             bias = torch.zeros(batch, vocab, device=device)
-            entries = [(row, i, b) for row, p in enumerate(params) for i, b in p.logit_bias.items()]
-            rows, ids, values = zip(*entries)
+            (rows, ids), values = zip(*entries), list(entries.values())
             bias.index_put_((col(rows, torch.int64), col(ids, torch.int64)), col(values))
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
         greedy = all(p.temperature == 0 for p in params)

@@ -228,6 +228,26 @@ def test_logit_bias(engine, ids):
     assert_idle(engine)
 
 
+def test_min_tokens(engine):
+    """min_tokens: the stop ids and stop strings wait for it. Where the model would end its turn, the runner-up that
+    the plain run's logprobs name comes instead; the output is at least min_tokens long."""
+    chat = engine.encode("What is 2+2? Answer with one number.", chat=True)
+    (plain,), _ = engine.generate([chat], [SamplingParams(temperature=0.0, max_tokens=40, logprobs=2)])
+    n = len(plain.token_ids)
+    assert plain.finish_reason == "stop" and n < 30
+    (longer, cut), _ = engine.generate([chat, chat], [
+        SamplingParams(temperature=0.0, max_tokens=40, min_tokens=n + 5),
+        SamplingParams(temperature=0.0, max_tokens=40, min_tokens=n + 5, stop=[plain.text[:2]])])
+    assert longer.token_ids[:n] == plain.token_ids and len(longer.token_ids) >= n + 5
+    eos_step = engine.generate([chat + plain.token_ids], [SamplingParams(temperature=0.0, max_tokens=1, logprobs=2,
+                                                                          ignore_eos=True)])[0][0].logprobs[0]
+    assert eos_step["top"][0][0] in engine.stop_ids and longer.token_ids[n] == eos_step["top"][1][0]
+    assert cut.token_ids[:n + 5] == longer.token_ids[:n + 5]  # its stop string came in the first tokens: no cut
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+    assert_idle(engine)
+
+
 def test_abort(engine, ids):
     a = engine.add_request(ids[0], GREEDY)
     b = engine.add_request(ids[1], GREEDY)
@@ -568,7 +588,8 @@ MIXED = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
          SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=12, ignore_eos=True),
          SamplingParams(temperature=0.0, max_tokens=20, stop=[" return", "\n\n"], logprobs=2),
          SamplingParams(temperature=0.0, repetition_penalty=1.2, max_tokens=10),  # its steps wait for the ids
-         SamplingParams(temperature=0.8, seed=7, max_tokens=25, stop=["."], logprobs=0)]
+         SamplingParams(temperature=0.8, seed=7, max_tokens=25, stop=["."], logprobs=0, min_tokens=6,
+                        logit_bias={13: -2.0})]
 
 
 def run_streaming(engine, ids, params):

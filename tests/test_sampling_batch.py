@@ -9,10 +9,10 @@ from test_sampling import LOGITS, assert_matches, softmax_by_hand
 VOCAB = 5
 
 
-def tensors(params, seeds=None, positions=None, prompts=None, outputs=None, vocab=VOCAB):
+def tensors(params, seeds=None, positions=None, prompts=None, outputs=None, vocab=VOCAB, banned=None):
     n = len(params)
     return SamplingTensors.build(params, seeds or list(range(n)), positions or [0] * n, prompts or [[0]] * n,
-                                 outputs or [[]] * n, vocab, "cpu")
+                                 outputs or [[]] * n, vocab, "cpu", banned)
 
 
 def draws(logits_row, params, n=40_000):
@@ -136,3 +136,15 @@ def test_logit_bias_by_hand():
     bias = {0: 1.0, 3: -2.0}
     shifted = [x + bias.get(i, 0.0) for i, x in enumerate(biased.tolist())]
     assert_matches(draws(biased, SamplingParams(temperature=1.0, logit_bias=bias)), softmax_by_hand(shifted))
+
+
+def test_banned_ids_are_never_drawn():
+    """A row's banned ids (its stop ids before min_tokens) are out of its draw, greedy or sampled, whatever their
+    bias; the logprobs stay the raw logits'; the other rows are as they were."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0]] * 3)
+    params = [SamplingParams(temperature=0.0, logprobs=0, logit_bias={3: 100}), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, seed=1)]
+    ids, lp = sample_batch(logits, tensors(params, banned=[[3, 0], [], [3]]))
+    assert ids[:2].tolist() == [2, 3] and lp.chosen[0] == logits.log_softmax(-1)[0, 2]
+    t = tensors([SamplingParams(temperature=1.0)] * 2000, seeds=list(range(2000)), banned=[[3]] * 2000)
+    assert 3 not in sample_batch(logits[:1].expand(2000, -1).contiguous(), t)[0].tolist()

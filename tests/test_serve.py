@@ -388,6 +388,19 @@ def test_echo(server, solo, backend):
     assert_idle(server.core)
 
 
+def test_min_tokens(server):
+    """vLLM's min_tokens: the end of turn waits for it; over max_tokens it is a 400 naming it."""
+    body = {"messages": [{"role": "user", "content": "What is 2+2? Answer with one number."}], "max_tokens": 40,
+            "temperature": 0}
+    plain = server.http.post("/v1/chat/completions", json=body).json()
+    n = plain["usage"]["completion_tokens"]
+    assert plain["choices"][0]["finish_reason"] == "stop" and n < 30
+    longer = server.http.post("/v1/chat/completions", json=body | {"min_tokens": n + 5}).json()
+    assert longer["usage"]["completion_tokens"] >= n + 5
+    assert_error(server.http.post("/v1/chat/completions", json=body | {"min_tokens": 41}), 400, "min_tokens")
+    assert_idle(server.core)
+
+
 def test_tokenize_and_detokenize(server):
     """vLLM's /tokenize gives the ids the completion and chat routes run (their usage counts them), /detokenize
     the text of ids; bad input is a 400 naming the field."""

@@ -463,7 +463,9 @@ class EngineCore(LoadedModel):
             return None
         t = SamplingTensors.build([s.params for s in sampled], [s.seed for s in sampled],
                                   [s.num_tokens for s in sampled], [s.prompt_ids for s in sampled],
-                                  [s.output_ids for s in sampled], logits.shape[-1], self.device)
+                                  [s.output_ids for s in sampled], logits.shape[-1], self.device,
+                                  [s.stop_ids if s.num_output_tokens + s.in_flight < s.params.min_tokens else ()
+                                   for s in sampled])  # its stop ids, until min_tokens
         ids, logprobs = self._sample_rows(logits, t)
         for s in sampled:
             s.in_flight += 1
@@ -519,8 +521,8 @@ class EngineCore(LoadedModel):
         if new:
             before, seq.text = len(seq.text), seq.text + new
             cut = -1
-            for s in stop:  # a match not found last step ends in the new text
-                i = seq.text.find(s, max(0, before - len(s) + 1))
+            for s in stop if seq.num_output_tokens >= seq.params.min_tokens else ():  # a match not found last step
+                i = seq.text.find(s, max(0, before - len(s) + 1))  # ends in the new text
                 if i >= 0 and (cut < 0 or i < cut):
                     cut = i
             if cut >= 0:

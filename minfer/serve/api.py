@@ -180,7 +180,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                   max_tokens=max_tokens or core.max_context, stop=stop, ignore_eos=req.ignore_eos,
                                   presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                                   logprobs=logprobs, logit_bias={int(t): b for t, b in req.logit_bias.items()},
-                                  prompt_logprobs=prompt_logprobs)
+                                  prompt_logprobs=prompt_logprobs, min_tokens=req.min_tokens)
         except MinferError as e:
             message = field_named(e)
             field = re.match(r"[a-z_]+", message)

@@ -53,7 +53,7 @@ class ResponseFormat(Request):
 
 class SamplingFields(Request):
     """The fields chat and completions share; minfer's extensions (top_k, min_p, repetition_penalty,
-    ignore_eos) as vLLM names them."""
+    ignore_eos, min_tokens) as vLLM names them."""
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2)
@@ -70,6 +70,7 @@ class SamplingFields(Request):
     min_p: float = Field(0.0, ge=0, lt=1)
     repetition_penalty: float = Field(1.0, gt=0)
     ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
     logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (a JSON key) -> added to its logit
     # OpenAI's, at their no-op values only
     store: bool = False
