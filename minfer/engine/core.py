@@ -464,8 +464,7 @@ class EngineCore(LoadedModel):
         t = SamplingTensors.build([s.params for s in sampled], [s.seed for s in sampled],
                                   [s.num_tokens for s in sampled], [s.prompt_ids for s in sampled],
                                   [s.output_ids for s in sampled], logits.shape[-1], self.device,
-                                  [s.stop_ids if s.num_output_tokens + s.in_flight < s.params.min_tokens else ()
-                                   for s in sampled])  # its stop ids, until min_tokens
+                                  self._banned(sampled))
         ids, logprobs = self._sample_rows(logits, t)
         for s in sampled:
             s.in_flight += 1
@@ -555,6 +554,13 @@ class EngineCore(LoadedModel):
         meta, host_ids, logit_index = step_metadata(work, cache.page_size, sampled, ids is None, local_tables,
                                                     self.device, extra_rows)
         return self.model.forward_paged(host_ids if ids is None else ids, meta, cache, logit_index, raw_logits=True)
+
+    @staticmethod
+    def _banned(sampled: list[Sequence]) -> list | None:
+        """Per row, the ids it may not draw: its stop ids until it has min_tokens (None: no row has a min_tokens)."""
+        if not any(s.params.min_tokens for s in sampled):
+            return None
+        return [s.stop_ids if s.num_output_tokens + s.in_flight < s.params.min_tokens else () for s in sampled]
 
     @staticmethod
     def _prompt_rows(seqs: list[Sequence], counts: list[int]) -> tuple[list[int], list[int], list]:
