@@ -147,6 +147,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define MINFER_WGMMA_D16 MINFER_WGMMA_D8 ", %8, %9, %10, %11, %12, %13, %14, %15"
 #define MINFER_WGMMA_D32 MINFER_WGMMA_D16 ", " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define MINFER_WGMMA_D40 MINFER_WGMMA_D32 ", " "%32, %33, %34, %35, %36, %37, %38, %39"
 #define MINFER_WGMMA_D64 MINFER_WGMMA_D32 ", " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
@@ -166,6 +167,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define MINFER_WGMMA_ACC8(d) MINFER_WGMMA_ACC8_AT(d, 0)
 #define MINFER_WGMMA_ACC16(d) MINFER_WGMMA_ACC8(d), MINFER_WGMMA_ACC8_AT(d, 8)
 #define MINFER_WGMMA_ACC32(d) MINFER_WGMMA_ACC16(d), MINFER_WGMMA_ACC8_AT(d, 16), MINFER_WGMMA_ACC8_AT(d, 24)
+#define MINFER_WGMMA_ACC40(d) MINFER_WGMMA_ACC32(d), MINFER_WGMMA_ACC8_AT(d, 32)
 #define MINFER_WGMMA_ACC64(d) \
   MINFER_WGMMA_ACC32(d), MINFER_WGMMA_ACC8_AT(d, 32), MINFER_WGMMA_ACC8_AT(d, 40), MINFER_WGMMA_ACC8_AT(d, 48), \
       MINFER_WGMMA_ACC8_AT(d, 56)
@@ -179,10 +181,13 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // D[64 x N] (= or +=) A[64 x 16] . B[N x 16]^T, A and B K-major in shared memory; scale_d = 0 overwrites D.
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  static_assert(N == 64 || N == 128, "wgmma_ss: N is 64 or 128");
+  static_assert(N == 64 || N == 80 || N == 128, "wgmma_ss: N is 64, 80 or 128");
   if constexpr (N == 64) {
     MINFER_WGMMA_T(T, "m64n64k16", MINFER_WGMMA_D32, "%32, %33", "%34", "1, 1, 0, 0",
                    ("l"(desc_a), "l"(desc_b), "r"(scale_d)), MINFER_WGMMA_ACC32(d));
+  } else if constexpr (N == 80) {
+    MINFER_WGMMA_T(T, "m64n80k16", MINFER_WGMMA_D40, "%40, %41", "%42", "1, 1, 0, 0",
+                   ("l"(desc_a), "l"(desc_b), "r"(scale_d)), MINFER_WGMMA_ACC40(d));
   } else {
     MINFER_WGMMA_T(T, "m64n128k16", MINFER_WGMMA_D64, "%64, %65", "%66", "1, 1, 0, 0",
                    ("l"(desc_a), "l"(desc_b), "r"(scale_d)), MINFER_WGMMA_ACC64(d));
