@@ -27,7 +27,7 @@ class SamplingParams:
     min_p: float = 0.0  # 0 = off
     repetition_penalty: float = 1.0  # 1 = off; divides the logits of prompt and output ids (HF's rule)
     seed: int | None = None
-    max_tokens: int = 16  # new tokens at most (as the context allows)
+    max_tokens: int = 16  # new tokens at most (as the context allows); 0, with prompt_logprobs: the prompt scored alone
     stop: list[str] = field(default_factory=list)  # the text ends before the first of these
     stop_token_ids: list[int] = field(default_factory=list)  # besides the model's end-of-sequence ids
     ignore_eos: bool = False  # the model's end-of-sequence ids do not stop (stop_token_ids still do)
@@ -64,8 +64,10 @@ class SamplingParams:
                 raise MinferError(f"--{name.replace('_', '-')} must be in [-2, 2], not {getattr(self, name)!r}")
         if self.seed is not None and not (_integer(self.seed) and 0 <= self.seed < 2**63):
             raise MinferError(f"--seed must be an integer in [0, 2^63), not {self.seed!r}")
-        if not (_integer(self.max_tokens) and self.max_tokens >= 1):
-            raise MinferError(f"max_tokens (--max-new-tokens) must be at least 1, not {self.max_tokens!r}")
+        scored = self.max_tokens == 0 and self.prompt_logprobs is not None  # the prompt's logprobs, no new token
+        if not (_integer(self.max_tokens) and (self.max_tokens >= 1 or scored)):
+            raise MinferError(f"max_tokens (--max-new-tokens) must be at least 1 (0 only with prompt_logprobs), not "
+                              f"{self.max_tokens!r}")
         if not (_integer(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens):
             raise MinferError(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], not "
                               f"{self.min_tokens!r}")

@@ -163,6 +163,29 @@ def test_prompt_logprobs_keep_few_logits_a_step(ids, monkeypatch):
     assert_idle(eng)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_prompt_scored_alone(ids, alone, async_scheduling):
+    """max_tokens 0 with prompt_logprobs scores the prompt alone: it is prefilled and finishes ("length") with no
+    token sampled, so a prompt of the whole context fits; the requests beside it get their own tokens. Without
+    prompt_logprobs max_tokens 0 is still an error, and a prompt past the context still has no room."""
+    full = (ids[1] * CONTEXT)[:CONTEXT]
+    scored = SamplingParams(max_tokens=0, prompt_logprobs=1)
+    (want,), _ = make().generate([full[:-1]], [SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)])
+    eng = make(async_scheduling=async_scheduling)
+    outs, _ = eng.generate([full, ids[0], ids[2][:1]], [scored, GREEDY, scored])
+    assert [(o.token_ids, o.finish_reason) for o in (outs[0], outs[2])] == [([], "length")] * 2
+    assert outs[1].token_ids == alone[0] and outs[2].prompt_logprobs == [None]
+    assert len(outs[0].prompt_logprobs) == CONTEXT
+    for e, w in zip(outs[0].prompt_logprobs[1:-1], want.prompt_logprobs[1:]):
+        assert e["token_id"] == w["token_id"] and e["logprob"] == pytest.approx(w["logprob"], abs=1e-4)
+    with pytest.raises(MinferError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    for prompt, params in [(full + full[:1], scored), (full, GREEDY)]:
+        with pytest.raises(MinferError, match="no room"):
+            eng.add_request(prompt, params)
+    assert_idle(eng)
+
+
 def test_prefix_cache_hits_and_same_outputs(engine, ids, alone):
     engine.generate(ids, [GREEDY] * len(ids))  # fills the cache
     outs, stats = engine.generate(ids, [GREEDY] * len(ids))

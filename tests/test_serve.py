@@ -4,6 +4,7 @@ not, n > 1, seeds, stop strings, logprobs; greedy outputs equal LLM.generate's, 
 error case has its status and OpenAI's error body; the API key; a client that hangs up mid-stream frees its
 pages; the loop survives a failing step; /metrics has its series."""
 import concurrent.futures
+import itertools
 import json
 import logging
 import os
@@ -364,7 +365,9 @@ def test_echo(server, solo, backend):
     assert lp["token_logprobs"][1:len(ids)] == pytest.approx([e["logprob"] for e in want[1:]], abs=1e-4)
     alone = server.http.post("/v1/completions", json=body | {"max_tokens": 0}).json()
     assert alone["choices"][0]["text"] == PROMPTS[0] and alone["usage"]["completion_tokens"] == 0
-    assert alone["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"][:len(ids)]
+    scored = alone["choices"][0]["logprobs"]["token_logprobs"]  # no row sampled beside them: fp32's rounding differs
+    assert scored[0] is None and scored[1:] == pytest.approx(lp["token_logprobs"][1:len(ids)], abs=1e-4)
+    assert alone["choices"][0]["finish_reason"] == "length"
     for whole in (out, alone):  # streamed: the same text, logprobs and usage, the prompt's in the first chunk
         stream = body | {"max_tokens": whole["usage"]["completion_tokens"], "stream": True,
                          "stream_options": {"include_usage": True}}
@@ -385,6 +388,69 @@ def test_echo(server, solo, backend):
                                                     "echo": True}).json()["choices"]
     assert [c["text"][:len(t)] for c, t in zip(two, [PROMPTS[0], server.core.tokenizer.decode(ids[:3])])] == \
         [PROMPTS[0], server.core.tokenizer.decode(ids[:3])]
+    assert_idle(server.core)
+
+
+def stream_choices(server, body) -> tuple[list[dict], list[dict]]:
+    """A streamed completion's chunks and their choices."""
+    with server.http.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    return chunks, [c["choices"][0] for c in chunks if c["choices"]]
+
+
+def test_echo_scores_a_prompt_that_fills_the_context(server):
+    """max_tokens 0 with echo scores the prompt alone: no new token needs room, so a prompt of the whole context is
+    prefilled (its logprobs are the shorter prompt's where they overlap), finishing on "length" with no completion
+    token, streamed too; one token more is still refused."""
+    tok = server.core.tokenizer
+    ids = (tok.encode(" ".join(PROMPTS)) * CONTEXT)[:CONTEXT]
+    body = {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1}
+    r = server.http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    (c,), lp = out["choices"], out["choices"][0]["logprobs"]
+    assert c["text"] == tok.decode(ids) and c["finish_reason"] == "length"
+    assert out["usage"] == {"prompt_tokens": CONTEXT, "completion_tokens": 0, "total_tokens": CONTEXT}
+    assert len(lp["tokens"]) == CONTEXT and lp["token_logprobs"][0] is None
+    shorter = server.http.post("/v1/completions", json=body | {"prompt": ids[:-1]}).json()["choices"][0]["logprobs"]
+    assert lp["token_logprobs"][1:-1] == pytest.approx(shorter["token_logprobs"][1:], abs=1e-4)
+    chunks, parts = stream_choices(server, body | {"stream_options": {"include_usage": True}})
+    assert "".join(p["text"] for p in parts) == c["text"] and parts[-1]["finish_reason"] == "length"
+    assert {k: [x for p in parts for x in p["logprobs"][k]] for k in lp} == lp and chunks[-1]["usage"] == out["usage"]
+    plain = server.http.post("/v1/completions", json={"prompt": ids, "max_tokens": 0, "echo": True}).json()
+    assert plain["choices"][0]["text"] == c["text"] and plain["choices"][0].get("logprobs") is None
+    assert_error(server.http.post("/v1/completions", json=body | {"prompt": ids + ids[:1]}), 400, "prompt")
+    assert_error(server.http.post("/v1/completions", json=body | {"max_tokens": 1}), 400, "prompt")
+    assert_idle(server.core)
+
+
+def test_echoed_special_tokens_count_in_text_offset(server, backend):
+    """A text prompt that writes special tokens' names (a chat transcript) is echoed as written: each such token moves
+    text_offset on by its name, so that every prompt token's offset is where it starts in the text. Given as ids,
+    the echoed text is their decoding, which skips special tokens: they move nothing, nor do generated ones."""
+    if backend != "ref":
+        pytest.skip("the logprobs' formatting is the host's; the ref backend's run covers it")
+    tok = server.core.tokenizer
+    prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(prompt)
+    end = tok.tok.token_to_id("<|im_end|>")
+    assert end in ids and end in tok.special_ids
+    body = {"prompt": prompt, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 0, "ignore_eos": True,
+            "logit_bias": {str(end): 100}}  # three generated special tokens: no text
+    full = server.http.post("/v1/completions", json=body).json()["choices"][0]
+    lp, text = full["logprobs"], full["text"]
+    assert text == prompt and lp["tokens"][len(ids):] == ["<|im_end|>"] * 3
+    assert lp["text_offset"] == list(itertools.accumulate(map(len, lp["tokens"][:len(ids)]), initial=0)) + \
+        [len(prompt)] * 2
+    for t, start in zip(lp["tokens"][:len(ids)], lp["text_offset"]):
+        assert text[start:].startswith(t), (t, start, text)
+    _, parts = stream_choices(server, body)
+    assert {k: [x for p in parts for x in p["logprobs"][k]] for k in lp} == lp
+    as_ids = server.http.post("/v1/completions", json=body | {"prompt": ids}).json()["choices"][0]
+    lp, text = as_ids["logprobs"], as_ids["text"]
+    assert text == tok.decode(ids) and lp["text_offset"][len(ids):] == [len(text)] * 3
+    for i, t, start in zip(ids, lp["tokens"], lp["text_offset"]):
+        assert i in tok.special_ids or text[start:].startswith(t), (t, start, text)
     assert_idle(server.core)
 
 

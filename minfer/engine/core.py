@@ -4,7 +4,8 @@ Front ends (LLM.generate, the CLI, a server) only call add_request / abort_reque
 outputs. Each step the scheduler picks the sequences and token counts, the block manager has given them
 pages, and the runner part of this file lays the step's tokens out flat (sequence after sequence), runs
 the model over the paged cache, samples one token for every sequence whose tokens are all computed, and
-applies the stop rules.
+applies the stop rules. A prompt scored alone (max_tokens 0, with prompt_logprobs) ends once it is prefilled,
+with no token sampled: it may fill the whole context.
 
 Async scheduling (on by default on a GPU): a step is launched before the sampled ids of the step before are
 read, the input ids of its decodes gathered on the device from that step's (its prompt chunks' are on the
@@ -356,7 +357,7 @@ class EngineCore(LoadedModel):
         n = len(prompt_ids)
         if n == 0:
             raise MinferError("empty prompt")
-        self.check_prompt_fits(n)
+        self.check_prompt_fits(n, min(params.max_tokens, 1))  # a prompt scored alone (max_tokens 0) may fill it
         vocab = self.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise MinferError(f"prompt token id out of range [0, {vocab})")
@@ -399,7 +400,7 @@ class EngineCore(LoadedModel):
             self.in_flight = launched
         elif launched is not None:
             outputs = self._apply(launched)
-        return outputs
+        return outputs + self._finish_scored(batch.seqs)
 
     def _chains(self, batch: ScheduledBatch, prev: _Launched) -> bool:
         """Whether the batch can run before prev's ids are read: no row decodes a token still in flight with a
@@ -432,14 +433,16 @@ class EngineCore(LoadedModel):
         begin = self._event()
         ids = self._input_ids(seqs, counts, prev)  # None: all on the host
         local = [s.local_block_table for s in seqs] if self.block_manager.window is not None else None
-        eager = any(s.wants_prompt_logprobs for s in seqs)  # the graphs keep no prompt token's logits
+        # the graphs keep no prompt token's logits, and sample every row (a prompt scored alone samples none)
+        eager = any(s.wants_prompt_logprobs or not s.max_tokens for s in seqs)
         if max(counts) == 1 and self.graphs is not None and self.graphs.fits(len(seqs)) and not eager:
             logits = self.graphs.run([s.token_ids[-1] for s in seqs] if ids is None else ids,
                                      [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
                                      [s.slot for s in seqs], local)  # [len(seqs), vocab]: every row decodes
             sampled, chunks = seqs, []
         else:
-            rows = [i for i, (s, n) in enumerate(zip(seqs, counts)) if s.num_computed_tokens + n == s.num_tokens]
+            rows = [i for i, (s, n) in enumerate(zip(seqs, counts))
+                    if s.num_computed_tokens + n == s.num_tokens and s.max_tokens]
             chunks = [s for s, n in zip(seqs, counts) if s.num_computed_tokens + n < s.num_tokens]
             # with ids on the device, a placeholder list gives each row's count
             work = [(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n] if ids is None else [0] * n,
@@ -510,6 +513,16 @@ class EngineCore(LoadedModel):
                 del self.seqs[seq.request_id]
             outputs.append(RequestOutput(seq, added, text, new_text))
         return outputs
+
+    def _finish_scored(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        """Ends the prompts scored alone (max_tokens 0) that the step prefilled to their end: their prompt logprobs
+        are all in, and no token is sampled for them."""
+        done = [s for s in seqs if not s.max_tokens and s.num_computed_tokens == s.num_tokens]
+        for s in done:
+            self.block_manager.register_full_pages(s)  # the pages its prompt filled, before the finish frees them
+            self.scheduler.finish(s, "length")
+            del self.seqs[s.request_id]
+        return [RequestOutput(s, False) for s in done]
 
     def _stop_strings(self, seq: Sequence, tok: int | None, reason: str | None) -> tuple[str | None, str, str]:
         """A request with stop strings decodes every new id (tok; None: none was added) and cuts its text before

@@ -74,9 +74,10 @@ class LoadedModel:
         self._sync()
         self.load_s = time.perf_counter() - t0
 
-    def check_prompt_fits(self, n: int) -> None:
-        """A prompt of n tokens leaves room for at least one new token, or a one-line error that says what to do."""
-        if n < self.max_context:
+    def check_prompt_fits(self, n: int, new_tokens: int = 1) -> None:
+        """A prompt of n tokens leaves room for new_tokens more (0: a prompt scored alone), or a one-line error that
+        says what to do."""
+        if n + new_tokens <= self.max_context:
             return
         limit = self.cfg.max_position_embeddings
         hint = (f"raise --max-context, up to {limit}" if self.max_context < limit

@@ -170,14 +170,14 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         """The core names the CLI flag (--top-p); the API names the field (top_p)."""
         return re.sub(r"^--([a-z-]+)", lambda m: m[1].replace("-", "_"), str(e))
 
-    def params_for(req, max_tokens: int | None, logprobs: int | None, choice: int,
+    def params_for(req, max_tokens: int, logprobs: int | None, choice: int,
                    prompt_logprobs: int | None = None) -> SamplingParams:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         seed = None if req.seed is None else (req.seed + choice) % 2**63  # n choices of one seed differ
         try:
             return SamplingParams(temperature=req.temperature, top_k=max(req.top_k, 0), top_p=req.top_p,
                                   min_p=req.min_p, repetition_penalty=req.repetition_penalty, seed=seed,
-                                  max_tokens=max_tokens or core.max_context, stop=stop, ignore_eos=req.ignore_eos,
+                                  max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos,
                                   presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                                   logprobs=logprobs, logit_bias={int(t): b for t, b in req.logit_bias.items()},
                                   prompt_logprobs=prompt_logprobs, min_tokens=req.min_tokens)
@@ -313,9 +313,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
     def completion_logprobs(entries: list[dict] | None, state: list | None = None) -> dict | None:
         """text_offset: where each token's first character starts in the text (a token inside a multi-byte
         character, where that character starts): the characters of the tokens' bytes before it, counted by an
-        incremental UTF-8 decoder, which holds an unfinished character back. state: [offset, decoder], carried
-        from one streamed delta to the next (the deltas' released text lags the tokens while a stop string may
-        begin)."""
+        incremental UTF-8 decoder, which holds an unfinished character back. A special token has no bytes, but one
+        that the text holds as written (an entry marked "written") counts its name's. state: [offset, decoder],
+        carried from one streamed delta to the next (the deltas' released text lags the tokens while a stop string
+        may begin)."""
         if entries is None:
             return None
         if state is None:
@@ -323,6 +324,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         tokens, offsets, tops = [], [], []
         for e in entries:
             text, raw = piece(e["token_id"])
+            if e.get("written"):  # a special token's name in the text
+                raw = text.encode()
             tokens.append(text)
             offsets.append(state[0])
             state[0] += len(state[1].decode(raw))
@@ -400,7 +403,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         ids = await chat_ids(req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         rid = new_id("chatcmpl")
-        out, rids = await submit(request, rid, [ids], req, req.max_completion_tokens or req.max_tokens, logprobs)
+        max_tokens = req.max_completion_tokens or req.max_tokens or core.max_context  # default: as the context allows
+        out, rids = await submit(request, rid, [ids], req, max_tokens, logprobs)
         if req.stream:
             return sse(chat_chunks(rid, req, ids, out, rids))
         per_choice = await collect(request, out, rids)
@@ -450,10 +454,11 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         if req.echo and texts is None:
             need_tokenizer()
         rid = new_id("cmpl")
-        prompt_only = req.max_tokens == 0  # echo alone: the prompt (and its logprobs), no new token
-        out, rids = await submit(request, rid, prompts, req, 1 if prompt_only else req.max_tokens or 16, req.logprobs,
-                                 req.logprobs if req.echo else None)
-        pieces = CompletionPieces(req, prompts, texts, prompt_only)
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
+        # 0 (with echo): the prompt alone, which the engine scores for its logprobs (asked for even if none are shown)
+        prompt_logprobs = (req.logprobs or 0) if max_tokens == 0 else req.logprobs if req.echo else None
+        out, rids = await submit(request, rid, prompts, req, max_tokens, req.logprobs, prompt_logprobs)
+        pieces = CompletionPieces(req, prompts, texts)
         if req.stream:
             return sse(completion_chunks(rid, req, pieces, out, rids))
         per_choice = await collect(request, out, rids)
@@ -461,35 +466,39 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         for i, ds in sorted(per_choice.items()):
             text, entries = pieces.of(i, ds)
             choices.append(CompletionChoice(index=i, text=text, logprobs=completion_logprobs(entries),
-                                            finish_reason=pieces.finish_reason(ds[-1])))
+                                            finish_reason=ds[-1].finish_reason))
         return CompletionResponse(id=rid, model=model_name, choices=choices,
-                                  usage=pieces.usage([ds[-1] for ds in per_choice.values()]))
+                                  usage=usage(prompts, [ds[-1] for ds in per_choice.values()]))
 
     class CompletionPieces:
         """A completion choice's text and logprob entries from its deltas, the echoed prompt's before the first."""
 
-        def __init__(self, req, prompts: list[list[int]], texts: list[str] | None, prompt_only: bool):
-            self.req, self.prompts, self.texts, self.prompt_only = req, prompts, texts, prompt_only
+        def __init__(self, req, prompts: list[list[int]], texts: list[str] | None):
+            self.req, self.prompts, self.texts = req, prompts, texts
             self.started: set[int] = set()  # choices whose first delta was seen
 
         def of(self, i: int, ds: list[Delta]) -> tuple[str, list[dict] | None]:
             req = self.req
-            text = "" if self.prompt_only else "".join(d.text for d in ds)
-            entries = None if req.logprobs is None else [] if self.prompt_only else [e for d in ds for e in d.logprobs]
+            text = "".join(d.text for d in ds)
+            entries = None if req.logprobs is None else [e for d in ds for e in d.logprobs]
             if req.echo and i not in self.started:  # the prompt before the text, its tokens' logprobs before theirs
                 p = i // req.n
                 text = (self.texts[p] if self.texts is not None else tokenizer.decode(self.prompts[p])) + text
                 if entries is not None:
                     first = {"token_id": self.prompts[p][0], "logprob": None, "top": None}  # nothing predicts it
-                    entries = [first, *ds[0].prompt_logprobs[1:], *entries]
+                    entries = [*self.written(p, [first, *ds[0].prompt_logprobs[1:]]), *entries]
             self.started.add(i)
             return text, entries
 
-        def finish_reason(self, last: Delta) -> str | None:
-            return "length" if self.prompt_only and last.finished else last.finish_reason
-
-        def usage(self, finals: list[Delta]) -> Usage:
-            return usage(self.prompts, [] if self.prompt_only else finals)
+        def written(self, p: int, entries: list[dict]) -> list[dict]:
+            """Prompt p's entries, its special tokens marked "written" where the echoed text holds their names: a
+            prompt given as text is echoed as written (but for the BOS that encode adds), one given as ids decoded
+            without them."""
+            if self.texts is None:
+                return entries
+            added = 1 if tokenizer.add_bos else 0
+            return [{**e, "written": True} if k >= added and tokenizer.special_text(e["token_id"]) is not None else e
+                    for k, e in enumerate(entries)]
 
     async def completion_chunks(rid, req, pieces: CompletionPieces, out, rids):
         head = chunk_head(rid, "text_completion")
@@ -503,10 +512,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                     if entries is not None:  # the offsets run on from the chunks before (their tokens, not text)
                         state = states.setdefault(i, [0, codecs.getincrementaldecoder("utf-8")(errors="replace")])
                         c["logprobs"] = completion_logprobs(entries, state)
-                    yield head + dumps([finish(c, pieces.finish_reason(last))]) + "}"
+                    yield head + dumps([finish(c, last.finish_reason)]) + "}"
                 if last.finished:
                     finals.append(last)
         if req.stream_options and req.stream_options.include_usage:
-            yield head + '[],"usage":' + pieces.usage(finals).model_dump_json() + "}"
+            yield head + '[],"usage":' + usage(pieces.prompts, finals).model_dump_json() + "}"
 
     return app
