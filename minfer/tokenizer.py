@@ -108,7 +108,10 @@ class StreamDecoder:
     and vLLM). Each step decodes a short window ids[prefix:] and returns what it adds to the text of
     ids[prefix:read]: the context tokens keep decoders that strip a leading space (SentencePiece
     Metaspace) from eating it at the window's edge, and bytes of an unfinished UTF-8 character (a
-    multi-byte character can span tokens) are held back until the character is complete."""
+    multi-byte character can span tokens) are held back until the character is complete; flush() gives
+    what is held back when the ids end. A complete character goes out at once, as in vLLM: after it, stray
+    bytes of the same byte-fallback run (<0xNN> pieces) decode in the next window, where decode of the whole
+    ids turns the run into one U+FFFD per byte (tokenizers' ByteFallback) - only invalid output differs."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -118,9 +121,18 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        """The text held back at the end (an unfinished character, as decode gives it: U+FFFD a byte)."""
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        if self.read == len(self.ids):
+            return ""
         before = self.tokenizer.decode(self.ids[self.prefix:self.read])
         text = self.tokenizer.decode(self.ids[self.prefix:])
-        if len(text) <= len(before) or text.endswith("\ufffd"):
+        if not final and (len(text) <= len(before) or text.endswith("\ufffd")):
             return ""  # nothing visible yet, or wait for the rest of the character
         self.prefix, self.read = self.read, len(self.ids)
         return text[len(before):]

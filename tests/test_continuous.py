@@ -793,6 +793,19 @@ def test_text_with_stop_strings_is_never_taken_back(engine, ids):
     assert_idle(engine)
 
 
+def test_text_ends_with_what_the_decoder_held_back(engine, ids):
+    """A request that ends inside a character has the tokenizer's whole decode as its text (U+FFFD for the
+    unfinished bytes), in its last new_text too, with stop strings or without."""
+    lead = engine.tokenizer.tok.token_to_id("\u00e2")  # byte-level BPE's token for the byte 0xE2 alone
+    for stop in ([], ["zzz"]):
+        seen = []
+        params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logit_bias={lead: 100}, stop=stop)
+        outs, _ = engine.generate([ids[0]], [params], lambda i, o: seen.append(o.new_text))
+        assert outs[0].token_ids == [lead] * 3
+        assert outs[0].text == "".join(seen) == engine.tokenizer.decode(outs[0].token_ids) == "\ufffd" * 3
+    assert_idle(engine)
+
+
 class _Replay:
     """A captured decode graph, emulated: its replay runs the bucket's forward eagerly over the static
     metadata buffers, which is what the real graph reads."""

@@ -103,6 +103,19 @@ def test_ignore_eos_generates_exactly_n(engine):
     assert len(outs[0].token_ids) == 20 and outs[0].finish_reason == "length"
 
 
+def test_text_ends_with_what_the_decoder_held_back(engine, monkeypatch):
+    """A sequence that ends inside a character has the tokenizer's whole decode as its text (U+FFFD for the
+    unfinished bytes), streamed too, with stop strings or without."""
+    lead = engine.tokenizer.tok.token_to_id("\u00e2")  # byte-level BPE's token for the byte 0xE2 alone
+    monkeypatch.setattr(engine, "_next_ids", lambda raw, *_: torch.full(raw.shape[:1], lead, device=raw.device))
+    for stop in (None, ["zzz"]):
+        seen = []
+        outs, _ = engine.generate([engine.encode(SHORT, chat=False)], SamplingParams(temperature=0.0), 3, stop=stop,
+                                  on_text=lambda b, t: seen.append(t), ignore_eos=True)
+        assert outs[0].token_ids == [lead] * 3
+        assert outs[0].text == "".join(seen) == engine.tokenizer.decode(outs[0].token_ids) == "\ufffd" * 3
+
+
 def test_stats_leave_out_the_step_after_the_end(engine):
     """The static engine launches each step before it reads the one before: the step launched after the model ends
     its turn is wasted, and the stats count only the steps whose tokens were read."""

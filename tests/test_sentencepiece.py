@@ -12,6 +12,7 @@ import pytest
 
 from minfer import tokenizer as mtok
 from minfer.sentencepiece import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, from_gguf_fields
+from test_tokenizer import released_early
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -166,7 +167,7 @@ def check_text(ours, ref, text, roundtrip=True):
     if roundtrip:
         assert decoded == text
     dec = mtok.StreamDecoder(ours)
-    assert "".join(dec.push(i) for i in ids) == decoded
+    assert "".join(dec.push(i) for i in ids) + dec.flush() == decoded
 
 
 def roundtrips(arch, text):
@@ -204,6 +205,58 @@ def test_random_texts_match_transformers(synthetic):
     arch, ours, ref = synthetic
     for text in random_texts(200):
         check_text(ours, ref, text, roundtrip=False)
+
+
+# Generated ids need not be valid UTF-8: texts (encoded without BOS), byte pieces (ints) and BOS (None).
+BYTE_RUNS = {
+    "lone continuation byte": ["the fox", 0x80, " the dog"],
+    "lone continuation byte at the end": ["the fox", 0x80],
+    "character cut short, then a word": ["the", 0xE2, 0x82, " fox"],
+    "character cut short at the end": ["the fox", 0xE2, 0x82],
+    "foreign byte inside a character": ["the", 0xE2, 0x41, 0x82, 0xAC, " fox"],
+    "character, then a stray byte": ["the", 0xE2, 0x82, 0xAC, 0x80, " fox"],
+    "character, then a stray byte at the end": ["the", 0xE2, 0x82, 0xAC, 0x80],
+    "character, then one cut short": ["the", 0xE2, 0x82, 0xAC, 0xE2, " fox"],
+    "stray byte, then a character": ["the", 0x80, 0xE2, 0x82, 0xAC, " fox"],
+    "invalid byte alone": [0xFF],
+    "character across BOS": ["the", 0xE2, None, 0x82, 0xAC, " fox"],
+}
+
+
+def run_ids(tok, parts):
+    ids = []
+    for p in parts:
+        ids += tok.encode(p)[1:] if isinstance(p, str) else [tok.bos_token_id if p is None else
+                                                           tok.tok.token_to_id(f"<0x{p:02X}>")]
+    return ids
+
+
+def check_ids(ours, ref, ids):
+    """decode is transformers' decode, and so is the streamed text with what flush() gives at the end, unless the
+    stream released a complete character of an invalid byte run (released_early): then up to that character."""
+    expected = ref.decode(ids, skip_special_tokens=True)
+    assert ours.decode(ids) == expected, ids
+    dec = mtok.StreamDecoder(ours)
+    deltas = [dec.push(i) for i in ids]
+    early = released_early(ours, ids)
+    if early is None:
+        assert "".join(deltas) + dec.flush() == expected, ids
+    else:
+        assert "".join(deltas[:early]) == ref.decode(ids[:early], skip_special_tokens=True), ids
+
+
+@pytest.mark.parametrize("parts", BYTE_RUNS.values(), ids=BYTE_RUNS.keys())
+def test_invalid_bytes_match_transformers(synthetic, parts):
+    arch, ours, ref = synthetic
+    check_ids(ours, ref, run_ids(ours, parts))
+
+
+def test_random_bytes_match_transformers(synthetic):
+    arch, ours, ref = synthetic
+    parts = ["the", " fox", " ", "x", None, 0x41, 0x80, 0xBF, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0xA4, 0xFF]
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        check_ids(ours, ref, run_ids(ours, [parts[k] for k in rng.integers(len(parts), size=rng.integers(1, 12))]))
 
 
 def test_merges_matter(synthetic):
@@ -254,3 +307,5 @@ def test_real_gemma3(gemma3_real):
         check_text(ours, ref, text, roundtrip="_turn>" not in text)
     for text in random_texts(200):
         check_text(ours, ref, text, roundtrip=False)
+    for parts in BYTE_RUNS.values():
+        check_ids(ours, ref, run_ids(ours, parts))

@@ -4,6 +4,7 @@ import os
 import random
 
 import pytest
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
@@ -71,6 +72,111 @@ def test_stream_decoder_keeps_spaces_across_the_window():
     ids = [rng.randrange(vocab) for _ in range(60)]
     deltas = stream(tok, ids)
     assert "".join(deltas) == tok.decode(ids)
+
+
+def byte_fallback_tokenizer():
+    """SentencePiece-style pieces, the 256 byte pieces <0xNN> and a special <s>, with the decoder chain
+    transformers gives Llama's files: '▁' to a space, ByteFallback, Fuse, the prefix space stripped."""
+    pieces = ["<unk>", "<s>", "▁the", "▁fox", "▁", "a"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok = HFTokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=[], unk_token="<unk>",
+                                 byte_fallback=True))
+    tok.add_special_tokens([AddedToken("<s>", special=True, normalized=False)])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(content=" ", left=1)])
+    return mtok.Tokenizer(tok, None, 1, [], False)
+
+
+def reference_decode(tok, ids):
+    """The tokenizers library's decoder chain on the pieces, special tokens left out (decode's skip)."""
+    return tok.tok.decoder.decode([tok.tok.id_to_token(i) for i in ids if i not in tok.special_ids])
+
+
+# Byte pieces (ints) among words: ByteFallback decodes each run of byte pieces as its UTF-8 text, or as one
+# U+FFFD per byte when the run is not valid UTF-8 as a whole.
+BYTE_RUNS = {
+    "lone continuation byte": ["\u2581the", 0x80, "\u2581fox"],
+    "lone continuation byte at the end": ["\u2581the", 0x80],
+    "two lone continuation bytes": ["\u2581the", 0x80, 0xBF, "a"],
+    "character cut short, then a word": ["\u2581the", 0xE2, 0x82, "\u2581fox"],
+    "character cut short at the end": ["\u2581the", 0xE2, 0x82],
+    "foreign byte inside a character": ["\u2581the", 0xE2, 0x41, 0x82, 0xAC, "\u2581fox"],
+    "character, then a stray byte": ["\u2581the", 0xE2, 0x82, 0xAC, 0x80, "\u2581fox"],
+    "character, then a stray byte at the end": ["\u2581the", 0xE2, 0x82, 0xAC, 0x80],
+    "character, then one cut short": ["\u2581the", 0xE2, 0x82, 0xAC, 0xE2, "\u2581fox"],
+    "stray byte, then a character": ["\u2581the", 0x80, 0xE2, 0x82, 0xAC, "\u2581fox"],
+    "invalid byte alone": [0xFF],
+    "character at the end": ["\u2581the", 0xF0, 0x9F, 0xA4, 0x96],
+    "character across a special token": ["\u2581the", 0xE2, "<s>", 0x82, 0xAC, "\u2581fox"],
+    "stray byte across a special token": ["\u2581the", 0xE2, 0x82, "<s>", 0xAC, 0x80, "<s>"],
+}
+
+
+def piece_ids(tok, pieces):
+    return [tok.tok.token_to_id(p if isinstance(p, str) else f"<0x{p:02X}>") for p in pieces]
+
+
+def released_early(tok, ids) -> int | None:
+    """Where the stream releases a complete character of a byte run that is not valid UTF-8 as a whole (the
+    index after its last byte), or None: there decode of all the ids gives the run one U+FFFD per byte."""
+    byte_of = {tok.tok.token_to_id(f"<0x{b:02X}>"): b for b in range(256)}
+    run, at = b"", []
+    for k, i in enumerate([*ids, None]):
+        if i in tok.special_ids:
+            continue  # decode skips special tokens: a run goes on past them
+        if i in byte_of:
+            run, at = run + bytes([byte_of[i]]), at + [k + 1]
+            continue
+        if run and not valid_utf8(run):
+            for j in range(1, len(run)):
+                if valid_utf8(run[:j]):
+                    return at[j - 1]
+        run, at = b"", []
+    return None
+
+
+def valid_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+@pytest.mark.parametrize("pieces", BYTE_RUNS.values(), ids=BYTE_RUNS.keys())
+def test_stream_decoder_byte_runs_match_the_reference(pieces):
+    """decode is the reference decoder's text, and so is the streamed text (with flush() at the end) unless a
+    complete character of an invalid run went out before the stray byte came: then that character is released
+    the moment it completes (as in vLLM), and the text up to it is decode's of the ids up to it."""
+    tok = byte_fallback_tokenizer()
+    ids = piece_ids(tok, pieces)
+    expected = reference_decode(tok, ids)
+    assert tok.decode(ids) == expected
+    dec = mtok.StreamDecoder(tok)
+    deltas = [dec.push(i) for i in ids]
+    tail = dec.flush()
+    assert dec.flush() == ""
+    early = released_early(tok, ids)
+    if early is None:
+        assert "".join(deltas) + tail == expected
+    else:
+        assert "".join(deltas[:early]) == tok.decode(ids[:early]) == reference_decode(tok, ids[:early])
+
+
+def test_stream_decoder_random_byte_runs_match_the_reference():
+    tok = byte_fallback_tokenizer()
+    rng = random.Random(0)
+    parts = ["\u2581the", "\u2581fox", "\u2581", "a", "<s>", 0x41, 0x80, 0xBF, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0,
+             0x9F, 0xA4, 0x96, 0xFF]
+    checked = 0
+    for _ in range(300):
+        ids = piece_ids(tok, [rng.choice(parts) for _ in range(rng.randrange(1, 12))])
+        dec = mtok.StreamDecoder(tok)
+        streamed = "".join(dec.push(i) for i in ids) + dec.flush()
+        assert reference_decode(tok, ids) == tok.decode(ids), ids
+        if released_early(tok, ids) is None:
+            assert streamed == tok.decode(ids), ids
+            checked += 1
+    assert checked > 200
 
 
 def test_hf_folder_bos_detection(tmp_path):

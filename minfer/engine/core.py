@@ -155,7 +155,7 @@ class RequestOutput:
         """Output text so far, cut before a stop string: the new_texts so far joined (with stop strings, a tail
         that may still begin one is not in it until the request finishes)."""
         if self._text is None:
-            end = self._seq.decoded_length(self._n)
+            end = self._seq.decoded_length(self._n, self.finished)
             self._text = self._seq.text[:end]
         return self._text
 
@@ -164,7 +164,7 @@ class RequestOutput:
         """Text released by this step: text that may still begin a stop string is held back."""
         if self._new_text is None:
             seq, n = self._seq, self._n
-            end = seq.decoded_length(n)
+            end = seq.decoded_length(n, self.finished)
             self._new_text = seq.text[seq.decoded_length(n - self._added):end]
         return self._new_text
 
@@ -530,6 +530,8 @@ class EngineCore(LoadedModel):
         releases: a tail that may still begin a stop string is held back until the request finishes."""
         stop = seq.params.stop
         new = seq.decoder.push(tok) if tok is not None and seq.decoder else ""
+        if reason and seq.decoder:
+            new += seq.decoder.flush()  # the request ends: what the decoder held back is text now
         if new:
             before, seq.text = len(seq.text), seq.text + new
             cut = -1

@@ -74,10 +74,14 @@ class Sequence:
         self.token_ids.append(token_id)
         self.output_token_ids.append(token_id)
 
-    def decoded_length(self, n: int) -> int:
-        """The length of the text of the first n output ids, decoding those not decoded yet."""
+    def decoded_length(self, n: int, final: bool = False) -> int:
+        """The length of the text of the first n output ids, decoding those not decoded yet; final (n is all of
+        a finished request's ids): with the text the decoder held back for an unfinished character."""
         ends = self.text_ends
         while len(ends) < n:
             self.text += self.decoder.push(self.output_token_ids[len(ends)]) if self.decoder else ""
             ends.append(len(self.text))
+        if final:
+            self.text += self.decoder.flush() if self.decoder else ""
+            return len(self.text)
         return ends[n - 1] if n else 0

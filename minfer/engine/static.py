@@ -216,10 +216,12 @@ class Engine(LoadedModel):
                 else:
                     out.token_ids.append(tok)
                     out.text += decoders[b].push(tok) if decoders else ""
+                done[b] = done[b] or step + 1 == caps[b]  # finish_reason stays "length"
+                if done[b] and decoders:
+                    out.text += decoders[b].flush()  # the row ends: what its decoder held back is text now
                 cut = min((i for i in (out.text.find(s) for s in stop) if i >= 0), default=-1)
                 if cut >= 0:
                     out.text, out.finish_reason, done[b] = out.text[:cut], "stop", True
-                done[b] = done[b] or step + 1 == caps[b]  # finish_reason stays "length"
                 end = len(out.text) if done[b] else max(emitted[b], len(out.text) - hold)
                 if on_text and end > emitted[b]:
                     on_text(b, out.text[emitted[b]:end])
