@@ -12,7 +12,7 @@ import pytest
 
 from minfer import tokenizer as mtok
 from minfer.sentencepiece import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, from_gguf_fields
-from test_tokenizer import released_early
+from test_tokenizer import BYTE_RUNS, released_early
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -207,27 +207,13 @@ def test_random_texts_match_transformers(synthetic):
         check_text(ours, ref, text, roundtrip=False)
 
 
-# Generated ids need not be valid UTF-8: texts (encoded without BOS), byte pieces (ints) and BOS (None).
-BYTE_RUNS = {
-    "lone continuation byte": ["the fox", 0x80, " the dog"],
-    "lone continuation byte at the end": ["the fox", 0x80],
-    "character cut short, then a word": ["the", 0xE2, 0x82, " fox"],
-    "character cut short at the end": ["the fox", 0xE2, 0x82],
-    "foreign byte inside a character": ["the", 0xE2, 0x41, 0x82, 0xAC, " fox"],
-    "character, then a stray byte": ["the", 0xE2, 0x82, 0xAC, 0x80, " fox"],
-    "character, then a stray byte at the end": ["the", 0xE2, 0x82, 0xAC, 0x80],
-    "character, then one cut short": ["the", 0xE2, 0x82, 0xAC, 0xE2, " fox"],
-    "stray byte, then a character": ["the", 0x80, 0xE2, 0x82, 0xAC, " fox"],
-    "invalid byte alone": [0xFF],
-    "character across BOS": ["the", 0xE2, None, 0x82, 0xAC, " fox"],
-}
-
-
-def run_ids(tok, parts):
+def run_ids(tok, pieces):
+    """test_tokenizer's BYTE_RUNS pieces as this tokenizer's ids: a word's text encoded (without BOS), a byte's
+    piece, <s> as BOS. Generated ids need not be valid UTF-8."""
     ids = []
-    for p in parts:
-        ids += tok.encode(p)[1:] if isinstance(p, str) else [tok.bos_token_id if p is None else
-                                                           tok.tok.token_to_id(f"<0x{p:02X}>")]
+    for p in pieces:
+        ids += [tok.bos_token_id] if p == "<s>" else tok.encode(p.replace("\u2581", " "))[1:] if isinstance(p, str) \
+            else [tok.tok.token_to_id(f"<0x{p:02X}>")]
     return ids
 
 
@@ -253,7 +239,8 @@ def test_invalid_bytes_match_transformers(synthetic, parts):
 
 def test_random_bytes_match_transformers(synthetic):
     arch, ours, ref = synthetic
-    parts = ["the", " fox", " ", "x", None, 0x41, 0x80, 0xBF, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0xA4, 0xFF]
+    parts = ["\u2581the", "\u2581fox", "\u2581", "x", "<s>", 0x41, 0x80, 0xBF, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F,
+             0xA4, 0xFF]
     rng = np.random.default_rng(2)
     for _ in range(100):
         check_ids(ours, ref, run_ids(ours, [parts[k] for k in rng.integers(len(parts), size=rng.integers(1, 12))]))
