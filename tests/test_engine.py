@@ -54,6 +54,18 @@ def test_parameters_the_static_engine_does_not_apply_are_refused(engine):
             engine.generate([ids], params, 2)
 
 
+def test_sampled_generation_follows_temperature_filters_and_seed(engine):
+    """At temperature 1 the tokens are drawn: a seed gives the same tokens again, other seeds other tokens, not all
+    the greedy ones; top_k 1 leaves only the greedy token to draw."""
+    ids = engine.encode(SHORT, chat=False)
+    run = lambda **kw: engine.generate([ids], SamplingParams(**kw), 8, ignore_eos=True)[0][0].token_ids  # noqa: E731
+    greedy = run(temperature=0.0)
+    drawn = [run(temperature=1.0, seed=s) for s in range(4)]
+    assert run(temperature=1.0, seed=0) == drawn[0]
+    assert len({tuple(d) for d in drawn}) > 1 and greedy not in drawn
+    assert run(temperature=1.0, top_k=1, seed=0) == greedy
+
+
 def test_repetition_penalty_sees_only_prompt_ids(engine, monkeypatch):
     """The prefill's seen-set holds each prompt's ids and nothing else (not the padding of a shorter one)."""
     real_sample, seen_at_prefill = engine_mod.sample, []

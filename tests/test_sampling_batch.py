@@ -1,6 +1,7 @@
 """sample_batch: every row with its own parameters, a counter-based RNG keyed by (seed, position), so that a
 seeded row draws the same token alone or in any batch; statistical checks of the draws; penalties and
 logprobs by hand."""
+import pytest
 import torch
 
 from minfer.sampling import SamplingParams, SamplingTensors, filter_logits, sample_batch, uniform_noise, unit_interval
@@ -95,17 +96,36 @@ def test_greedy_rows_take_the_argmax():
 
 
 def test_penalties_by_hand():
-    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0]] * 3)
+    """Each row's penalty decides its greedy token: without it (or with another rule) the argmax would be id 3."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0]] * 4)
     params = [SamplingParams(temperature=0.0, repetition_penalty=2.0),  # 3.0 -> 1.5 (seen in the output)
+              SamplingParams(temperature=0.0, repetition_penalty=2.0),  # 3.0 -> 1.5 (seen in the prompt)
               SamplingParams(temperature=0.0, presence_penalty=2.0),  # 3.0 -> 1.0 (once or more)
-              SamplingParams(temperature=0.0, frequency_penalty=0.6)]  # 3.0 -> 1.2 (three times)
-    t = tensors(params, prompts=[[0]] * 3, outputs=[[3], [3], [3, 3, 3]])
+              SamplingParams(temperature=0.0, frequency_penalty=0.6)]  # 3.0 -> 1.2 (three times; 2.4 if once)
+    t = tensors(params, prompts=[[2], [3], [0], [0]], outputs=[[3], [], [3], [3, 3, 3]])
     ids, _ = sample_batch(logits, t)
-    # row 0: 0 and 3 are seen: 2.0 -> 1.0, 3.0 -> 1.5: id 3 still wins; row 1: 3 -> 1.0, id 0 wins
-    assert ids.tolist() == [3, 0, 0]
-    # ids 0 and 3 both at 2.0, both seen: both 1.0 after the penalty, and argmax takes the first
-    t = tensors(params[:1], prompts=[[0, 3]], outputs=[[3, 3]])
-    assert sample_batch(logits[:1] + torch.tensor([0, 0, 0, -1.0, 0]), t)[0].item() == 0
+    # every row: id 0 (2.0) wins over the penalized id 3; presence / frequency count the output only (id 0 is in
+    # the prompt of rows 2 and 3, and stays at 2.0)
+    assert ids.tolist() == [0, 0, 0, 0]
+    # a negative logit is multiplied by the penalty (HF's rule): -1.0 -> -2.0, below -1.5
+    negative = torch.tensor([[-1.0, -1.5, -4.0, -3.0, -2.0]])
+    assert sample_batch(negative, tensors(params[:1], prompts=[[0]]))[0].item() == 1
+
+
+def test_repetition_penalty_matches_transformers():
+    """Greedy rows with a repetition penalty take the argmax of transformers' RepetitionPenaltyLogitsProcessor over
+    the row's prompt and output ids; each row's own argmax is among them, so most rows change their token."""
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 300, generator=g) * 3
+    prompts = [torch.randint(0, 300, (7,), generator=g).tolist() + [int(logits[b].argmax())] for b in range(16)]
+    outputs = [torch.randint(0, 300, (b % 5,), generator=g).tolist() for b in range(16)]
+    params = [SamplingParams(temperature=0.0, repetition_penalty=3.0)] * 16
+    ids, _ = sample_batch(logits, tensors(params, prompts=prompts, outputs=outputs, vocab=300))
+    want = torch.cat([lp.RepetitionPenaltyLogitsProcessor(3.0)(torch.tensor([p + o]), logits[b:b + 1].clone())
+                      for b, (p, o) in enumerate(zip(prompts, outputs))]).argmax(-1)
+    assert torch.equal(ids, want)
+    assert (want != logits.argmax(-1)).sum() >= 8  # the penalty moved the choice: the check can fail
 
 
 def test_logprobs_chosen_and_top_n():
@@ -126,7 +146,8 @@ def test_logit_bias_by_hand():
     params = [SamplingParams(temperature=0.0, logit_bias={3: -100}),  # 3 banned: 0 wins
               SamplingParams(temperature=0.0, logit_bias={1: 4.5}),  # -1.0 -> 3.5: 1 wins
               SamplingParams(temperature=0.0, logprobs=1),  # no bias: 3
-              SamplingParams(temperature=0.0, logit_bias={3: -1.5}, repetition_penalty=2.0)]  # 3: 1.5, then 0.75
+              # 3: 3.8, then 1.9 < 2.0 (the penalty first would give 1.5 + 0.8 = 2.3, no penalty 3.8: 3 wins)
+              SamplingParams(temperature=0.0, logit_bias={3: 0.8}, repetition_penalty=2.0)]
     ids, lp = sample_batch(logits, tensors(params, prompts=[[0]] * 3 + [[3]]))
     assert ids.tolist() == [0, 1, 3, 0]
     torch.testing.assert_close(lp.chosen, logits.log_softmax(-1)[torch.arange(4), ids])  # the raw logits'

@@ -81,12 +81,17 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def solo(backend):
-    """Each prompt alone through LLM.generate (greedy, 8 tokens): the oracle."""
+def oracle(backend):
+    """The offline engine on the server's model and backend: what each request should give."""
     b = BACKENDS[backend]
-    llm = LLM(None, dtype=b["dtype"], device=b["device"], backend=backend, max_model_len=CONTEXT,
-              block_size=b["page"], enable_prefix_caching=False, **ENGINE)
-    return [llm.generate(p, SamplingParams(temperature=0.0, max_tokens=8))[0].text for p in PROMPTS]
+    return LLM(None, dtype=b["dtype"], device=b["device"], backend=backend, max_model_len=CONTEXT,
+               block_size=b["page"], enable_prefix_caching=False, **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def solo(oracle):
+    """Each prompt alone through LLM.generate (greedy, 8 tokens)."""
+    return [oracle.generate(p, SamplingParams(temperature=0.0, max_tokens=8))[0].text for p in PROMPTS]
 
 
 def assert_idle(core, timeout=10.0):
@@ -347,7 +352,7 @@ def test_logit_bias(server, solo):
     assert_idle(server.core)
 
 
-def test_echo(server, solo, backend):
+def test_echo(server, solo, oracle):
     """echo: the prompt before the completion, and with logprobs its tokens' logprobs before the new ones' (the first
     token's null), as the engine's prompt_logprobs give them; max_tokens 0 with echo scores the prompt alone
     (lm-evaluation-harness's loglikelihood request)."""
@@ -358,10 +363,7 @@ def test_echo(server, solo, backend):
     assert c["text"] == PROMPTS[0] + solo[0] and out["usage"]["completion_tokens"] == 8
     assert len(lp["tokens"]) == len(ids) + 8 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     assert "".join(lp["tokens"]) == c["text"] and lp["text_offset"][len(ids)] == len(PROMPTS[0])
-    b = BACKENDS[backend]  # the oracle: the same prompt's prompt_logprobs from an LLM of its own
-    llm = LLM(None, dtype=b["dtype"], device=b["device"], backend=backend, max_model_len=CONTEXT, block_size=b["page"],
-              **ENGINE)
-    want = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2))[0].prompt_logprobs
+    want = oracle.generate(ids, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2))[0].prompt_logprobs
     assert lp["token_logprobs"][1:len(ids)] == pytest.approx([e["logprob"] for e in want[1:]], abs=1e-4)
     alone = server.http.post("/v1/completions", json=body | {"max_tokens": 0}).json()
     assert alone["choices"][0]["text"] == PROMPTS[0] and alone["usage"]["completion_tokens"] == 0
@@ -494,6 +496,24 @@ def test_tiny_top_p_keeps_the_top_token(server, solo):
     """A top_p that is 0 in fp32 still keeps the most likely token: the greedy text, not an empty one."""
     body = {"prompt": PROMPTS[0], "max_tokens": 8, "top_p": 1e-300, "seed": 1}
     assert server.http.post("/v1/completions", json=body).json()["choices"][0]["text"] == solo[0]
+
+
+def test_sampling_fields_reach_the_engine(server, solo, oracle):
+    """top_k, min_p and the three penalties act as SamplingParams' do: at temperature 1, top_k 1 or a min_p near 1
+    leaves only the greedy token to draw (the greedy text, where the plain draws leave it); each penalty gives
+    LLM.generate's greedy text under that penalty, which is not the plain greedy text."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 1.0, "seed": 1, "n": 4}
+    texts = lambda reply: [c["text"] for c in reply.json()["choices"]]  # noqa: E731
+    assert texts(server.http.post("/v1/completions", json=body)) != [solo[0]] * 4  # the check below can fail
+    for cut in ({"top_k": 1}, {"min_p": 0.999}):
+        assert texts(server.http.post("/v1/completions", json=body | cut)) == [solo[0]] * 4, cut
+    for penalty in ({"repetition_penalty": 1.3}, {"presence_penalty": 1.5}, {"frequency_penalty": 1.5}):
+        want = oracle.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=8, **penalty))[0].text
+        assert want != solo[0], penalty  # the penalty changes this prompt's text: the check below can fail
+        reply = server.http.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0,
+                                                          **penalty})
+        assert texts(reply) == [want], penalty
+    assert_idle(server.core)
 
 
 def test_not_found_and_too_large(server):
