@@ -115,8 +115,9 @@ class LLM:
 
 
 def _template_messages(conversation, where: str) -> list[dict]:
-    """A conversation's messages as chat templates read them: content parts joined into one text. where: the
-    conversation's place in chat()'s argument, for the errors ("messages" when one conversation was given)."""
+    """A conversation's messages as chat templates read them: content parts joined into one text by newlines, as
+    vLLM joins them. where: the conversation's place in chat()'s argument, for the errors ("messages" when one
+    conversation was given)."""
     if not isinstance(conversation, (list, tuple)) or not conversation:
         raise MinferError(f"{where}: a conversation is a non-empty list of message dicts")
     out = []
@@ -128,7 +129,7 @@ def _template_messages(conversation, where: str) -> list[dict]:
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
                 raise MinferError(f"{where}[{j}]: content parts must be {{'type': 'text', 'text': str}}")
-            content = "".join(p["text"] for p in content)
+            content = "\n".join(p["text"] for p in content)
         elif content is not None and not isinstance(content, str):
             raise MinferError(f"{where}[{j}]: content must be text or a list of text parts, not "
                               f"{type(content).__name__}")

@@ -360,8 +360,8 @@ def test_llm_api():
 
 def test_llm_chat():
     """chat() renders each conversation with the model's template (generation prompt added) and generates from
-    those ids; content parts read as their joined text; a bad conversation is a ValueError naming it, nothing
-    queued."""
+    those ids; content parts read as their text joined by newlines (vLLM's LLM.chat); a bad conversation is a
+    ValueError naming it, nothing queued."""
     llm = LLM(dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, block_size=PAGE, num_pages=64)
     greedy = SamplingParams(temperature=0.0, max_tokens=4)
     talk = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
@@ -371,11 +371,13 @@ def test_llm_chat():
     assert out.prompt_token_ids == ids
     (plain,) = llm.generate({"prompt_token_ids": ids}, greedy)
     assert out.token_ids == plain.token_ids
-    parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "What is the capital "},
+    parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
                                                    {"type": "text", "text": "of France?"}]}]
+    joined = [talk[0], {"role": "user", "content": "What is the capital\nof France?"}]
     two = llm.chat([parts, [{"role": "user", "content": "Hi"}]], greedy)
-    assert [o.prompt_token_ids for o in two] == [ids, llm.get_tokenizer().encode_chat([{"role": "user", "content": "Hi"}])]
-    assert two[0].token_ids == out.token_ids
+    assert [o.prompt_token_ids for o in two] == [llm.get_tokenizer().encode_chat(joined),
+                                                 llm.get_tokenizer().encode_chat([{"role": "user", "content": "Hi"}])]
+    assert two[0].token_ids == llm.chat(joined, greedy)[0].token_ids
     for bad, needle in [([], "list of"), ([[]], r"messages\[0\]"), ([talk, [{"content": "x"}]], r"messages\[1\]\[0\]"),
                         ([{"role": "user", "content": 5}], "content must be text"),
                         ([talk[0], {"role": "user", "content": 5}], r"^messages\[1\]: content must be text"),

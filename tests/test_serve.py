@@ -481,6 +481,10 @@ def test_tokenize_and_detokenize(server):
     messages = [{"role": "user", "content": "Hi"}]
     chat = http.post("/tokenize", json={"messages": messages}).json()
     assert chat["tokens"] == tok.encode_chat(messages)
+    # text parts join with newlines, as vLLM joins them for a template that reads a string
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "input_text", "text": "there"}]}]
+    assert http.post("/tokenize", json={"messages": parts}).json()["tokens"] == \
+        tok.encode_chat([{"role": "user", "content": "Hi\nthere"}])
     used = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()["usage"]
     assert used["prompt_tokens"] == chat["count"]
     assert http.post("/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": PROMPTS[0]}

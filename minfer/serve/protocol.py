@@ -124,9 +124,9 @@ class Message(Request):
     tool_call_id: str | None = None  # a tool turn's answer to that call
 
     def text(self) -> str:
-        """The text of the content, its parts joined."""
+        """The text of the content, its parts joined by newlines (vLLM's rule for templates that read a string)."""
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "\n".join(p.text for p in self.content)
         return self.content or ""
 
     def for_template(self) -> dict:
