@@ -75,14 +75,18 @@ def _merges(vocab: dict[str, int], rank: dict[str, float]) -> list[tuple[str, st
     return [(a, b) for _, a, b in found]
 
 
-# Gemma's chat format, for files that carry no tokenizer.chat_template (llama.cpp falls back to the same
-# built-in one): a system message joins the first user turn; the model's turns are 'model'.
+# Gemma's chat format, for files that carry no tokenizer.chat_template: Google's template for text (that of
+# gemma-3-*-it): a system message joins the first user turn; the model's turns are 'model'; the turns after the
+# system message alternate user, model, user, ... (as in Google's template, anything else is an error).
 GEMMA_CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{%- if messages[0]['role'] == 'system' -%}"
     "{%- set prefix = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}"
     "{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
     "{%- for m in turns -%}"
+    "{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
     "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n'"
     " + (prefix if loop.first else '') + m['content'] | trim + '<end_of_turn>\n' }}"
     "{%- endfor -%}"

@@ -1,11 +1,14 @@
 """Text <-> ids (the `tokenizers` library) and the chat template (jinja2)."""
 from __future__ import annotations
 
+import datetime
 import functools
+import json
 import os
 import re
 
 import jinja2
+import jinja2.ext
 import jinja2.sandbox
 
 from .errors import MinferError, check_readable, file_error, read_json
@@ -23,13 +26,16 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos and bos_token_id is not None
         self.eos_token_id = eos_token_ids[0] if eos_token_ids else None  # the template's eos_token
+        added = tok.get_added_tokens_decoder()
+        self.special_ids = {i for i, t in added.items() if t.special}
         stops = set(eos_token_ids)
         for t in END_OF_TURN:
             i = tok.token_to_id(t)
-            if i is not None:
+            # A user-defined token (added, not special) is text, not a turn's end: Gemma's "</s>" is HTML's
+            # strikethrough end tag, which plain text encodes to.
+            if i is not None and not (i in added and not added[i].special):
                 stops.add(i)
         self.stop_ids = sorted(stops)
-        self.special_ids = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
         self.byte_level = type(tok.decoder).__name__ == "ByteLevel"
 
     @property
@@ -77,12 +83,20 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict]) -> str:
         if not self.chat_template:
             raise MinferError("this model has no chat template")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # transformers' environment for chat templates (vLLM renders through it): loop controls, a tojson that
+        # writes non-ASCII and HTML characters as they are, and strftime_now (Llama 3.2 writes today's date).
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                           extensions=[jinja2.ext.loopcontrols])
 
         def raise_exception(msg):
             raise MinferError(f"chat template: {msg}")
 
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+        env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         tok_text = lambda i: self.tok.id_to_token(i) if i is not None else ""  # noqa: E731
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=True, bos_token=tok_text(self.bos_token_id),

@@ -274,6 +274,35 @@ def test_add_space_prefix_false_llama(tmp_path):
     assert ours.decode(ours.encode(" the  fox")) == " the  fox"
 
 
+def test_a_user_defined_turn_end_name_is_text(tmp_path):
+    """A user-defined piece spelled like a turn's end ("</s>", HTML's strikethrough end tag in Gemma's vocabulary)
+    is text, as in transformers: it encodes whole and does not stop generation; the control tokens do."""
+    tokens, scores, types, ids = gemma_vocab()
+    path = tmp_path / "gemma3.gguf"
+    write_gguf(path, "gemma3", (tokens + ["</s>"], scores + [-1000.0], types + [USER_DEFINED], ids), False)
+    ours, ref = load_both(path)
+    end_tag = ours.tok.token_to_id("</s>")
+    assert ours.encode("<s>a</s>") == ref.encode("<s>a</s>") and end_tag in ours.encode("<s>a</s>")
+    assert end_tag not in ours.stop_ids
+    assert {ours.tok.token_to_id("<end_of_turn>"), ours.eos_token_id} <= set(ours.stop_ids)
+
+
+def test_gemma_template_needs_alternating_turns(synthetic):
+    """A Gemma file without a chat template gets Google's: after any system message the turns alternate user,
+    model, user, ...; anything else is an error, as Google's template raises it."""
+    from minfer.errors import MinferError
+
+    arch, ours, _ = synthetic
+    if arch != "gemma3":
+        pytest.skip("Gemma's template")
+    user, model = {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}
+    system = {"role": "system", "content": "s"}
+    assert ours.apply_chat_template([system, user, model, user]).count("<start_of_turn>") == 4
+    for messages in ([user, user], [model, user], [system, model], [user, model, model]):
+        with pytest.raises(MinferError, match="roles must alternate"):
+            ours.apply_chat_template(messages)
+
+
 GEMMA3_GGUF = os.environ.get("MINFER_GEMMA3_GGUF", os.path.expanduser("~/.cache/minfer/gemma-3-270m-q4_k_m.gguf"))
 
 
@@ -296,3 +325,5 @@ def test_real_gemma3(gemma3_real):
         check_text(ours, ref, text, roundtrip=False)
     for parts in BYTE_RUNS.values():
         check_ids(ours, ref, run_ids(ours, parts))
+    end_tag = ours.tok.token_to_id("</s>")  # user-defined: text, not a turn's end
+    assert end_tag in ref.encode("a</s>") and end_tag not in ours.stop_ids

@@ -231,3 +231,20 @@ def test_no_token_spans_more_than_longest_token():
     for _ in range(20):
         text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 40)))
         assert len(tok.encode(text)) * tok.longest_token >= len(text)
+
+
+def test_chat_template_environment_is_transformers():
+    """Chat templates render as transformers renders them (and vLLM, through it): {% break %} and {% continue %},
+    a tojson that keeps non-ASCII and HTML characters as they are (Qwen2.5 and Llama 3.1 write tool-call
+    arguments with it), and strftime_now (Llama 3.2 writes today's date with it)."""
+    import datetime
+
+    tok = byte_tokenizer()
+    tok.chat_template = ("{%- for m in messages %}{%- if m.role == 'system' %}{%- continue %}{%- endif %}"
+                         "[{{ m.content }}]{{ m.tool_calls[0].function.arguments | tojson if m.tool_calls }}"
+                         "{%- endfor %}{{ strftime_now('%Y') if strftime_now is defined else 'none' }}")
+    args = '{"city": "Zürich", "q": "<b> & \'x\'"}'
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": args}}]}]
+    assert tok.apply_chat_template(messages) == \
+        '[u][]"{\\"city\\": \\"Zürich\\", \\"q\\": \\"<b> & \'x\'\\"}"' + str(datetime.date.today().year)
