@@ -114,6 +114,9 @@ class LLM:
         return self.generate(prompts, sampling_params, on_output, use_tqdm)
 
 
+TEXT_PARTS = ("text", "input_text")  # the content parts a text model reads (OpenAI's two names)
+
+
 def _template_messages(conversation, where: str) -> list[dict]:
     """A conversation's messages as chat templates read them: content parts joined into one text by newlines, as
     vLLM joins them. where: the conversation's place in chat()'s argument, for the errors ("messages" when one
@@ -126,7 +129,7 @@ def _template_messages(conversation, where: str) -> list[dict]:
             raise MinferError(f"{where}[{j}]: a message is a dict with a str 'role'")
         content = m.get("content")
         if isinstance(content, (list, tuple)):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            if not all(isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
                        for p in content):
                 raise MinferError(f"{where}[{j}]: content parts must be {{'type': 'text', 'text': str}}")
             content = "\n".join(p["text"] for p in content)

@@ -372,7 +372,7 @@ def test_llm_chat():
     (plain,) = llm.generate({"prompt_token_ids": ids}, greedy)
     assert out.token_ids == plain.token_ids
     parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
-                                                   {"type": "text", "text": "of France?"}]}]
+                                                   {"type": "input_text", "text": "of France?"}]}]
     joined = [talk[0], {"role": "user", "content": "What is the capital\nof France?"}]
     two = llm.chat([parts, [{"role": "user", "content": "Hi"}]], greedy)
     assert [o.prompt_token_ids for o in two] == [llm.get_tokenizer().encode_chat(joined),

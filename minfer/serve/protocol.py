@@ -112,7 +112,7 @@ class SamplingFields(Request):
 
 class ContentPart(Request):
     """A part of a message's content: text only (a text model has nothing to read an image with)."""
-    type: Literal["text", "input_text"]
+    type: Literal["text", "input_text"]  # minfer.llm.TEXT_PARTS
     text: str
 
 
