@@ -318,7 +318,7 @@ def read_weights(reader: Reader, cfg: ModelConfig, dtype: torch.dtype, device, p
 def tokenizer_from_fields(field):
     """A tokenizers.Tokenizer for a GGUF vocabulary (GPT-2-style byte-level BPE, or SentencePiece), plus its
     metadata; field(key, default=None) reads the tokenizer.* fields (of a file, or of a dict)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
     kind = field("tokenizer.ggml.model")
     if kind == "llama":  # SentencePiece: Llama 2, Mistral, TinyLlama, Gemma, Phi-3
@@ -335,14 +335,11 @@ def tokenizer_from_fields(field):
     spell = _bytes_to_unicode()
     # Tokens outside the byte alphabet (rare, from some converters) are re-spelled through UTF-8.
     vocab = {tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode()): i for i, tok in enumerate(tokens)}
-    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False)
+    pre = field("tokenizer.ggml.pre")
+    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False,
+                     ignore_merges=pre in _WHOLE_WORDS)
     tok = Tokenizer(bpe)
-    split = _PRE_SPLITS.get(field("tokenizer.ggml.pre"))
-    if split is None:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3 and set(t) <= alphabet]
     user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == 4]
@@ -358,13 +355,51 @@ def tokenizer_from_fields(field):
     return tok, meta
 
 
+# How text splits into words before BPE, by tokenizer.ggml.pre, as llama.cpp reads each name (llama-vocab.cpp);
+# the patterns are the models' own tokenizer.json ones.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# tokenizer.ggml.pre -> split regex; anything else gets GPT-2's own byte-level split.
-_PRE_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
-               "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+# Mistral's Tekken (Nemo, Small 3): words by letter case, each digit alone.
+_TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_SPLITS = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "smaug-bpe", "dbrx"),
+                               _LLAMA3_SPLIT),
+               **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"), _QWEN2_SPLIT),
+               "tekken": _TEKKEN_SPLIT, **dict.fromkeys(("gpt-4o", "llama4"), _GPT4O_SPLIT)}
+# Each digit alone, then GPT-2's split (SmolLM, StarCoder, Command R, ...).
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")
+_GPT2 = ("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion")
+# A word that is a token is taken whole, not merged (llama.cpp's ignore_merges; Llama 3's tokenizer.json).
+_WHOLE_WORDS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken")
+
+
+def _pre_tokenizer(pre: str | None):
+    """The byte-level pre-tokenizer that tokenizer.ggml.pre names. A file without one (or 'default') gets GPT-2's
+    split, with a notice; a name llama.cpp reads another way is an error, not a silently different split."""
+    from tokenizers import Regex, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if pre in _PRE_SPLITS:
+        split = pre_tokenizers.Split(Regex(_PRE_SPLITS[pre]), behavior="isolated")
+        return pre_tokenizers.Sequence([split, byte_level])
+    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), gpt2])
+    if pre not in _GPT2:
+        if pre not in (None, "", "default"):
+            known = sorted((*_PRE_SPLITS, *_DIGITS_THEN_GPT2, *_GPT2))
+            raise MinferError(f"GGUF tokenizer.ggml.pre {pre!r} is not supported; known: {', '.join(known)}")
+        print(f"[minfer] GGUF tokenizer.ggml.pre is {repr(pre) if pre else 'missing'}: words split as GPT-2 "
+              f"splits them, which may not be how this model's own tokenizer splits them", file=sys.stderr)
+    return gpt2
 
 
 def _bytes_to_unicode() -> dict[int, str]:

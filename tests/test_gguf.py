@@ -394,3 +394,79 @@ def test_rows_that_do_not_fill_blocks_are_named(tmp_path):
     open(path, "wb").write(bytes(data))
     with pytest.raises(MinferError, match="rows of 33 values do not fill Q8_0 blocks of 32"):
         mgguf.open_reader(path)
+
+
+# ---- the byte-level pre-tokenizer that tokenizer.ggml.pre names (llama.cpp's table, llama-vocab.cpp) ----
+SPELL = mgguf._bytes_to_unicode()
+PRE_TEXTS = TEXTS + ["XMLHttpRequest getHTTPResponseCode camelCase", "e\u0301te\u0301 and path/to/x\n/usr", "In 2024"]
+
+
+def byte_level(fields_pre, tokens=(), merges=("a b",)):
+    """A byte-level BPE vocabulary's fields: the 256 byte characters, then tokens; merges as 'left right'."""
+    tokens = [SPELL[b] for b in range(256)] + ["ab", *tokens]
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": list(merges),
+              "tokenizer.ggml.pre": fields_pre}
+    return mgguf.tokenizer_from_fields(lambda key, default=None: fields.get(key, default))[0]
+
+
+def words(tok, text):
+    return [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(text)]
+
+
+def spelled(pieces):
+    return ["".join(SPELL[b] for b in p.encode()) for p in pieces]
+
+
+# GPT-2's split, as the `regex` package (another engine than the tokenizers library's) runs it
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+@pytest.mark.parametrize("pre", sorted(mgguf._PRE_SPLITS))
+def test_pre_split_by_regex(pre):
+    regex = pytest.importorskip("regex")
+    tok = byte_level(pre)
+    for text in PRE_TEXTS:
+        assert words(tok, text) == spelled(regex.findall(mgguf._PRE_SPLITS[pre], text)), text
+
+
+@pytest.mark.parametrize("pre", mgguf._DIGITS_THEN_GPT2 + mgguf._GPT2)
+def test_gpt2_splits(pre):
+    """llama.cpp's GPT-2 type, and its types that split each digit alone first (SmolLM's tokenizer.json: Digits,
+    then ByteLevel)."""
+    regex = pytest.importorskip("regex")
+    tok = byte_level(pre)
+    digits = pre in mgguf._DIGITS_THEN_GPT2
+    for text in PRE_TEXTS:
+        parts = regex.findall(r"\p{N}|\P{N}+", text) if digits else [text]
+        assert words(tok, text) == spelled([w for p in parts for w in regex.findall(GPT2_SPLIT, p)]), text
+
+
+def test_pre_families_split_as_their_models_do():
+    """What tells the families apart, worked by hand from each model's pattern: Llama 3 keeps digits in threes,
+    Qwen2 and Tekken one by one, SmolLM one by one as words of their own; Tekken and GPT-4o cut words where the
+    letter case turns; GPT-2 keeps a space with the next word."""
+    split = {pre: words(byte_level(pre), "In 20245 XMLHttpRequest") for pre in
+             ("llama-bpe", "qwen2", "tekken", "gpt-4o", "smollm", "gpt-2")}
+    g = SPELL[ord(" ")]
+    assert split["llama-bpe"] == ["In", g, "202", "45", g + "XMLHttpRequest"]
+    assert split["qwen2"] == ["In", g, "2", "0", "2", "4", "5", g + "XMLHttpRequest"]
+    assert split["tekken"] == ["In", g, "2", "0", "2", "4", "5", g + "XMLHttp", "Request"]
+    assert split["gpt-4o"] == ["In", g, "202", "45", g + "XMLHttp", "Request"]
+    assert split["smollm"] == ["In", g, "2", "0", "2", "4", "5", g + "XMLHttpRequest"]
+    assert split["gpt-2"] == ["In", g + "20245", g + "XMLHttpRequest"]
+
+
+def test_llama3_takes_a_word_that_is_a_token_whole():
+    """llama.cpp's ignore_merges (Llama 3's and Tekken's tokenizer.json): a word in the vocabulary is its token even
+    where the merges would not reach it; Qwen2 merges as usual."""
+    for pre, want in (("llama-bpe", ["abc"]), ("tekken", ["abc"]), ("qwen2", ["ab", "c"])):
+        tok = byte_level(pre, tokens=["abc"])
+        assert [tok.id_to_token(i) for i in tok.encode("abc").ids] == want, pre
+
+
+def test_unknown_pre_is_refused_and_a_missing_one_is_said(capsys):
+    with pytest.raises(MinferError, match="tokenizer.ggml.pre 'deepseek-llm' is not supported; known: .*qwen2"):
+        byte_level("deepseek-llm")
+    for pre in (None, "default"):
+        assert words(byte_level(pre), "In 20245") == ["In", SPELL[ord(" ")] + "20245"]  # GPT-2's split
+        assert "words split as GPT-2 splits them" in capsys.readouterr().err
