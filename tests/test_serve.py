@@ -469,6 +469,21 @@ def test_min_tokens(server):
     assert_idle(server.core)
 
 
+def test_tokenize_add_special_tokens(server, monkeypatch):
+    """vLLM's add_special_tokens on a model that adds BOS: a prompt gets it unless false; messages get only the
+    template's tokens, unless true asks for BOS before them too."""
+    http, tok = server.http, server.core.tokenizer
+    monkeypatch.setattr(tok, "add_bos", True)
+    text, bos = tok.tok.encode(PROMPTS[0], add_special_tokens=False).ids, tok.bos_token_id
+    ask = lambda **body: http.post("/tokenize", json=body).json()["tokens"]  # noqa: E731
+    assert ask(prompt=PROMPTS[0]) == ask(prompt=PROMPTS[0], add_special_tokens=True) == [bos] + text
+    assert ask(prompt=PROMPTS[0], add_special_tokens=False) == text
+    messages = [{"role": "user", "content": "Hi"}]
+    template = tok.tok.encode(tok.apply_chat_template(messages), add_special_tokens=False).ids
+    assert ask(messages=messages) == ask(messages=messages, add_special_tokens=False) == template
+    assert ask(messages=messages, add_special_tokens=True) == [bos] + template
+
+
 def test_tokenize_and_detokenize(server):
     """vLLM's /tokenize gives the ids the completion and chat routes run (their usage counts them), /detokenize
     the text of ids; bad input is a 400 naming the field."""
@@ -488,6 +503,7 @@ def test_tokenize_and_detokenize(server):
     used = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()["usage"]
     assert used["prompt_tokens"] == chat["count"]
     assert http.post("/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": PROMPTS[0]}
+    assert_error(http.post("/tokenize", json={"prompt": "x", "add_special_tokens": 1}), 400, "add_special_tokens")
     for path, body, param in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "x", "messages": messages}, "prompt"),
                               ("/tokenize", {"prompt": 5}, "prompt"), ("/detokenize", {"tokens": [-1]}, "tokens"),
                               ("/detokenize", {"tokens": [server.core.cfg.vocab_size]}, "tokens"),

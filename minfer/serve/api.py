@@ -378,6 +378,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             raise APIError(400, "give one of prompt and messages", "prompt")
         if req.messages is not None:
             ids = await chat_ids(req)
+            if req.add_special_tokens and tokenizer.add_bos:  # asked for on top of the template's (vLLM's rule)
+                ids = [tokenizer.bos_token_id] + ids
         else:
             need_tokenizer()
             need_unicode([req.prompt], "prompt")
@@ -385,7 +387,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                 ids = await asyncio.to_thread(tokenizer.encode, req.prompt, core.max_context)
             except MinferError as e:
                 raise APIError(400, str(e), "prompt") from None
-            if not req.add_special_tokens and tokenizer.add_bos:
+            if req.add_special_tokens is False and tokenizer.add_bos:
                 ids = ids[1:]
         return {"count": len(ids), "max_model_len": core.max_context, "tokens": ids}
 

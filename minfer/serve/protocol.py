@@ -190,7 +190,8 @@ class TokenizeRequest(Request):
     model: str | None = None
     prompt: str | None = None
     messages: list[Message] | None = None
-    add_special_tokens: bool = True  # a prompt's BOS, where the model adds one
+    # The model's BOS, where it adds one: a prompt's unless false; before the template's text only if true.
+    add_special_tokens: bool | None = None
 
 
 class DetokenizeRequest(Request):
