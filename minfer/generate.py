@@ -24,6 +24,9 @@ def parse_args(argv=None):
     p.add_argument("-m", "--model", help="the CHECKPOINT, given as an option")
     p.add_argument("-p", "--prompt", action="append",
                    help="prompt text; '-' reads stdin; repeat for a batch (default: 'Hello')")
+    p.add_argument("-f", "--file", action="append", dest="prompt", type=PromptFile, metavar="FILE",
+                   help="a prompt read from FILE, as llama.cpp's -f (one trailing newline dropped); repeatable, in "
+                        "order with -p")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_const", const=True,
                       help="wrap the prompt in the model's chat template (default: raw text, or chat with --system)")
@@ -98,22 +101,31 @@ def _text(arg: str, flag: str) -> str:
     return fixed
 
 
-# A prompt on stdin, at most: a 10M-token context's text is ~40 MB; `yes | ...` must not fill the memory.
-MAX_STDIN_BYTES = 64 << 20
+# A prompt from stdin or a file, at most: a 10M-token context's text is ~40 MB; `yes | ...` must not fill the memory.
+MAX_PROMPT_BYTES = 64 << 20
+
+
+class PromptFile(str):
+    """-f's path, told apart from -p's text in their shared list."""
 
 
 def _prompt(arg: str) -> str:
-    from .errors import MinferError
-    if arg != "-":
+    from .errors import MinferError, open_input
+    if isinstance(arg, PromptFile):
+        where = f"-f {arg}"
+        with open_input(arg, "rb") as f:
+            data = f.read(MAX_PROMPT_BYTES + 1)
+    elif arg == "-":
+        where, data = "stdin", sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+    else:
         return _text(arg, "-p")
-    data = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1)
-    if len(data) > MAX_STDIN_BYTES:
-        raise MinferError(f"-p -: stdin holds over {MAX_STDIN_BYTES >> 20} MiB, more than any context")
+    if len(data) > MAX_PROMPT_BYTES:
+        raise MinferError(f"{where} holds over {MAX_PROMPT_BYTES >> 20} MiB, more than any context")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = data.decode("utf-8", "replace")
-        print("[minfer] stdin is not valid UTF-8; its undecodable bytes are replaced by U+FFFD", file=sys.stderr)
+        print(f"[minfer] {where} is not valid UTF-8; its undecodable bytes are replaced by U+FFFD", file=sys.stderr)
     return text.removesuffix("\n")  # one trailing newline (from echo or a file) is not part of the prompt
 
 

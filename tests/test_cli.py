@@ -403,6 +403,22 @@ def test_non_utf8_stdin_and_argv(tiny):
     assert "-p is not valid UTF-8" in err.splitlines()[0]
 
 
+def test_prompt_files(tiny, tmp_path):
+    """-f FILE is a prompt as -p gives it (one trailing newline dropped, as llama.cpp drops it), in order with -p; a
+    missing file is a one-line error naming it; undecodable bytes are replaced, with a notice."""
+    (tmp_path / "a.txt").write_text("w3 w4\n")
+    (tmp_path / "b.txt").write_bytes(b"w1 Caf\xe9")
+    greedy = ["-n", "3", "--temperature", "0", "--device", "cpu"]
+    assert run(tiny, "-f", str(tmp_path / "a.txt"), *greedy)[:2] == run(tiny, "-p", "w3 w4", *greedy)[:2]
+    rc, out, err = run(tiny, "-p", "w2", "-f", str(tmp_path / "a.txt"), "-f", str(tmp_path / "b.txt"), *greedy)
+    assert rc == 0, err
+    assert [line for line in out.splitlines() if line.startswith("---")] == \
+        ["--- [0] 'w2'", "--- [1] 'w3 w4'", "--- [2] 'w1 Caf\ufffd'"]
+    assert f"-f {tmp_path / 'b.txt'} is not valid UTF-8" in err
+    rc, out, err = run(tiny, "-f", str(tmp_path / "missing.txt"), *greedy)
+    assert_one_line_error(rc, out, err, "missing.txt")
+
+
 def test_non_utf8_prompt_is_checked_before_loading(tmp_path):
     rc, out, err = run(str(tmp_path / "missing"), "-p", b"Caf\xe9")
     lines = err.splitlines()
