@@ -169,6 +169,9 @@ def read_config(reader) -> ModelConfig:
         raise MinferError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHS)}")
     a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
     check_fields({k: a(k) for k in _KEYS}, _KEYS, f"GGUF metadata {arch}.")
+    if a("expert_count"):  # Mixtral and other MoE files keep llama's name and its other keys
+        raise MinferError(f"GGUF {arch} model with {a('expert_count')} experts a layer (mixture of experts): "
+                          f"not supported; minfer runs dense models")
     hidden, heads = a("embedding_length"), a("attention.head_count")
     if hidden is None or heads is None:
         raise MinferError(f"GGUF file lacks {arch}.embedding_length / {arch}.attention.head_count")

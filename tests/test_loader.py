@@ -201,6 +201,7 @@ def gguf_fields(**changes):
     ({"llama.embedding_length": "64"}, "embedding_length is '64'"),
     ({"llama.rope.scaling.type": "yarn"}, "rope.scaling.type 'yarn'"),
     ({"llama.rope.dimension_count": 128}, "RoPE over"),
+    ({"llama.expert_count": 8}, "8 experts a layer"),
 ])
 def test_gguf_metadata_is_checked(changes, message):
     from types import SimpleNamespace
