@@ -1,10 +1,11 @@
-"""GGUF files (llama and gemma3 architectures): a small reader of the format, and the config, weights and tokenizer.
+"""GGUF files (llama, qwen2, qwen3 and gemma3 architectures): a small reader of the format, and the config, weights and tokenizer.
 
 The header (metadata and tensor table) is parsed here with struct; tensor data stays memory-mapped. A
 tensor's raw bytes go to the target device as they are. Matrices in a format with kernels (quant.QUANTIZED)
 stay in their blocks; other tensors are decoded there (any other type gguf knows, on the host, with a
-notice). Q/K rows are un-permuted from llama.cpp's interleaved RoPE pairing back to HF's rotate-half
-order, so that the model runs the same code for GGUF and safetensors checkpoints.
+notice). A llama file's Q/K rows are un-permuted from llama.cpp's interleaved RoPE pairing back to HF's
+rotate-half order (the others keep HF's), so that the model runs the same code for GGUF and safetensors
+checkpoints.
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ TENSOR_NAMES = {
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
     "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
     "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
+    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
 }
 # Gemma's sandwich norms: ffn_norm is the norm before the MLP, which HF calls pre_feedforward_layernorm there.
 GEMMA_TENSOR_NAMES = {
@@ -46,7 +50,7 @@ GEMMA_TENSOR_NAMES = {
     "blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
     "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.post_feedforward_layernorm.weight",
 }
-ARCHS = ("llama", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 # Metadata value types: struct formats of the scalars (numpy dtypes for arrays of them), string, array.
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -208,7 +212,8 @@ def read_config(reader) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=[] if eos is None else [eos],
-        **gemma,
+        attention_bias="blk.0.attn_q.bias" in names,  # Qwen2's q/k/v biases
+        **({"qk_norm": arch == "qwen3"} | gemma),
     )
     cfg.validate()
     return cfg

@@ -263,9 +263,9 @@ def gguf_source(path: str) -> Source:
 
     def read(hf: str) -> torch.Tensor:
         w = gguf.tensor_to_torch(tensors[hf])
-        if hf.endswith("q_proj.weight"):
+        if cfg.arch == "llama" and hf.endswith("q_proj.weight"):  # llama.cpp permutes llama's Q/K only
             return gguf.unpermute_qk(w, cfg.num_heads)
-        if hf.endswith("k_proj.weight"):
+        if cfg.arch == "llama" and hf.endswith("k_proj.weight"):
             return gguf.unpermute_qk(w, cfg.num_kv_heads)
         return w
 
@@ -455,7 +455,6 @@ def check_out(out: str, src: str | None, force: bool) -> None:
 
 def run(args) -> dict:
     from .engine.loaded import parse_device
-    from .gguf import ARCHS
 
     if args.type not in FTYPES:
         raise MinferError(f"unknown --type {args.type!r}; choose from {', '.join(FTYPES)}")
@@ -469,10 +468,6 @@ def run(args) -> dict:
     size = os.path.getsize(args.out)
     print(f"[minfer] wrote {args.out}: {size / 2**30:.2f} GiB, {len(types)} tensors ("
           + ", ".join(f"{n} {t}" for t, n in sorted(counts.items())) + ")", file=sys.stderr)
-    arch = GGUF_ARCH[src.cfg.arch]
-    if arch not in ARCHS:  # llama.cpp reads it; minfer runs such a model from its HF folder
-        print(f"[minfer] note: minfer does not read {arch} GGUF files (only {', '.join(ARCHS)}): {args.out} is for "
-              f"llama.cpp; minfer loads the {src.cfg.arch} model from its HF folder", file=sys.stderr)
     return types
 
 

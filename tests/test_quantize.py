@@ -335,6 +335,48 @@ def test_hf_llama_to_gguf_loads_in_transformers_and_minfer(ftype, tmp_path):
     assert f("tokenizer.ggml.token_type")[:2] == [3, 3] and f("tokenizer.ggml.eos_token_id") == 1
 
 
+def build_qwen(folder, arch, seed=0):
+    """A random tiny Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms, head_dim 128 over a 64-wide model) with
+    build_llama's tokenizer."""
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.08,
+                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    if arch == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, use_sliding_window=False))
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=128))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else 0.08 * torch.randn_like(p))
+    model = model.float().eval()
+    model.save_pretrained(folder)
+    write_bpe_tokenizer(folder)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_gguf_loads_in_transformers_and_minfer(arch, tmp_path):
+    """Qwen files keep HF's Q/K row order (llama.cpp permutes llama's only), Qwen2's biases and Qwen3's q/k norms:
+    minfer reads the file as transformers does, and both are the source through dequantize(quantize(w))."""
+    pytest.importorskip("accelerate")  # transformers loads GGUF files through it
+    src = tmp_path / "hf"
+    hf = build_qwen(src, arch)
+    out = tmp_path / f"{arch}.Q8_0.gguf"
+    quantize_cli([src, out, "--type", "Q8_0"])
+    reader = gguf.GGUFReader(str(out))
+    assert reader.fields["general.architecture"].contents() == arch
+    assert ("blk.0.attn_q.bias" in {t.name for t in reader.tensors}) == (arch == "qwen2")
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
+    tf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
+    theirs = hf_logits(tf, ids)
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    torch.testing.assert_close(theirs, hf_logits(fake_quantized(hf, types), ids), atol=1e-4, rtol=0)
+    ours, _ = minfer_logits(out, ids)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K"])
 def test_k_quant_file_loads_in_transformers(ftype, tmp_path):
     pytest.importorskip("accelerate")  # transformers loads GGUF files through it
@@ -394,12 +436,12 @@ def float_gguf_array(x: torch.Tensor, kind: str) -> tuple[np.ndarray, dict]:
 GGUF_SOURCE_ATOL = {"F32": 0.0, "F16": 0.02, "BF16": 0.1}  # measured: F16 0.011, BF16 0.047
 
 
-@pytest.mark.parametrize("kind", ["F16", "BF16", "F32"])
-def test_float_gguf_source(kind, tmp_path):
-    """An F16 / BF16 / F32 GGUF (written here from the HF model, Q/K in llama.cpp's order) quantizes like the
-    HF folder; from F32 (the HF model's own dtype) to the same bytes."""
+@pytest.mark.parametrize("kind, arch", [("F16", "llama"), ("BF16", "llama"), ("F32", "llama"), ("F32", "qwen3")])
+def test_float_gguf_source(kind, arch, tmp_path):
+    """An F16 / BF16 / F32 GGUF (written here from the HF model, a llama's Q/K in llama.cpp's order) quantizes like
+    the HF folder; from F32 (the HF model's own dtype) to the same bytes."""
     src = tmp_path / "hf"
-    build_llama(src)
+    build_llama(src) if arch == "llama" else build_qwen(src, arch)
     q8 = tmp_path / "from_hf.gguf"
     quantize_cli([src, q8, "--type", "Q8_0"])
     # The same metadata and tensor names, each tensor the `kind` of the source (norms F32), as convert_hf_to_gguf.
@@ -407,7 +449,7 @@ def test_float_gguf_source(kind, tmp_path):
     hf_src = quantize.hf_source(str(src))
     assert {hf_src.read(k).dtype for k in hf_src.shapes} == {torch.float32}
     source = tmp_path / f"{kind}.gguf"
-    w = gguf.GGUFWriter(str(source), "llama")
+    w = gguf.GGUFWriter(str(source), arch)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
@@ -416,7 +458,7 @@ def test_float_gguf_source(kind, tmp_path):
     for t in reader.tensors:
         hf_name = next(k for k in hf_src.shapes if quantize.gguf_name(k) == t.name)
         x = hf_src.read(hf_name).float()
-        if "attn_q." in t.name or "attn_k." in t.name:
+        if arch == "llama" and ("attn_q." in t.name or "attn_k." in t.name):
             x = quantize.permute_qk(x, 4 if "attn_q." in t.name else 2)
         data, raw = float_gguf_array(x, "F32" if x.dim() == 1 else kind)
         w.add_tensor(t.name, data, **raw)

@@ -209,13 +209,3 @@ def test_run_cli_turns_sigterm_into_143_and_restores_the_handler():
         assert signal.getsignal(signal.SIGTERM) is outside
     finally:
         signal.signal(signal.SIGTERM, pytest_handler)
-
-
-def test_an_architecture_minfer_does_not_read_as_gguf_gets_a_note(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(shapes.SHAPES, "tiny-llama", TINY)
-    monkeypatch.setitem(shapes.SHAPES, "tiny-qwen3", dict(TINY, arch="qwen3", qk_norm=True))
-    quantize_cli(["--shape", "tiny-llama", tmp_path / "llama.gguf", "--type", "Q8_0"])
-    assert "note" not in capsys.readouterr().err
-    quantize_cli(["--shape", "tiny-qwen3", tmp_path / "qwen3.gguf", "--type", "Q8_0"])
-    err = capsys.readouterr().err
-    assert "note: minfer does not read qwen3 GGUF files (only llama, gemma3)" in err and "is for llama.cpp" in err
