@@ -335,10 +335,11 @@ def test_hf_llama_to_gguf_loads_in_transformers_and_minfer(ftype, tmp_path):
     assert f("tokenizer.ggml.token_type")[:2] == [3, 3] and f("tokenizer.ggml.eos_token_id") == 1
 
 
-def build_qwen(folder, arch, seed=0):
-    """A random tiny Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms, head_dim 128 over a 64-wide model) with
+def build_qwen(folder, arch, hidden=64, inter=128, seed=0):
+    """A random tiny Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms, head_dim 128 whatever the width) with
     build_llama's tokenizer."""
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
+                  num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.08,
                   tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
@@ -556,20 +557,37 @@ def test_decode_on_records_equals_own_conversion(ftype, hidden, inter, heads, ki
         assert torch.equal(logits[0], logits[1])
         # each tensor on its own format's kernel, against the reference backend on the same blocks: its error from
         # the fp32 logits at most 2x the bf16 reference's (torch's own) + eps
-        ref32, ref16 = (_ref_decode_logits(out, ids, dtype) for dtype in (torch.float32, torch.bfloat16))
+        ref32, ref16 = (_decode_logits(out, ids, dtype) for dtype in (torch.float32, torch.bfloat16))
         err, base = (logits[0].float() - ref32).abs().max().item(), (ref16.float() - ref32).abs().max().item()
         assert err <= 2 * base + 1e-2, f"{ftype} at batch {batch}: max err {err:.3e} vs torch's {base:.3e}"
 
 
-def _ref_decode_logits(path, ids, dtype):
-    """The reference backend's decode-step logits after an 8-token prefill, the file's blocks dequantized in dtype."""
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_gguf_on_the_cuda_backend(arch, tmp_path):
+    """A Q4_K_M Qwen file on the quantized kernels (Qwen2's biases in them, Qwen3's q/k norms before rope): the
+    decode step's error from the fp32 reference at most 2x the bf16 reference's (torch's own) + eps."""
+    src = tmp_path / "hf"
+    build_qwen(src, arch, hidden=256, inter=512)  # head_dim 64 (Qwen2) and 128 (Qwen3): the attention kernels'
+    out = tmp_path / f"{arch}.Q4_K_M.gguf"
+    quantize_cli([src, out, "--type", "Q4_K_M"])
+    ids = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(3)).cuda()
+    ours = _decode_logits(out, ids, torch.bfloat16, "cuda")
+    ref32, ref16 = (_decode_logits(out, ids, dtype) for dtype in (torch.float32, torch.bfloat16))
+    assert not torch.isnan(ours).any()
+    err, base = (ours.float() - ref32).abs().max().item(), (ref16.float() - ref32).abs().max().item()
+    assert err <= 2 * base + 1e-2, f"{arch}: max err {err:.3e} vs torch's {base:.3e}"
+
+
+def _decode_logits(path, ids, dtype, backend="ref"):
+    """A backend's decode-step logits after an 8-token prefill, the file's blocks dequantized in dtype on ref."""
     from minfer import loader
     from minfer.kv_cache import KVCache
     from minfer.model import Transformer
     from minfer.ops import get_backend
 
     cfg, weights, _ = loader.load(str(path), dtype, ids.device)
-    model = Transformer(cfg, weights, get_backend("ref", ids.device.type), 64)
+    model = Transformer(cfg, weights, get_backend(backend, ids.device.type), 64)
     batch = ids.shape[0]
     cache = KVCache(cfg.num_layers, batch, 64, cfg.num_kv_heads, cfg.head_dim, dtype, ids.device)
     start = torch.zeros(batch, dtype=torch.int32, device=ids.device)
