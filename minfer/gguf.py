@@ -1,4 +1,5 @@
-"""GGUF files (llama, qwen2, qwen3 and gemma3 architectures): a small reader of the format, and the config, weights and tokenizer.
+"""GGUF files (llama, qwen2, qwen3 and gemma3 architectures): a small reader of the format, and the config,
+weights and tokenizer.
 
 The header (metadata and tensor table) is parsed here with struct; tensor data stays memory-mapped. A
 tensor's raw bytes go to the target device as they are. Matrices in a format with kernels (quant.QUANTIZED)
