@@ -186,6 +186,25 @@ def test_prompt_scored_alone(ids, alone, async_scheduling):
     assert_idle(eng)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("budget, chunk", [(8, 256), (64, 8)], ids=["budget", "logprobs-chunk"])
+def test_prompt_scored_alone_ends_in_a_chunk_of_one(ids, async_scheduling, budget, chunk, monkeypatch):
+    """A prompt scored alone whose chunks leave its last token to a step of its own (17 tokens in chunks of 8: under
+    the step's budget, or PROMPT_LOGPROBS_CHUNK, as a 257-token prompt at the default) runs that token too, though
+    no token is sampled after it: it finishes with the prompt logprobs of one whole chunk."""
+    from minfer.engine import scheduler
+    prompt = (ids[1] * 2)[:17]
+    scored = SamplingParams(max_tokens=0, prompt_logprobs=1)
+    (want,), _ = make().generate([prompt], [scored])
+    monkeypatch.setattr(scheduler, "PROMPT_LOGPROBS_CHUNK", chunk)
+    eng = make(async_scheduling=async_scheduling, max_num_batched_tokens=budget)
+    (got,), _ = eng.generate([prompt], [scored])
+    assert (got.token_ids, got.finish_reason, len(got.prompt_logprobs)) == ([], "length", 17)
+    for e, w in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
+        assert e["token_id"] == w["token_id"] and e["logprob"] == pytest.approx(w["logprob"], abs=1e-4)
+    assert_idle(eng)
+
+
 def test_prefix_cache_hits_and_same_outputs(engine, ids, alone):
     engine.generate(ids, [GREEDY] * len(ids))  # fills the cache
     outs, stats = engine.generate(ids, [GREEDY] * len(ids))
@@ -867,6 +886,25 @@ def test_graph_metadata_equals_eager(ids, async_scheduling, monkeypatch):
     assert [o.token_ids for o in outs] == [o.token_ids for o in want]
     assert len(runs) > 10 and stats.preemptions > 0 and want_stats.preemptions > 0
     assert any(runs) == async_scheduling  # chained steps read their ids from the device
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("kw", [{"long_prefill_token_threshold": 1}, {"max_num_batched_tokens": 3}],
+                         ids=["threshold", "budget"])
+def test_one_token_chunks_run_eagerly(ids, alone, kw, monkeypatch):
+    """A step whose rows are one token each, one of them a prompt's chunk short of its end (beside decodes under a
+    threshold of 1, or the last token of a budget of 3), is no decode step: the decode graphs would feed that row
+    its sequence's last token and sample it. It runs eagerly, and each prompt gets its tokens alone."""
+    engine = with_emulated_graphs(make(async_scheduling=True, **kw), monkeypatch)
+    runs, graphed = [], engine.graphs.run
+
+    def spy(tokens, positions, *args):
+        runs.append(positions)
+        return graphed(tokens, positions, *args)
+
+    monkeypatch.setattr(engine.graphs, "run", spy)
+    assert run_arriving(engine, ids, every=2) == alone
+    assert len(runs) > 10  # the decode steps still replay the graphs
     assert_idle(engine)
 
 

@@ -435,7 +435,10 @@ class EngineCore(LoadedModel):
         local = [s.local_block_table for s in seqs] if self.block_manager.window is not None else None
         # the graphs keep no prompt token's logits, and sample every row (a prompt scored alone samples none)
         eager = any(s.wants_prompt_logprobs or not s.max_tokens for s in seqs)
-        if max(counts) == 1 and self.graphs is not None and self.graphs.fits(len(seqs)) and not eager:
+        # the decode graphs feed each row its last token and sample every row: each row's one token must be its last
+        # (a prompt's chunk of one token short of its end, under a tiny budget or a threshold of 1, runs eagerly)
+        decodes = all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens for s, n in zip(seqs, counts))
+        if decodes and self.graphs is not None and self.graphs.fits(len(seqs)) and not eager:
             logits = self.graphs.run([s.token_ids[-1] for s in seqs] if ids is None else ids,
                                      [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
                                      [s.slot for s in seqs], local)  # [len(seqs), vocab]: every row decodes

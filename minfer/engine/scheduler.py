@@ -99,7 +99,9 @@ class Scheduler:
             left = s.num_tokens - s.num_computed_tokens
             if left > 1:
                 prefills.append((s, left))
-            elif s.num_output_tokens + s.in_flight < s.max_tokens:  # else its last token is in flight
+            elif s.num_computed_tokens < len(s.prompt_ids) or s.num_output_tokens + s.in_flight < s.max_tokens:
+                # a prompt's last token (one scored alone, max_tokens 0, samples nothing after it), or a decode
+                # whose last token is not in flight
                 decodes.append((s, 1))
         # the most tokens of one prompt this step
         chunk = self.long_prefill_token_threshold if decodes and self.long_prefill_token_threshold else budget
