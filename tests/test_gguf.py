@@ -401,11 +401,12 @@ SPELL = mgguf._bytes_to_unicode()
 PRE_TEXTS = TEXTS + ["XMLHttpRequest getHTTPResponseCode camelCase", "e\u0301te\u0301 and path/to/x\n/usr", "In 2024"]
 
 
-def byte_level(fields_pre, tokens=(), merges=("a b",)):
-    """A byte-level BPE vocabulary's fields: the 256 byte characters, then tokens; merges as 'left right'."""
+def byte_level(pre, tokens=(), merges=("a b",)):
+    """The tokenizer of a byte-level BPE file whose tokenizer.ggml.pre is `pre`: the 256 byte characters, "ab", then
+    tokens; merges as 'left right'."""
     tokens = [SPELL[b] for b in range(256)] + ["ab", *tokens]
     fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": list(merges),
-              "tokenizer.ggml.pre": fields_pre}
+              "tokenizer.ggml.pre": pre}
     return mgguf.tokenizer_from_fields(lambda key, default=None: fields.get(key, default))[0]
 
 
