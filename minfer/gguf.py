@@ -277,6 +277,15 @@ def tensor_to_torch(t: Tensor, device="cpu", timing=_no_timing) -> torch.Tensor:
         return out.reshape(t.shape)
 
 
+def permuted_heads(cfg: ModelConfig, name: str) -> int | None:
+    """The head count of a Q or K matrix (HF name) whose rows llama.cpp stores in its interleaved RoPE order: a
+    llama file's only (Qwen and Gemma run NEOX RoPE there and keep HF's rows); None for any other tensor."""
+    if cfg.arch != "llama":
+        return None
+    return cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads if name.endswith("k_proj.weight") \
+        else None
+
+
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """llama.cpp stores Q/K rows so that RoPE pairs are adjacent (2i, 2i+1); HF pairs (i, i + d/2)."""
     rows = w.shape[0]
@@ -305,9 +314,7 @@ def read_weights(reader: Reader, cfg: ModelConfig, dtype: torch.dtype, device, p
         name = hf_name(t.name, cfg.arch)
         if name is None:
             continue  # e.g. rope_freqs.weight, already folded into the config
-        # llama.cpp stores Q/K rows in its interleaved RoPE order for llama only (Gemma runs NEOX RoPE there).
-        heads = None if cfg.arch != "llama" else cfg.num_heads if name.endswith("q_proj.weight") else \
-            cfg.num_kv_heads if name.endswith("k_proj.weight") else None
+        heads = permuted_heads(cfg, name)
         if keep_quantized and t.kind in quant.QUANTIZED and name.endswith(_MATRICES) and len(t.shape) == 2:
             with timing("read"):
                 raw = t.data.clone()  # owned memory, so that no weight aliases the file's mapping

@@ -263,11 +263,8 @@ def gguf_source(path: str) -> Source:
 
     def read(hf: str) -> torch.Tensor:
         w = gguf.tensor_to_torch(tensors[hf])
-        if cfg.arch == "llama" and hf.endswith("q_proj.weight"):  # llama.cpp permutes llama's Q/K only
-            return gguf.unpermute_qk(w, cfg.num_heads)
-        if cfg.arch == "llama" and hf.endswith("k_proj.weight"):
-            return gguf.unpermute_qk(w, cfg.num_kv_heads)
-        return w
+        heads = gguf.permuted_heads(cfg, hf)
+        return w if heads is None else gguf.unpermute_qk(w, heads)
 
     f = lambda k, d=None: gguf._field(reader, f"tokenizer.{k}", d)  # noqa: E731
     if f("ggml.model") != "gpt2":
