@@ -13,6 +13,7 @@ from .engine_args import add_engine_args
 from .errors import ArgumentParser
 
 DTYPES = ("float32", "float16", "bfloat16")
+MAX_NEW_TOKENS = 256  # -n's default, but in a conversation
 
 
 def parse_args(argv=None):
@@ -31,9 +32,13 @@ def parse_args(argv=None):
     chat.add_argument("--chat", dest="chat", action="store_const", const=True,
                       help="wrap the prompt in the model's chat template (default: raw text, or chat with --system)")
     chat.add_argument("--no-chat", dest="chat", action="store_const", const=False, help="feed the prompt as raw text")
-    p.add_argument("--system", "--system-prompt", help="system message; implies --chat")
-    p.add_argument("-n", "--max-new-tokens", "--max-tokens", "--n-predict", type=int, default=256,
-                   help="tokens to generate per prompt, at most (default: %(default)s)")
+    p.add_argument("-sys", "--system", "--system-prompt", help="system message; implies --chat")
+    p.add_argument("-cnv", "--conversation", action="store_true",
+                   help="chat at the terminal, as llama-cli's: messages from stdin, each reply streamed (-p: the first "
+                        "message; /exit or Ctrl-D ends, /clear starts over, Ctrl-C stops a reply)")
+    p.add_argument("-n", "--max-new-tokens", "--max-tokens", "--n-predict", type=int,
+                   help=f"tokens to generate per prompt, at most (default: {MAX_NEW_TOKENS}); a conversation's "
+                        "replies: as the context allows, unless given")
     p.add_argument("--ignore-eos", action="store_true",
                    help="end-of-sequence tokens do not stop generation: exactly --max-new-tokens, as the context allows")
     p.add_argument("--temperature", "--temp", type=float, default=0.7,
@@ -84,12 +89,19 @@ def _logit_bias(spec: str) -> tuple[int, float]:
 def _check(args):
     """The options that the engine does not check itself, before anything is loaded."""
     from .errors import MinferError
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise MinferError("--max-new-tokens must be at least 1")
     if "" in args.stop:
         raise MinferError("--stop '' is empty: it would match before the first token")
     if args.system is not None and args.chat is False:
         raise MinferError("--system needs the chat template, which --no-chat turns off; drop one of them")
+    if args.conversation:
+        if args.chat is False:
+            raise MinferError("--conversation needs the chat template, which --no-chat turns off; drop one of them")
+        if len(args.prompt or []) > 1:
+            raise MinferError("--conversation takes one -p or -f (its first message); the rest come from stdin")
+        if args.prompt == ["-"]:
+            raise MinferError("--conversation reads its messages from stdin, so -p - cannot; give the first with -p TEXT")
 
 
 def _text(arg: str, flag: str) -> str:
@@ -136,14 +148,15 @@ def run(args) -> None:
     _check(args)
     stop = [_text(s, "--stop") for s in args.stop]
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty, args.seed,
-                            max_tokens=args.max_new_tokens, stop=stop, ignore_eos=args.ignore_eos,
+                            max_tokens=args.max_new_tokens or MAX_NEW_TOKENS, stop=stop, ignore_eos=args.ignore_eos,
                             presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                             logit_bias=dict(args.logit_bias))
-    prompts = [_prompt(p) for p in args.prompt or ["Hello"]]
+    prompts = [_prompt(p) for p in args.prompt or ([] if args.conversation else ["Hello"])]
     system = None if args.system is None else _text(args.system, "--system")
-    chat_flag = "--chat" if args.chat else "--system" if system is not None else None
+    chat_flag = ("--conversation" if args.conversation else "--chat" if args.chat
+                 else "--system" if system is not None else None)
 
-    from .engine import print_stats
+    from .engine import format_details, print_stats
     from .llm import LLM
     llm = LLM(args.checkpoint, dtype=args.dtype, device=args.device, backend=args.backend,
               max_model_len=args.max_context, dequantize=args.dequantize, max_num_seqs=args.max_num_seqs,
@@ -158,6 +171,16 @@ def run(args) -> None:
         print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(fallbacks)}", file=sys.stderr)
     if chat_flag and not engine.tokenizer.chat_template:
         raise MinferError(f"this model has no chat template; drop {chat_flag}")
+    if args.conversation:
+        from .conversation import converse
+        if args.max_new_tokens is None:
+            params.max_tokens = engine.max_context  # a reply runs to its end, as the context allows
+        engine.check_params(params)  # here, not at the first reply: a bad flag ends the program, not a turn
+        converse(llm, params, system, prompts[0] if prompts else None,
+                 on_reply=(lambda: print_stats(engine, llm.last_stats)) if args.verbose else None)
+        if args.verbose:
+            print("\n".join(format_details(engine)), file=sys.stderr)
+        return
     # Raw completion by default, so that "-p 'The capital of France is'" continues the text.
     ids = [engine.encode(p, chat_flag is not None, system) for p in prompts]
     single = len(ids) == 1

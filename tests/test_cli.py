@@ -373,8 +373,8 @@ def test_common_flag_names():
                              "--system-prompt", "s", "-s", "5"])
     assert (a.checkpoint, a.temperature, a.max_new_tokens, a.max_context, a.repetition_penalty, a.system, a.seed) == \
         ("x.gguf", 0.0, 3, 64, 1.1, "s", 5)
-    b = generate.parse_args(["--max-tokens", "7", "--max-model-len", "99", "--ctx-size", "98"])
-    assert (b.max_new_tokens, b.max_context) == (7, 98)
+    b = generate.parse_args(["--max-tokens", "7", "--max-model-len", "99", "--ctx-size", "98", "-sys", "t", "-cnv"])
+    assert (b.max_new_tokens, b.max_context, b.system, b.conversation) == (7, 98, "t", True)
 
 
 # ---- the tiny model, in a subprocess, on the CPU (its head_dim 8 has no CUDA kernel) ----

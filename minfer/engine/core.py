@@ -347,9 +347,7 @@ class EngineCore(LoadedModel):
 
     def _check_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None) -> list[int]:
         """The request's ids as ints, or the MinferError that says what is wrong with it."""
-        if not isinstance(params, SamplingParams):
-            raise MinferError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
-        params.validate()
+        self.check_params(params)
         try:
             prompt_ids = [operator.index(i) for i in prompt_ids]  # ints, numpy's too; no floats
         except TypeError:
@@ -361,14 +359,21 @@ class EngineCore(LoadedModel):
         vocab = self.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise MinferError(f"prompt token id out of range [0, {vocab})")
+        if request_id is not None and request_id in self.seqs:
+            raise MinferError(f"request id {request_id!r} is already in use")
+        return prompt_ids
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The MinferError that says what is wrong with params for this model, if anything."""
+        if not isinstance(params, SamplingParams):
+            raise MinferError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
+        params.validate()
+        vocab = self.cfg.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise MinferError(f"--logit-bias: token id {max(params.logit_bias)} out of range [0, {vocab})")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(params, name) is not None and getattr(params, name) > vocab:
                 raise MinferError(f"{name} is {getattr(params, name)}, more than the vocabulary's {vocab} tokens")
-        if request_id is not None and request_id in self.seqs:
-            raise MinferError(f"request id {request_id!r} is already in use")
-        return prompt_ids
 
     def abort_request(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id, None)
