@@ -33,6 +33,8 @@ def parse_args(argv=None):
                       help="wrap the prompt in the model's chat template (default: raw text, or chat with --system)")
     chat.add_argument("--no-chat", dest="chat", action="store_const", const=False, help="feed the prompt as raw text")
     p.add_argument("-sys", "--system", "--system-prompt", help="system message; implies --chat")
+    p.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
+                   help="a Jinja chat template (a file, or the template itself) in place of the model's")
     p.add_argument("-cnv", "--conversation", action="store_true",
                    help="chat at the terminal, as llama-cli's: messages from stdin, each reply streamed (-p: the first "
                         "message; /exit or Ctrl-D ends, /clear starts over, Ctrl-C stops a reply)")
@@ -153,6 +155,9 @@ def run(args) -> None:
                             logit_bias=dict(args.logit_bias))
     prompts = [_prompt(p) for p in args.prompt or ([] if args.conversation else ["Hello"])]
     system = None if args.system is None else _text(args.system, "--system")
+    if args.chat_template is not None:
+        from .tokenizer import load_chat_template
+        template = load_chat_template(_text(args.chat_template, "--chat-template"))
     chat_flag = ("--conversation" if args.conversation else "--chat" if args.chat
                  else "--system" if system is not None else None)
 
@@ -169,6 +174,8 @@ def run(args) -> None:
     fallbacks = engine.ops.fallbacks
     if fallbacks:
         print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(fallbacks)}", file=sys.stderr)
+    if args.chat_template is not None:
+        engine.tokenizer.chat_template = template
     if chat_flag and not engine.tokenizer.chat_template:
         raise MinferError(f"this model has no chat template; drop {chat_flag}")
     if args.conversation:

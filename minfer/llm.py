@@ -97,11 +97,14 @@ class LLM:
 
     def chat(self, messages: Conversation | list[Conversation],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, on_output=None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
-        """One output per conversation, in order: each rendered by the model's chat template with the generation
-        prompt added (the assistant's turn), then generated as generate() does. A message is a dict with a str
-        'role' and a 'content' of text or of text parts; its other keys (name, tool_calls, ...) go to the template
-        as they are."""
+             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """One output per conversation, in order: each rendered by the model's chat template (or chat_template,
+        a Jinja template in its place), then generated as generate() does. As vLLM's: add_generation_prompt opens
+        the assistant's turn; continue_final_message ends the text at the last message's content instead, for the
+        model to continue; chat_template_kwargs are more of the template's variables. A message is a dict with a
+        str 'role' and a 'content' of text or of text parts; its other keys (name, tool_calls, ...) go to the
+        template as they are."""
         single = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if single else messages
         if not isinstance(conversations, (list, tuple)) or not conversations:
@@ -109,7 +112,9 @@ class LLM:
         if self.engine.tokenizer is None:
             raise MinferError("this model has no tokenizer: chat needs one")
         prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(
-            _template_messages(c, "messages" if single else f"messages[{i}]"), self.engine.max_context)}
+            _template_messages(c, "messages" if single else f"messages[{i}]"), self.engine.max_context, chat_template,
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            template_kwargs=chat_template_kwargs)}
                    for i, c in enumerate(conversations)]
         return self.generate(prompts, sampling_params, on_output, use_tqdm)
 

@@ -11,7 +11,7 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 
-from .errors import MinferError, check_readable, file_error, read_json
+from .errors import MinferError, check_readable, file_error, open_input, read_json
 
 # Control tokens that end a turn in common chat formats; they stop generation when present.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|end|>", "<end_of_turn>")
@@ -80,33 +80,95 @@ class Tokenizer:
             return bytes([int(m[1], 16)])
         return piece.replace("\u2581", " ").encode()
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        if not self.chat_template:
+    def apply_chat_template(self, messages: list[dict], template: str | None = None, *,
+                            add_generation_prompt: bool = True, continue_final_message: bool = False,
+                            template_kwargs: dict | None = None) -> str:
+        """The conversation as text, rendered as transformers renders it. template: one in place of the model's;
+        add_generation_prompt: the assistant turn's opening after the messages; continue_final_message: the text
+        ends at the last message's content (the template's end of turn cut), so that the model continues it;
+        template_kwargs: more of the template's variables (Qwen3's enable_thinking)."""
+        template = template or self.chat_template
+        if not template:
             raise MinferError("this model has no chat template")
-        # transformers' environment for chat templates (vLLM renders through it): loop controls, a tojson that
-        # writes non-ASCII and HTML characters as they are, and strftime_now (Llama 3.2 writes today's date).
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                           extensions=[jinja2.ext.loopcontrols])
-
-        def raise_exception(msg):
-            raise MinferError(f"chat template: {msg}")
-
-        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        if add_generation_prompt and continue_final_message:
+            raise MinferError("continue_final_message and add_generation_prompt cannot both be true")
+        if template_kwargs is not None and not (isinstance(template_kwargs, dict)
+                                                and all(isinstance(k, str) for k in template_kwargs)):
+            raise MinferError("chat_template_kwargs must be a dict of str keys")
+        kwargs = dict(template_kwargs or {})
+        if reserved := sorted(RENDER_ARGS & kwargs.keys()):
+            raise MinferError(f"chat_template_kwargs: {', '.join(reserved)} is set by the request itself")
         tok_text = lambda i: self.tok.id_to_token(i) if i is not None else ""  # noqa: E731
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=True, bos_token=tok_text(self.bos_token_id),
-            eos_token=tok_text(self.eos_token_id))
+        kwargs = {"bos_token": tok_text(self.bos_token_id), "eos_token": tok_text(self.eos_token_id), **kwargs}
+        if continue_final_message:  # transformers' way: a tag after the content marks where the text ends
+            if not messages or not isinstance(messages[-1].get("content"), str):
+                raise MinferError("continue_final_message: the last message has no text content to continue")
+            messages = messages[:-1] + [{**messages[-1], "content": messages[-1]["content"] + CONTINUE_TAG}]
+        try:
+            text = compile_chat_template(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                          **kwargs)
+        except jinja2.TemplateError as e:  # the messages broke it (raise_exception raises MinferError itself)
+            raise MinferError(f"chat template: {type(e).__name__}: {e}") from None
+        if continue_final_message:
+            if (at := text.rfind(CONTINUE_TAG.strip())) < 0:
+                raise MinferError("continue_final_message: the chat template drops the last message's content")
+            # where the template trimmed the tag's trailing space, it trims the content's too
+            text = text[:at] if text.startswith(CONTINUE_TAG, at) else text[:at].rstrip()
+        return text
 
-    def encode_chat(self, messages: list[dict], max_tokens: int | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict], max_tokens: int | None = None, template: str | None = None,
+                    **render) -> list[int]:
+        """render: apply_chat_template's options."""
         # The template writes any BOS itself, so none is added here.
-        text = self.apply_chat_template(messages)
+        text = self.apply_chat_template(messages, template, **render)
         self.check_fits(text, max_tokens)
         return self.tok.encode(text, add_special_tokens=False).ids
+
+
+RENDER_ARGS = frozenset({"messages", "add_generation_prompt"})  # what a chat template's caller always sets
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
+
+
+@functools.lru_cache(maxsize=16)
+def compile_chat_template(template: str) -> jinja2.Template:
+    """A chat template compiled in transformers' environment (vLLM renders through it): loop controls, a tojson
+    that writes non-ASCII and HTML characters as they are, and strftime_now (Llama 3.2 writes today's date)."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols])
+
+    def raise_exception(msg):
+        raise MinferError(f"chat template: {msg}")
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise MinferError(f"chat template: not valid Jinja (line {e.lineno}: {e.message})") from None
+
+
+def load_chat_template(spec: str) -> str:
+    """--chat-template, as vLLM reads it: a file's path, or the template itself (text with Jinja's braces).
+    Compiled here, so that a broken one is an error before the model loads."""
+    if os.path.isfile(spec):
+        try:
+            with open_input(spec) as f:
+                template = f.read()
+        except UnicodeDecodeError:
+            raise MinferError(f"--chat-template {spec}: not UTF-8 text") from None
+    elif "{" in spec:
+        template = spec
+    else:
+        raise MinferError(f"--chat-template {spec!r}: no such file (an inline template has Jinja's {{{{ }}}} or {{% %}})")
+    try:
+        compile_chat_template(template)
+    except MinferError as e:
+        raise MinferError(f"--chat-template: {str(e).removeprefix('chat template: ')}") from None
+    return template
 
 
 @functools.cache

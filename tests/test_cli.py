@@ -474,3 +474,29 @@ def test_error_empty_checkpoint(flag):
 def test_error_page_past_the_context(tiny):
     assert_one_line_error(*run(tiny, "-p", "hi", "--device", "cpu", "--block-size", "256"),
                           "--block-size 256 is past the 128-token context")
+
+
+def test_chat_template_flag(tiny, tmp_path):
+    """--chat-template (vLLM's and llama.cpp's flag): a file or the template itself, in place of the model's (the tiny
+    model has none); the text equals LLM.chat's with that template. A missing file, broken Jinja or bytes that are
+    not UTF-8 are one line naming the flag, before the model loads."""
+    from minfer import LLM, SamplingParams
+    template = "{% for m in messages %}w5 {{ m.content }} w8 {% endfor %}w6 "
+    (tmp_path / "t.jinja").write_text(template)
+    (want,) = LLM(tiny, device="cpu", dtype="float32").chat([{"role": "user", "content": "w3 w4"}],
+                                                             SamplingParams(temperature=0, max_tokens=4),
+                                                             use_tqdm=False, chat_template=template)
+    for spec in (str(tmp_path / "t.jinja"), template):
+        rc, out, err = run(tiny, "--chat", "-p", "w3 w4", "-n", "4", "--temperature", "0", "--device", "cpu",
+                           "--chat-template", spec)
+        assert rc == 0, err
+        assert out == want.text + "\n"
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}")
+    (tmp_path / "bytes.jinja").write_bytes(b"{{ caf\xe9 }}")
+    for spec, needle in [(str(tmp_path / "none.jinja"), "no such file"), (str(tmp_path / "bad.jinja"), "not valid Jinja"),
+                         ("{{ x", "not valid Jinja"), (str(tmp_path / "bytes.jinja"), "not UTF-8")]:
+        rc, out, err = run(str(tmp_path / "no-model"), "--chat", "-p", "w3", "--chat-template", spec)
+        assert_one_line_error(rc, out, err, "--chat-template", needle)
+    # a template that fails on the messages it is given: one line too
+    rc, out, err = run(tiny, "--chat", "-p", "w3", "--device", "cpu", "--chat-template", "{{ messages[5].content.x }}")
+    assert_one_line_error(rc, out, err, "chat template: UndefinedError")

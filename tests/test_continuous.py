@@ -397,6 +397,14 @@ def test_llm_chat():
     assert [o.prompt_token_ids for o in two] == [llm.get_tokenizer().encode_chat(joined),
                                                  llm.get_tokenizer().encode_chat([{"role": "user", "content": "Hi"}])]
     assert two[0].token_ids == llm.chat(joined, greedy)[0].token_ids
+    # vLLM's render options: the reply's start given, continued; a template variable
+    start = talk + [{"role": "assistant", "content": "The capital"}]
+    (cont,) = llm.chat(start, greedy, add_generation_prompt=False, continue_final_message=True)
+    assert llm.get_tokenizer().decode(cont.prompt_token_ids).endswith("assistant\nThe capital")  # its turn left open
+    template = "{{ messages[-1].content }}{{ ' is' if verb else '' }}"
+    outs = [llm.chat(talk, greedy, chat_template=template, chat_template_kwargs={"verb": v})[0] for v in (True, False)]
+    assert [llm.get_tokenizer().decode(o.prompt_token_ids) for o in outs] == [talk[-1]["content"] + " is",
+                                                                             talk[-1]["content"]]
     for bad, needle in [([], "list of"), ([[]], r"messages\[0\]"), ([talk, [{"content": "x"}]], r"messages\[1\]\[0\]"),
                         ([{"role": "user", "content": 5}], "content must be text"),
                         ([talk[0], {"role": "user", "content": 5}], r"^messages\[1\]: content must be text"),

@@ -484,6 +484,35 @@ def test_tokenize_add_special_tokens(server, monkeypatch):
     assert ask(messages=messages, add_special_tokens=True) == [bos] + template
 
 
+def test_chat_render_options(server, oracle):
+    """vLLM's add_generation_prompt, continue_final_message and chat_template_kwargs reach the template on /tokenize
+    and on /v1/chat/completions (whose text is LLM.chat's with the same options); a bad combination is a 400 naming
+    the field."""
+    http, tok = server.http, server.core.tokenizer
+    messages = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "The capital"}]
+    for options in [dict(add_generation_prompt=False), dict(add_generation_prompt=False, continue_final_message=True),
+                    dict(chat_template_kwargs={"unused": 1})]:
+        render = dict(add_generation_prompt=options.get("add_generation_prompt", True),
+                      continue_final_message=options.get("continue_final_message", False),
+                      template_kwargs=options.get("chat_template_kwargs"))
+        ids = tok.encode_chat(messages, **render)
+        assert http.post("/tokenize", json={"messages": messages, **options}).json()["tokens"] == ids
+        r = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0, **options})
+        (want,) = oracle.chat(messages, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False,
+                              **{k: v for k, v in options.items()})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    assert tok.decode(tok.encode_chat(messages, add_generation_prompt=False, continue_final_message=True)).endswith(
+        "assistant\nThe capital")
+    for body, param in [({"continue_final_message": True}, "continue_final_message"),
+                        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+                        ({"chat_template_kwargs": []}, "chat_template_kwargs")]:
+        for path in ("/tokenize", "/v1/chat/completions"):
+            assert_error(http.post(path, json={"messages": messages, **body}), 400, param)
+    assert_idle(server.core)
+
+
 def test_tokenize_and_detokenize(server):
     """vLLM's /tokenize gives the ids the completion and chat routes run (their usage counts them), /detokenize
     the text of ids; bad input is a 400 naming the field."""
@@ -810,14 +839,25 @@ def test_server_process_random_weights(backend):
     """--shape: random weights and the placeholder byte-level tokenizer: text and token-id prompts both work."""
     if backend != "ref":
         pytest.skip("CPU only")
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
     proc, url = serve_process("--shape", "smollm2-135m", "--device", "cpu", "--dtype", "float32",
-                              "--max-context", "64")
+                              "--max-context", "64", "--chat-template", template)
     try:
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "smollm2-135m"
         for prompt in ("hello world", [1, 2, 3]):
             r = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 3, "ignore_eos": True},
                            timeout=60)
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3 and r.json()["choices"][0]["text"]
+        # --chat-template: the placeholder vocabulary has none of its own
+        messages = [{"role": "user", "content": "hi"}]
+        r = httpx.post(url + "/tokenize", json={"messages": messages})
+        assert r.status_code == 200
+        from minfer.quantize import placeholder_vocab
+        from minfer.tokenizer import from_gguf_fields
+        tok = from_gguf_fields(placeholder_vocab(49152).fields().get)
+        assert r.json()["tokens"] == tok.tok.encode("<user>hi<assistant>", add_special_tokens=False).ids
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(tok.tok.encode("<user>hi<assistant>").ids)
     finally:
         stop(proc)
 
@@ -828,4 +868,8 @@ def test_server_process_bad_flags(tmp_path):
     r = subprocess.run([sys.executable, "-m", "minfer.serve", str(tmp_path / "x.gguf"), "--shape", "llama-3-8b"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "give a CHECKPOINT or --shape, not both" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "minfer.serve", str(tmp_path / "x.gguf"), "--chat-template", "{{ x"],
+                       capture_output=True, text=True, timeout=60)  # before the (missing) model loads
+    assert r.returncode == 1 and r.stderr.startswith("minfer: error: --chat-template: not valid Jinja (line 1: ")
     assert len(r.stderr.splitlines()) == 1

@@ -248,3 +248,43 @@ def test_chat_template_environment_is_transformers():
                 {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": args}}]}]
     assert tok.apply_chat_template(messages) == \
         '[u][]"{\\"city\\": \\"Zürich\\", \\"q\\": \\"<b> & \'x\'\\"}"' + str(datetime.date.today().year)
+
+
+# A Qwen3-like template: the content trimmed, a variable of the caller's (enable_thinking), the generation prompt.
+THINKING_TEMPLATE = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{%- endfor %}"
+                     "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+                     "{%- if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{%- endif %}"
+                     "{%- endif %}")
+
+
+@pytest.mark.parametrize("template", ["{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                                      "{% if add_generation_prompt %}[assistant] {% endif %}", THINKING_TEMPLATE])
+@pytest.mark.parametrize("last", ["Sure, here", "Sure, here ", "  Sure \n"])
+@pytest.mark.parametrize("options", [dict(), dict(add_generation_prompt=False),
+                                     dict(add_generation_prompt=False, continue_final_message=True),
+                                     dict(enable_thinking=False), dict(enable_thinking=True)])
+def test_render_options_match_transformers(template, last, options):
+    """add_generation_prompt, continue_final_message (the text cut right after the last message's content, its
+    trailing spaces as the template kept them) and template variables render as transformers renders them."""
+    from transformers import PreTrainedTokenizerFast
+    tok = byte_tokenizer()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok.tok)
+    hf.chat_template = template
+    messages = [{"role": "user", "content": "Write a list."}, {"role": "assistant", "content": last}]
+    render = {k: options[k] for k in ("add_generation_prompt", "continue_final_message") if k in options}
+    extra = {k: v for k, v in options.items() if k not in render}
+    want = hf.apply_chat_template(messages, tokenize=False, **{"add_generation_prompt": True, **render}, **extra)
+    assert tok.apply_chat_template(messages, template, **render, template_kwargs=extra) == want
+
+
+def test_render_option_errors():
+    from minfer.errors import MinferError
+    tok = byte_tokenizer()
+    messages = [{"role": "user", "content": "hi"}]
+    for kwargs, needle in [(dict(continue_final_message=True), "cannot both be true"),
+                           (dict(template_kwargs={"messages": []}), "messages is set by the request itself"),
+                           (dict(template_kwargs={1: 2}), "dict of str keys"),
+                           (dict(add_generation_prompt=False, continue_final_message=True,
+                                 template="{% for m in messages %}x{% endfor %}"), "drops the last message's content")]:
+        with pytest.raises(MinferError, match=needle):
+            tok.apply_chat_template(messages, **{"template": THINKING_TEMPLATE, **kwargs})

@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("-c", "--max-context", "--max-model-len", "--ctx-size", type=int,
                    help="positions per sequence, prompt included (default: the model's)")
     p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
+    p.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
+                   help="a Jinja chat template (a file, or the template itself) in place of the model's")
     add_engine_args(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
@@ -61,9 +63,11 @@ def main(argv=None):
 
     from .. import loader
     from ..engine.core import EngineCore
+    from ..tokenizer import load_chat_template
     from .api import build_app
     from .async_engine import AsyncEngine
 
+    template = None if args.chat_template is None else load_chat_template(args.chat_template)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = dict(random_weights=shapes.config(args.shape)) if args.shape else dict(checkpoint=args.checkpoint)
     core = EngineCore(**model, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
@@ -73,6 +77,8 @@ def main(argv=None):
         from ..quantize import placeholder_vocab
         from ..tokenizer import from_gguf_fields
         core.tokenizer = from_gguf_fields(placeholder_vocab(core.cfg.vocab_size).fields().get)
+    if template is not None:
+        core.tokenizer.chat_template = template
     core.warmup()
     name = args.served_model_name or args.shape or os.path.basename(
         os.path.normpath(args.checkpoint or loader.DEFAULT_MODEL_FILE))

@@ -16,7 +16,6 @@ import re
 import secrets
 import time
 
-import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -367,9 +366,11 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         messages = [m.for_template() for m in req.messages]
         need_unicode([m["content"] for m in messages], "messages")
         try:
-            return await asyncio.to_thread(tokenizer.encode_chat, messages, core.max_context)
-        except (MinferError, jinja2.TemplateError) as e:
-            raise APIError(400, f"messages: {e}", "messages") from None
+            return await asyncio.to_thread(tokenizer.encode_chat, messages, core.max_context, **req.render_options())
+        except MinferError as e:  # the template's own errors are the messages' (raise_exception); the options name theirs
+            param = next((p for p in ("chat_template_kwargs", "continue_final_message") if str(e).startswith(p)),
+                         "messages")
+            raise APIError(400, f"messages: {e}" if param == "messages" else str(e), param) from None
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

@@ -136,7 +136,25 @@ class Message(Request):
         return m
 
 
-class ChatCompletionRequest(SamplingFields):
+class TemplateFields(Request):
+    """vLLM's fields for how messages become the prompt (tokenizer.Tokenizer.apply_chat_template)."""
+    add_generation_prompt: bool = True  # the assistant turn's opening after the messages
+    continue_final_message: bool = False  # the prompt ends inside the last message, which the model continues
+    chat_template_kwargs: dict[str, Any] | None = None  # more of the template's variables (Qwen3's enable_thinking)
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_way_to_end(cls, v, info):
+        if v and info.data.get("add_generation_prompt"):
+            raise ValueError("true needs add_generation_prompt = false")
+        return v
+
+    def render_options(self) -> dict:
+        return dict(add_generation_prompt=self.add_generation_prompt,
+                    continue_final_message=self.continue_final_message, template_kwargs=self.chat_template_kwargs)
+
+
+class ChatCompletionRequest(SamplingFields, TemplateFields):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -184,7 +202,7 @@ class CompletionRequest(SamplingFields):
         return self
 
 
-class TokenizeRequest(Request):
+class TokenizeRequest(TemplateFields):
     """vLLM's /tokenize: a prompt's ids as /v1/completions would run them, or chat messages' through the model's
     template (the generation prompt added), as /v1/chat/completions would."""
     model: str | None = None
