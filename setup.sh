@@ -41,7 +41,8 @@ fi
 
 # Python dependencies: install only what is missing, so a second run needs no network.
 declare -A PKG=([numpy]=numpy [safetensors]=safetensors [tokenizers]=tokenizers [huggingface_hub]=huggingface_hub
-                [gguf]=gguf [jinja2]=jinja2 [tqdm]=tqdm [ninja]=ninja [setuptools]=setuptools [wheel]=wheel
+                [gguf]=gguf [jinja2]=jinja2 [tqdm]=tqdm [llguidance]=llguidance [ninja]=ninja [setuptools]=setuptools
+                [wheel]=wheel
                 [pytest]=pytest [transformers]=transformers [accelerate]=accelerate
                 [fastapi]=fastapi [uvicorn]=uvicorn [uvloop]=uvloop [httptools]=httptools
                 [prometheus_client]=prometheus_client [httpx]=httpx

@@ -62,6 +62,13 @@ def parse_args(argv=None):
     p.add_argument("-l", "--logit-bias", action="append", default=[], type=_logit_bias, metavar="TOKEN_ID(+/-)BIAS",
                    help="add BIAS to the token's logit, in [-100, 100], as llama.cpp writes it: 15043+1.5, 2-100 "
                         "(repeatable)")
+    constraint = p.add_mutually_exclusive_group()
+    constraint.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                            help="the output is JSON that follows this JSON schema ('{}': any JSON object)")
+    constraint.add_argument("-jf", "--json-schema-file", metavar="FILE", help="the JSON schema, read from FILE")
+    constraint.add_argument("--grammar", metavar="GRAMMAR",
+                            help="the output follows this grammar (llama.cpp's GBNF, or Lark)")
+    constraint.add_argument("--grammar-file", metavar="FILE", help="the grammar, read from FILE")
     p.add_argument("--dtype", choices=DTYPES, help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto",
@@ -104,6 +111,40 @@ def _check(args):
             raise MinferError("--conversation takes one -p or -f (its first message); the rest come from stdin")
         if args.prompt == ["-"]:
             raise MinferError("--conversation reads its messages from stdin, so -p - cannot; give the first with -p TEXT")
+
+
+def _constraint(args):
+    """The StructuredOutputs that -j / -jf / --grammar / --grammar-file give, and that flag; or (None, None)."""
+    import json
+
+    from .errors import MinferError, open_input
+    from .structured import StructuredOutputs
+    given = [(flag, value) for flag, value in (("--json-schema", args.json_schema), ("--grammar", args.grammar),
+                                               ("--json-schema-file", args.json_schema_file),
+                                               ("--grammar-file", args.grammar_file)) if value is not None]
+    if not given:  # argparse lets at most one through
+        return None, None
+    (flag, text), = given
+    if flag.endswith("-file"):
+        try:
+            with open_input(text) as f:
+                text = f.read()
+        except UnicodeDecodeError:
+            raise MinferError(f"{flag} {text}: not UTF-8 text") from None
+    text = _text(text, flag)
+    if "json-schema" in flag:
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise MinferError(f"{flag}: not JSON ({e})") from None
+        spec = StructuredOutputs(json_object=True) if schema == {} else StructuredOutputs(json=schema)
+    else:
+        spec = StructuredOutputs(grammar=text)
+    try:
+        spec.grammar_text()
+    except MinferError as e:
+        raise MinferError(f"{flag}: {str(e).split(': ', 1)[-1]}") from None
+    return spec, flag
 
 
 def _text(arg: str, flag: str) -> str:
@@ -149,10 +190,11 @@ def run(args) -> None:
 
     _check(args)
     stop = [_text(s, "--stop") for s in args.stop]
+    constraint, constraint_flag = _constraint(args)
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty, args.seed,
                             max_tokens=args.max_new_tokens or MAX_NEW_TOKENS, stop=stop, ignore_eos=args.ignore_eos,
                             presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                            logit_bias=dict(args.logit_bias))
+                            logit_bias=dict(args.logit_bias), structured_outputs=constraint)
     prompts = [_prompt(p) for p in args.prompt or ([] if args.conversation else ["Hello"])]
     system = None if args.system is None else _text(args.system, "--system")
     if args.chat_template is not None:
@@ -176,6 +218,11 @@ def run(args) -> None:
         print(f"[minfer] cuda backend: these ops still run on ref: {', '.join(fallbacks)}", file=sys.stderr)
     if args.chat_template is not None:
         engine.tokenizer.chat_template = template
+    if constraint is not None:
+        try:
+            engine.matchers.check(constraint)
+        except MinferError as e:
+            raise MinferError(f"{constraint_flag}: {str(e).split(': ', 1)[-1]}") from None
     if chat_flag and not engine.tokenizer.chat_template:
         raise MinferError(f"this model has no chat template; drop {chat_flag}")
     if args.conversation:

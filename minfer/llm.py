@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -19,7 +20,7 @@ from .engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE
 from .errors import MinferError
 from .sampling import SamplingParams
 
-Prompt = str | list[int] | dict  # text, token ids, or {"prompt_token_ids": [...]}
+Prompt = str | list[int] | dict  # text, token ids, {"prompt_token_ids": [...]} or {"prompt": text} (vLLM's)
 Conversation = list[dict]  # messages: {"role": ..., "content": text or [{"type": "text", "text": ...}], ...}
 
 
@@ -52,9 +53,13 @@ class LLM:
 
     def _ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt:
-                raise MinferError(f"a prompt given as a dict takes 'prompt_token_ids', got keys {sorted(prompt)}")
-            prompt = prompt["prompt_token_ids"]
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif isinstance(prompt.get("prompt"), str):
+                prompt = prompt["prompt"]
+            else:
+                raise MinferError(f"a prompt given as a dict takes 'prompt_token_ids' or 'prompt' (text), got keys "
+                                  f"{sorted(prompt)}")
         if isinstance(prompt, str):
             if self.engine.tokenizer is None:
                 raise MinferError("this model has no tokenizer: give prompts as token ids")
@@ -67,8 +72,10 @@ class LLM:
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  on_output=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """One output per prompt, in order. sampling_params: one for all prompts or one each (default:
-        SamplingParams()). on_output(index, RequestOutput): called after each step that gave a prompt tokens.
-        use_tqdm: a progress bar of the finished prompts and the output tok/s on stderr (shown on a terminal)."""
+        SamplingParams()); with n > 1 a prompt's output is its first completion, and .outputs all n (vLLM's
+        view; .siblings the RequestOutputs). on_output(index, RequestOutput): called after each step that gave
+        prompt `index` tokens. use_tqdm: a progress bar of the finished prompts and the output tok/s on stderr
+        (shown on a terminal)."""
         single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         prompts = [prompts] if single else list(prompts)
         ids = [self._ids(p) for p in prompts]
@@ -79,20 +86,42 @@ class LLM:
         else:
             raise MinferError(f"sampling_params must be a SamplingParams or a list of them, not "
                               f"{type(sampling_params).__name__}")
+        if len(params) != len(ids):
+            raise MinferError(f"{len(ids)} prompts and {len(params)} sampling params")
+        for sp in params:
+            if not isinstance(sp, SamplingParams):
+                raise MinferError(f"sampling params must be a SamplingParams, not {type(sp).__name__}")
+            sp.validate()
+        # A row a completion: prompt i's n rows, seeded seed, seed + 1, ... (the server's rule for n).
+        rows = [(i, c) for i, sp in enumerate(params) for c in range(sp.n)]
+        row_params = [params[i] if params[i].n == 1 else dataclasses.replace(
+            params[i], n=1, seed=None if params[i].seed is None else (params[i].seed + c) % 2**63) for i, c in rows]
+        left = [sp.n for sp in params]  # completions of each prompt not yet finished
         with tqdm(total=len(ids), desc="Processed prompts", unit="prompt", file=sys.stderr,
                   disable=None if use_tqdm else True, dynamic_ncols=True) as bar:
             t0, tokens = time.perf_counter(), 0
 
-            def progress(index: int, out: RequestOutput) -> None:
+            def progress(row: int, out: RequestOutput) -> None:
                 nonlocal tokens
-                if out.finished:
+                i = rows[row][0]
+                if out.finished and not bar.disable:
                     tokens += len(out.token_ids)
+                    left[i] -= 1
                     bar.set_postfix_str(f"output {tokens / (time.perf_counter() - t0):.0f} tok/s", refresh=False)
-                    bar.update(1)
+                    bar.update(left[i] == 0)
                 if on_output is not None:
-                    on_output(index, out)
+                    on_output(i, out)
 
-            outputs, self.last_stats = self.engine.generate(ids, params, on_output if bar.disable else progress)
+            results, self.last_stats = self.engine.generate([ids[i] for i, _ in rows], row_params,
+                                                            None if bar.disable and on_output is None else progress)
+        outputs, first = [], 0
+        for i, sp in enumerate(params):
+            out = results[first]
+            out.prompt = _prompt_text(prompts[i])
+            if sp.n > 1:
+                out.siblings = results[first:first + sp.n]
+            outputs.append(out)
+            first += sp.n
         return outputs
 
     def chat(self, messages: Conversation | list[Conversation],
@@ -117,6 +146,13 @@ class LLM:
             template_kwargs=chat_template_kwargs)}
                    for i, c in enumerate(conversations)]
         return self.generate(prompts, sampling_params, on_output, use_tqdm)
+
+
+def _prompt_text(prompt: Prompt) -> str | None:
+    """The text of a prompt given as text (RequestOutput.prompt, as vLLM's); None for token ids."""
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+        prompt = prompt.get("prompt")
+    return prompt if isinstance(prompt, str) else None
 
 
 TEXT_PARTS = ("text", "input_text")  # the content parts a text model reads (OpenAI's two names)

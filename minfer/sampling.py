@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import MinferError
+from .structured import KINDS, StructuredOutputs
 
 # The smallest temperature above 0: below it logits / temperature overflow fp32 to inf, and the
 # probabilities become NaN. Use 0 for greedy.
@@ -37,10 +38,18 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
     prompt_logprobs: int | None = None  # per prompt token after the first: its log-probability and the top-n
     min_tokens: int = 0  # new tokens before a stop id or stop string may end the output (vLLM's)
+    n: int = 1  # LLM.generate's completions of each prompt (seeds seed, seed + 1, ... when seeded)
+    structured_outputs: StructuredOutputs | dict | None = None  # a JSON schema, regex, choice or grammar (structured.py)
 
     def __post_init__(self):
         if isinstance(self.stop, str):  # one stop string, as vLLM takes it
             self.stop = [self.stop]
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputs(**self.structured_outputs)
+            except TypeError:
+                raise MinferError(f"structured_outputs takes {', '.join(KINDS)}, not "
+                                  f"{sorted(self.structured_outputs)}") from None
         self.validate()
 
     def validate(self) -> None:
@@ -62,6 +71,13 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not (_number(getattr(self, name)) and -2 <= getattr(self, name) <= 2):
                 raise MinferError(f"--{name.replace('_', '-')} must be in [-2, 2], not {getattr(self, name)!r}")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputs):
+                raise MinferError(f"structured_outputs must be a StructuredOutputs, not "
+                                  f"{type(self.structured_outputs).__name__}")
+            self.structured_outputs.kind()
+        if not (_integer(self.n) and self.n >= 1):
+            raise MinferError(f"n must be an integer >= 1, not {self.n!r}")
         if self.seed is not None and not (_integer(self.seed) and 0 <= self.seed < 2**63):
             raise MinferError(f"--seed must be an integer in [0, 2^63), not {self.seed!r}")
         scored = self.max_tokens == 0 and self.prompt_logprobs is not None  # the prompt's logprobs, no new token
@@ -209,6 +225,7 @@ class SamplingTensors:
     seen: torch.Tensor | None  # [batch, vocab] bool: prompt and output ids (for the repetition penalty)
     counts: torch.Tensor | None  # [batch, vocab] fp32: output id counts (presence / frequency penalties)
     logit_bias: torch.Tensor | None  # [batch, vocab] fp32: added to the logits before anything else (-inf: banned)
+    allowed: torch.Tensor | None  # [batch, vocab] bool: the ids structured outputs allow (the rest -inf after the bias)
     all_greedy: bool
     filters: tuple[bool, bool, bool]  # some row uses top-k, top-p, min-p
     num_logprobs: int | None  # the largest top-n asked for; None: no row wants logprobs
@@ -217,13 +234,15 @@ class SamplingTensors:
     def plain_greedy(self) -> bool:
         """Every row greedy, with no penalty, no logit bias and no logprobs: the ids are the logits' argmax."""
         return (self.all_greedy and self.seen is None and self.counts is None and self.logit_bias is None
-                and self.num_logprobs is None)
+                and self.allowed is None and self.num_logprobs is None)
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], positions: list[int], prompts: list[list[int]],
-              outputs: list[list[int]], vocab: int, device, banned: list | None = None) -> "SamplingTensors":
+              outputs: list[list[int]], vocab: int, device, banned: list | None = None,
+              allowed=None) -> "SamplingTensors":
         """The tensors a batch needs, and only those: an all-greedy batch without penalties needs none.
-        banned: per row, ids it may not draw (a stop id before min_tokens)."""
+        banned: per row, ids it may not draw (a stop id before min_tokens); allowed: [batch, vocab] bool numpy, the
+        ids each row may draw (structured outputs), or None."""
         def col(values, dtype=torch.float32):
             return upload(values, dtype, device)
 
@@ -261,6 +280,7 @@ class SamplingTensors:
             presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
             frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
             seen=seen, counts=counts, logit_bias=bias, all_greedy=greedy, filters=filters,
+            allowed=None if allowed is None else torch.from_numpy(allowed).to(device, non_blocking=True),
             num_logprobs=max(logprobs) if logprobs else None)
 
 
@@ -302,6 +322,8 @@ def sample_batch(logits: torch.Tensor, t: SamplingTensors) -> tuple[torch.Tensor
     raw = logits
     if t.logit_bias is not None:
         logits = logits + t.logit_bias
+    if t.allowed is not None:
+        logits = logits.masked_fill(~t.allowed, float("-inf"))
     if t.seen is not None:
         penalty = t.repetition_penalty[:, None]
         penalized = torch.where(logits > 0, logits / penalty, logits * penalty)

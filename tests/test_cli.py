@@ -500,3 +500,33 @@ def test_chat_template_flag(tiny, tmp_path):
     # a template that fails on the messages it is given: one line too
     rc, out, err = run(tiny, "--chat", "-p", "w3", "--device", "cpu", "--chat-template", "{{ messages[5].content.x }}")
     assert_one_line_error(rc, out, err, "chat template: UndefinedError")
+
+
+@needs_model
+def test_json_schema_and_grammar_flags(capsys, tmp_path):
+    """llama.cpp's -j/--json-schema, -jf/--json-schema-file, --grammar and --grammar-file constrain the output; a bad
+    schema or grammar is one line naming the flag, before any token."""
+    pytest.importorskip("llguidance")
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 12}}, "required": ["capital"],
+              "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "g.gbnf").write_text('root ::= ("yes" | "no") "."')
+    greedy = ["-p", "France's capital, as JSON:", "--temperature", "0", "-n", "24", "--device", "cpu"]
+    for flag in (["-j", json.dumps(schema)], ["-jf", str(tmp_path / "s.json")]):
+        rc, out, err = main(capsys, *greedy, *flag)
+        assert rc == 0, err
+        assert set(json.loads(out)) == {"capital"}
+    from minfer.generate import _constraint, parse_args
+    from minfer.structured import StructuredOutputs
+    assert _constraint(parse_args(["-j", "{}"])) == (StructuredOutputs(json_object=True), "--json-schema")  # llama.cpp's
+    rc, out, err = main(capsys, *greedy, "--grammar-file", str(tmp_path / "g.gbnf"))
+    assert rc == 0 and out in ("yes.\n", "no.\n")
+    for args, needle in [(["-j", "{bad"], "--json-schema: not JSON"), (["-j", '{"type": "strong"}'], "--json-schema: "),
+                         (["--grammar", "root ::= nothing"], "--grammar: "),
+                         (["--grammar-file", str(tmp_path / "none.gbnf")], "none.gbnf"),
+                         (["-j", "{}", "--grammar", 'root ::= "a"'], "not allowed with")]:
+        try:
+            rc, out, err = main(capsys, *greedy, *args)
+        except SystemExit as e:  # argparse's own errors
+            rc, (out, err) = e.code, capsys.readouterr()
+        assert_one_line_error(rc, out, err, needle)

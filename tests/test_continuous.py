@@ -377,6 +377,34 @@ def test_llm_api():
     assert_idle(llm.engine)
 
 
+def test_llm_n_completions_in_vllms_view():
+    """SamplingParams.n: a prompt's n completions, seeded seed, seed + 1, ... (each equal to its run alone);
+    .outputs lists them as vLLM's RequestOutput does, .prompt is the text given; on_output and the progress bar
+    count prompts."""
+    import dataclasses
+    llm = LLM(dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, block_size=PAGE, num_pages=64)
+    ids = llm.get_tokenizer().encode(PROMPTS[2])
+    sp = SamplingParams(temperature=1.0, seed=7, max_tokens=6, n=3, logprobs=0)
+    seen = []
+    outs = llm.generate([PROMPTS[0], {"prompt": PROMPTS[1]}, ids], sp, on_output=lambda i, o: seen.append(i))
+    assert sorted(set(seen)) == [0, 1, 2]
+    for out, prompt, text in zip(outs, [PROMPTS[0], PROMPTS[1], ids], [PROMPTS[0], PROMPTS[1], None]):
+        assert out.prompt == text and [c.index for c in out.outputs] == [0, 1, 2]
+        for c, comp in enumerate(out.outputs):
+            (alone,) = llm.generate(prompt, dataclasses.replace(sp, n=1, seed=7 + c))
+            assert (comp.token_ids, comp.text, comp.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)
+            assert comp.cumulative_logprob == pytest.approx(sum(e["logprob"] for e in alone.logprobs), abs=1e-3)
+        assert out.text == out.outputs[0].text and len({tuple(c.token_ids) for c in out.outputs}) > 1
+    (one,) = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3))
+    assert [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason) for c in one.outputs] == \
+        [(0, one.text, one.token_ids, None, None, "length")]
+    with pytest.raises(ValueError, match="n must be an integer >= 1"):
+        SamplingParams(n=0)
+    with pytest.raises(ValueError, match="LLM.generate makes n of them"):
+        llm.engine.add_requests([(ids, SamplingParams(n=2), None)])
+    assert_idle(llm.engine)
+
+
 def test_llm_chat():
     """chat() renders each conversation with the model's template (generation prompt added) and generates from
     those ids; content parts read as their text joined by newlines (vLLM's LLM.chat); a bad conversation is a
@@ -469,10 +497,11 @@ def test_llm_progress_bar(monkeypatch):
     monkeypatch.setattr(llm_module, "tqdm", lambda **kw: real(**{**kw, "file": bar_text, "disable": kw["disable"] or False}))
     llm = LLM(dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, block_size=PAGE, num_pages=64)
     seen = []
-    llm.generate(["Hi", "Water boils at"], SamplingParams(temperature=0.0, max_tokens=3),
+    llm.generate(["Hi", "Water boils at"], SamplingParams(temperature=0.0, max_tokens=3, n=2),
                  on_output=lambda i, o: seen.append(i))
-    assert "Processed prompts" in bar_text.getvalue() and "2/2" in bar_text.getvalue()
-    assert "tok/s" in bar_text.getvalue() and sorted(set(seen)) == [0, 1] and len(seen) == 6
+    assert "Processed prompts" in bar_text.getvalue() and "2/2" in bar_text.getvalue()  # prompts, not completions
+    assert "3/2" not in bar_text.getvalue() and "4/2" not in bar_text.getvalue()
+    assert "tok/s" in bar_text.getvalue() and sorted(set(seen)) == [0, 1] and len(seen) == 12
     bar_text.truncate(0)
     bar_text.seek(0)
     llm.generate(["Hi"], SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)

@@ -49,7 +49,9 @@ def test_parameters_the_static_engine_does_not_apply_are_refused(engine):
     for params, needle in [(SamplingParams(temperature=0.0, presence_penalty=0.5), "presence_penalty"),
                            (SamplingParams(temperature=0.0, logprobs=1), "logprobs"),
                            (SamplingParams(temperature=0.0, logit_bias={1: 2.0}), "logit_bias"),
-                           (SamplingParams(temperature=0.0, prompt_logprobs=1), "prompt_logprobs")]:
+                           (SamplingParams(temperature=0.0, prompt_logprobs=1), "prompt_logprobs"),
+                           (SamplingParams(temperature=0.0, n=2), "n"),
+                           (SamplingParams(temperature=0.0, structured_outputs={"regex": "a"}), "structured_outputs")]:
         with pytest.raises(MinferError, match=needle):
             engine.generate([ids], params, 2)
 

@@ -312,7 +312,7 @@ def test_bad_chat_requests(server):
                          "messages.0.content.0.type"),  # a text model says so, rather than drop the image
                         ({"messages": user, "tools": [{"type": "function"}]}, "tools"),
                         ({"messages": [{"role": "user", "content": "word " * 200_000}]}, "messages"),
-                        ({"messages": user, "response_format": {"type": "json_object"}}, "response_format.type")]:
+                        ({"messages": user, "response_format": {"type": "xml"}}, "response_format.type")]:
         assert_error(server.http.post("/v1/chat/completions", json=body), 400, param)
 
 
@@ -510,6 +510,39 @@ def test_chat_render_options(server, oracle):
                         ({"chat_template_kwargs": []}, "chat_template_kwargs")]:
         for path in ("/tokenize", "/v1/chat/completions"):
             assert_error(http.post(path, json={"messages": messages, **body}), 400, param)
+    assert_idle(server.core)
+
+
+def test_structured_outputs(server, oracle):
+    """OpenAI's response_format (json_object, json_schema) and vLLM's structured_outputs constrain the output: the
+    greedy text is LLM.chat's / LLM.generate's under the same constraint; a bad one is a 400 naming its field."""
+    pytest.importorskip("llguidance")
+    http = server.http
+    messages = [{"role": "user", "content": "Describe Paris as JSON."}]
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "big": {"type": "boolean"}},
+              "required": ["name", "big"], "additionalProperties": False}
+    greedy = dict(temperature=0, max_tokens=48)
+    for fmt, spec in [({"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}},
+                       {"json": schema}), ({"type": "json_object"}, {"json_object": True})]:
+        r = http.post("/v1/chat/completions", json={"messages": messages, "response_format": fmt, **greedy})
+        assert r.status_code == 200, r.text
+        text = r.json()["choices"][0]["message"]["content"]
+        (want,) = oracle.chat(messages, SamplingParams(structured_outputs=spec, **greedy), use_tqdm=False)
+        assert text == want.text and isinstance(json.loads(text), dict)
+    assert set(json.loads(text)) == {"name", "big"} or fmt["type"] == "json_object"
+    choices = ["Paris", "London"]
+    r = http.post("/v1/completions", json={"prompt": PROMPTS[0], "structured_outputs": {"choice": choices}, **greedy})
+    (want,) = oracle.generate(PROMPTS[0], SamplingParams(structured_outputs={"choice": choices}, **greedy))
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == want.text and want.text in choices
+    for body, param in [({"response_format": {"type": "json_schema"}}, "response_format"),
+                        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "strong"}}}},
+                         "response_format"),
+                        ({"structured_outputs": {"regex": "[a"}}, "structured_outputs"),
+                        ({"structured_outputs": {}}, "structured_outputs"),
+                        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+                        ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
+                         "structured_outputs")]:
+        assert_error(http.post("/v1/chat/completions", json={"messages": messages, **body}), 400, param)
     assert_idle(server.core)
 
 

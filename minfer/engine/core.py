@@ -30,6 +30,7 @@ from ..engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE
 from ..errors import MinferError
 from ..kv_cache import AttentionMetadata, PagedKVCache
 from ..sampling import Logprobs, SamplingParams, SamplingTensors, sample_batch, upload
+from ..structured import Matchers
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
 from .graphs import try_decode_graphs, try_piece_graphs
@@ -111,18 +112,42 @@ def step_metadata(work: list[tuple[list[int], int, list[int]]], page: int, sampl
     return meta, rest[0] if with_ids else None, d_logit_index
 
 
+@dataclass
+class CompletionOutput:
+    """One completion of a request, as vLLM's RequestOutput.outputs lists them."""
+    index: int  # among the request's n (SamplingParams.n)
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None  # the sum of the chosen tokens' logprobs, when logprobs were asked for
+    logprobs: list[dict] | None
+    finish_reason: str | None
+
+
 class RequestOutput:
     """A request's state after a step: everything so far, and what this step added. The text of a request
     without stop strings is decoded when an output's text is first read: a front end that reads none (a
-    benchmark) or only the last output's pays nothing a step."""
-    __slots__ = ("finished", "finish_reason", "num_cached_tokens", "_seq", "_n", "_added", "_text", "_new_text")
+    benchmark) or only the last output's pays nothing a step. LLM.generate sets prompt (the text given, else
+    None) and, for SamplingParams.n > 1, siblings: the n outputs of the prompt, this one first."""
+    __slots__ = ("finished", "finish_reason", "num_cached_tokens", "prompt", "siblings", "_seq", "_n", "_added",
+                 "_text", "_new_text")
 
     def __init__(self, seq: Sequence, added: bool, text: str | None = None, new_text: str | None = None):
         self.finished = seq.finish_reason is not None
         self.finish_reason = seq.finish_reason  # length | stop | abort
         self.num_cached_tokens = seq.num_cached_tokens  # prompt tokens found in the prefix cache
+        self.prompt: str | None = None
+        self.siblings: list[RequestOutput] | None = None
         self._seq, self._n, self._added = seq, len(seq.output_token_ids), added  # added: this step gave an id
         self._text, self._new_text = text, new_text
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's view of the request's completions: this one, or its n siblings."""
+        def one(i, o):
+            lps = o.logprobs
+            return CompletionOutput(i, o.text, list(o.token_ids), None if lps is None else sum(e["logprob"] for e in lps),
+                                    lps, o.finish_reason)
+        return [one(i, o) for i, o in enumerate(self.siblings or [self])]
 
     @property
     def request_id(self) -> str:
@@ -269,6 +294,7 @@ class EngineCore(LoadedModel):
                                              chunk=long_prefill_token_threshold, prompts=prompt_graphs)
         self.seqs: dict[str, Sequence] = {}
         self.stop_ids = frozenset(self.tokenizer.stop_ids if self.tokenizer else ())
+        self._matchers: Matchers | None = None  # structured outputs' tokenizer, built on first use
         if async_scheduling is None:
             async_scheduling = self.device.type == "cuda" and not os.environ.get("MINFER_NO_ASYNC")
         self.async_scheduling = async_scheduling
@@ -341,6 +367,8 @@ class EngineCore(LoadedModel):
         seq.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
         seq.penalized = (params.repetition_penalty != 1.0 or params.presence_penalty != 0
                          or params.frequency_penalty != 0)
+        if params.structured_outputs is not None:
+            seq.matcher = self.matchers.matcher(params.structured_outputs)
         self.scheduler.add(seq)
         self.seqs[request_id] = seq
         return request_id
@@ -368,6 +396,10 @@ class EngineCore(LoadedModel):
         if not isinstance(params, SamplingParams):
             raise MinferError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
         params.validate()
+        if params.n != 1:
+            raise MinferError(f"n = {params.n}: a request is one sequence here; LLM.generate makes n of them")
+        if params.structured_outputs is not None:
+            self.matchers.check(params.structured_outputs)
         vocab = self.cfg.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise MinferError(f"--logit-bias: token id {max(params.logit_bias)} out of range [0, {vocab})")
@@ -409,9 +441,9 @@ class EngineCore(LoadedModel):
 
     def _chains(self, batch: ScheduledBatch, prev: _Launched) -> bool:
         """Whether the batch can run before prev's ids are read: no row decodes a token still in flight with a
-        penalty (the penalties read the output ids on the host). A row with a token in flight decodes the one
-        prev sampled for it; every other row's tokens are on the host."""
-        return bool(batch) and not any(s.in_flight and s.penalized for s in batch.seqs)
+        penalty or a structured output (the penalties and the matcher read the output ids on the host). A row with
+        a token in flight decodes the one prev sampled for it; every other row's tokens are on the host."""
+        return bool(batch) and not any(s.in_flight and (s.penalized or s.matcher is not None) for s in batch.seqs)
 
     def _input_ids(self, seqs: list[Sequence], counts: list[int], prev: _Launched | None) -> torch.Tensor | None:
         """The step's input ids [tokens] on the device when some are prev's sampled ids (the rows with a token in
@@ -475,7 +507,7 @@ class EngineCore(LoadedModel):
         t = SamplingTensors.build([s.params for s in sampled], [s.seed for s in sampled],
                                   [s.num_tokens for s in sampled], [s.prompt_ids for s in sampled],
                                   [s.output_ids for s in sampled], logits.shape[-1], self.device,
-                                  self._banned(sampled))
+                                  self._banned(sampled), self._allowed(sampled))
         ids, logprobs = self._sample_rows(logits, t)
         for s in sampled:
             s.in_flight += 1
@@ -512,6 +544,10 @@ class EngineCore(LoadedModel):
                     reason = "length"
             else:
                 reason = "stop"
+            if seq.matcher is not None and added and not reason:
+                # the mask allowed only ids the grammar takes; its end (nothing more to take) ends the request
+                if not seq.matcher.consume_token(tok) or seq.matcher.is_stopped():
+                    reason = "stop"
             register(seq)  # the pages its computed tokens filled, before a finish frees them
             text = new_text = None
             if seq.params.stop:
@@ -577,6 +613,18 @@ class EngineCore(LoadedModel):
         meta, host_ids, logit_index = step_metadata(work, cache.page_size, sampled, ids is None, local_tables,
                                                     self.device, extra_rows)
         return self.model.forward_paged(host_ids if ids is None else ids, meta, cache, logit_index, raw_logits=True)
+
+    def _allowed(self, sampled: list[Sequence]):
+        """[rows, vocab] bool numpy: the ids each row's structured output allows next (None: no row has one)."""
+        if not any(s.matcher is not None for s in sampled):
+            return None
+        return self.matchers.allowed([s.matcher for s in sampled])
+
+    @property
+    def matchers(self) -> Matchers:
+        if self._matchers is None or self._matchers.tokenizer is not self.tokenizer:  # the server may set its own
+            self._matchers = Matchers(self.tokenizer, self.cfg.vocab_size, sorted(self.stop_ids))
+        return self._matchers
 
     @staticmethod
     def _banned(sampled: list[Sequence]) -> list | None:

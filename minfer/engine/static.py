@@ -135,7 +135,8 @@ class Engine(LoadedModel):
         if "" in stop:
             raise MinferError("empty stop string: it would match before the first token")
         unread = [name for name, off in (("presence_penalty", 0), ("frequency_penalty", 0), ("logprobs", None),
-                                         ("logit_bias", {}), ("stop_token_ids", []), ("prompt_logprobs", None), ("min_tokens", 0))
+                                         ("logit_bias", {}), ("stop_token_ids", []), ("prompt_logprobs", None), ("min_tokens", 0),
+                                         ("n", 1), ("structured_outputs", None))
                   if getattr(params, name) != off]
         if unread:  # sample() reads one SamplingParams' temperature, filters, repetition penalty and seed
             raise MinferError(f"the static engine does not apply {', '.join(unread)}: the continuous engine does")

@@ -179,7 +179,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                   max_tokens=max_tokens, stop=stop, ignore_eos=req.ignore_eos,
                                   presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                                   logprobs=logprobs, logit_bias={int(t): b for t, b in req.logit_bias.items()},
-                                  prompt_logprobs=prompt_logprobs, min_tokens=req.min_tokens)
+                                  prompt_logprobs=prompt_logprobs, min_tokens=req.min_tokens,
+                                  structured_outputs=req.structured()[0])
         except MinferError as e:
             message = field_named(e)
             field = re.match(r"[a-z_]+", message)
@@ -197,6 +198,13 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
             limit = MAX_SEQUENCES if n > MAX_SEQUENCES else max_waiting
             raise APIError(400, f"n x prompts = {n} sequences, over this server's limit of {limit} a request",
                            "n" if req.n > 1 else "prompt")
+        structured, source = req.structured()
+        if structured is not None:  # the constraint, checked off the event loop (the first builds llguidance's vocab)
+            try:
+                await asyncio.to_thread(core.matchers.check, structured)
+            except MinferError as e:
+                what = str(e).split(": ", 1)[-1] if source == "response_format" else str(e)
+                raise APIError(400, f"response_format: {what}" if source == "response_format" else what, source) from None
         params = [params_for(req, max_tokens, logprobs, c, prompt_logprobs) for c in range(req.n)]
         if max_waiting is not None and engine.num_waiting + n > max_waiting:
             raise APIError(429, f"the server is busy ({engine.num_waiting} requests waiting); try again later")

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..sampling import MAX_LOGIT_BIAS
+from ..structured import StructuredOutputs
 
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 MAX_STOP = 64  # stop strings a request: each is looked for in the new text of every step
@@ -47,8 +48,33 @@ class StreamOptions(Request):
         return unsupported(v, False)
 
 
+class JsonSchemaFormat(Request):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # absent: any JSON object
+    strict: bool | None = None  # the schema is always followed
+
+
 class ResponseFormat(Request):
-    type: Literal["text"]  # json_object and json_schema need constrained decoding
+    """OpenAI's: text, or JSON (structured outputs: minfer.structured)."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with type 'json_schema', and only then")
+        return self
+
+
+class StructuredOutputsField(Request):
+    """vLLM's structured_outputs: exactly one of a JSON schema, any JSON object, a regex, a choice or a grammar
+    (Lark, or llama.cpp's GBNF)."""
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
 
 
 class SamplingFields(Request):
@@ -72,6 +98,8 @@ class SamplingFields(Request):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (a JSON key) -> added to its logit
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
     # OpenAI's, at their no-op values only
     store: bool = False
     metadata: dict[str, str] | None = None  # labels of a stored completion: nothing is stored
@@ -108,6 +136,27 @@ class SamplingFields(Request):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only with stream = true")
         return self
+
+    @field_validator("structured_outputs")
+    @classmethod
+    def _one_constraint(cls, v, info):
+        fmt = info.data.get("response_format")
+        if v is not None and fmt is not None and fmt.type != "text":
+            raise ValueError("give one of response_format and structured_outputs")
+        return v
+
+    def structured(self) -> tuple[StructuredOutputs | None, str | None]:
+        """The request's constraint and the field that gave it: structured_outputs, or a JSON response_format."""
+        if self.structured_outputs is not None:
+            so = self.structured_outputs
+            return StructuredOutputs(json=so.json_, json_object=bool(so.json_object), regex=so.regex, choice=so.choice,
+                                     grammar=so.grammar), "structured_outputs"
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None, None
+        if fmt.type == "json_schema" and fmt.json_schema.schema_ is not None:
+            return StructuredOutputs(json=fmt.json_schema.schema_), "response_format"
+        return StructuredOutputs(json_object=True), "response_format"
 
 
 class ContentPart(Request):
@@ -159,7 +208,6 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list)
     tool_choice: str = "none"
     parallel_tool_calls: bool = True

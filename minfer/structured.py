@@ -1,0 +1,129 @@
+"""Structured outputs: a JSON schema, any JSON object, a regex, a choice of strings or a grammar (Lark, or llama.cpp's
+GBNF) constrains each token a request samples. llguidance's matcher keeps each request's parse state on the host and
+gives the next token's allowed ids as a bitmask; the engine masks the logits with it before sampling (the logprobs
+stay those of the model's raw distribution, as the unconstrained ones). A step that decodes a constrained request
+first applies the step before's ids, as for penalties: the mask needs the token sampled last."""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .errors import MinferError
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# Compact JSON ({"a":1,"b":[2]}, no whitespace): a model free to add whitespace may add it forever.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@dataclass
+class StructuredOutputs:
+    """vLLM's StructuredOutputsParams: exactly one of the fields."""
+    json: dict | str | None = None  # a JSON schema (a dict, or its text)
+    json_object: bool = False  # any JSON object
+    regex: str | None = None
+    choice: list[str] | None = None  # the output is one of these strings
+    grammar: str | None = None  # Lark (llguidance's) or GBNF (llama.cpp's)
+
+    def kind(self) -> str:
+        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise MinferError(f"structured_outputs: give exactly one of {', '.join(KINDS)}, not "
+                              f"{', '.join(given) if given else 'none'}")
+        return given[0]
+
+    def grammar_text(self) -> str:
+        """llguidance's form of the constraint. Raises MinferError for input that is not one."""
+        llg = _llguidance()
+        kind = self.kind()
+        try:
+            if kind == "json":
+                schema = json.loads(self.json) if isinstance(self.json, str) else self.json
+                if not isinstance(schema, (dict, bool)):
+                    raise ValueError("a JSON schema is an object")
+                return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            if kind == "json_object":
+                return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+            if kind == "regex":
+                return llg.LLMatcher.grammar_from_regex(_text(self.regex, "regex"))
+            if kind == "choice":
+                if not (isinstance(self.choice, list) and self.choice and all(isinstance(c, str) for c in self.choice)):
+                    raise ValueError("a non-empty list of strings")
+                return llg.grammar_from("choice", self.choice)
+            return llg.grammar_from("grammar", _text(self.grammar, "grammar"))
+        except (ValueError, TypeError) as e:
+            raise MinferError(f"structured_outputs.{kind}: {e}") from None
+
+
+def _text(value, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be text, not {type(value).__name__}")
+    return value
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:
+        raise MinferError("structured outputs need the llguidance package: pip install llguidance") from None
+    return llguidance
+
+
+class Matchers:
+    """The engine's side: its tokenizer in llguidance's form (built on first use, ~1 s for a large vocabulary),
+    a matcher a constrained request, and the masks of a step's rows."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int]):
+        self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, stop_ids
+        self._ll = None
+        self._grammars: dict[str, str] = {}  # a checked constraint (as JSON) -> its grammar: checked once, not a request
+        self._lock = threading.Lock()
+
+    def _grammar(self, spec: StructuredOutputs) -> str:
+        """spec's grammar, checked against this tokenizer (a MinferError if it is none it can follow)."""
+        key = json.dumps(asdict(spec), sort_keys=True, default=str)
+        if key in self._grammars:
+            return self._grammars[key]
+        llg = _llguidance()
+        grammar = spec.grammar_text()
+        error = llg.LLMatcher.validate_grammar(grammar, self._ll_tokenizer())
+        if error and not error.startswith("WARNING"):
+            raise MinferError(f"structured_outputs.{spec.kind()}: {' '.join(error.split())}")
+        with self._lock:  # the server checks on its event loop's threads, the engine on its own
+            if len(self._grammars) >= 256:  # a server's requests may each bring another schema
+                self._grammars.pop(next(iter(self._grammars)))
+            self._grammars[key] = grammar
+        return grammar
+
+    def _ll_tokenizer(self):
+        if self._ll is None:
+            if self.tokenizer is None:
+                raise MinferError("structured outputs need the model's tokenizer, and this model has none")
+            llg = _llguidance()
+            self._ll = llg.LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.vocab_size,
+                                       eos_token=list(self.stop_ids) or None)
+        return self._ll
+
+    def check(self, spec: StructuredOutputs) -> None:
+        """A MinferError when spec is no constraint this tokenizer can follow."""
+        self._grammar(spec)
+
+    def matcher(self, spec: StructuredOutputs):
+        llg = _llguidance()
+        m = llg.LLMatcher(self._ll_tokenizer(), self._grammar(spec), log_level=0)
+        if m.is_error():
+            raise MinferError(f"structured_outputs.{spec.kind()}: {m.get_error()}")
+        return m
+
+    def allowed(self, matchers: list) -> np.ndarray:
+        """[rows, vocab] bool: each row's next allowed ids (every id where its matcher is None)."""
+        out = np.ones((len(matchers), self.vocab_size), dtype=bool)
+        for row, m in enumerate(matchers):
+            if m is not None:
+                bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+                n = min(len(bits), self.vocab_size)
+                out[row, :n] = bits[:n].astype(bool)
+                out[row, n:] = False
+        return out

@@ -1,0 +1,140 @@
+"""Structured outputs (minfer.structured): every sampled token keeps the output inside the constraint, alone and in
+a batch, with and without async scheduling and the decode graphs; the masks' bits are llguidance's; bad
+constraints are errors naming the field."""
+import json
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("llguidance")
+
+from minfer import LLM  # noqa: E402
+from minfer.errors import MinferError  # noqa: E402
+from minfer.sampling import SamplingParams  # noqa: E402
+from minfer.structured import StructuredOutputs  # noqa: E402
+from test_continuous import MODEL_PATH, assert_idle, make, with_emulated_graphs  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not __import__("os").path.exists(MODEL_PATH), reason="default model not installed")
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                           "population": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"enum": ["big", "old", "capital"]},
+                                                    "maxItems": 2}},
+          "required": ["city", "population", "tags"], "additionalProperties": False}
+GBNF = 'root ::= answer " because " [a-z ]{1,20} "."\nanswer ::= "yes" | "no"'
+CONSTRAINTS = {
+    "json": (dict(json=SCHEMA), lambda t: _follows_schema(json.loads(t))),
+    "json_object": (dict(json_object=True), lambda t: isinstance(json.loads(t), dict)),
+    "regex": (dict(regex=r"[0-9]{3}-[A-Z]{2}"), lambda t: re.fullmatch(r"[0-9]{3}-[A-Z]{2}", t)),
+    "choice": (dict(choice=["Paris", "Lyon", "Marseille"]), lambda t: t in ("Paris", "Lyon", "Marseille")),
+    "gbnf": (dict(grammar=GBNF), lambda t: re.fullmatch(r"(yes|no) because [a-z ]{1,20}\.", t)),
+    "lark": (dict(grammar='start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,3}/'),
+             lambda t: re.fullmatch(r"\(\d{1,3}(,\d{1,3})*\)", t)),
+}
+PROMPT = "Tell me about the capital of France."
+
+
+def _follows_schema(x) -> bool:
+    return (set(x) == {"city", "population", "tags"} and isinstance(x["city"], str) and len(x["city"]) <= 12
+            and isinstance(x["population"], int) and len(x["tags"]) <= 2
+            and all(t in ("big", "old", "capital") for t in x["tags"]))
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(dtype="float32", device="cpu", backend="ref", max_model_len=256, block_size=16, num_pages=256)
+
+
+@pytest.mark.parametrize("kind", sorted(CONSTRAINTS))
+def test_every_output_follows_its_constraint(llm, kind):
+    """Greedy and seeded draws at temperature 1: an output that ends ("stop") is checked by an independent
+    validator (json, re); one cut at max_tokens (an unbounded object at temperature 1 may go on) has every token
+    accepted by a fresh matcher."""
+    spec, holds = CONSTRAINTS[kind]
+    params = [SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=spec)] + \
+        [SamplingParams(temperature=1.0, seed=s, max_tokens=120, structured_outputs=spec) for s in range(3)]
+    outs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
+    for out in outs:
+        if out.finish_reason == "stop":
+            assert holds(out.text), (kind, out.text)
+        else:
+            m = llm.engine.matchers.matcher(StructuredOutputs(**spec))
+            assert out.finish_reason == "length" and m.validate_tokens(out.token_ids) == len(out.token_ids)
+    assert outs[0].finish_reason == "stop"  # greedy ends every one of them
+    assert_idle(llm.engine)
+
+
+def test_masks_are_llguidances_bits(llm):
+    """The first token a choice allows: exactly the ids whose text starts one of the choices, and the mask's bit
+    order is llguidance's own (its numpy helper, applied to the same bitmask)."""
+    import llguidance.numpy as lln
+    import numpy as np
+    spec = StructuredOutputs(choice=["Paris", "Lyon"])
+    m = llm.engine.matchers.matcher(spec)
+    ours = llm.engine.matchers.allowed([m, None])
+    vocab = llm.engine.cfg.vocab_size
+    assert ours.shape == (2, vocab) and ours[1].all()
+    logits = np.zeros((1, vocab), np.float32)
+    lln.apply_token_bitmask_inplace(logits, np.frombuffer(m.compute_bitmask(), np.int32)[None])
+    assert (ours[0] == np.isfinite(logits[0])).all()
+    tok = llm.get_tokenizer()
+    allowed = [tok.decode([i]) for i in np.flatnonzero(ours[0])]
+    assert allowed and all("Paris".startswith(t) or "Lyon".startswith(t) for t in allowed)
+    assert {"P", "Paris", "L"} <= set(allowed)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_constrained_rows_in_a_batch_equal_alone(monkeypatch, graphs):
+    """Constrained and free requests in one batch, async scheduling on (the constrained rows' steps wait for the ids
+    before them) and the decode graphs emulated: each request's tokens are those it samples alone."""
+    engine = make(async_scheduling=True, num_pages=256, page_size=16)
+    if graphs:
+        engine = with_emulated_graphs(engine, monkeypatch)
+    ids = engine.tokenizer.encode(PROMPT)
+    params = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=CONSTRAINTS["json"][0]),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=4, max_tokens=40, structured_outputs=CONSTRAINTS["gbnf"][0]),
+              SamplingParams(temperature=0.8, seed=9, max_tokens=12, ignore_eos=True)]
+    outs, _ = engine.generate([ids] * len(params), params)
+    solo = make(async_scheduling=False, prefix_caching=False, num_pages=256, page_size=16)
+    for out, p in zip(outs, params):
+        assert out.token_ids == solo.generate([ids], [p])[0][0].token_ids
+    assert CONSTRAINTS["json"][1](outs[0].text) and CONSTRAINTS["gbnf"][1](outs[2].text)
+    assert_idle(engine)
+
+
+def test_logprobs_are_the_models(llm):
+    """A constrained request's logprobs are of the model's raw distribution, as an unconstrained one's: the same
+    first-token logprob as the free request's for the token both chose."""
+    free = SamplingParams(temperature=0.0, max_tokens=1, logprobs=2)
+    (f,) = llm.generate("The capital of France is", free, use_tqdm=False)
+    first = llm.get_tokenizer().decode(f.token_ids)
+    assert first == " Paris"
+    (c,) = llm.generate("The capital of France is", SamplingParams(
+        temperature=0.0, max_tokens=1, logprobs=2, structured_outputs=dict(choice=[" Lyon", first + "!"])),
+        use_tqdm=False)
+    assert c.token_ids == f.token_ids and c.logprobs[0]["logprob"] == pytest.approx(f.logprobs[0]["logprob"], abs=1e-5)
+    (ci, cl), (fi, fl) = zip(*c.logprobs[0]["top"]), zip(*f.logprobs[0]["top"])
+    assert ci == fi and cl == pytest.approx(fl, abs=1e-5)  # the top ids of the raw logits, " Lyon" not among them
+
+
+@pytest.mark.parametrize("spec,needle", [
+    (dict(), "exactly one of"), (dict(regex="a", choice=["a"]), "exactly one of"),
+    (dict(choice=[]), "structured_outputs.choice"), (dict(json="{bad"), "structured_outputs.json"),
+    (dict(json={"type": "strong"}), "structured_outputs.json"), (dict(regex="[a"), "structured_outputs.regex"),
+    (dict(grammar="root ::= undefined"), "structured_outputs.grammar"), (dict(jsn={}), "structured_outputs takes"),
+])
+def test_bad_constraints_are_errors(llm, spec, needle):
+    with pytest.raises(MinferError, match=needle):
+        llm.generate(PROMPT, SamplingParams(max_tokens=4, structured_outputs=spec), use_tqdm=False)
+    assert_idle(llm.engine)
+
+
+def test_random_weights_without_a_tokenizer():
+    from minfer import shapes
+    from minfer.engine.core import EngineCore
+    core = EngineCore(random_weights=shapes.config("smollm2-135m"), dtype=torch.float32, device="cpu",
+                      max_context=32, num_pages=8)
+    with pytest.raises(MinferError, match="need the model's tokenizer"):
+        core.add_request([1, 2], SamplingParams(structured_outputs=dict(regex="a")))
