@@ -108,7 +108,8 @@ class LLM:
                     tokens += len(out.token_ids)
                     left[i] -= 1
                     bar.set_postfix_str(f"output {tokens / (time.perf_counter() - t0):.0f} tok/s", refresh=False)
-                    bar.update(left[i] == 0)
+                    if left[i] == 0:  # the prompt's last completion
+                        bar.update(1)
                 if on_output is not None:
                     on_output(i, out)
 
