@@ -128,11 +128,13 @@ class LLM:
     def chat(self, messages: Conversation | list[Conversation],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, on_output=None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """One output per conversation, in order: each rendered by the model's chat template (or chat_template,
         a Jinja template in its place), then generated as generate() does. As vLLM's: add_generation_prompt opens
         the assistant's turn; continue_final_message ends the text at the last message's content instead, for the
-        model to continue; chat_template_kwargs are more of the template's variables. A message is a dict with a
+        model to continue; chat_template_kwargs are more of the template's variables, tools OpenAI's tool
+        definitions for templates that list them. A message is a dict with a
         str 'role' and a 'content' of text or of text parts; its other keys (name, tool_calls, ...) go to the
         template as they are."""
         single = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], dict)
@@ -144,7 +146,7 @@ class LLM:
         prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(
             _template_messages(c, "messages" if single else f"messages[{i}]"), self.engine.max_context, chat_template,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-            template_kwargs=chat_template_kwargs)}
+            template_kwargs=chat_template_kwargs, tools=tools)}
                    for i, c in enumerate(conversations)]
         return self.generate(prompts, sampling_params, on_output, use_tqdm)
 

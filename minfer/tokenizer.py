@@ -82,11 +82,12 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], template: str | None = None, *,
                             add_generation_prompt: bool = True, continue_final_message: bool = False,
-                            template_kwargs: dict | None = None) -> str:
+                            template_kwargs: dict | None = None, tools: list[dict] | None = None) -> str:
         """The conversation as text, rendered as transformers renders it. template: one in place of the model's;
         add_generation_prompt: the assistant turn's opening after the messages; continue_final_message: the text
         ends at the last message's content (the template's end of turn cut), so that the model continues it;
-        template_kwargs: more of the template's variables (Qwen3's enable_thinking)."""
+        template_kwargs: more of the template's variables (Qwen3's enable_thinking); tools: OpenAI's tool
+        definitions, for templates that list them."""
         template = template or self.chat_template
         if not template:
             raise MinferError("this model has no chat template")
@@ -106,7 +107,7 @@ class Tokenizer:
             messages = messages[:-1] + [{**messages[-1], "content": messages[-1]["content"] + CONTINUE_TAG}]
         try:
             text = compile_chat_template(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                          **kwargs)
+                                                          tools=tools, **kwargs)
         except jinja2.TemplateError as e:  # the messages broke it (raise_exception raises MinferError itself)
             raise MinferError(f"chat template: {type(e).__name__}: {e}") from None
         if continue_final_message:
@@ -125,7 +126,7 @@ class Tokenizer:
         return self.tok.encode(text, add_special_tokens=False).ids
 
 
-RENDER_ARGS = frozenset({"messages", "add_generation_prompt"})  # what a chat template's caller always sets
+RENDER_ARGS = frozenset({"messages", "add_generation_prompt", "tools"})  # what a chat template's caller always sets
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
 
 

@@ -310,7 +310,7 @@ def test_bad_chat_requests(server):
                         ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
                         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                          "messages.0.content.0.type"),  # a text model says so, rather than drop the image
-                        ({"messages": user, "tools": [{"type": "function"}]}, "tools"),
+                        ({"messages": user, "tools": [{"type": "function"}]}, "tools.0.function"),
                         ({"messages": [{"role": "user", "content": "word " * 200_000}]}, "messages"),
                         ({"messages": user, "response_format": {"type": "xml"}}, "response_format.type")]:
         assert_error(server.http.post("/v1/chat/completions", json=body), 400, param)
@@ -543,6 +543,138 @@ def test_structured_outputs(server, oracle):
                         ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
                          "structured_outputs")]:
         assert_error(http.post("/v1/chat/completions", json={"messages": messages, **body}), 400, param)
+    assert_idle(server.core)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                    "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+
+
+def test_forced_tool_calls(server, client, oracle):
+    """tool_choice naming a function, or 'required': the output is constrained to the tools' schemas and comes back
+    as tool_calls (streamed too: a named call's arguments as they come, 'required''s calls at the end), the text the
+    engine gives under the same constraint; the tools reach the chat template."""
+    pytest.importorskip("llguidance")
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    tools, greedy = [WEATHER, TIME], dict(temperature=0, max_tokens=60)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model=NAME, messages=messages, tools=tools, tool_choice=named, **greedy)
+    m = r.choices[0].message
+    (want,) = oracle.chat(messages, SamplingParams(structured_outputs={"json": WEATHER["function"]["parameters"]},
+                                                   **greedy), use_tqdm=False, tools=tools)
+    assert m.content is None and [c.function.name for c in m.tool_calls] == ["get_weather"]
+    assert m.tool_calls[0].function.arguments == want.text and set(json.loads(want.text)) == {"city", "unit"}
+    assert m.tool_calls[0].id.startswith("call_") and r.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, tools=tools, tool_choice=named,
+                                                 stream=True, **greedy))
+    calls = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert calls[0].function.name == "get_weather" and calls[0].id.startswith("call_")
+    assert "".join(c.function.arguments for c in calls) == want.text and len(calls) > 1
+
+    r = client.chat.completions.create(model=NAME, messages=messages, tools=tools, tool_choice="required", **greedy)
+    one = lambda t: {"type": "object", "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},  # noqa: E731
+                                                      "parameters": t["function"]["parameters"]},
+                     "required": ["name", "parameters"], "additionalProperties": False}
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": [one(t) for t in tools]}}
+    (want,) = oracle.chat(messages, SamplingParams(structured_outputs={"json": schema}, **greedy), use_tqdm=False,
+                          tools=tools)
+    expected = [(c["name"], c["parameters"]) for c in json.loads(want.text)]
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls]
+    assert got == expected and got
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, tools=tools, tool_choice="required",
+                                                 stream=True, **greedy))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls for c in ch.choices[0].delta.tool_calls]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in streamed] == expected
+    assert [c.index for c in streamed] == list(range(len(expected)))
+    assert_idle(server.core)
+
+
+def test_tools_reach_the_chat_template(server, monkeypatch):
+    """A template that lists the tools (as Qwen's and Llama 3.1's do) sees the request's tools, as OpenAI gives them."""
+    pytest.importorskip("llguidance")
+    tok = server.core.tokenizer
+    monkeypatch.setattr(tok, "chat_template", "{% for t in tools or [] %}{{ t.function.name }}: {{ t.function.parameters."
+                        "required | tojson }}\n{% endfor %}{% for m in messages %}{{ m.content }}\n{% endfor %}")
+    messages = [{"role": "user", "content": "Hi"}]
+    body = {"messages": messages, "tools": [WEATHER, TIME], "tool_choice": "required", "max_tokens": 1}
+    r = server.http.post("/v1/chat/completions", json=body)
+    text = tok.apply_chat_template(messages, tools=[WEATHER, TIME])
+    assert text == 'get_weather: ["city", "unit"]\nget_time: ["zone"]\nHi\n'
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.tok.encode(text).ids)
+    assert_idle(server.core)
+
+
+def test_hermes_parser():
+    from minfer.serve.tool_parser import Hermes
+    h = Hermes()
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Zürich"}}\n</tool_call>'
+    assert h.parse("Checking.\n" + call + call) == ("Checking.\n", [("get_time", '{"zone": "Zürich"}')] * 2)
+    assert h.parse(call[:-len("</tool_call>")]) == (None, [("get_time", '{"zone": "Zürich"}')])  # cut before its end
+    assert h.parse('<tool_call>{"name": "f", "arguments": "{}"}</tool_call>') == (None, [("f", "{}")])
+    for text in ("no call", "<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
+                 '<tool_call>{"name": 5}</tool_call>', "<tool_call>"):
+        assert h.parse(text) is None
+    assert [h.held(t) for t in ("a <tool", "a <", "a <x", "<tool_call", "")] == [5, 1, 0, 10, 0]
+    assert h.content_end("ab <tool_call>{") == (3, True) and h.content_end("ab <to") == (3, False)
+
+
+def test_auto_tool_choice_with_the_hermes_parser(server):
+    """--tool-call-parser hermes: the calls the model writes (forced here through a choice constraint, as the small
+    model writes none of its own) come back as tool_calls, the text before them as content, finish_reason
+    tool_calls, the same streamed; a reply with no call is content as before."""
+    pytest.importorskip("llguidance")
+    srv, thread, url = start(build_app(server.engine, NAME, tool_parser="hermes"))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    written = 'Let me look.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    body = dict(model=NAME, messages=[{"role": "user", "content": "Time?"}], tools=[WEATHER, TIME], max_tokens=60,
+                temperature=0)
+    try:
+        r = client.chat.completions.create(**body, extra_body={"structured_outputs": {"choice": [written]}})
+        m = r.choices[0].message
+        assert (m.content, r.choices[0].finish_reason) == ("Let me look.\n", "tool_calls")
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls] == [("get_time", {"zone": "UTC"})]
+        chunks = list(client.chat.completions.create(**body, stream=True,
+                                                     extra_body={"structured_outputs": {"choice": [written]}}))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(d.content or "" for d in deltas) == "Let me look.\n"
+        (calls,) = [d.tool_calls for d in deltas if d.tool_calls]
+        assert [(c.index, c.function.name, c.function.arguments) for c in calls] == [(0, "get_time", '{"zone": "UTC"}')]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        plain = client.chat.completions.create(**body, extra_body={"structured_outputs": {"choice": ["It is noon <"]}})
+        assert plain.choices[0].message.content == "It is noon <" and not plain.choices[0].message.tool_calls
+        streamed = list(client.chat.completions.create(**body, stream=True,
+                                                       extra_body={"structured_outputs": {"choice": ["It is noon <"]}}))
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "It is noon <"
+    finally:
+        srv.should_exit = True
+        thread.join()
+    assert_idle(server.core)
+
+
+def test_tool_requests_that_cannot_run(server):
+    """'auto' (OpenAI's default with tools) needs a parser of the model's own call format (--tool-call-parser): without
+    one, a 400 that says what works; so are a named function that is not among the tools, 'required' without tools, a
+    forced call beside another constraint, and a tool name outside OpenAI's pattern."""
+    messages = [{"role": "user", "content": "Hi"}]
+    for body, param in [({"tools": [WEATHER]}, "tool_choice"), ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),  # no parser
+                        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                         "tool_choice"),
+                        ({"tool_choice": "required"}, "tool_choice"),
+                        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+                         "tool_choice"),
+                        ({"tools": [{"type": "function", "function": {"name": "a b"}}], "tool_choice": "none"},
+                         "tools.0.function.name")]:
+        assert_error(server.http.post("/v1/chat/completions", json={"messages": messages, **body}), 400, param)
+    r = server.http.post("/v1/chat/completions", json={"messages": messages, "tools": [WEATHER], "tool_choice": "none",
+                                                       "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["tool_calls"] == []
     assert_idle(server.core)
 
 
@@ -902,6 +1034,9 @@ def test_server_process_bad_flags(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "give a CHECKPOINT or --shape, not both" in r.stderr
     assert len(r.stderr.splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "minfer.serve", "--tool-call-parser", "hermes"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "--enable-auto-tool-choice and --tool-call-parser come together" in r.stderr
     r = subprocess.run([sys.executable, "-m", "minfer.serve", str(tmp_path / "x.gguf"), "--chat-template", "{{ x"],
                        capture_output=True, text=True, timeout=60)  # before the (missing) model loads
     assert r.returncode == 1 and r.stderr.startswith("minfer: error: --chat-template: not valid Jinja (line 1: ")

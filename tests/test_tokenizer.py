@@ -288,3 +288,16 @@ def test_render_option_errors():
                                  template="{% for m in messages %}x{% endfor %}"), "drops the last message's content")]:
         with pytest.raises(MinferError, match=needle):
             tok.apply_chat_template(messages, **{"template": THINKING_TEMPLATE, **kwargs})
+
+
+def test_tools_render_as_transformers_renders_them():
+    from transformers import PreTrainedTokenizerFast
+    tok = byte_tokenizer()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok.tok)
+    template = ("{% if tools %}{% for t in tools %}<tool>{{ t | tojson }}</tool>{% endfor %}{% endif %}"
+                "{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "f", "description": "Zürich <b>", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "hi"}]
+    for given in (tools, None):
+        want = hf.apply_chat_template(messages, tools=given, chat_template=template, tokenize=False)
+        assert tok.apply_chat_template(messages, template, tools=given) == want

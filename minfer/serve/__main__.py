@@ -16,6 +16,7 @@ from .. import shapes
 from ..engine_args import add_engine_args, engine_kwargs
 from ..errors import ArgumentParser, MinferError, run_cli
 from ..generate import DTYPES
+from .tool_parser import PARSERS
 
 
 def parse_args(argv=None):
@@ -44,6 +45,11 @@ def parse_args(argv=None):
     p.add_argument("--dequantize", action="store_true", help="expand a GGUF's quantized matrices at load")
     p.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
                    help="a Jinja chat template (a file, or the template itself) in place of the model's")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="tool_choice 'auto' (OpenAI's default with tools): the calls the model writes, in the format of "
+                        "--tool-call-parser, come back as tool_calls")
+    p.add_argument("--tool-call-parser", choices=sorted(PARSERS), help="the model's tool-call format (hermes: Qwen2.5, "
+                                                                       "Qwen3, Hermes)")
     add_engine_args(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
@@ -51,6 +57,8 @@ def parse_args(argv=None):
         p.error("give the checkpoint once: as CHECKPOINT or as --model")
     if args.shape and (args.model or args.checkpoint):
         p.error("give a CHECKPOINT or --shape, not both")
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
+        p.error("--enable-auto-tool-choice and --tool-call-parser come together")
     args.checkpoint = args.checkpoint or args.model
     return args
 
@@ -87,7 +95,7 @@ def main(argv=None):
         "serving %s on http://%s:%d (%s, %s, %d KV pages of %d tokens, context %d)", name, args.host, args.port,
         core.device, core.ops.name, core.block_manager.num_pages, args.block_size, core.max_context)
     app = build_app(engine, name, api_key=args.api_key, max_waiting=args.max_waiting,
-                    max_body_bytes=args.max_body_bytes)
+                    max_body_bytes=args.max_body_bytes, tool_parser=args.tool_call_parser)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     finally:

@@ -26,9 +26,10 @@ from starlette.requests import ClientDisconnect
 from ..errors import MinferError
 from ..sampling import SamplingParams
 from .async_engine import AsyncEngine, Delta, Outputs
+from .tool_parser import PARSERS
 from .protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, CompletionChoice,
-                       CompletionRequest, CompletionResponse, DetokenizeRequest, ErrorInfo, ErrorResponse,
-                       TokenizeRequest, Usage, new_id)
+                       CompletionRequest, CompletionResponse, DetokenizeRequest, ErrorInfo, ErrorResponse, FunctionCall,
+                       NamedToolChoice, TokenizeRequest, ToolCall, Usage, new_id)
 
 MAX_BODY_BYTES = 4 << 20  # a body over this is a 413 before it is parsed
 MAX_SEQUENCES = 4096  # engine requests from one HTTP request (n x prompts): one request cannot hold the engine for long
@@ -98,8 +99,11 @@ class Guard:
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
-              max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+              max_body_bytes: int = MAX_BODY_BYTES, tool_parser: str | None = None) -> FastAPI:
+    """tool_parser: the model's tool-call format (tool_parser.PARSERS), for tool_choice 'auto'; None: 'auto' with
+    tools is a 400."""
     app = FastAPI(title="minfer", docs_url=None, redoc_url=None)
+    parser = PARSERS[tool_parser]() if tool_parser else None
     core, tokenizer = engine.core, engine.core.tokenizer
     created = int(time.time())
 
@@ -411,6 +415,11 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         req = await parse(request, ChatCompletionRequest)
+        if req.auto_tools() and parser is None:
+            raise APIError(400, "tool_choice: 'auto' (the default with tools) needs the model's tool-call format: start "
+                                "the server with --enable-auto-tool-choice --tool-call-parser NAME, or give 'required' or "
+                                "a named function (the call is then constrained to the tools' schemas), or 'none'",
+                           "tool_choice")
         ids = await chat_ids(req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         rid = new_id("chatcmpl")
@@ -419,21 +428,92 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         if req.stream:
             return sse(chat_chunks(rid, req, ids, out, rids))
         per_choice = await collect(request, out, rids)
-        choices = [ChatChoice(index=i, message=ChatMessage(content="".join(d.text for d in ds)),
-                              logprobs=chat_logprobs([e for d in ds for e in d.logprobs] if req.logprobs else None),
-                              finish_reason=ds[-1].finish_reason) for i, ds in sorted(per_choice.items())]
+        choices = []
+        for i, ds in sorted(per_choice.items()):
+            message = chat_message(req, "".join(d.text for d in ds))
+            choices.append(ChatChoice(index=i, message=message, finish_reason="tool_calls" if req.auto_tools() and
+                                      message.tool_calls else ds[-1].finish_reason,
+                                      logprobs=chat_logprobs([e for d in ds for e in d.logprobs] if req.logprobs else None)))
         return ChatCompletionResponse(id=rid, model=model_name, choices=choices,
                                       usage=usage([ids], [ds[-1] for ds in per_choice.values()]))
+
+    def tool_calls(req, text: str) -> list[ToolCall] | None:
+        """A forced tool choice's calls in the output: the named function's arguments, or 'required''s JSON array
+        of calls; None where the text is no such array (cut by max_tokens)."""
+        if isinstance(req.tool_choice, NamedToolChoice):
+            return [ToolCall(function=FunctionCall(name=req.tool_choice.function.name, arguments=text))]
+        try:
+            calls = json.loads(text)
+        except ValueError:
+            return None
+        return [ToolCall(function=FunctionCall(name=c["name"], arguments=json.dumps(c["parameters"], ensure_ascii=False)))
+                for c in calls]
+
+    def chat_message(req, text: str) -> ChatMessage:
+        if req.auto_tools() and (parsed := parser.parse(text)) is not None:  # the calls the model wrote
+            content, calls = parsed
+            return ChatMessage(content=content, tool_calls=[ToolCall(function=FunctionCall(name=n, arguments=a))
+                                                            for n, a in calls])
+        calls = tool_calls(req, text) if req.forced_tools() else None
+        return ChatMessage(content=text) if calls is None else ChatMessage(content=None, tool_calls=calls)
 
     async def chat_chunks(rid, req, ids, out, rids):
         head = chunk_head(rid, "chat.completion.chunk")
         yield head + dumps([{"index": i, "delta": {"role": "assistant", "content": ""}} for i in range(req.n)]) + "}"
-        finals = []
+        finals, held, held_entries = [], {}, {}  # a 'required' choice's text (and logprobs), parsed into calls at its end
+        named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+        auto = parser if req.auto_tools() else None  # content streams until a call begins; the calls come at the end
+        shown = {}  # an 'auto' choice's content shown so far
+        call_ids = {}  # a named call's id, per choice: its arguments stream as they come
         async for new in deltas(out, rids):
             for i, ds in new.items():
                 last, text = ds[-1], "".join(d.text for d in ds)
                 entries = [e for d in ds for e in d.logprobs] if req.logprobs else None
-                if text or last.finished or entries:
+                if auto is not None:
+                    held[i] = held.get(i, "") + text
+                    held_entries[i] = held_entries.get(i, []) + (entries or [])
+                    end, calling = auto.content_end(held[i])
+                    end = len(held[i]) if last.finished and not calling else end
+                    delta = {"content": held[i][shown.get(i, 0):end]}
+                    parsed = auto.parse(held[i]) if last.finished and calling else None
+                    if parsed is not None:
+                        delta["tool_calls"] = [{"index": k, **ToolCall(function=FunctionCall(name=n, arguments=a))
+                                                .model_dump()} for k, (n, a) in enumerate(parsed[1])]
+                    elif last.finished and calling:  # no call parses: the text is content after all
+                        delta["content"] = held[i][shown.get(i, 0):]
+                    if delta["content"] or last.finished:
+                        shown[i] = shown.get(i, 0) + len(delta["content"])
+                        c = {"index": i, "delta": delta}
+                        if entries is not None:
+                            c["logprobs"] = chat_logprobs(held_entries.pop(i))
+                        reason = "tool_calls" if "tool_calls" in delta else last.finish_reason
+                        yield head + dumps([finish(c, reason)]) + "}"
+                    if last.finished:
+                        finals.append(last)
+                    continue
+                if req.tool_choice == "required":
+                    held[i] = held.get(i, "") + text
+                    held_entries[i] = held_entries.get(i, []) + (entries or [])
+                    if last.finished:
+                        calls = tool_calls(req, held[i])
+                        c = {"index": i, "delta": {"content": held[i]} if calls is None else {"tool_calls": [
+                            {"index": k, **call.model_dump()} for k, call in enumerate(calls)]}}
+                        if entries is not None:
+                            c["logprobs"] = chat_logprobs(held_entries[i])
+                        yield head + dumps([finish(c, last.finish_reason)]) + "}"
+                        finals.append(last)
+                    continue
+                if named is not None and (text or last.finished):
+                    call = {"index": 0, "function": {"arguments": text}}
+                    if i not in call_ids:
+                        call_ids[i] = ToolCall(function=FunctionCall(name=named, arguments="")).id
+                        call = {"index": 0, "id": call_ids[i], "type": "function",
+                                "function": {"name": named, "arguments": text}}
+                    c = {"index": i, "delta": {"tool_calls": [call]}}
+                    if entries is not None:
+                        c["logprobs"] = chat_logprobs(entries)
+                    yield head + dumps([finish(c, last.finish_reason)]) + "}"
+                elif text or last.finished or entries:
                     c = {"index": i, "delta": {"content": text}}
                     if entries is not None:
                         c["logprobs"] = chat_logprobs(entries)

@@ -145,8 +145,15 @@ class SamplingFields(Request):
             raise ValueError("give one of response_format and structured_outputs")
         return v
 
+    def tool_constraint(self) -> StructuredOutputs | None:
+        return None  # a chat request's forced tool choice has one
+
     def structured(self) -> tuple[StructuredOutputs | None, str | None]:
-        """The request's constraint and the field that gave it: structured_outputs, or a JSON response_format."""
+        """The request's constraint and the field that gave it: a forced tool choice, structured_outputs, or a JSON
+        response_format."""
+        tools = self.tool_constraint()
+        if tools is not None:
+            return tools, "tool_choice"
         if self.structured_outputs is not None:
             so = self.structured_outputs
             return StructuredOutputs(json=so.json_, json_object=bool(so.json_object), regex=so.regex, choice=so.choice,
@@ -185,11 +192,33 @@ class Message(Request):
         return m
 
 
+class FunctionDefinition(Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: any JSON object
+    strict: bool | None = None  # the call always follows the schema
+
+
+class Tool(Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Request):
+    name: str
+
+
+class NamedToolChoice(Request):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class TemplateFields(Request):
     """vLLM's fields for how messages become the prompt (tokenizer.Tokenizer.apply_chat_template)."""
     add_generation_prompt: bool = True  # the assistant turn's opening after the messages
     continue_final_message: bool = False  # the prompt ends inside the last message, which the model continues
     chat_template_kwargs: dict[str, Any] | None = None  # more of the template's variables (Qwen3's enable_thinking)
+    tools: list[Tool] = Field(default_factory=list)  # for templates that list them (and a chat's tool_choice)
 
     @field_validator("continue_final_message")
     @classmethod
@@ -200,7 +229,8 @@ class TemplateFields(Request):
 
     def render_options(self) -> dict:
         return dict(add_generation_prompt=self.add_generation_prompt,
-                    continue_final_message=self.continue_final_message, template_kwargs=self.chat_template_kwargs)
+                    continue_final_message=self.continue_final_message, template_kwargs=self.chat_template_kwargs,
+                    tools=[t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None)
 
 
 class ChatCompletionRequest(SamplingFields, TemplateFields):
@@ -208,8 +238,8 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] = Field(default_factory=list)
-    tool_choice: str = "none"
+    # None: 'auto' where there are tools (OpenAI's default), else 'none'
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(None, validate_default=True)
     parallel_tool_calls: bool = True
 
     @field_validator("top_logprobs")
@@ -219,15 +249,42 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
             raise ValueError("only with logprobs = true")
         return v
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v):
-        return unsupported(v, [])
-
     @field_validator("tool_choice")
     @classmethod
-    def _no_tool_choice(cls, v):
-        return v if v == "auto" else unsupported(v, "none")
+    def _a_choice_among_the_tools(cls, v, info):
+        tools = info.data.get("tools") or []
+        if isinstance(v, NamedToolChoice) and v.function.name not in {t.function.name for t in tools}:
+            raise ValueError(f"names {v.function.name!r}, which is not among the tools")
+        if v == "required" and not tools:
+            raise ValueError("'required' needs tools")
+        forced = v == "required" or isinstance(v, NamedToolChoice)
+        fmt = info.data.get("response_format")
+        if forced and (info.data.get("structured_outputs") is not None or (fmt is not None and fmt.type != "text")):
+            raise ValueError("a forced tool call is a constraint of its own: give no response_format or "
+                             "structured_outputs beside it")
+        return v
+
+    def auto_tools(self) -> bool:
+        """'auto' with tools (OpenAI's default then): the model calls a tool or not, in its own format."""
+        return bool(self.tools) and self.tool_choice in ("auto", None)
+
+    def forced_tools(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+
+    def tool_constraint(self) -> StructuredOutputs | None:
+        """The output a forced tool choice allows: the named function's arguments, or a JSON array of calls
+        [{"name": ..., "parameters": {...}}, ...] (vLLM's form for 'required')."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            (tool,) = [t for t in self.tools if t.function.name == self.tool_choice.function.name]
+            return StructuredOutputs(json=tool.function.parameters or {"type": "object"})
+        if self.tool_choice != "required":
+            return None
+        calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
+                                                   "parameters": t.function.parameters or {"type": "object"}},
+                  "required": ["name", "parameters"], "additionalProperties": False} for t in self.tools]
+        return StructuredOutputs(json={"type": "array", "minItems": 1, **({} if self.parallel_tool_calls else
+                                                                            {"maxItems": 1}),
+                                       "items": calls[0] if len(calls) == 1 else {"anyOf": calls}})
 
 
 class CompletionRequest(SamplingFields):
@@ -288,9 +345,21 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     role: str = "assistant"
-    content: str = ""
+    content: str | None = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)  # content is then the text before them, or None
 
 
 class ChatChoice(BaseModel):
