@@ -608,6 +608,8 @@ def test_tools_reach_the_chat_template(server, monkeypatch):
     assert text == 'get_weather: ["city", "unit"]\nget_time: ["zone"]\nHi\n'
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(tok.tok.encode(text).ids)
+    tokens = server.http.post("/tokenize", json={"messages": messages, "tools": [WEATHER, TIME]}).json()["tokens"]
+    assert tokens == tok.tok.encode(text).ids  # /tokenize takes the tools too, as vLLM's does
     assert_idle(server.core)
 
 
