@@ -34,7 +34,7 @@ def parse_args(argv=None):
     chat.add_argument("--no-chat", dest="chat", action="store_const", const=False, help="feed the prompt as raw text")
     p.add_argument("-sys", "--system", "--system-prompt", help="system message; implies --chat")
     p.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
-                   help="a Jinja chat template (a file, or the template itself) in place of the model's")
+                   help="a Jinja chat template (a file, or the template itself) in place of the model's; implies --chat")
     p.add_argument("-cnv", "--conversation", action="store_true",
                    help="chat at the terminal, as llama-cli's: messages from stdin, each reply streamed (-p: the first "
                         "message; /exit or Ctrl-D ends, /clear starts over, Ctrl-C stops a reply)")
@@ -102,8 +102,9 @@ def _check(args):
         raise MinferError("--max-new-tokens must be at least 1")
     if "" in args.stop:
         raise MinferError("--stop '' is empty: it would match before the first token")
-    if args.system is not None and args.chat is False:
-        raise MinferError("--system needs the chat template, which --no-chat turns off; drop one of them")
+    for flag, value in (("--system", args.system), ("--chat-template", args.chat_template)):
+        if value is not None and args.chat is False:
+            raise MinferError(f"{flag} needs the chat template, which --no-chat turns off; drop one of them")
     if args.conversation:
         if args.chat is False:
             raise MinferError("--conversation needs the chat template, which --no-chat turns off; drop one of them")
@@ -137,6 +138,10 @@ def _constraint(args):
             schema = json.loads(text)
         except json.JSONDecodeError as e:
             raise MinferError(f"{flag}: not JSON ({e})") from None
+        except RecursionError:
+            raise MinferError(f"{flag}: nested too deeply") from None
+        if not isinstance(schema, (dict, bool)):
+            raise MinferError(f"{flag}: a JSON schema is an object (or true), not {type(schema).__name__}")
         spec = StructuredOutputs(json_object=True) if schema == {} else StructuredOutputs(json=schema)
     else:
         spec = StructuredOutputs(grammar=text)
@@ -200,8 +205,8 @@ def run(args) -> None:
     if args.chat_template is not None:
         from .tokenizer import load_chat_template
         template = load_chat_template(_text(args.chat_template, "--chat-template"))
-    chat_flag = ("--conversation" if args.conversation else "--chat" if args.chat
-                 else "--system" if system is not None else None)
+    chat_flag = ("--conversation" if args.conversation else "--chat" if args.chat else "--system" if system is not None
+                 else "--chat-template" if args.chat_template is not None else None)
 
     from .engine import format_details, print_stats
     from .llm import LLM

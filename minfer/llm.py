@@ -19,6 +19,7 @@ from .engine.core import EngineCore, RequestOutput
 from .engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE
 from .errors import MinferError
 from .sampling import SamplingParams
+from .tokenizer import load_chat_template
 
 Prompt = str | list[int] | dict  # text, token ids, {"prompt_token_ids": [...]} or {"prompt": text} (vLLM's)
 Conversation = list[dict]  # messages: {"role": ..., "content": text or [{"type": "text", "text": ...}], ...}
@@ -118,7 +119,8 @@ class LLM:
         outputs, first = [], 0
         for i, sp in enumerate(params):
             out = results[first]
-            out.prompt = _prompt_text(prompts[i])
+            for sibling in results[first:first + sp.n]:
+                sibling.prompt = _prompt_text(prompts[i])
             if sp.n > 1:
                 out.siblings = results[first:first + sp.n]
             outputs.append(out)
@@ -131,7 +133,7 @@ class LLM:
              continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
              tools: list[dict] | None = None) -> list[RequestOutput]:
         """One output per conversation, in order: each rendered by the model's chat template (or chat_template,
-        a Jinja template in its place), then generated as generate() does. As vLLM's: add_generation_prompt opens
+        a Jinja template or its file in its place), then generated as generate() does. As vLLM's: add_generation_prompt opens
         the assistant's turn; continue_final_message ends the text at the last message's content instead, for the
         model to continue; chat_template_kwargs are more of the template's variables, tools OpenAI's tool
         definitions for templates that list them. A message is a dict with a
@@ -143,6 +145,8 @@ class LLM:
             raise MinferError("messages must be a list of {'role', 'content'} dicts, or a list of such lists")
         if self.engine.tokenizer is None:
             raise MinferError("this model has no tokenizer: chat needs one")
+        if chat_template is not None:
+            chat_template = load_chat_template(chat_template, "chat_template")  # a file's path, or the template
         prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(
             _template_messages(c, "messages" if single else f"messages[{i}]"), self.engine.max_context, chat_template,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,

@@ -28,7 +28,8 @@ class StructuredOutputs:
     grammar: str | None = None  # Lark (llguidance's) or GBNF (llama.cpp's)
 
     def kind(self) -> str:
-        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        # json=False is the schema false (given); json_object=False is json_object not asked for
+        given = [k for k in KINDS if getattr(self, k) is not None and (k == "json" or getattr(self, k) is not False)]
         if len(given) != 1:
             raise MinferError(f"structured_outputs: give exactly one of {', '.join(KINDS)}, not "
                               f"{', '.join(given) if given else 'none'}")
@@ -41,9 +42,11 @@ class StructuredOutputs:
         try:
             if kind == "json":
                 schema = json.loads(self.json) if isinstance(self.json, str) else self.json
+                if schema is False:
+                    raise ValueError("the schema false matches nothing")
                 if not isinstance(schema, (dict, bool)):
-                    raise ValueError("a JSON schema is an object")
-                return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+                    raise ValueError("a JSON schema is an object (or true)")
+                return llg.LLMatcher.grammar_from_json_schema({} if schema is True else schema, defaults=JSON_OPTIONS)
             if kind == "json_object":
                 return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
             if kind == "regex":
@@ -54,7 +57,14 @@ class StructuredOutputs:
                 return llg.grammar_from("choice", self.choice)
             return llg.grammar_from("grammar", _text(self.grammar, "grammar"))
         except (ValueError, TypeError) as e:
-            raise MinferError(f"structured_outputs.{kind}: {e}") from None
+            raise MinferError(f"structured_outputs.{kind}: {_first_line(str(e))}") from None
+        except RecursionError:
+            raise MinferError(f"structured_outputs.{kind}: nested too deeply") from None
+
+
+def _first_line(error: str) -> str:
+    """llguidance's message without the backtrace a panic appends."""
+    return error.strip().splitlines()[0] if error.strip() else "invalid"
 
 
 def _text(value, field: str) -> str:
@@ -90,7 +100,7 @@ class Matchers:
         grammar = spec.grammar_text()
         error = llg.LLMatcher.validate_grammar(grammar, self._ll_tokenizer())
         if error and not error.startswith("WARNING"):
-            raise MinferError(f"structured_outputs.{spec.kind()}: {' '.join(error.split())}")
+            raise MinferError(f"structured_outputs.{spec.kind()}: {_first_line(error)}")
         with self._lock:  # the server checks on its event loop's threads, the engine on its own
             if len(self._grammars) >= 256:  # a server's requests may each bring another schema
                 self._grammars.pop(next(iter(self._grammars)))
@@ -107,14 +117,18 @@ class Matchers:
         return self._ll
 
     def check(self, spec: StructuredOutputs) -> None:
-        """A MinferError when spec is no constraint this tokenizer can follow."""
-        self._grammar(spec)
+        """A MinferError when spec is no constraint this tokenizer can follow (a matcher is built and dropped)."""
+        self.matcher(spec)
 
     def matcher(self, spec: StructuredOutputs):
+        """A new matcher for spec, checked: it builds, and some text satisfies it (its first mask is no error)."""
         llg = _llguidance()
         m = llg.LLMatcher(self._ll_tokenizer(), self._grammar(spec), log_level=0)
         if m.is_error():
-            raise MinferError(f"structured_outputs.{spec.kind()}: {m.get_error()}")
+            raise MinferError(f"structured_outputs.{spec.kind()}: {_first_line(m.get_error())}")
+        m.compute_bitmask()  # a constraint no text meets errs here: its mask would allow nothing
+        if m.is_error():
+            raise MinferError(f"structured_outputs.{spec.kind()}: no text satisfies it ({_first_line(m.get_error())})")
         return m
 
     def allowed(self, matchers: list) -> np.ndarray:

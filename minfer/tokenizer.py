@@ -105,10 +105,13 @@ class Tokenizer:
             if not messages or not isinstance(messages[-1].get("content"), str):
                 raise MinferError("continue_final_message: the last message has no text content to continue")
             messages = messages[:-1] + [{**messages[-1], "content": messages[-1]["content"] + CONTINUE_TAG}]
+        kwargs = {"documents": None, **kwargs}  # as transformers renders: a template may test it against none
         try:
             text = compile_chat_template(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
                                                           tools=tools, **kwargs)
-        except jinja2.TemplateError as e:  # the messages broke it (raise_exception raises MinferError itself)
+        except MinferError:  # raise_exception's
+            raise
+        except Exception as e:  # what the messages or variables did to the template (Jinja's errors, TypeError, ...)
             raise MinferError(f"chat template: {type(e).__name__}: {e}") from None
         if continue_final_message:
             if (at := text.rfind(CONTINUE_TAG.strip())) < 0:
@@ -135,7 +138,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
     """A chat template compiled in transformers' environment (vLLM renders through it): loop controls, a tojson
     that writes non-ASCII and HTML characters as they are, and strftime_now (Llama 3.2 writes today's date)."""
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=[jinja2.ext.loopcontrols])
+                                                       extensions=[jinja2.ext.loopcontrols, _Generation])
 
     def raise_exception(msg):
         raise MinferError(f"chat template: {msg}")
@@ -152,23 +155,38 @@ def compile_chat_template(template: str) -> jinja2.Template:
         raise MinferError(f"chat template: not valid Jinja (line {e.lineno}: {e.message})") from None
 
 
-def load_chat_template(spec: str) -> str:
-    """--chat-template, as vLLM reads it: a file's path, or the template itself (text with Jinja's braces).
-    Compiled here, so that a broken one is an error before the model loads."""
+class _Generation(jinja2.ext.Extension):
+    """transformers' {% generation %} ... {% endgeneration %} (it marks the assistant's tokens for training): the
+    body renders as it is."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller):
+        return caller()
+
+
+def load_chat_template(spec: str, name: str = "--chat-template") -> str:
+    """--chat-template (or LLM.chat's chat_template, name), as vLLM reads it: a file's path, or the template itself
+    (text with Jinja's braces). Compiled here, so that a broken one is an error before the model loads."""
     if os.path.isfile(spec):
         try:
             with open_input(spec) as f:
                 template = f.read()
         except UnicodeDecodeError:
-            raise MinferError(f"--chat-template {spec}: not UTF-8 text") from None
-    elif "{" in spec:
+            raise MinferError(f"{name} {spec}: not UTF-8 text") from None
+    elif "{{" in spec or "{%" in spec:
         template = spec
     else:
-        raise MinferError(f"--chat-template {spec!r}: no such file (an inline template has Jinja's {{{{ }}}} or {{% %}})")
+        raise MinferError(f"{name} {spec!r}: no such file (an inline template has Jinja's {{{{ }}}} or {{% %}})")
     try:
         compile_chat_template(template)
     except MinferError as e:
-        raise MinferError(f"--chat-template: {str(e).removeprefix('chat template: ')}") from None
+        raise MinferError(f"{name}: {str(e).removeprefix('chat template: ')}") from None
     return template
 
 

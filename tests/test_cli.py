@@ -486,11 +486,15 @@ def test_chat_template_flag(tiny, tmp_path):
     (want,) = LLM(tiny, device="cpu", dtype="float32").chat([{"role": "user", "content": "w3 w4"}],
                                                              SamplingParams(temperature=0, max_tokens=4),
                                                              use_tqdm=False, chat_template=template)
-    for spec in (str(tmp_path / "t.jinja"), template):
-        rc, out, err = run(tiny, "--chat", "-p", "w3 w4", "-n", "4", "--temperature", "0", "--device", "cpu",
+    for spec, chat in ((str(tmp_path / "t.jinja"), ["--chat"]), (template, [])):  # --chat-template implies --chat
+        rc, out, err = run(tiny, *chat, "-p", "w3 w4", "-n", "4", "--temperature", "0", "--device", "cpu",
                            "--chat-template", spec)
         assert rc == 0, err
         assert out == want.text + "\n"
+    (again,) = LLM(tiny, device="cpu", dtype="float32").chat(
+        [{"role": "user", "content": "w3 w4"}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False,
+        chat_template=str(tmp_path / "t.jinja"))  # LLM.chat reads a file's path as --chat-template does
+    assert again.token_ids == want.token_ids
     (tmp_path / "bad.jinja").write_text("{% for m in messages %}")
     (tmp_path / "bytes.jinja").write_bytes(b"{{ caf\xe9 }}")
     for spec, needle in [(str(tmp_path / "none.jinja"), "no such file"), (str(tmp_path / "bad.jinja"), "not valid Jinja"),
@@ -522,6 +526,8 @@ def test_json_schema_and_grammar_flags(capsys, tmp_path):
     rc, out, err = main(capsys, *greedy, "--grammar-file", str(tmp_path / "g.gbnf"))
     assert rc == 0 and out in ("yes.\n", "no.\n")
     for args, needle in [(["-j", "{bad"], "--json-schema: not JSON"), (["-j", '{"type": "strong"}'], "--json-schema: "),
+                         (["-j", "0"], "a JSON schema is an object"), (["-j", "false"], "matches nothing"),
+                         (["-j", '"{}"'], "a JSON schema is an object"),
                          (["--grammar", "root ::= nothing"], "--grammar: "),
                          (["--grammar-file", str(tmp_path / "none.gbnf")], "none.gbnf"),
                          (["-j", "{}", "--grammar", 'root ::= "a"'], "not allowed with")]:

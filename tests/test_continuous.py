@@ -390,6 +390,7 @@ def test_llm_n_completions_in_vllms_view():
     assert sorted(set(seen)) == [0, 1, 2]
     for out, prompt, text in zip(outs, [PROMPTS[0], PROMPTS[1], ids], [PROMPTS[0], PROMPTS[1], None]):
         assert out.prompt == text and [c.index for c in out.outputs] == [0, 1, 2]
+        assert all(s.prompt == text for s in out.siblings)
         for c, comp in enumerate(out.outputs):
             (alone,) = llm.generate(prompt, dataclasses.replace(sp, n=1, seed=7 + c))
             assert (comp.token_ids, comp.text, comp.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)

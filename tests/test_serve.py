@@ -807,7 +807,7 @@ def test_disconnect_during_admission_drops_the_request(server, monkeypatch):
     """A client that leaves while its request waits for the engine thread (busy in a step) is never added:
     no prefill for nobody."""
     added, add, step = [], server.core._add, server.core.step
-    monkeypatch.setattr(server.core, "_add", lambda ids, params, rid: (added.append(rid), add(ids, params, rid))[1])
+    monkeypatch.setattr(server.core, "_add", lambda ids, params, rid, *m: (added.append(rid), add(ids, params, rid, *m))[1])
     monkeypatch.setattr(server.core, "step", lambda: (time.sleep(1.0), step())[1])
     busy = threading.Thread(target=lambda: server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}))
     busy.start()
@@ -823,7 +823,7 @@ def test_a_bad_prompt_rejects_its_request_whole(server, monkeypatch):
     """A request with one prompt past the context is a 400 before any of its prompts is added: nothing
     prefilled, nothing counted in the metrics."""
     added, add = [], server.core._add  # every request the core queues passes here
-    monkeypatch.setattr(server.core, "_add", lambda ids, params, rid: (added.append(rid), add(ids, params, rid))[1])
+    monkeypatch.setattr(server.core, "_add", lambda ids, params, rid, *m: (added.append(rid), add(ids, params, rid, *m))[1])
 
     def metric(name):
         text = httpx.get(server.url + "/metrics").text

@@ -131,6 +131,39 @@ def test_bad_constraints_are_errors(llm, spec, needle):
     assert_idle(llm.engine)
 
 
+def test_a_bad_constraint_in_a_batch_queues_nothing(llm):
+    """A constraint that fails to build (here: no text satisfies it) is a MinferError before any request of the
+    call is queued: the good one beside it is not left behind, and the LLM runs on."""
+    ok = SamplingParams(temperature=0.0, max_tokens=3)
+    want = llm.generate("Hi", ok, use_tqdm=False)[0].token_ids
+    for spec in (dict(regex=r"[^\s\S]"), dict(json={"$ref": "#"}), dict(json=False)):
+        with pytest.raises(MinferError, match="no text satisfies it|matches nothing"):
+            llm.generate(["A", "B"], [ok, SamplingParams(max_tokens=3, structured_outputs=spec)], use_tqdm=False)
+        assert_idle(llm.engine)
+    with pytest.raises(MinferError, match="nested too deeply"):
+        llm.generate("A", SamplingParams(structured_outputs=dict(json="[" * 50000 + "]" * 50000)), use_tqdm=False)
+    assert llm.generate("Hi", ok, use_tqdm=False)[0].token_ids == want
+
+
+def test_the_end_of_sequence_ends_a_constrained_request(llm):
+    """The grammar offers the model's end-of-sequence id only where its text is complete: drawn, it ends the request
+    and is no output token, ignore_eos or not (the constraint holds the length)."""
+    eos = sorted(llm.engine.stop_ids)
+    for ignore in (False, True):
+        (o,) = llm.generate("Year:", SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=ignore,
+                                                    logit_bias={i: 100 for i in eos[:1]} | {2: 100},
+                                                    structured_outputs=dict(regex=" [0-9]{1,8}")), use_tqdm=False)
+        assert o.finish_reason == "stop" and not set(o.token_ids) & set(eos) and re.fullmatch(" [0-9]{1,8}", o.text)
+
+
+def test_schema_true_is_any_json_and_the_class_is_exported(llm):
+    from minfer import StructuredOutputs as Exported
+    assert Exported is StructuredOutputs
+    (o,) = llm.generate("Any:", SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=dict(json=True)),
+                        use_tqdm=False)
+    assert o.token_ids and (o.finish_reason == "length" or json.loads(o.text) is not None)
+
+
 def test_random_weights_without_a_tokenizer():
     from minfer import shapes
     from minfer.engine.core import EngineCore

@@ -291,13 +291,41 @@ def test_render_option_errors():
 
 
 def test_tools_render_as_transformers_renders_them():
+    """tools as given (None when absent, as documents: a template may test them against none), and transformers'
+    {% generation %} tag, whose body renders as it is."""
     from transformers import PreTrainedTokenizerFast
     tok = byte_tokenizer()
     hf = PreTrainedTokenizerFast(tokenizer_object=tok.tok)
-    template = ("{% if tools %}{% for t in tools %}<tool>{{ t | tojson }}</tool>{% endfor %}{% endif %}"
-                "{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    template = ("{% if tools is not none %}{% for t in tools %}<tool>{{ t | tojson }}</tool>{% endfor %}{% endif %}"
+                "{% if documents is not none %}DOCS{% endif %}"
+                "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}")
     tools = [{"type": "function", "function": {"name": "f", "description": "Zürich <b>", "parameters": {"type": "object"}}}]
     messages = [{"role": "user", "content": "hi"}]
     for given in (tools, None):
         want = hf.apply_chat_template(messages, tools=given, chat_template=template, tokenize=False)
         assert tok.apply_chat_template(messages, template, tools=given) == want
+
+
+def test_template_errors_are_minfer_errors():
+    """Whatever a template does with the messages or the variables it is given (a TypeError, a division by zero,
+    an undefined attribute) is a MinferError naming it; raise_exception's message as it is."""
+    from minfer.errors import MinferError
+    tok = byte_tokenizer()
+    messages = [{"role": "user", "content": "hi"}]
+    for template, kwargs, needle in [("{{ 'Today: ' + date_string }}", {"date_string": 5}, "TypeError"),
+                                     ("{{ 1 / 0 }}", {}, "ZeroDivisionError"),
+                                     ("{{ messages[3].content.x }}", {}, "UndefinedError"),
+                                     ("{{ raise_exception('no system role') }}", {}, "chat template: no system role$")]:
+        with pytest.raises(MinferError, match=needle):
+            tok.apply_chat_template(messages, template, template_kwargs=kwargs)
+
+
+def test_load_chat_template(tmp_path):
+    from minfer.errors import MinferError
+    (tmp_path / "t.jinja").write_text("{{ messages[0].content }}!")
+    assert mtok.load_chat_template(str(tmp_path / "t.jinja")) == "{{ messages[0].content }}!"
+    assert mtok.load_chat_template("{% for m in messages %}{% endfor %}") == "{% for m in messages %}{% endfor %}"
+    for spec, needle in [(str(tmp_path / "my{x}.jinja"), "no such file"), ("chatml", "no such file"),
+                         ("{{ x", "not valid Jinja")]:
+        with pytest.raises(MinferError, match=f"^chat_template.*{needle}"):
+            mtok.load_chat_template(spec, "chat_template")

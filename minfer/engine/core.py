@@ -355,9 +355,12 @@ class EngineCore(LoadedModel):
         given = [rid for _, _, rid in requests if rid is not None]
         if len(set(given)) != len(given):
             raise MinferError("a request id is given twice")
-        return [self._add(ids, params, rid) for ids, (_, params, rid) in zip(checked, requests)]
+        # the structured outputs' matchers too, before any request is queued: building one checks its grammar
+        matchers = [None if params.structured_outputs is None else self.matchers.matcher(params.structured_outputs)
+                    for _, params, _ in requests]
+        return [self._add(ids, params, rid, m) for ids, (_, params, rid), m in zip(checked, requests, matchers)]
 
-    def _add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None) -> str:
+    def _add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None, matcher=None) -> str:
         if request_id is None:  # the next number no caller has taken as its own id
             request_id = next(i for i in map(str, self._ids) if i not in self.seqs)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
@@ -367,15 +370,15 @@ class EngineCore(LoadedModel):
         seq.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
         seq.penalized = (params.repetition_penalty != 1.0 or params.presence_penalty != 0
                          or params.frequency_penalty != 0)
-        if params.structured_outputs is not None:
-            seq.matcher = self.matchers.matcher(params.structured_outputs)
+        seq.matcher = matcher
         self.scheduler.add(seq)
         self.seqs[request_id] = seq
         return request_id
 
     def _check_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None) -> list[int]:
-        """The request's ids as ints, or the MinferError that says what is wrong with it."""
-        self.check_params(params)
+        """The request's ids as ints, or the MinferError that says what is wrong with it (but for its structured
+        output's grammar: add_requests builds its matcher)."""
+        self.check_params(params, grammar=False)
         try:
             prompt_ids = [operator.index(i) for i in prompt_ids]  # ints, numpy's too; no floats
         except TypeError:
@@ -391,14 +394,15 @@ class EngineCore(LoadedModel):
             raise MinferError(f"request id {request_id!r} is already in use")
         return prompt_ids
 
-    def check_params(self, params: SamplingParams) -> None:
-        """The MinferError that says what is wrong with params for this model, if anything."""
+    def check_params(self, params: SamplingParams, grammar: bool = True) -> None:
+        """The MinferError that says what is wrong with params for this model, if anything. grammar: build the
+        structured output's matcher too, to check it."""
         if not isinstance(params, SamplingParams):
             raise MinferError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
         params.validate()
         if params.n != 1:
             raise MinferError(f"n = {params.n}: a request is one sequence here; LLM.generate makes n of them")
-        if params.structured_outputs is not None:
+        if params.structured_outputs is not None and grammar:
             self.matchers.check(params.structured_outputs)
         vocab = self.cfg.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab:
@@ -533,7 +537,8 @@ class EngineCore(LoadedModel):
             if seq.first_token_time is None:
                 seq.first_token_time = now
             reason = None
-            added = tok not in seq.stop_ids
+            # a constraint offers the model's end-of-sequence ids only where its text is complete: they end it
+            added = tok not in seq.stop_ids and not (seq.matcher is not None and tok in self.stop_ids)
             if added:
                 seq.append(tok)
                 k = seq.params.logprobs

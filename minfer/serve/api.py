@@ -228,7 +228,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                 engine.abort(r)
             if isinstance(e, MinferError):
                 message = field_named(e)
-                param = "logit_bias" if message.startswith("logit_bias") else "prompt" if "prompt" in message else None
+                param = ("logit_bias" if message.startswith("logit_bias") else source if message.startswith(
+                    "structured_outputs") else "prompt" if "prompt" in message else None)
                 raise APIError(400, message, param) from None
             raise
         return out, rids
