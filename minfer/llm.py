@@ -147,12 +147,16 @@ class LLM:
             raise MinferError("this model has no tokenizer: chat needs one")
         if chat_template is not None:
             chat_template = load_chat_template(chat_template, "chat_template")  # a file's path, or the template
-        prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(
+        rendered = [self.engine.tokenizer.render_chat(
             _template_messages(c, "messages" if single else f"messages[{i}]"), self.engine.max_context, chat_template,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-            template_kwargs=chat_template_kwargs, tools=tools)}
-                   for i, c in enumerate(conversations)]
-        return self.generate(prompts, sampling_params, on_output, use_tqdm)
+            template_kwargs=chat_template_kwargs, tools=tools) for i, c in enumerate(conversations)]
+        outputs = self.generate([{"prompt_token_ids": ids} for _, ids in rendered], sampling_params, on_output,
+                                use_tqdm)
+        for out, (text, _) in zip(outputs, rendered):  # RequestOutput.prompt: the rendered conversation, as vLLM's
+            for sibling in out.siblings or [out]:
+                sibling.prompt = text
+        return outputs
 
 
 def _prompt_text(prompt: Prompt) -> str | None:

@@ -122,11 +122,15 @@ class Tokenizer:
 
     def encode_chat(self, messages: list[dict], max_tokens: int | None = None, template: str | None = None,
                     **render) -> list[int]:
-        """render: apply_chat_template's options."""
+        return self.render_chat(messages, max_tokens, template, **render)[1]
+
+    def render_chat(self, messages: list[dict], max_tokens: int | None = None, template: str | None = None,
+                    **render) -> tuple[str, list[int]]:
+        """The conversation's text and ids. render: apply_chat_template's options."""
         # The template writes any BOS itself, so none is added here.
         text = self.apply_chat_template(messages, template, **render)
         self.check_fits(text, max_tokens)
-        return self.tok.encode(text, add_special_tokens=False).ids
+        return text, self.tok.encode(text, add_special_tokens=False).ids
 
 
 RENDER_ARGS = frozenset({"messages", "add_generation_prompt", "tools"})  # what a chat template's caller always sets

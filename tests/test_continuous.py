@@ -416,7 +416,7 @@ def test_llm_chat():
     ids = llm.get_tokenizer().encode_chat(talk)
     assert llm.get_tokenizer().decode(ids).endswith("assistant\n")  # SmolLM2's template opens the reply
     (out,) = llm.chat(talk, greedy)
-    assert out.prompt_token_ids == ids
+    assert out.prompt_token_ids == ids and out.prompt == llm.get_tokenizer().apply_chat_template(talk)
     (plain,) = llm.generate({"prompt_token_ids": ids}, greedy)
     assert out.token_ids == plain.token_ids
     parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
