@@ -157,9 +157,16 @@ def test_the_end_of_sequence_ends_a_constrained_request(llm):
 
 
 def test_schema_true_is_any_json_and_the_class_is_exported(llm):
+    """The schema true allows any JSON value and nothing else: its first mask takes a value's first token (an
+    object, a number, a string, true) and no word; a greedy output that ends parses."""
     from minfer import StructuredOutputs as Exported
     assert Exported is StructuredOutputs
-    (o,) = llm.generate("Any:", SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=dict(json=True)),
+    tok, matchers = llm.get_tokenizer(), llm.engine.matchers
+    (allowed,) = matchers.allowed([matchers.matcher(StructuredOutputs(json=True))])
+    first = {t: allowed[tok.encode(t)[0]] for t in ("{", "[", "1", '"', "true", "Paris", " Paris", "The")}
+    assert first == {"{": True, "[": True, "1": True, '"': True, "true": True,
+                     "Paris": False, " Paris": False, "The": False}, first
+    (o,) = llm.generate("Any:", SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=dict(json=True)),
                         use_tqdm=False)
     assert o.token_ids and (o.finish_reason == "length" or json.loads(o.text) is not None)
 
