@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+import os
+import re
 import struct
 import sys
 from dataclasses import dataclass
@@ -145,6 +147,13 @@ class Reader:
 
 
 def open_reader(path: str) -> Reader:
+    """path's metadata and tensors; a file of a split model (any of its parts) gives the whole model's."""
+    reader = _read_one(path)
+    count = reader.fields.get("split.count", 1)
+    return reader if count == 1 else _join_split(path, reader, count)
+
+
+def _read_one(path: str) -> Reader:
     try:
         return Reader(path)
     except MinferError:
@@ -153,6 +162,38 @@ def open_reader(path: str) -> Reader:
         raise file_error(path, e) from None
     except Exception as e:  # a truncated or foreign header fails in struct, numpy or decoding
         raise MinferError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+# llama.cpp's split models (llama-gguf-split, gguf's writer with a size limit): NAME-00001-of-00003.gguf and so on,
+# each a GGUF of some of the tensors; the first carries the model's metadata, each its split.no (from 0) and count.
+SPLIT_NAME = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.gguf")
+
+
+def _join_split(path: str, given: Reader, count) -> Reader:
+    name = SPLIT_NAME.fullmatch(os.path.basename(path))
+    if not isinstance(count, int) or count < 1:
+        raise MinferError(f"{path}: split.count {count!r} is not a count of files")
+    if name is None or int(name[3]) != count:
+        raise MinferError(f"{path}: one of {count} files of a split model, but not named NAME-0000N-of-{count:05d}.gguf "
+                          f"as llama.cpp names them, so the others cannot be found")
+    paths = [os.path.join(os.path.dirname(path), f"{name[1]}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    parts = [given if i + 1 == int(name[2]) else _read_one(p) for i, p in enumerate(paths)]
+    for i, (p, part) in enumerate(zip(paths, parts)):
+        no, of = part.fields.get("split.no", 0), part.fields.get("split.count", 1)
+        if (no, of) != (i, count):
+            raise MinferError(f"{p}: split.no {no} of {of}, where file {i + 1} of {count} has {i} of {count}")
+    tensors = {}
+    for p, part in zip(paths, parts):
+        for t in part.tensors:
+            if tensors.setdefault(t.name, t) is not t:
+                raise MinferError(f"{p}: tensor {t.name} is in an earlier file of the split model too")
+    reader = parts[0]  # the model's metadata; the other parts' mappings live on in their tensors' views
+    reader.tensors = list(tensors.values())
+    total = reader.fields.get("split.tensors.count", len(reader.tensors))
+    if total != len(reader.tensors):
+        raise MinferError(f"{paths[0]}: split.tensors.count is {total}, but the {count} files hold "
+                          f"{len(reader.tensors)} tensors")
+    return reader
 
 
 def _field(reader: Reader, key: str, default=None):

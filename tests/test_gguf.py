@@ -2,6 +2,7 @@
 tests for the dequantizers and the Q/K un-permute against the `gguf` package and llama.cpp's formula."""
 import io
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -471,3 +472,73 @@ def test_unknown_pre_is_refused_and_a_missing_one_is_said(capsys):
     for pre in (None, "default"):
         assert words(byte_level(pre), "In 20245") == ["In", SPELL[ord(" ")] + "20245"]  # GPT-2's split
         assert "words split as GPT-2 splits them" in capsys.readouterr().err
+
+
+# ---- split models (llama.cpp's NAME-00001-of-0000N.gguf) ----
+
+def _write_split(src: str, out_stem, max_tensors: int) -> list[str]:
+    """src rewritten as a split model by gguf's writer (llama-gguf-split's layout: every part a GGUF with split.no
+    and split.count, the first with the metadata); the parts' paths."""
+    reader = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(out_stem) + ".gguf", reader.fields["general.architecture"].contents(),
+                        split_max_tensors=max_tensors)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        w.add_key_value(field.name, field.contents(), kind,
+                        sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    paths = [str(p) for p in w.format_shard_names(w.path)]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in reader.tensors:
+        w.write_tensor_data(t.data)
+    w.close()
+    return paths
+
+
+@needs_model
+def test_a_split_model_loads_from_any_of_its_files(tmp_path):
+    """The default model in 3 files: given any of them, the same tensors (bytes, by name) and the same greedy
+    tokens as the one file."""
+    from minfer.engine.core import EngineCore
+    from minfer.sampling import SamplingParams
+
+    paths = _write_split(MODEL_PATH, tmp_path / "m", max_tensors=100)
+    assert [os.path.basename(p) for p in paths] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    whole = {t.name: t for t in mgguf.open_reader(MODEL_PATH).tensors}
+    for p in paths:
+        split = mgguf.open_reader(p)
+        assert split.fields["general.architecture"] == "llama" and split.fields["split.count"] == 3
+        assert [t.name for t in split.tensors] == list(whole)
+        assert all(torch.equal(t.data, whole[t.name].data) and t.shape == whole[t.name].shape for t in split.tensors)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    ids = [[1, 504, 3575, 282, 4649, 314]]
+    runs = [EngineCore(p, dtype=torch.float32, device="cpu", backend="ref", max_context=64, num_pages=16)
+            .generate(ids, [params])[0][0].token_ids for p in (MODEL_PATH, paths[1])]
+    assert runs[0] == runs[1] and len(runs[0]) == 12
+
+
+def test_split_model_errors_name_the_file(tmp_path):
+    """A missing part, a part renamed out of the pattern, a part from another split: one-line errors naming it."""
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(tmp_path / "s.gguf"), "llama", split_max_tensors=1)
+    for name in ("a", "b", "c"):
+        w.add_tensor(name, rng.standard_normal((4, 32)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    first, second, third = (str(tmp_path / f"s-0000{i}-of-00003.gguf") for i in (1, 2, 3))
+    assert [t.name for t in mgguf.open_reader(third).tensors] == ["a", "b", "c"]
+    os.rename(second, str(tmp_path / "elsewhere.gguf"))
+    with pytest.raises(MinferError, match="s-00002-of-00003.gguf"):
+        mgguf.open_reader(first)
+    with pytest.raises(MinferError, match="not named NAME-0000N-of-00003.gguf"):
+        mgguf.open_reader(str(tmp_path / "elsewhere.gguf"))
+    shutil.copy(third, second)  # file 3's content under file 2's name
+    with pytest.raises(MinferError, match="s-00002-of-00003.gguf: split.no 2 of 3, where file 2 of 3 has 1 of 3"):
+        mgguf.open_reader(first)
