@@ -660,6 +660,65 @@ def test_auto_tool_choice_with_the_hermes_parser(server):
     assert_idle(server.core)
 
 
+def test_reasoning_parsers():
+    """<think>reasoning</think>answer: the start tag optional (where the output does not open it, the parser's rule
+    says what its text is); the first </think> ends the reasoning; streamed in any pieces, the same parts."""
+    from minfer.serve.reasoning import parser
+    cases = [("qwen3", "", "<think>\nwhy</think>\n\nSo 4.", ("\nwhy", "\n\nSo 4.")),
+             ("qwen3", "", "Just 4.", (None, "Just 4.")),  # enable_thinking=False: no tags
+             ("qwen3", "<|im_start|>assistant\n<think>\n", "why</think>4", ("why", "4")),  # the prompt opened it
+             ("qwen3", "", "<think>cut off", ("cut off", None)),
+             ("qwen3", "", "<thin", (None, "<thin")),
+             ("deepseek_r1", "", "why</think>4 <think>x</think>", ("why", "4 <think>x</think>")),
+             ("deepseek_r1", "", "<think>why</think>4", ("why", "4")),  # R1-0528 writes the start tag
+             ("deepseek_r1", "", "still thinking </thi", ("still thinking </thi", None)),
+             ("deepseek_r1", "", "</think>", (None, None))]
+    rng = __import__("random").Random(0)
+    for name, prompt, text, want in cases:
+        assert parser(name, prompt).split(text) == want, (name, text)
+        for _ in range(20):  # streamed in random pieces
+            cuts = sorted(rng.sample(range(1, len(text)), min(3, len(text) - 1)))
+            pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+            p, got = parser(name, prompt), [[], []]
+            for k, piece in enumerate(pieces):
+                for part, out in zip(p.feed(piece, k == len(pieces) - 1), got):
+                    out.append(part)
+            assert tuple("".join(g) or None for g in got) == want, (name, pieces)
+
+
+def test_reasoning_comes_apart_from_the_answer(server):
+    """--reasoning-parser qwen3 on a template whose prompt opens <think> (a few shots the model copies): the reply's
+    reasoning_content and content are the split of the text the same request gives without the parser, streamed
+    the same; include_reasoning false drops the reasoning; a constrained reply is all answer."""
+    template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}<think>\n{% endif %}")
+    shots = "Q: 2+2?\n<think>\nadd them</think>\nA: 4\n\nQ: 3+3?\n<think>\nadd them</think>\nA: 6\n\nQ: 5+5?\n"
+    tok = server.core.tokenizer
+    own, tok.chat_template = tok.chat_template, template
+    srv, thread, url = start(build_app(server.engine, NAME, reasoning_parser="qwen3"))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    body = dict(model=NAME, messages=[{"role": "user", "content": shots}], max_tokens=12, temperature=0)
+    try:
+        free = server.http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert free["reasoning_content"] is None and "</think>" in free["content"]
+        thought, answer = free["content"].split("</think>", 1)
+        r = client.chat.completions.create(**body).choices[0].message
+        assert (r.reasoning_content, r.content) == (thought, answer)
+        deltas = [c.choices[0].delta for c in client.chat.completions.create(**body, stream=True) if c.choices]
+        assert "".join(d.reasoning_content or "" for d in deltas if hasattr(d, "reasoning_content")) == thought
+        assert "".join(d.content or "" for d in deltas) == answer
+        hidden = client.chat.completions.create(**body, extra_body={"include_reasoning": False}).choices[0].message
+        assert (getattr(hidden, "reasoning_content", None), hidden.content) == (None, answer)
+        pytest.importorskip("llguidance")
+        fixed = client.chat.completions.create(**body, extra_body={"structured_outputs": {"choice": ["a</think>b"]}})
+        assert (fixed.choices[0].message.reasoning_content, fixed.choices[0].message.content) == (None, "a</think>b")
+    finally:
+        tok.chat_template = own
+        srv.should_exit = True
+        thread.join()
+    assert_idle(server.core)
+
+
 def test_tool_requests_that_cannot_run(server):
     """'auto' (OpenAI's default with tools) needs a parser of the model's own call format (--tool-call-parser): without
     one, a 400 that says what works; so are a named function that is not among the tools, 'required' without tools, a

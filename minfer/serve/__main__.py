@@ -16,6 +16,7 @@ from .. import shapes
 from ..engine_args import add_engine_args, engine_kwargs
 from ..errors import ArgumentParser, MinferError, run_cli
 from ..generate import DTYPES
+from .reasoning import PARSERS as REASONING_PARSERS
 from .tool_parser import PARSERS
 
 
@@ -50,6 +51,9 @@ def parse_args(argv=None):
                         "--tool-call-parser, come back as tool_calls")
     p.add_argument("--tool-call-parser", choices=sorted(PARSERS), help="the model's tool-call format (hermes: Qwen2.5, "
                                                                        "Qwen3, Hermes)")
+    p.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
+                   help="the model's reasoning between <think> and </think> comes back as reasoning_content, apart from "
+                        "the answer (deepseek_r1: DeepSeek-R1, QwQ; qwen3: Qwen3)")
     add_engine_args(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
@@ -95,7 +99,8 @@ def main(argv=None):
         "serving %s on http://%s:%d (%s, %s, %d KV pages of %d tokens, context %d)", name, args.host, args.port,
         core.device, core.ops.name, core.block_manager.num_pages, args.block_size, core.max_context)
     app = build_app(engine, name, api_key=args.api_key, max_waiting=args.max_waiting,
-                    max_body_bytes=args.max_body_bytes, tool_parser=args.tool_call_parser)
+                    max_body_bytes=args.max_body_bytes, tool_parser=args.tool_call_parser,
+                    reasoning_parser=args.reasoning_parser)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     finally:

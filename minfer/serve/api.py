@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 from ..errors import MinferError
 from ..sampling import SamplingParams
 from .async_engine import AsyncEngine, Delta, Outputs
+from . import reasoning
 from .tool_parser import PARSERS
 from .protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, CompletionChoice,
                        CompletionRequest, CompletionResponse, DetokenizeRequest, ErrorInfo, ErrorResponse, FunctionCall,
@@ -99,9 +100,11 @@ class Guard:
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
-              max_body_bytes: int = MAX_BODY_BYTES, tool_parser: str | None = None) -> FastAPI:
+              max_body_bytes: int = MAX_BODY_BYTES, tool_parser: str | None = None,
+              reasoning_parser: str | None = None) -> FastAPI:
     """tool_parser: the model's tool-call format (tool_parser.PARSERS), for tool_choice 'auto'; None: 'auto' with
-    tools is a 400."""
+    tools is a 400. reasoning_parser: the model's reasoning format (reasoning.PARSERS), returned apart from the
+    answer; None: all of the text is the answer."""
     app = FastAPI(title="minfer", docs_url=None, redoc_url=None)
     parser = PARSERS[tool_parser]() if tool_parser else None
     core, tokenizer = engine.core, engine.core.tokenizer
@@ -373,13 +376,13 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                 return card
         raise APIError(404, f"the model {model_id!r} does not exist; this server serves {model_name!r}", "model")
 
-    async def chat_ids(req) -> list[int]:
-        """A request's messages through the model's chat template, as token ids."""
+    async def chat_prompt(req) -> tuple[str, list[int]]:
+        """A request's messages through the model's chat template: the text and its token ids."""
         need_tokenizer()
         messages = [m.for_template() for m in req.messages]
         need_unicode([m["content"] for m in messages], "messages")
         try:
-            return await asyncio.to_thread(tokenizer.encode_chat, messages, core.max_context, **req.render_options())
+            return await asyncio.to_thread(tokenizer.render_chat, messages, core.max_context, **req.render_options())
         except MinferError as e:  # the template's own errors are the messages' (raise_exception); the options name theirs
             param = next((p for p in ("chat_template_kwargs", "continue_final_message") if str(e).startswith(p)),
                          "messages")
@@ -391,7 +394,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give one of prompt and messages", "prompt")
         if req.messages is not None:
-            ids = await chat_ids(req)
+            _, ids = await chat_prompt(req)
             if req.add_special_tokens and tokenizer.add_bos:  # asked for on top of the template's (vLLM's rule)
                 ids = [tokenizer.bos_token_id] + ids
         else:
@@ -421,17 +424,24 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                 "the server with --enable-auto-tool-choice --tool-call-parser NAME, or give 'required' or "
                                 "a named function (the call is then constrained to the tools' schemas), or 'none'",
                            "tool_choice")
-        ids = await chat_ids(req)
+        prompt, ids = await chat_prompt(req)
+        # a constrained output (a forced tool call, a schema) is all answer: the constraint holds from its first token
+        thinks = None if reasoning_parser is None or req.structured()[0] is not None else (
+            lambda: reasoning.parser(reasoning_parser, prompt))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         rid = new_id("chatcmpl")
         max_tokens = req.max_completion_tokens or req.max_tokens or core.max_context  # default: as the context allows
         out, rids = await submit(request, rid, [ids], req, max_tokens, logprobs)
         if req.stream:
-            return sse(chat_chunks(rid, req, ids, out, rids))
+            return sse(chat_chunks(rid, req, ids, out, rids, thinks))
         per_choice = await collect(request, out, rids)
         choices = []
         for i, ds in sorted(per_choice.items()):
-            message = chat_message(req, "".join(d.text for d in ds))
+            thought, text = (None, "".join(d.text for d in ds))
+            if thinks is not None:
+                thought, text = thinks().split(text)
+            message = chat_message(req, text or "")
+            message.reasoning_content = thought if req.include_reasoning else None
             choices.append(ChatChoice(index=i, message=message, finish_reason="tool_calls" if req.auto_tools() and
                                       message.tool_calls else ds[-1].finish_reason,
                                       logprobs=chat_logprobs([e for d in ds for e in d.logprobs] if req.logprobs else None)))
@@ -458,7 +468,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         calls = tool_calls(req, text) if req.forced_tools() else None
         return ChatMessage(content=text) if calls is None else ChatMessage(content=None, tool_calls=calls)
 
-    async def chat_chunks(rid, req, ids, out, rids):
+    async def chat_chunks(rid, req, ids, out, rids, thinks):
         head = chunk_head(rid, "chat.completion.chunk")
         yield head + dumps([{"index": i, "delta": {"role": "assistant", "content": ""}} for i in range(req.n)]) + "}"
         finals, held, held_entries = [], {}, {}  # a 'required' choice's text (and logprobs), parsed into calls at its end
@@ -466,10 +476,18 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         auto = parser if req.auto_tools() else None  # content streams until a call begins; the calls come at the end
         shown = {}  # an 'auto' choice's content shown so far
         call_ids = {}  # a named call's id, per choice: its arguments stream as they come
+        thinking = {}  # a choice's reasoning parser: its reasoning streams apart, the rest goes on as its text
         async for new in deltas(out, rids):
             for i, ds in new.items():
                 last, text = ds[-1], "".join(d.text for d in ds)
                 entries = [e for d in ds for e in d.logprobs] if req.logprobs else None
+                if thinks is not None:
+                    thought, text = thinking.setdefault(i, thinks()).feed(text, last.finished)
+                    if thought and req.include_reasoning:
+                        c = {"index": i, "delta": {"reasoning_content": thought}}
+                        if entries is not None:  # the tokens so far go with the reasoning
+                            c["logprobs"], entries = chat_logprobs(entries), []
+                        yield head + dumps([c]) + "}"
                 if auto is not None:
                     held[i] = held.get(i, "") + text
                     held_entries[i] = held_entries.get(i, []) + (entries or [])

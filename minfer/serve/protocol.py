@@ -241,6 +241,7 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
     # None: 'auto' where there are tools (OpenAI's default), else 'none'
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(None, validate_default=True)
     parallel_tool_calls: bool = True
+    include_reasoning: bool = True  # vLLM's: False drops the reasoning that --reasoning-parser takes apart
 
     @field_validator("top_logprobs")
     @classmethod
@@ -358,6 +359,7 @@ class ToolCall(BaseModel):
 
 class ChatMessage(BaseModel):
     role: str = "assistant"
+    reasoning_content: str | None = None  # with --reasoning-parser: the reasoning, apart from the answer in content
     content: str | None = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)  # content is then the text before them, or None
 
