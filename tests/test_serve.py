@@ -106,6 +106,27 @@ def assert_idle(core, timeout=10.0):
 def test_health_models(server, client):
     assert server.http.get("/health").json() == {"status": "ok"}
     assert [m.id for m in client.models.list().data] == [NAME]
+    assert server.http.get("/version").json() == {"version": __import__("minfer").__version__}
+
+
+def test_cors(server):
+    """A browser page may call the server (vLLM's default: any origin, no credentials): the preflight is answered
+    before the API key is asked for, and responses carry the origin header; --allowed-origins narrows it."""
+    asked = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization,content-type"}
+    r = httpx.options(server.url + "/v1/chat/completions", headers=asked)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    assert "POST" in r.headers["access-control-allow-methods"]
+    r = server.http.get("/v1/models", headers={"Origin": "http://localhost:3000"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    srv, thread, url = start(build_app(server.engine, NAME, cors=dict(allow_origins=["http://ok.example"])))
+    try:
+        assert httpx.options(url + "/v1/models", headers={**asked, "Origin": "http://ok.example"}).status_code == 200
+        r = httpx.options(url + "/v1/models", headers={**asked, "Origin": "http://evil.example"})
+        assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    finally:
+        srv.should_exit = True
+        thread.join()
 
 
 def test_completion_greedy_equals_llm(server, client, solo):
@@ -1098,6 +1119,9 @@ def test_server_process_bad_flags(tmp_path):
     r = subprocess.run([sys.executable, "-m", "minfer.serve", "--tool-call-parser", "hermes"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "--enable-auto-tool-choice and --tool-call-parser come together" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "minfer.serve", "--allowed-origins", "http://a.example"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "--allowed-origins: 'http://a.example' is not a JSON list" in r.stderr
     r = subprocess.run([sys.executable, "-m", "minfer.serve", str(tmp_path / "x.gguf"), "--chat-template", "{{ x"],
                        capture_output=True, text=True, timeout=60)  # before the (missing) model loads
     assert r.returncode == 1 and r.stderr.startswith("minfer: error: --chat-template: not valid Jinja (line 1: ")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -18,6 +19,17 @@ from ..errors import ArgumentParser, MinferError, run_cli
 from ..generate import DTYPES
 from .reasoning import PARSERS as REASONING_PARSERS
 from .tool_parser import PARSERS
+
+
+def json_list(text: str) -> list[str]:
+    """vLLM's form of a CORS list: '["http://localhost:3000"]'."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list of strings, e.g. '[\"http://localhost:3000\"]'")
+    return value
 
 
 def parse_args(argv=None):
@@ -34,6 +46,11 @@ def parse_args(argv=None):
     p.add_argument("--port", type=int, default=8000, help="default: %(default)s")
     p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
                    help="clients must send 'Authorization: Bearer KEY' on /v1 (default: $MINFER_API_KEY, else none)")
+    for flag, default, what in [("--allowed-origins", '["*"]', "origins"), ("--allowed-methods", '["*"]', "methods"),
+                                ("--allowed-headers", '["*"]', "headers")]:
+        p.add_argument(flag, type=json_list, default=default, metavar="JSON",
+                       help=f"CORS: the {what} a browser page may use, a JSON list (default: %(default)s)")
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: pages may send credentials")
     p.add_argument("--served-model-name", help="the model's name in the API (default: the checkpoint's file name)")
     p.add_argument("--max-waiting", type=int,
                    help="requests waiting for admission, at most; more get 429 (default: no limit)")
@@ -100,7 +117,9 @@ def main(argv=None):
         core.device, core.ops.name, core.block_manager.num_pages, args.block_size, core.max_context)
     app = build_app(engine, name, api_key=args.api_key, max_waiting=args.max_waiting,
                     max_body_bytes=args.max_body_bytes, tool_parser=args.tool_call_parser,
-                    reasoning_parser=args.reasoning_parser)
+                    reasoning_parser=args.reasoning_parser,
+                    cors=dict(allow_origins=args.allowed_origins, allow_credentials=args.allow_credentials,
+                              allow_methods=args.allowed_methods, allow_headers=args.allowed_headers))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     finally:

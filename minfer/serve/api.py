@@ -21,12 +21,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 
+from .. import __version__
 from ..errors import MinferError
 from ..sampling import SamplingParams
-from .async_engine import AsyncEngine, Delta, Outputs
 from . import reasoning
+from .async_engine import AsyncEngine, Delta, Outputs
 from .tool_parser import PARSERS
 from .protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, CompletionChoice,
                        CompletionRequest, CompletionResponse, DetokenizeRequest, ErrorInfo, ErrorResponse, FunctionCall,
@@ -99,12 +101,16 @@ class Guard:
         return scheme.lower() == b"bearer" and secrets.compare_digest(key.strip(), self.api_key.encode())
 
 
+CORS = dict(allow_origins=["*"], allow_credentials=False, allow_methods=["*"], allow_headers=["*"])
+
+
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, max_waiting: int | None = None,
               max_body_bytes: int = MAX_BODY_BYTES, tool_parser: str | None = None,
-              reasoning_parser: str | None = None) -> FastAPI:
+              reasoning_parser: str | None = None, cors: dict | None = None) -> FastAPI:
     """tool_parser: the model's tool-call format (tool_parser.PARSERS), for tool_choice 'auto'; None: 'auto' with
     tools is a 400. reasoning_parser: the model's reasoning format (reasoning.PARSERS), returned apart from the
-    answer; None: all of the text is the answer."""
+    answer; None: all of the text is the answer. cors: CORSMiddleware's allow_origins, allow_credentials,
+    allow_methods and allow_headers, each in place of its default (vLLM's: any origin, without credentials)."""
     app = FastAPI(title="minfer", docs_url=None, redoc_url=None)
     parser = PARSERS[tool_parser]() if tool_parser else None
     core, tokenizer = engine.core, engine.core.tokenizer
@@ -119,6 +125,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         return error_response(e.status_code, f"{request.method} {request.url.path}: {e.detail}")
 
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    # outside the guard: a browser's preflight (OPTIONS, no API key) is answered here
+    app.add_middleware(CORSMiddleware, **{**CORS, **(cors or {})})
 
     # ---- parsing ----
 
@@ -358,6 +366,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         if not engine.is_alive():
             return error_response(503, "the engine loop has stopped")
         return {"status": "ok"}
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def metrics():
