@@ -20,9 +20,10 @@ def parse_args(argv=None):
     p = ArgumentParser(prog="python -m minfer.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?",
-                   help="HF folder, HF hub id, .gguf file or the name of a model minfer.fetch installs (gemma3-270m) "
+                   help="HF folder, HF hub id, hub GGUF repo:TYPE (org/Model-GGUF:Q4_K_M), .gguf file or the name of a model "
+                        "minfer.fetch installs (gemma3-270m) "
                         "(default: SmolLM2-135M-Instruct Q4_1, from setup.sh)")
-    p.add_argument("-m", "--model", help="the CHECKPOINT, given as an option")
+    p.add_argument("-m", "--model", "-hf", "--hf-repo", help="the CHECKPOINT, given as an option (-hf: llama.cpp's, for repo:TYPE)")
     p.add_argument("-p", "--prompt", action="append",
                    help="prompt text; '-' reads stdin; repeat for a batch (default: 'Hello')")
     p.add_argument("-f", "--file", action="append", dest="prompt", type=PromptFile, metavar="FILE",

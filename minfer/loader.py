@@ -7,6 +7,7 @@ the default model that setup.sh installs.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -58,9 +59,39 @@ def _looks_like_hub_id(name: str) -> bool:
             and not name.endswith((".gguf", ".safetensors", ".json")))  # a file's name: a mistyped path
 
 
+def _from_hub(repo: str, quant: str | None = None) -> str:
+    """A hub repository's safetensors checkpoint (its folder), or with quant (llama.cpp's and vLLM's repo:Q4_K_M) the
+    repository's GGUF file of that type: its first file where the model is split."""
+    from huggingface_hub import snapshot_download
+    if quant is None:
+        patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+    else:
+        if not re.fullmatch(r"[A-Za-z0-9_]+", quant):
+            raise MinferError(f"{repo}:{quant}: a GGUF type is a name such as Q4_K_M")
+        # the type ends the name, or a split's part count follows it: Q4_K fetches no Q4_K_M or IQ4_K
+        patterns = [p for q in {quant.upper(), quant.lower()} for p in (f"*[-_.]{q}.gguf", f"*[-_.]{q}-0*-of-*.gguf")]
+    try:
+        folder = snapshot_download(repo, allow_patterns=patterns)
+    except Exception as e:
+        raise MinferError(f"{repo}: cannot get it from the hub or the local cache ({type(e).__name__})") from None
+    if quant is None:
+        if not os.path.exists(os.path.join(folder, "config.json")):
+            raise MinferError(f"{repo}: no config.json on the hub; a GGUF repository is named with its file's type, "
+                              f"as in {repo}:Q4_K_M")
+        return folder
+    tag = re.compile(rf"[-_.]{re.escape(quant)}(-\d{{5}}-of-\d{{5}})?\.gguf$", re.I)
+    files = sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder) for f in fs
+                   if f.endswith(".gguf") and tag.search(f))
+    models = [f for f in files if not (m := gguf.SPLIT_NAME.fullmatch(os.path.basename(f))) or int(m[2]) == 1]
+    if len(models) != 1:
+        raise MinferError(f"{repo}: {'no' if not models else 'more than one'} GGUF file of type {quant} "
+                          f"({', '.join(models) or 'none found on the hub or in the local cache'})")
+    return os.path.join(folder, models[0])
+
+
 def resolve(checkpoint: str | None) -> str:
-    """A local path for CHECKPOINT (a path, a hub id, downloaded into the HF cache, or the name of a model
-    minfer.fetch installs, such as gemma3-270m)."""
+    """A local path for CHECKPOINT (a path, a hub id, downloaded into the HF cache, a hub id with a GGUF type,
+    repo:Q4_K_M, or the name of a model minfer.fetch installs, such as gemma3-270m)."""
     if checkpoint is None:
         return default_checkpoint()
     if not isinstance(checkpoint, (str, os.PathLike)):
@@ -76,12 +107,9 @@ def resolve(checkpoint: str | None) -> str:
         pass
     except OSError as e:  # e.g. a folder on the way that we may not search
         raise file_error(path, e) from None
-    if _looks_like_hub_id(checkpoint):
-        from huggingface_hub import snapshot_download
-        try:
-            return snapshot_download(checkpoint, allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
-        except Exception as e:
-            raise MinferError(f"{checkpoint}: cannot get it from the hub or the local cache ({type(e).__name__})") from None
+    repo, _, quant = checkpoint.partition(":")
+    if _looks_like_hub_id(repo):
+        return _from_hub(repo, quant) if quant else _from_hub(repo)
     if checkpoint in MODELS:  # a model minfer.fetch installs, by its name
         path = os.path.join(cache_dir(), MODELS[checkpoint].file)
         if not os.path.exists(path):

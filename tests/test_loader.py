@@ -174,6 +174,57 @@ def test_checkpoint_argument_forms(tiny, tmp_path):
         loader.resolve("models/smol.gguf")
 
 
+def fake_hub(monkeypatch, tmp_path, files: dict[str, str | None]):
+    """huggingface_hub.snapshot_download over a repository of these files (path -> a file to link, or None for an
+    empty one): the snapshot holds those its allow_patterns match, as the hub's would; the patterns asked for."""
+    import fnmatch
+
+    import huggingface_hub
+    asked = []
+
+    def snapshot_download(repo, allow_patterns):
+        asked.append(allow_patterns)
+        folder = tmp_path / "snapshot" / repo
+        for name, source in files.items():
+            if any(fnmatch.fnmatch(name, p) for p in allow_patterns):
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                if source is None:
+                    (folder / name).touch()
+                elif not (folder / name).exists():
+                    os.symlink(source, folder / name)
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return asked
+
+
+@needs_model
+def test_a_hub_gguf_by_its_type(monkeypatch, tmp_path):
+    """repo:TYPE (llama.cpp's -hf form, vLLM's too) fetches that type's GGUF alone, or a split model's files, and
+    loads it; Q4_K takes no Q4_K_M or IQ4_K; none or two such models are errors listing what was found."""
+    files = {"smol-Q4_1.gguf": MODEL_PATH, "smol-Q4_K_M.gguf": None, "smol-IQ4_K.gguf": None, "smol-Q4_K.gguf": None,
+             "Q8_0/smol-Q8_0-00001-of-00002.gguf": None, "Q8_0/smol-Q8_0-00002-of-00002.gguf": None,
+             "README.md": None, "a-q6_k.gguf": None, "b-Q6_K.gguf": None}
+    asked = fake_hub(monkeypatch, tmp_path, files)
+    cfg, _, tok = load("org/smol-GGUF:Q4_1")
+    assert cfg.num_layers == 30 and tok.encode("Hi")
+    assert os.listdir(tmp_path / "snapshot/org/smol-GGUF") == ["smol-Q4_1.gguf"]  # nothing else fetched
+    assert loader.resolve("org/smol-GGUF:q4_k").endswith("/smol-Q4_K.gguf")
+    assert sorted(os.listdir(tmp_path / "snapshot/org/smol-GGUF")) == ["smol-Q4_1.gguf", "smol-Q4_K.gguf"]
+    assert loader.resolve("org/smol-GGUF:Q8_0").endswith("/Q8_0/smol-Q8_0-00001-of-00002.gguf")
+    assert sorted(os.listdir(tmp_path / "snapshot/org/smol-GGUF/Q8_0")) == [
+        "smol-Q8_0-00001-of-00002.gguf", "smol-Q8_0-00002-of-00002.gguf"]
+    with pytest.raises(MinferError, match="no GGUF file of type Q5_K_M .none found"):
+        loader.resolve("org/smol-GGUF:Q5_K_M")
+    with pytest.raises(MinferError, match="more than one GGUF file of type Q6_K .a-q6_k.gguf, b-Q6_K.gguf"):
+        loader.resolve("org/smol-GGUF:Q6_K")
+    with pytest.raises(MinferError, match="a GGUF type is a name such as Q4_K_M"):
+        loader.resolve("org/smol-GGUF:*")
+    with pytest.raises(MinferError, match="no config.json on the hub; .* as in org/smol-GGUF:Q4_K_M"):
+        loader.resolve("org/smol-GGUF")
+    assert all(p != "*.gguf" for ps in asked for p in ps), asked
+
+
 def test_quantized_scales_that_are_not_finite_are_found():
     from minfer.quant import BLOCK_BYTES, QuantizedWeight, SCALE_OFFSETS
     for kind, offsets in SCALE_OFFSETS.items():

@@ -36,9 +36,10 @@ def parse_args(argv=None):
     p = ArgumentParser(prog="python -m minfer.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?",
-                   help="HF folder, HF hub id, .gguf file or the name of a model minfer.fetch installs (gemma3-270m) "
+                   help="HF folder, HF hub id, hub GGUF repo:TYPE (org/Model-GGUF:Q4_K_M), .gguf file or the name of a model "
+                        "minfer.fetch installs (gemma3-270m) "
                         "(default: SmolLM2-135M-Instruct Q4_1, from setup.sh)")
-    p.add_argument("--model", help="the CHECKPOINT, given as an option")
+    p.add_argument("-m", "--model", "-hf", "--hf-repo", help="the CHECKPOINT, given as an option (-hf: llama.cpp's, for repo:TYPE)")
     p.add_argument("--shape", choices=sorted(shapes.SHAPES),
                    help="instead of a checkpoint, random weights of this model's shape and a placeholder "
                         "byte-level tokenizer (minfer.quantize's), for benchmarks")
