@@ -480,19 +480,36 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         calls = tool_calls(req, text) if req.forced_tools() else None
         return ChatMessage(content=text) if calls is None else ChatMessage(content=None, tool_calls=calls)
 
+    class RequiredCalls:
+        """tool_choice 'required' as a tool-call parser: the whole output is its JSON array of calls."""
+
+        def __init__(self, req):
+            self.req = req
+
+        def content_end(self, text: str) -> tuple[int, bool]:
+            return 0, True
+
+        def parse(self, text: str):
+            calls = tool_calls(self.req, text)
+            return None if calls is None else (None, [(c.function.name, c.function.arguments) for c in calls])
+
     async def chat_chunks(rid, req, ids, out, rids, thinks):
         head = chunk_head(rid, "chat.completion.chunk")
         yield head + dumps([{"index": i, "delta": {"role": "assistant", "content": ""}} for i in range(req.n)]) + "}"
-        finals, held, held_entries = [], {}, {}  # a 'required' choice's text (and logprobs), parsed into calls at its end
+        finals = []
         named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
-        auto = parser if req.auto_tools() else None  # content streams until a call begins; the calls come at the end
-        shown = {}  # an 'auto' choice's content shown so far
+        # 'auto''s parser, or 'required''s: the text streams as content up to where a call may begin; the calls
+        # come at the end (text from which none parses is content after all)
+        calls_at_end = parser if req.auto_tools() else RequiredCalls(req) if req.tool_choice == "required" else None
+        held, held_entries, shown = {}, {}, {}  # per choice: its text and logprobs so far, the content shown
         call_ids = {}  # a named call's id, per choice: its arguments stream as they come
         thinking = {}  # a choice's reasoning parser: its reasoning streams apart, the rest goes on as its text
         async for new in deltas(out, rids):
             for i, ds in new.items():
                 last, text = ds[-1], "".join(d.text for d in ds)
                 entries = [e for d in ds for e in d.logprobs] if req.logprobs else None
+                if last.finished:
+                    finals.append(last)
                 if thinks is not None:
                     thought, text = thinking.setdefault(i, thinks()).feed(text, last.finished)
                     if thought and req.include_reasoning:
@@ -500,41 +517,25 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                         if entries is not None:  # the tokens so far go with the reasoning
                             c["logprobs"], entries = chat_logprobs(entries), []
                         yield head + dumps([c]) + "}"
-                if auto is not None:
+                if calls_at_end is not None:
                     held[i] = held.get(i, "") + text
                     held_entries[i] = held_entries.get(i, []) + (entries or [])
-                    end, calling = auto.content_end(held[i])
-                    end = len(held[i]) if last.finished and not calling else end
+                    end, calling = calls_at_end.content_end(held[i])
+                    parsed = calls_at_end.parse(held[i]) if last.finished and calling else None
+                    if last.finished and parsed is None:
+                        end = len(held[i])
                     delta = {"content": held[i][shown.get(i, 0):end]}
-                    parsed = auto.parse(held[i]) if last.finished and calling else None
                     if parsed is not None:
                         delta["tool_calls"] = [{"index": k, **ToolCall(function=FunctionCall(name=n, arguments=a))
                                                 .model_dump()} for k, (n, a) in enumerate(parsed[1])]
-                    elif last.finished and calling:  # no call parses: the text is content after all
-                        delta["content"] = held[i][shown.get(i, 0):]
                     if delta["content"] or last.finished:
                         shown[i] = shown.get(i, 0) + len(delta["content"])
                         c = {"index": i, "delta": delta}
                         if entries is not None:
                             c["logprobs"] = chat_logprobs(held_entries.pop(i))
-                        reason = "tool_calls" if "tool_calls" in delta else last.finish_reason
+                        reason = "tool_calls" if parsed is not None and req.auto_tools() else last.finish_reason
                         yield head + dumps([finish(c, reason)]) + "}"
-                    if last.finished:
-                        finals.append(last)
-                    continue
-                if req.tool_choice == "required":
-                    held[i] = held.get(i, "") + text
-                    held_entries[i] = held_entries.get(i, []) + (entries or [])
-                    if last.finished:
-                        calls = tool_calls(req, held[i])
-                        c = {"index": i, "delta": {"content": held[i]} if calls is None else {"tool_calls": [
-                            {"index": k, **call.model_dump()} for k, call in enumerate(calls)]}}
-                        if entries is not None:
-                            c["logprobs"] = chat_logprobs(held_entries[i])
-                        yield head + dumps([finish(c, last.finish_reason)]) + "}"
-                        finals.append(last)
-                    continue
-                if named is not None and (text or last.finished):
+                elif named is not None and (text or last.finished):
                     call = {"index": 0, "function": {"arguments": text}}
                     if i not in call_ids:
                         call_ids[i] = ToolCall(function=FunctionCall(name=named, arguments="")).id
@@ -549,8 +550,6 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                     if entries is not None:
                         c["logprobs"] = chat_logprobs(entries)
                     yield head + dumps([finish(c, last.finish_reason)]) + "}"
-                if last.finished:
-                    finals.append(last)
         if req.stream_options and req.stream_options.include_usage:
             yield head + '[],"usage":' + usage([ids], finals).model_dump_json() + "}"
 
