@@ -35,7 +35,8 @@ class LLM:
                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, long_prefill_token_threshold: int = 0,
                  num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool | None = None, dequantize: bool = False,
-                 async_scheduling: bool | None = None, cuda_graph_sizes: list[int] | None = None):
+                 async_scheduling: bool | None = None, cuda_graph_sizes: list[int] | None = None,
+                 scheduling_policy: str = "fcfs"):
         if isinstance(dtype, str):
             if dtype not in ("float32", "float16", "bfloat16"):
                 raise MinferError(f"dtype must be float32, float16 or bfloat16, not {dtype!r}")
@@ -46,7 +47,7 @@ class LLM:
                                  long_prefill_token_threshold=long_prefill_token_threshold, num_pages=num_pages,
                                  page_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
                                  prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling,
-                                 cuda_graph_sizes=cuda_graph_sizes)
+                                 cuda_graph_sizes=cuda_graph_sizes, scheduling_policy=scheduling_policy)
         self.last_stats = None  # the Stats of the last generate()
 
     def get_tokenizer(self):
@@ -71,12 +72,12 @@ class LLM:
         return list(prompt)
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 on_output=None, use_tqdm: bool = True) -> list[RequestOutput]:
+                 on_output=None, use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """One output per prompt, in order. sampling_params: one for all prompts or one each (default:
         SamplingParams()); with n > 1 a prompt's output is its first completion, and .outputs all n (vLLM's
         view; .siblings the RequestOutputs). on_output(index, RequestOutput): called after each step that gave
         prompt `index` tokens. use_tqdm: a progress bar of the finished prompts and the output tok/s on stderr
-        (shown on a terminal)."""
+        (shown on a terminal). priority: each prompt's, lower first (vLLM's; needs scheduling_policy="priority")."""
         single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         prompts = [prompts] if single else list(prompts)
         ids = [self._ids(p) for p in prompts]
@@ -114,8 +115,11 @@ class LLM:
                 if on_output is not None:
                     on_output(i, out)
 
-            results, self.last_stats = self.engine.generate([ids[i] for i, _ in rows], row_params,
-                                                            None if bar.disable and on_output is None else progress)
+            if priority is not None and len(priority) != len(ids):
+                raise MinferError(f"{len(ids)} prompts and {len(priority)} priorities")
+            results, self.last_stats = self.engine.generate(
+                [ids[i] for i, _ in rows], row_params, None if bar.disable and on_output is None else progress,
+                None if priority is None else [priority[i] for i, _ in rows])
         outputs, first = [], 0
         for i, sp in enumerate(params):
             out = results[first]

@@ -105,6 +105,51 @@ def test_chunked_prefill(ids, alone, kw):
     assert_idle(small)
 
 
+def test_priority_scheduling(ids, alone, monkeypatch):
+    """--scheduling-policy priority: one sequence at a time, they start in (priority, arrival) order, where fcfs
+    starts them as they came; with a tiny pool the victims are the last in that order (here never the first
+    request); every output is its output alone. A priority on an fcfs engine, or one per prompt missing, is an
+    error that queues nothing."""
+    priorities = [5, 0, 1, 0, 9]
+    for policy, want in [("fcfs", [0, 1, 2, 3, 4]), ("priority", [1, 3, 2, 0, 4])]:
+        one = make(max_num_seqs=1, scheduling_policy=policy)
+        started = []
+        outs, _ = one.generate(ids, [GREEDY] * len(ids), lambda i, out: started.count(i) or started.append(i),
+                               priorities if policy == "priority" else None)
+        assert started == want and [o.token_ids for o in outs] == alone
+        assert_idle(one)
+    # the urgent request comes last, into a full pool: fcfs would preempt it, the newest, first
+    tiny = make(num_pages=24, scheduling_policy="priority")
+    victims, preempt = [], tiny.scheduler._preempt
+    monkeypatch.setattr(tiny.scheduler, "_preempt", lambda seq: victims.append(seq.request_id) or preempt(seq))
+    done, steps = {}, 0
+    for i in (1, 2, 3, 4):
+        tiny.add_request(ids[i], GREEDY, request_id=f"r{i}", priority=1)
+    while tiny.has_unfinished() or not done:
+        if steps == 6:
+            tiny.add_request(ids[0], GREEDY, request_id="r0", priority=0)
+        done.update((out.request_id, out.token_ids) for out in tiny.step() if out.finished)
+        steps += 1
+    assert victims and "r0" not in victims and [done[f"r{i}"] for i in range(len(ids))] == alone
+    assert_idle(tiny)
+    llm = LLM(dtype="float32", device="cpu", backend="ref", max_model_len=CONTEXT, max_num_seqs=1,
+              scheduling_policy="priority")
+    started = []
+    outs = llm.generate([ids[0], ids[1]], dataclasses.replace(GREEDY, n=2), use_tqdm=False, priority=[1, 0],
+                        on_output=lambda i, out: started.count(i) or started.append(i))
+    assert started == [1, 0] and [o.token_ids for o in outs] == alone[:2]
+    fcfs = make()
+    for bad, message in [([0, 1, 0, 0, 0], "need --scheduling-policy priority"), ([0], "5 requests and 1 priorities")]:
+        with pytest.raises(MinferError, match=message):
+            fcfs.generate(ids, [GREEDY] * len(ids), priorities=bad)
+    with pytest.raises(MinferError, match="priority must be an integer, not True"):
+        tiny.add_request(ids[0], GREEDY, priority=True)
+    with pytest.raises(MinferError, match="--scheduling-policy must be one of fcfs, priority"):
+        make(scheduling_policy="lifo")
+    assert_idle(fcfs)
+    assert_idle(tiny)
+
+
 def test_preemption_never_loses_a_request(ids, alone):
     # 24 pages of 4: one sequence needs at most 10, all five together about 40
     tiny = make(num_pages=24)

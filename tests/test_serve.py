@@ -109,6 +109,25 @@ def test_health_models(server, client):
     assert server.http.get("/version").json() == {"version": __import__("minfer").__version__}
 
 
+def test_priority(server, monkeypatch):
+    """vLLM's priority field reaches the engine with each of the request's sequences; on an engine that schedules
+    first come, first served, a priority other than 0 is a 400 naming it."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 2, "n": 2}
+    r = server.http.post("/v1/completions", json={**body, "priority": 3})
+    assert_error(r, 400, "priority")
+    assert "need --scheduling-policy priority" in r.json()["error"]["message"]
+    seen, add = [], server.core.add_requests
+    monkeypatch.setattr(server.core.scheduler, "policy", "priority")
+    monkeypatch.setattr(server.core, "add_requests", lambda requests, priorities: seen.append(priorities) or add(
+        requests, priorities))
+    assert server.http.post("/v1/completions", json={**body, "priority": -4}).status_code == 200
+    messages = [{"role": "user", "content": "Hi"}]
+    assert server.http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "priority": 7}
+                            ).status_code == 200
+    assert seen == [[-4, -4], [7]]
+    assert_idle(server.core)
+
+
 def test_cors(server):
     """A browser page may call the server (vLLM's default: any origin, no credentials): the preflight is answered
     before the API key is asked for, and responses carry the origin header; --allowed-origins narrows it."""

@@ -35,7 +35,7 @@ from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
 from .graphs import try_decode_graphs, try_piece_graphs
 from .loaded import LoadedModel
-from .scheduler import ScheduledBatch, Scheduler
+from .scheduler import POLICIES, ScheduledBatch, Scheduler
 from .sequence import Sequence, Status
 from .stats import Stats
 
@@ -213,7 +213,7 @@ class EngineCore(LoadedModel):
                  num_pages: int | None = None, page_size: int = DEFAULT_PAGE_SIZE,
                  gpu_memory_utilization: float = 0.9, prefix_caching: bool | None = None,
                  async_scheduling: bool | None = None, cuda_graph_sizes: list[int] | None = None,
-                 prompt_graphs: bool = False, **load_kwargs):
+                 prompt_graphs: bool = False, scheduling_policy: str = "fcfs", **load_kwargs):
         """long_prefill_token_threshold: a prompt's chunk in a step with decodes, at most (0: the step's budget;
         scheduler.py). async_scheduling: launch steps before reading the sampled ids of the step before
         (default: on a GPU, unless MINFER_NO_ASYNC=1). cuda_graph_sizes: the decode graphs' batch buckets, as
@@ -223,13 +223,15 @@ class EngineCore(LoadedModel):
         prompt_graphs: CUDA graphs for steps that end a prompt beside few decodes (graphs.PieceGraphs), for a
         server, whose requests arrive one by one: ~2x sooner first tokens on the default model, for ~1 s of
         capture at start (H200), which a one-shot prompt or an offline batch (its prompts together) never wins
-        back."""
+        back. scheduling_policy: fcfs, or priority (each request's priority, lower first; scheduler.py)."""
         if not 1 <= max_num_seqs <= MAX_SEQS:
             raise MinferError(f"--max-num-seqs must be in [1, {MAX_SEQS}], not {max_num_seqs}")
         if not 1 <= max_num_batched_tokens <= MAX_STEP_TOKENS:
             raise MinferError(f"--max-num-batched-tokens must be in [1, {MAX_STEP_TOKENS}], not {max_num_batched_tokens}")
         if not long_prefill_token_threshold >= 0:
             raise MinferError(f"--long-prefill-token-threshold must be at least 0, not {long_prefill_token_threshold}")
+        if scheduling_policy not in POLICIES:
+            raise MinferError(f"--scheduling-policy must be one of {', '.join(POLICIES)}, not {scheduling_policy!r}")
         if cuda_graph_sizes is not None and not (cuda_graph_sizes and min(cuda_graph_sizes) >= 1):
             raise MinferError(f"--cuda-graph-sizes must be sizes of at least 1, not {cuda_graph_sizes}")
         if not 1 <= page_size <= MAX_PAGE_SIZE:
@@ -287,7 +289,7 @@ class EngineCore(LoadedModel):
                               f"{self.device.type} memory") from None
         self.block_manager = BlockManager(num_pages, page_size, prefix_caching, window, local_pages)
         self.scheduler = Scheduler(self.block_manager, max_running, max_num_batched_tokens,
-                                   long_prefill_token_threshold)
+                                   long_prefill_token_threshold, scheduling_policy)
         self.graphs = try_decode_graphs(self, scratch_page=num_pages, max_num_seqs=max_running, sizes=cuda_graph_sizes)
         self.piece_graphs = try_piece_graphs(self, scratch_page=num_pages,
                                              max_num_batched_tokens=max_num_batched_tokens,
@@ -345,12 +347,16 @@ class EngineCore(LoadedModel):
 
     # ---- requests ----
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
-        return self.add_requests([(prompt_ids, params, request_id)])[0]
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    priority: int = 0) -> str:
+        return self.add_requests([(prompt_ids, params, request_id)], [priority])[0]
 
-    def add_requests(self, requests: list[tuple[list[int], SamplingParams, str | None]]) -> list[str]:
+    def add_requests(self, requests: list[tuple[list[int], SamplingParams, str | None]],
+                     priorities: list[int] | None = None) -> list[str]:
         """(prompt ids, params, request id or None) each, added all or none: every one is checked first, so that
-        a bad one raises its MinferError before any other is queued (and prefilled). Returns their ids."""
+        a bad one raises its MinferError before any other is queued (and prefilled). Returns their ids.
+        priorities: each request's, lower first (with scheduling_policy priority; else all 0)."""
+        priorities = self._check_priorities(priorities, len(requests))
         checked = [self._check_request(*r) for r in requests]
         given = [rid for _, _, rid in requests if rid is not None]
         if len(set(given)) != len(given):
@@ -358,14 +364,29 @@ class EngineCore(LoadedModel):
         # the structured outputs' matchers too, before any request is queued: building one checks its grammar
         matchers = [None if params.structured_outputs is None else self.matchers.matcher(params.structured_outputs)
                     for _, params, _ in requests]
-        return [self._add(ids, params, rid, m) for ids, (_, params, rid), m in zip(checked, requests, matchers)]
+        return [self._add(ids, params, rid, m, p)
+                for ids, (_, params, rid), m, p in zip(checked, requests, matchers, priorities)]
 
-    def _add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None, matcher=None) -> str:
+    def _check_priorities(self, priorities: list[int] | None, n: int) -> list[int]:
+        if priorities is None:
+            return [0] * n
+        if len(priorities) != n:
+            raise MinferError(f"{n} requests and {len(priorities)} priorities")
+        for p in priorities:
+            if type(p) is not int:  # noqa: E721 (a bool is no priority)
+                raise MinferError(f"priority must be an integer, not {p!r}")
+        if any(priorities) and self.scheduler.policy != "priority":
+            raise MinferError("priority: requests' priorities need --scheduling-policy priority (this engine's is "
+                              f"{self.scheduler.policy})")
+        return list(priorities)
+
+    def _add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None, matcher=None,
+             priority: int = 0) -> str:
         if request_id is None:  # the next number no caller has taken as its own id
             request_id = next(i for i in map(str, self._ids) if i not in self.seqs)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, min(params.max_tokens, self.max_context - len(prompt_ids)), seed,
-                       arrival_time=time.perf_counter())
+                       arrival_time=time.perf_counter(), priority=priority)
         seq.decoder = StreamDecoder(self.tokenizer) if self.tokenizer else None
         seq.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
         seq.penalized = (params.repetition_penalty != 1.0 or params.presence_penalty != 0
@@ -700,9 +721,9 @@ class EngineCore(LoadedModel):
         return time.perf_counter() - t0
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams],
-                 on_output=None) -> tuple[list[RequestOutput], Stats]:
+                 on_output=None, priorities: list[int] | None = None) -> tuple[list[RequestOutput], Stats]:
         """Runs the prompts to completion. on_output(index, RequestOutput) is called after every step that
-        gave request `index` a token."""
+        gave request `index` a token. priorities: add_requests'."""
         if len(params) != len(prompts):
             raise MinferError(f"{len(prompts)} prompts and {len(params)} sampling params")
         if not prompts:
@@ -718,7 +739,7 @@ class EngineCore(LoadedModel):
         first: dict[int, float] = {}
         t_decode = None  # when every request had its first token: the prefill phase's end
         try:
-            rids = self.add_requests([(p, sp, None) for p, sp in zip(prompts, params)])  # all or none
+            rids = self.add_requests([(p, sp, None) for p, sp in zip(prompts, params)], priorities)  # all or none
             index.update((rid, i) for i, rid in enumerate(rids))
             while any(r is None or not r.finished for r in results):
                 outs = self.step()

@@ -15,11 +15,15 @@ prompts run at most PROMPT_LOGPROBS_CHUNK tokens a step together, each token's l
 When a running sequence needs a page and none is left (in either pool, with sliding-window layers), the
 newest running sequence is preempted: its pages are freed, it goes back to the head of the queue, and its
 tokens (prompt and output so far) are computed again when it is readmitted. Nothing it generated is lost.
+With the priority policy (vLLM's --scheduling-policy priority) the queue is in (priority, arrival) order, lower
+first, and the victim is the running sequence last in that order.
 With async scheduling a sequence's last sampled token may still be on its way to the host (in flight): it
 counts as one of its tokens, and a sequence whose in-flight token is its last (max_tokens) is not scheduled.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -31,6 +35,7 @@ from .sequence import Sequence, Status
 # The most prompt tokens a step whose logprobs are asked for, all such prompts together: each keeps its row of
 # logits ([tokens, vocab] fp32: 268 MB at Gemma 3's 262k tokens).
 PROMPT_LOGPROBS_CHUNK = 256
+POLICIES = ("fcfs", "priority")
 
 
 @dataclass
@@ -44,7 +49,8 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 long_prefill_token_threshold: int = 0):
+                 long_prefill_token_threshold: int = 0, policy: str = "fcfs"):
+        self.policy, self._arrivals = policy, itertools.count()
         self.bm = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
@@ -63,7 +69,21 @@ class Scheduler:
             raise MinferError(f"a request of {n} tokens needs more than the {bm.num_local_pages} pages of "
                               f"{bm.page_size} tokens of the sliding-window layers' KV cache (raise "
                               f"--gpu-memory-utilization, or lower --max-num-batched-tokens)")
-        self.waiting.append(seq)
+        seq.order = next(self._arrivals)
+        self._queue(seq)
+
+    def _queue(self, seq: Sequence, front: bool = False) -> None:
+        """Into the waiting queue: last (fcfs; a preempted sequence first), or at its (priority, arrival) place."""
+        if self.policy == "priority":
+            bisect.insort(self.waiting, seq, key=_rank)
+        elif front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _victim(self) -> Sequence:
+        """The running sequence to preempt: the newest (fcfs), or the last in (priority, arrival) order."""
+        return self.running[-1] if self.policy == "fcfs" else max(self.running, key=_rank)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -87,7 +107,7 @@ class Scheduler:
         self._release_slot(seq)
         self.bm.free_pages(seq)
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        self._queue(seq, front=True)
         self.num_preemptions += 1
 
     def schedule(self) -> ScheduledBatch:
@@ -114,7 +134,7 @@ class Scheduler:
                 continue
             kept -= n if seq.wants_prompt_logprobs else 0
             while not self.bm.allocate(seq, n):
-                victim = self.running[-1]
+                victim = self._victim()
                 budget += chosen.pop(victim, 0)  # a victim scheduled earlier in this step is taken back
                 self._preempt(victim)
                 preempted = True
@@ -144,3 +164,7 @@ class Scheduler:
             # Unreachable while add() keeps each request within the pool; a loud error beats a silent hang.
             raise MinferError("the scheduler could not run any sequence (KV cache too small)")
         return ScheduledBatch(list(chosen), list(chosen.values()))
+
+
+def _rank(seq: Sequence) -> tuple[int, int]:
+    return seq.priority, seq.order

@@ -227,7 +227,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         rids = [f"{rid}-{i}" for i in range(n)]
         # all at once, so that the choices start in the same step; counted as waiting before any await
         adds = engine.add([(rids[p * req.n + c], ids, params[c], p * req.n + c)
-                           for p, ids in enumerate(prompts) for c in range(req.n)], out)
+                           for p, ids in enumerate(prompts) for c in range(req.n)], out, req.priority)
         try:
             while not (await asyncio.wait({adds}, timeout=0.25))[0]:
                 if await request.is_disconnected():
@@ -239,8 +239,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                 engine.abort(r)
             if isinstance(e, MinferError):
                 message = field_named(e)
-                param = ("logit_bias" if message.startswith("logit_bias") else source if message.startswith(
-                    "structured_outputs") else "prompt" if "prompt" in message else None)
+                param = next((f for f in ("logit_bias", "priority") if message.startswith(f)), None) or (
+                    source if message.startswith("structured_outputs") else "prompt" if "prompt" in message else None)
                 raise APIError(400, message, param) from None
             raise
         return out, rids

@@ -104,14 +104,16 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def add(self, requests: list[tuple[str, list[int], SamplingParams, int]], out: Outputs) -> asyncio.Future:
+    def add(self, requests: list[tuple[str, list[int], SamplingParams, int]], out: Outputs,
+            priority: int = 0) -> asyncio.Future:
         """Queues the engine requests of one API request, (id, prompt ids, params, choice index) each, all or none:
         the future resolves once the core took them all, or raises the MinferError of the first bad one (then none
         was added, so none is prefilled or counted). They count in num_waiting at once (no await between a
-        caller's check of the count and the add). Cancelling the future before the core took them drops them."""
+        caller's check of the count and the add). Cancelling the future before the core took them drops them.
+        priority: theirs (--scheduling-policy priority; lower first)."""
         done = concurrent.futures.Future()
         self._submitted += len(requests)
-        self._commands.put(("add", requests, out, done))
+        self._commands.put(("add", requests, out, done, priority))
         self._wake.set()
         return asyncio.wrap_future(done)
 
@@ -150,12 +152,13 @@ class AsyncEngine:
             if cmd[0] == "abort":
                 self._abort(cmd[1])
                 continue
-            _, requests, out, done = cmd
+            _, requests, out, done, priority = cmd
             self._applied += len(requests)
             if not done.set_running_or_notify_cancel():  # the client left before they were added
                 continue
             try:
-                self.core.add_requests([(ids, params, rid) for rid, ids, params, _ in requests])
+                self.core.add_requests([(ids, params, rid) for rid, ids, params, _ in requests],
+                                       [priority] * len(requests))
             except Exception as e:
                 done.set_exception(e)
                 continue

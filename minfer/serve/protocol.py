@@ -100,6 +100,7 @@ class SamplingFields(Request):
     logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (a JSON key) -> added to its logit
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
+    priority: int = Field(0, ge=-2**62, le=2**62)  # vLLM's: with --scheduling-policy priority, lower runs first
     # OpenAI's, at their no-op values only
     store: bool = False
     metadata: dict[str, str] | None = None  # labels of a stored completion: nothing is stored
