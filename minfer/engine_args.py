@@ -25,9 +25,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--long-prefill-token-threshold", type=int, default=0,
                    help="a prompt's chunk in a step with decodes, at most: bounds the running sequences' inter-token "
                         "latency while a long prompt prefills (default: %(default)s, no cap)")
-    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
-                   help="fcfs: requests run in arrival order; priority: by each request's priority, lower first, "
-                        "then arrival, and a full KV cache preempts the last in that order (default: %(default)s)")
     g.add_argument("--num-pages", type=int,
                    help="KV cache pages (default: from --gpu-memory-utilization on a GPU; up to 1 GiB on the CPU)")
     g.add_argument("--block-size", "--page-size", type=int, default=DEFAULT_PAGE_SIZE,
@@ -44,5 +41,4 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 long_prefill_token_threshold=args.long_prefill_token_threshold, cuda_graph_sizes=args.cuda_graph_sizes,
                 num_pages=args.num_pages, page_size=args.block_size,
-                gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching,
-                scheduling_policy=args.scheduling_policy)
+                gpu_memory_utilization=args.gpu_memory_utilization, prefix_caching=args.prefix_caching)

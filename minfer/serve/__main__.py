@@ -72,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
                    help="the model's reasoning between <think> and </think> comes back as reasoning_content, apart from "
                         "the answer (deepseek_r1: DeepSeek-R1, QwQ; qwen3: Qwen3)")
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="fcfs: requests run in arrival order; priority: by each request's priority field, lower "
+                        "first, then arrival, and a full KV cache preempts the last in that order (default: %(default)s)")
     add_engine_args(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
@@ -102,7 +105,7 @@ def main(argv=None):
     model = dict(random_weights=shapes.config(args.shape)) if args.shape else dict(checkpoint=args.checkpoint)
     core = EngineCore(**model, dtype=getattr(torch, args.dtype) if args.dtype else None, device=args.device,
                       backend=args.backend, max_context=args.max_context, dequantize=args.dequantize,
-                      prompt_graphs=True, **engine_kwargs(args))
+                      prompt_graphs=True, scheduling_policy=args.scheduling_policy, **engine_kwargs(args))
     if args.shape:  # a byte-level placeholder vocabulary of the shape's size: the server decodes text as for a model
         from ..quantize import placeholder_vocab
         from ..tokenizer import from_gguf_fields
