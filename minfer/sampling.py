@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import MinferError
-from .structured import KINDS, StructuredOutputs
+from .structured import KINDS, StructuredOutputs, unpack
 
 # The smallest temperature above 0: below it logits / temperature overflow fp32 to inf, and the
 # probabilities become NaN. Use 0 for greedy.
@@ -241,8 +241,8 @@ class SamplingTensors:
               outputs: list[list[int]], vocab: int, device, banned: list | None = None,
               allowed=None) -> "SamplingTensors":
         """The tensors a batch needs, and only those: an all-greedy batch without penalties needs none.
-        banned: per row, ids it may not draw (a stop id before min_tokens); allowed: [batch, vocab] bool numpy, the
-        ids each row may draw (structured outputs), or None."""
+        banned: per row, ids it may not draw (a stop id before min_tokens); allowed: the ids each row may draw
+        (structured outputs: Matchers.bitmask's [batch, ceil(vocab / 32)] int32 numpy), or None."""
         def col(values, dtype=torch.float32):
             return upload(values, dtype, device)
 
@@ -280,7 +280,7 @@ class SamplingTensors:
             presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
             frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
             seen=seen, counts=counts, logit_bias=bias, all_greedy=greedy, filters=filters,
-            allowed=None if allowed is None else torch.from_numpy(allowed).to(device, non_blocking=True),
+            allowed=None if allowed is None else unpack(upload(allowed, torch.int32, device), vocab),
             num_logprobs=max(logprobs) if logprobs else None)
 
 

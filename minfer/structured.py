@@ -1,7 +1,8 @@
 """Structured outputs: a JSON schema, any JSON object, a regex, a choice of strings or a grammar (Lark, or llama.cpp's
 GBNF) constrains each token a request samples. llguidance's matcher keeps each request's parse state on the host and
-gives the next token's allowed ids as a bitmask; the engine masks the logits with it before sampling (the logprobs
-stay those of the model's raw distribution, as the unconstrained ones). A step that decodes a constrained request
+gives the next token's allowed ids as a bitmask, a step's rows computed on llguidance's threads; the masks go to the
+device packed (32 ids a word) and the sampler sets the logits of the ids they leave out to -inf (the logprobs stay
+those of the model's raw distribution, as the unconstrained ones). A step that decodes a constrained request
 first applies the step before's ids, as for penalties: the mask needs the token sampled last."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
 from .errors import MinferError
 
@@ -88,6 +90,7 @@ class Matchers:
     def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int]):
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, stop_ids
         self._ll = None
+        self._executor = None  # llguidance's threads for a step's masks
         # a checked constraint (as JSON) -> its matcher, never advanced: a request takes a copy (a 20k-string choice
         # builds in ~0.6 s and copies in ~1 ms, so the server's check builds it off the engine's thread)
         self._built: dict[str, object] = {}
@@ -132,13 +135,20 @@ class Matchers:
             raise MinferError(f"structured_outputs.{spec.kind()}: no text satisfies it ({_first_line(m.get_error())})")
         return m
 
-    def allowed(self, matchers: list) -> np.ndarray:
-        """[rows, vocab] bool: each row's next allowed ids (every id where its matcher is None)."""
-        out = np.ones((len(matchers), self.vocab_size), dtype=bool)
-        for row, m in enumerate(matchers):
-            if m is not None:
-                bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-                n = min(len(bits), self.vocab_size)
-                out[row, :n] = bits[:n].astype(bool)
-                out[row, n:] = False
+    def bitmask(self, matchers: list) -> np.ndarray:
+        """[rows, ceil(vocab / 32)] int32: each row's next allowed ids, id 32 w + b as bit b of word w (every id where
+        its matcher is None). The rows are computed in parallel: one at a time, 64 rows of a regex took a step from
+        1.3 to 32 ms (H100)."""
+        import llguidance.numpy
+        out = np.full((len(matchers), -(-self.vocab_size // 32)), -1, dtype=np.int32)
+        rows = [(m, row) for row, m in enumerate(matchers) if m is not None]
+        if self._executor is None:
+            self._executor = _llguidance().LLExecutor()
+        llguidance.numpy.fill_next_token_bitmask_par(self._executor, rows, out)
         return out
+
+
+def unpack(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Matchers.bitmask's words [rows, ceil(vocab / 32)] int32 -> [rows, vocab] bool, on their device."""
+    bits = (words[:, :, None] >> torch.arange(32, dtype=torch.int32, device=words.device)) & 1
+    return bits.reshape(len(words), -1)[:, :vocab].bool()

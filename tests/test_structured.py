@@ -12,7 +12,7 @@ pytest.importorskip("llguidance")
 from minfer import LLM  # noqa: E402
 from minfer.errors import MinferError  # noqa: E402
 from minfer.sampling import SamplingParams  # noqa: E402
-from minfer.structured import StructuredOutputs  # noqa: E402
+from minfer.structured import StructuredOutputs, unpack  # noqa: E402
 from test_continuous import MODEL_PATH, assert_idle, make, with_emulated_graphs  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not __import__("os").path.exists(MODEL_PATH), reason="default model not installed")
@@ -65,23 +65,33 @@ def test_every_output_follows_its_constraint(llm, kind):
     assert_idle(llm.engine)
 
 
+def allowed(matchers, rows) -> torch.Tensor:
+    """[rows, vocab] bool: the sampler's view of the rows' masks."""
+    return unpack(torch.from_numpy(matchers.bitmask(rows)), matchers.vocab_size)
+
+
 def test_masks_are_llguidances_bits(llm):
     """The first token a choice allows: exactly the ids whose text starts one of the choices, and the mask's bit
-    order is llguidance's own (its numpy helper, applied to the same bitmask)."""
+    order is llguidance's own (its numpy helper, applied to each matcher's own bitmask), rows computed together
+    (in parallel) as one at a time."""
     import llguidance.numpy as lln
     import numpy as np
-    spec = StructuredOutputs(choice=["Paris", "Lyon"])
-    m = llm.engine.matchers.matcher(spec)
-    ours = llm.engine.matchers.allowed([m, None])
-    vocab = llm.engine.cfg.vocab_size
-    assert ours.shape == (2, vocab) and ours[1].all()
-    logits = np.zeros((1, vocab), np.float32)
-    lln.apply_token_bitmask_inplace(logits, np.frombuffer(m.compute_bitmask(), np.int32)[None])
-    assert (ours[0] == np.isfinite(logits[0])).all()
+    matchers, vocab = llm.engine.matchers, llm.engine.cfg.vocab_size
+    specs = [StructuredOutputs(choice=["Paris", "Lyon"]), None, StructuredOutputs(regex="[0-9]+ [a-z]"),
+             StructuredOutputs(json=SCHEMA)]
+    ms = [None if s is None else matchers.matcher(s) for s in specs]
+    ours = allowed(matchers, ms).numpy()
+    assert ours.shape == (len(ms), vocab) and ours[1].all()
+    for row, m in enumerate(ms):
+        if m is not None:
+            logits = np.zeros((1, vocab), np.float32)
+            lln.apply_token_bitmask_inplace(logits, np.frombuffer(m.compute_bitmask(), np.int32)[None])
+            assert (ours[row] == np.isfinite(logits[0])).all(), row
+            assert 0 < ours[row].sum() < vocab
     tok = llm.get_tokenizer()
-    allowed = [tok.decode([i]) for i in np.flatnonzero(ours[0])]
-    assert allowed and all("Paris".startswith(t) or "Lyon".startswith(t) for t in allowed)
-    assert {"P", "Paris", "L"} <= set(allowed)
+    texts = [tok.decode([i]) for i in np.flatnonzero(ours[0])]
+    assert texts and all("Paris".startswith(t) or "Lyon".startswith(t) for t in texts)
+    assert {"P", "Paris", "L"} <= set(texts)
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -162,8 +172,8 @@ def test_schema_true_is_any_json_and_the_class_is_exported(llm):
     from minfer import StructuredOutputs as Exported
     assert Exported is StructuredOutputs
     tok, matchers = llm.get_tokenizer(), llm.engine.matchers
-    (allowed,) = matchers.allowed([matchers.matcher(StructuredOutputs(json=True))])
-    first = {t: allowed[tok.encode(t)[0]] for t in ("{", "[", "1", '"', "true", "Paris", " Paris", "The")}
+    (mask,) = allowed(matchers, [matchers.matcher(StructuredOutputs(json=True))])
+    first = {t: bool(mask[tok.encode(t)[0]]) for t in ("{", "[", "1", '"', "true", "Paris", " Paris", "The")}
     assert first == {"{": True, "[": True, "1": True, '"': True, "true": True,
                      "Paris": False, " Paris": False, "The": False}, first
     (o,) = llm.generate("Any:", SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=dict(json=True)),

@@ -641,10 +641,10 @@ class EngineCore(LoadedModel):
         return self.model.forward_paged(host_ids if ids is None else ids, meta, cache, logit_index, raw_logits=True)
 
     def _allowed(self, sampled: list[Sequence]):
-        """[rows, vocab] bool numpy: the ids each row's structured output allows next (None: no row has one)."""
+        """The ids each row's structured output allows next, packed (Matchers.bitmask; None: no row has one)."""
         if not any(s.matcher is not None for s in sampled):
             return None
-        return self.matchers.allowed([s.matcher for s in sampled])
+        return self.matchers.bitmask([s.matcher for s in sampled])
 
     @property
     def matchers(self) -> Matchers:
