@@ -72,8 +72,10 @@ def run_continuous(engine: EngineCore, reqs, args) -> dict:
     engine._sync()
     engine.timeline = [] if engine.device.type == "cuda" else None
     t0 = time.perf_counter()
+    constraint = None if args.regex is None else dict(regex=args.regex)
     for ids, n_out in reqs:
-        engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True))
+        engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True,
+                                               structured_outputs=constraint))
     steps = seqs = out_tokens = 0
     while engine.has_unfinished():
         out_tokens += len(engine.step())
@@ -319,6 +321,8 @@ def parse_args(argv=None):
     p.add_argument("--shared-prefix", type=int_range(0), default=0, help="the same first N tokens in every prompt")
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and token ids")
     p.add_argument("--static", action="store_true", help="also run the static engine on the same requests")
+    p.add_argument("--regex", help="each request's output under this regex (structured outputs' cost; an output may "
+                                   "end where the regex does)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--device", help="default: cuda when present")
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
@@ -352,6 +356,9 @@ def parse_args(argv=None):
         p.error("--profile-from K needs --profile and --long-prompt-len")
     if args.beside and not args.ttft:
         p.error("--beside N needs --ttft")
+    if args.regex is not None and (args.static or args.decode_batch or args.ttft or args.long_prompt_len):
+        p.error("--regex times the continuous engine's offline run alone (not --static, --decode-batch, --ttft or "
+                "--long-prompt-len)")
     # A request that finds no free slot in the step waits for one: the mode would time the queue instead.
     if args.decode_batch and max(args.decode_batch) > args.max_num_seqs:
         p.error(f"--decode-batch {max(args.decode_batch)}: a step runs at most --max-num-seqs {args.max_num_seqs}")
@@ -442,7 +449,7 @@ def run(args) -> None:
         s = row["elapsed_s"]
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device,
                    num_requests=len(reqs), input_len=args.input_len, output_len=args.output_len,
-                   shared_prefix=args.shared_prefix, prefix_caching=prefix_caching,
+                   shared_prefix=args.shared_prefix, prefix_caching=prefix_caching, regex=args.regex,
                    requests_s=len(reqs) / s, output_tok_s=row["output_tokens"] / s,
                    total_tok_s=(in_tokens + row["output_tokens"]) / s)
         extra = "" if row["mean_batch"] is None else (f" | mean batch {row['mean_batch']:.1f} | prefix hits "

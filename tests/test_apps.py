@@ -47,6 +47,7 @@ CPU = ["--backend", "ref", "--device", "cpu"]
     (["--decode-batch", "3", "--input-len", "8", "--max-num-seqs", "2"], ["--decode-batch 3", "--max-num-seqs 2"]),
     (["--decode-batch", "2", "--input-len", "0"], ["--input-len", "'0'"]),
     (["--json", "/nonexistent/dir/t.jsonl"], ["--json /nonexistent/dir/t.jsonl"]),  # before the load, not after the run
+    (["--regex", "a", "--static"], ["--regex", "not --static"]),
 ])
 def test_bench_throughput_bad_flags(args, needles):
     assert_app_error("bench_throughput", CPU + args, *needles)

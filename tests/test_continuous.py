@@ -625,6 +625,17 @@ def test_bench_throughput_runs_on_cpu(tmp_path):
     assert rows[0]["prefix_hit_rate"] > 0 and 1 <= rows[0]["mean_batch"] <= 2
 
 
+def test_bench_throughput_under_a_regex(tmp_path):
+    """--regex: every request's output follows it (the engine's outputs are counted: a request may end early)."""
+    pytest.importorskip("llguidance")
+    out = tmp_path / "t.jsonl"
+    assert load_bench_throughput().main(["--backend", "ref", "--device", "cpu", "--num-requests", "3", "--input-len",
+                                         "9", "--output-len", "6", "--regex", "[a-z]{2}", "--json", str(out)]) == 0
+    import json
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["regex"] == "[a-z]{2}" and 3 <= row["output_tokens"] <= 6  # one or two tokens a request
+
+
 def test_bench_throughput_random_shape_on_cpu(tmp_path):
     """--shape: random weights of a named model shape, no checkpoint; the rates are the counts over the time."""
     out = tmp_path / "t.jsonl"
