@@ -109,7 +109,7 @@ def resolve(checkpoint: str | None) -> str:
         raise file_error(path, e) from None
     repo, _, quant = checkpoint.partition(":")
     if _looks_like_hub_id(repo):
-        return _from_hub(repo, quant) if quant else _from_hub(repo)
+        return _from_hub(repo, quant or None)
     if checkpoint in MODELS:  # a model minfer.fetch installs, by its name
         path = os.path.join(cache_dir(), MODELS[checkpoint].file)
         if not os.path.exists(path):

@@ -118,8 +118,9 @@ def test_priority_scheduling(ids, alone, monkeypatch):
                                priorities if policy == "priority" else None)
         assert started == want and [o.token_ids for o in outs] == alone
         assert_idle(one)
-    # the urgent request comes last, into a full pool: fcfs would preempt it, the newest, first
-    tiny = make(num_pages=24, scheduling_policy="priority")
+    # the urgent request comes last, into a full pool: fcfs would preempt it, the newest, first (async scheduling:
+    # a victim may have a token in flight)
+    tiny = make(num_pages=24, scheduling_policy="priority", async_scheduling=True)
     victims, preempt = [], tiny.scheduler._preempt
     monkeypatch.setattr(tiny.scheduler, "_preempt", lambda seq: victims.append(seq.request_id) or preempt(seq))
     done, steps = {}, 0

@@ -449,7 +449,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         per_choice = await collect(request, out, rids)
         choices = []
         for i, ds in sorted(per_choice.items()):
-            thought, text = (None, "".join(d.text for d in ds))
+            thought, text = None, "".join(d.text for d in ds)
             if thinks is not None:
                 thought, text = thinks().split(text)
             message = chat_message(req, text or "")
