@@ -30,6 +30,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16  # new tokens at most (as the context allows); 0, with prompt_logprobs: the prompt scored alone
     stop: list[str] = field(default_factory=list)  # the text ends before the first of these
+    include_stop_str_in_output: bool = False  # vLLM's: the text ends after it instead
     stop_token_ids: list[int] = field(default_factory=list)  # besides the model's end-of-sequence ids
     ignore_eos: bool = False  # the model's end-of-sequence ids do not stop (stop_token_ids still do)
     presence_penalty: float = 0.0  # subtracted from the logits of ids in the output so far (OpenAI's rule)
@@ -91,6 +92,8 @@ class SamplingParams:
             raise MinferError(f"stop must be a string or a list of strings, not {self.stop!r}")
         if "" in self.stop:
             raise MinferError("empty stop string: it would match before the first token")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise MinferError(f"include_stop_str_in_output must be true or false, not {self.include_stop_str_in_output!r}")
         if not (isinstance(self.stop_token_ids, (list, tuple)) and all(_integer(i) for i in self.stop_token_ids)):
             raise MinferError(f"stop_token_ids must be a list of token ids, not {self.stop_token_ids!r}")
         if self.logprobs is not None and not (_integer(self.logprobs) and self.logprobs >= 0):

@@ -292,6 +292,13 @@ def test_stops_and_logprobs(engine, ids):
                                                SamplingParams(temperature=0.0, max_tokens=20, stop=["."], logprobs=3)])
     assert outs[0].finish_reason == "stop" and len(outs[0].token_ids) < 40  # the model ends its turn
     assert outs[1].finish_reason == "stop" and outs[1].text == " Paris"
+    # the stop string kept (vLLM's include_stop_str_in_output); of two matches at one place, the longer
+    (kept,), _ = engine.generate([ids[0]], [SamplingParams(temperature=0.0, max_tokens=20, stop=[" Par", " Paris"],
+                                                           include_stop_str_in_output=True)])
+    assert kept.finish_reason == "stop" and kept.text == " Paris"
+    (cut,), _ = engine.generate([ids[0]], [SamplingParams(temperature=0.0, max_tokens=20, stop=["ari", "."],
+                                                          include_stop_str_in_output=True)])
+    assert cut.text == " Pari"
     lp = outs[1].logprobs
     assert len(lp) == len(outs[1].token_ids) and all(len(e["top"]) == 3 for e in lp)
     assert all(e["top"][0][0] == e["token_id"] and e["logprob"] == e["top"][0][1] <= 0 for e in lp)  # greedy

@@ -128,6 +128,19 @@ def test_priority(server, monkeypatch):
     assert_idle(server.core)
 
 
+def test_include_stop_str_in_output(server, oracle):
+    """vLLM's field: the text ends after the stop string, as LLM.generate gives it."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "stop": ["."]}
+    plain = server.http.post("/v1/completions", json=body).json()["choices"][0]
+    kept = server.http.post("/v1/completions", json={**body, "include_stop_str_in_output": True}).json()["choices"][0]
+    (want,) = oracle.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=12, stop=["."],
+                                                         include_stop_str_in_output=True), use_tqdm=False)
+    assert (kept["text"], kept["finish_reason"]) == (want.text, "stop") == (plain["text"] + ".", plain["finish_reason"])
+    assert_error(server.http.post("/v1/completions", json={**body, "include_stop_str_in_output": 1}), 400,
+                 "include_stop_str_in_output")
+    assert_idle(server.core)
+
+
 def test_cors(server):
     """A browser page may call the server (vLLM's default: any origin, no credentials): the preflight is answered
     before the API key is asked for, and responses carry the origin header; --allowed-origins narrows it."""

@@ -97,6 +97,7 @@ class SamplingFields(Request):
     repetition_penalty: float = Field(1.0, gt=0)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
+    include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (a JSON key) -> added to its logit
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
