@@ -37,6 +37,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted once per occurrence in the output so far
     logprobs: int | None = None  # per token: the chosen id's log-probability and the top-n (0: chosen only)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these ids may be drawn
     prompt_logprobs: int | None = None  # per prompt token after the first: its log-probability and the top-n
     min_tokens: int = 0  # new tokens before a stop id or stop string may end the output (vLLM's)
     n: int = 1  # LLM.generate's completions of each prompt (seeds seed, seed + 1, ... when seeded)
@@ -106,6 +107,9 @@ class SamplingParams:
             if not (_integer(i) and i >= 0 and _number(b) and -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS):
                 raise MinferError(f"--logit-bias maps token ids (integers >= 0) to numbers in [-{MAX_LOGIT_BIAS}, "
                                   f"{MAX_LOGIT_BIAS}], not {i!r}: {b!r}")
+        ids = self.allowed_token_ids
+        if ids is not None and not (isinstance(ids, (list, tuple)) and ids and all(_integer(i) and i >= 0 for i in ids)):
+            raise MinferError(f"allowed_token_ids must be a non-empty list of token ids, not {ids!r}")
 
 
 FP32_TINY, FP32_MAX = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max
@@ -228,7 +232,8 @@ class SamplingTensors:
     seen: torch.Tensor | None  # [batch, vocab] bool: prompt and output ids (for the repetition penalty)
     counts: torch.Tensor | None  # [batch, vocab] fp32: output id counts (presence / frequency penalties)
     logit_bias: torch.Tensor | None  # [batch, vocab] fp32: added to the logits before anything else (-inf: banned)
-    allowed: torch.Tensor | None  # [batch, vocab] bool: the ids structured outputs allow (the rest -inf after the bias)
+    allowed: torch.Tensor | None  # [batch, vocab] bool: the ids structured outputs and allowed_token_ids allow (the
+    # rest -inf after the bias)
     all_greedy: bool
     filters: tuple[bool, bool, bool]  # some row uses top-k, top-p, min-p
     num_logprobs: int | None  # the largest top-n asked for; None: no row wants logprobs
@@ -245,7 +250,8 @@ class SamplingTensors:
               allowed=None) -> "SamplingTensors":
         """The tensors a batch needs, and only those: an all-greedy batch without penalties needs none.
         banned: per row, ids it may not draw (a stop id before min_tokens); allowed: the ids each row may draw
-        (structured outputs: Matchers.bitmask's [batch, ceil(vocab / 32)] int32 numpy), or None."""
+        (structured outputs: Matchers.bitmask's [batch, ceil(vocab / 32)] int32 numpy), or None; a row's
+        allowed_token_ids narrow it further."""
         def col(values, dtype=torch.float32):
             return upload(values, dtype, device)
 
@@ -268,6 +274,12 @@ class SamplingTensors:
             bias = torch.zeros(batch, vocab, device=device)
             (rows, ids), values = zip(*entries), list(entries.values())
             bias.index_put_((col(rows, torch.int64), col(ids, torch.int64)), col(values))
+        allowed = None if allowed is None else unpack(upload(allowed, torch.int32, device), vocab)
+        if any(p.allowed_token_ids is not None for p in params):
+            only = col([[p.allowed_token_ids is None] for p in params], torch.bool).expand(batch, vocab).clone()
+            rows, ids = zip(*[(r, i) for r, p in enumerate(params) for i in p.allowed_token_ids or ()])
+            only.index_put_((col(rows, torch.int64), col(ids, torch.int64)), col([True] * len(ids), torch.bool))
+            allowed = only if allowed is None else allowed & only
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
         greedy = all(p.temperature == 0 for p in params)
         drawn = None if greedy else dict(  # what the random draw reads
@@ -283,7 +295,7 @@ class SamplingTensors:
             presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
             frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
             seen=seen, counts=counts, logit_bias=bias, all_greedy=greedy, filters=filters,
-            allowed=None if allowed is None else unpack(upload(allowed, torch.int32, device), vocab),
+            allowed=allowed,
             num_logprobs=max(logprobs) if logprobs else None)
 
 

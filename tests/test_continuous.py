@@ -323,6 +323,32 @@ def test_logit_bias(engine, ids):
     assert_idle(engine)
 
 
+def test_allowed_token_ids(engine, ids):
+    """vLLM's allowed_token_ids: every token drawn is one of them, greedy the one of the highest raw logit; a row
+    without them in the same steps is as alone; beside a constraint, the ids both allow. Bad ids are errors."""
+    (plain,), _ = engine.generate([ids[0]], [SamplingParams(temperature=0.0, max_tokens=1, logprobs=3)])
+    (first, _), (second, _), (third, _) = plain.logprobs[0]["top"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    outs, _ = engine.generate([ids[0], ids[0], ids[1]], [
+        dataclasses.replace(greedy, allowed_token_ids=[third, second]),
+        SamplingParams(temperature=1.0, seed=3, max_tokens=6, ignore_eos=True, allowed_token_ids=[7, 9, 11]),
+        greedy])
+    assert outs[0].token_ids[0] == second and set(outs[0].token_ids) <= {second, third}
+    assert set(outs[1].token_ids) <= {7, 9, 11} and len(outs[1].token_ids) == 6
+    assert outs[2].token_ids == engine.generate([ids[1]], [greedy])[0][0].token_ids
+    for bad, needle in [([], "non-empty list"), (["1"], "token ids"), ([engine.cfg.vocab_size], "out of range")]:
+        with pytest.raises(MinferError, match=needle):
+            engine.add_request(ids[0], dataclasses.replace(greedy, allowed_token_ids=bad))
+    assert_idle(engine)
+    # beside a structured output's mask (ids 1-3 here), the ids both allow
+    from minfer.sampling import SamplingTensors
+    words = np.zeros((2, 2), np.int32)
+    words[:, 0] = 0b1110
+    t = SamplingTensors.build([dataclasses.replace(greedy, allowed_token_ids=[2, 3, 4]), greedy], [0, 0], [0, 0],
+                              [[1], [1]], [[], []], 40, "cpu", allowed=words)
+    assert [torch.nonzero(r).flatten().tolist() for r in t.allowed] == [[2, 3], [1, 2, 3]]
+
+
 def test_min_tokens(engine):
     """min_tokens: the stop ids and stop strings wait for it. Where the model would end its turn, the runner-up that
     the plain run's logprobs name comes instead; the output is at least min_tokens long."""

@@ -128,8 +128,9 @@ def test_priority(server, monkeypatch):
     assert_idle(server.core)
 
 
-def test_include_stop_str_in_output(server, oracle):
-    """vLLM's field: the text ends after the stop string, as LLM.generate gives it."""
+def test_vllm_sampling_fields(server, oracle, backend):
+    """vLLM's include_stop_str_in_output (the text ends after the stop string) and allowed_token_ids (only those
+    drawn), as LLM.generate gives them."""
     body = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "stop": ["."]}
     plain = server.http.post("/v1/completions", json=body).json()["choices"][0]
     kept = server.http.post("/v1/completions", json={**body, "include_stop_str_in_output": True}).json()["choices"][0]
@@ -138,6 +139,13 @@ def test_include_stop_str_in_output(server, oracle):
     assert (kept["text"], kept["finish_reason"]) == (want.text, "stop") == (plain["text"] + ".", plain["finish_reason"])
     assert_error(server.http.post("/v1/completions", json={**body, "include_stop_str_in_output": 1}), 400,
                  "include_stop_str_in_output")
+    only = server.core.tokenizer.encode(" Lyon is big")
+    r = server.http.post("/v1/completions", json={**body, "allowed_token_ids": only, "stop": []}).json()["choices"][0]
+    (want,) = oracle.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=12, allowed_token_ids=only),
+                              use_tqdm=False)
+    exact_or_follows(backend, r["text"], want.text, lambda t: set(server.core.tokenizer.encode(t)) <= set(only))
+    assert set(server.core.tokenizer.encode(r["text"])) <= set(only)
+    assert_error(server.http.post("/v1/completions", json={**body, "allowed_token_ids": []}), 400)
     assert_idle(server.core)
 
 

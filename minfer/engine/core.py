@@ -428,6 +428,8 @@ class EngineCore(LoadedModel):
         vocab = self.cfg.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise MinferError(f"--logit-bias: token id {max(params.logit_bias)} out of range [0, {vocab})")
+        if params.allowed_token_ids and max(params.allowed_token_ids) >= vocab:
+            raise MinferError(f"allowed_token_ids: token id {max(params.allowed_token_ids)} out of range [0, {vocab})")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(params, name) is not None and getattr(params, name) > vocab:
                 raise MinferError(f"{name} is {getattr(params, name)}, more than the vocabulary's {vocab} tokens")

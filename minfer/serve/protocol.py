@@ -98,6 +98,7 @@ class SamplingFields(Request):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     include_stop_str_in_output: bool = False
+    allowed_token_ids: list[int] | None = None
     logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (a JSON key) -> added to its logit
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
