@@ -120,7 +120,7 @@ def _constraint(args):
     import json
 
     from .errors import MinferError, open_input
-    from .structured import StructuredOutputs
+    from .structured import StructuredOutputs, renamed
     given = [(flag, value) for flag, value in (("--json-schema", args.json_schema), ("--grammar", args.grammar),
                                                ("--json-schema-file", args.json_schema_file),
                                                ("--grammar-file", args.grammar_file)) if value is not None]
@@ -141,15 +141,15 @@ def _constraint(args):
             raise MinferError(f"{flag}: not JSON ({e})") from None
         except RecursionError:
             raise MinferError(f"{flag}: nested too deeply") from None
-        if not isinstance(schema, (dict, bool)):
+        if not isinstance(schema, (dict, bool)):  # a JSON string here would be read as a schema's text
             raise MinferError(f"{flag}: a JSON schema is an object (or true), not {type(schema).__name__}")
         spec = StructuredOutputs(json_object=True) if schema == {} else StructuredOutputs(json=schema)
     else:
         spec = StructuredOutputs(grammar=text)
     try:
-        spec.grammar_text()
+        spec.grammar_text()  # a schema that is no schema, a grammar that does not parse
     except MinferError as e:
-        raise MinferError(f"{flag}: {str(e).split(': ', 1)[-1]}") from None
+        raise renamed(e, flag) from None
     return spec, flag
 
 
@@ -225,10 +225,11 @@ def run(args) -> None:
     if args.chat_template is not None:
         engine.tokenizer.chat_template = template
     if constraint is not None:
+        from .structured import renamed
         try:
             engine.matchers.check(constraint)
         except MinferError as e:
-            raise MinferError(f"{constraint_flag}: {str(e).split(': ', 1)[-1]}") from None
+            raise renamed(e, constraint_flag) from None
     if chat_flag and not engine.tokenizer.chat_template:
         raise MinferError(f"this model has no chat template; drop {chat_flag}")
     if args.conversation:

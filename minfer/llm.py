@@ -94,6 +94,8 @@ class LLM:
             if not isinstance(sp, SamplingParams):
                 raise MinferError(f"sampling params must be a SamplingParams, not {type(sp).__name__}")
             sp.validate()
+        if priority is not None and len(priority) != len(ids):
+            raise MinferError(f"{len(ids)} prompts and {len(priority)} priorities")
         # A row a completion: prompt i's n rows, seeded seed, seed + 1, ... (the server's rule for n).
         rows = [(i, c) for i, sp in enumerate(params) for c in range(sp.n)]
         row_params = [params[i] if params[i].n == 1 else dataclasses.replace(
@@ -115,8 +117,6 @@ class LLM:
                 if on_output is not None:
                     on_output(i, out)
 
-            if priority is not None and len(priority) != len(ids):
-                raise MinferError(f"{len(ids)} prompts and {len(priority)} priorities")
             results, self.last_stats = self.engine.generate(
                 [ids[i] for i, _ in rows], row_params, None if bar.disable and on_output is None else progress,
                 None if priority is None else [priority[i] for i, _ in rows])

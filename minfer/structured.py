@@ -64,6 +64,11 @@ class StructuredOutputs:
             raise MinferError(f"structured_outputs.{kind}: nested too deeply") from None
 
 
+def renamed(error: MinferError, field: str) -> MinferError:
+    """A constraint's error under the name of the field that gave it (a CLI flag, response_format)."""
+    return MinferError(f"{field}: {str(error).split(': ', 1)[-1]}")
+
+
 def _first_line(error: str) -> str:
     """llguidance's message without the backtrace a panic appends."""
     return error.strip().splitlines()[0] if error.strip() else "invalid"

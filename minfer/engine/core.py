@@ -606,13 +606,13 @@ class EngineCore(LoadedModel):
             new += seq.decoder.flush()  # the request ends: what the decoder held back is text now
         if new:
             before, seq.text = len(seq.text), seq.text + new
-            cut, end = -1, -1
+            cut, length = -1, 0  # the first match; of two at one place, the longer
             for s in stop if seq.num_output_tokens >= seq.params.min_tokens else ():  # a match not found last step
                 i = seq.text.find(s, max(0, before - len(s) + 1))  # ends in the new text
-                if i >= 0 and (cut < 0 or (i, -len(s)) < (cut, cut - end)):  # the first; there, the longest
-                    cut, end = i, i + len(s)
+                if i >= 0 and (cut < 0 or (i, -len(s)) < (cut, -length)):
+                    cut, length = i, len(s)
             if cut >= 0:
-                seq.text, reason = seq.text[:end if seq.params.include_stop_str_in_output else cut], "stop"
+                seq.text, reason = seq.text[:cut + length if seq.params.include_stop_str_in_output else cut], "stop"
         hold = max(map(len, stop)) - 1
         end = len(seq.text) if reason else max(seq.emitted, len(seq.text) - hold)
         new_text, seq.emitted = seq.text[seq.emitted:end], max(seq.emitted, end)

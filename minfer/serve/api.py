@@ -27,6 +27,7 @@ from starlette.requests import ClientDisconnect
 from .. import __version__
 from ..errors import MinferError
 from ..sampling import SamplingParams
+from ..structured import renamed
 from . import reasoning
 from .async_engine import AsyncEngine, Delta, Outputs
 from .tool_parser import PARSERS
@@ -219,9 +220,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         if structured is not None:  # the constraint, checked off the event loop (the first builds llguidance's vocab)
             try:
                 await asyncio.to_thread(core.matchers.check, structured)
-            except MinferError as e:
-                what = str(e).split(": ", 1)[-1] if source == "response_format" else str(e)
-                raise APIError(400, f"response_format: {what}" if source == "response_format" else what, source) from None
+            except MinferError as e:  # response_format's errors under its name; vLLM's fields under theirs
+                raise APIError(400, str(renamed(e, source) if source == "response_format" else e), source) from None
         params = [params_for(req, max_tokens, logprobs, c, prompt_logprobs) for c in range(req.n)]
         if max_waiting is not None and engine.num_waiting + n > max_waiting:
             raise APIError(429, f"the server is busy ({engine.num_waiting} requests waiting); try again later")
