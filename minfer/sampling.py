@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .errors import MinferError
@@ -209,10 +210,13 @@ def unit_interval(h: torch.Tensor) -> torch.Tensor:
 
 
 def upload(values, dtype, device) -> torch.Tensor:
-    """A host list as a device tensor. On a GPU through pinned memory without a sync: a copy from pageable
+    """A host list or numpy array as a device tensor. On a GPU through pinned memory without a sync: a copy from pageable
     memory waits for the stream, and the GPU would idle while the host prepares the next step."""
     if torch.device(device).type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
+    if isinstance(values, np.ndarray):  # torch.tensor pins no numpy array's copy
+        host = torch.empty(values.shape, dtype=dtype, pin_memory=True)
+        return host.copy_(torch.from_numpy(values)).to(device, non_blocking=True)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
