@@ -94,6 +94,31 @@ def test_masks_are_llguidances_bits(llm):
     assert {"P", "Paris", "L"} <= set(texts)
 
 
+def test_a_cheap_constraint_is_built_apart_for_parallel_masks(llm, monkeypatch):
+    """Copies of one matcher compute their masks one at a time (they share its caches behind a lock), so a constraint
+    that builds fast is built up to PARALLEL_MASKS times and its requests' copies dealt over them; one that builds
+    slowly is built once. Rows of the same text have the same mask, whichever matcher they copy."""
+    import numpy as np
+    from minfer import structured
+    matchers, tok = llm.engine.matchers, llm.get_tokenizer()
+    monkeypatch.setattr(structured, "PARALLEL_MASKS", 4)
+    monkeypatch.setattr(matchers, "_built", {})
+    spec = StructuredOutputs(regex="[a-z ,.]{8,40}")
+    ms = [matchers.matcher(spec) for _ in range(6)]
+    (built, _), = matchers._built.values()
+    assert len(built) == 4 and len({id(m) for m in built}) == 4
+    for m in ms:
+        for t in tok.encode("the quick"):
+            assert m.consume_token(t)
+    masks = matchers.bitmask(ms)
+    assert (masks == masks[0]).all() and 0 < np.unpackbits(masks[0].view(np.uint8)).sum() < llm.engine.cfg.vocab_size
+    monkeypatch.setattr(structured, "CHEAP_BUILD_S", 0.0)  # every constraint slow to build
+    spec = StructuredOutputs(regex="[a-z]{2,9}")
+    for _ in range(3):
+        matchers.matcher(spec)
+    assert len(matchers._built[next(k for k in matchers._built if "[a-z]{2,9}" in k)][0]) == 1
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_constrained_rows_in_a_batch_equal_alone(monkeypatch, graphs):
     """Constrained and free requests in one batch, async scheduling on (the constrained rows' steps wait for the ids
