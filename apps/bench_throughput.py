@@ -36,6 +36,7 @@ device-to-device copy bandwidth measured in the same run. --profile adds where s
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -72,7 +73,8 @@ def run_continuous(engine: EngineCore, reqs, args) -> dict:
     engine._sync()
     engine.timeline = [] if engine.device.type == "cuda" else None
     t0 = time.perf_counter()
-    constraint = None if args.regex is None else dict(regex=args.regex)
+    constraint = dict(regex=args.regex) if args.regex is not None else \
+        dict(json=args.json_schema) if args.json_schema is not None else None
     for ids, n_out in reqs:
         engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True,
                                                structured_outputs=constraint))
@@ -321,8 +323,11 @@ def parse_args(argv=None):
     p.add_argument("--shared-prefix", type=int_range(0), default=0, help="the same first N tokens in every prompt")
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and token ids")
     p.add_argument("--static", action="store_true", help="also run the static engine on the same requests")
-    p.add_argument("--regex", help="each request's output under this regex (structured outputs' cost; an output may "
-                                   "end where the regex does)")
+    constraint = p.add_mutually_exclusive_group()
+    constraint.add_argument("--regex", help="each request's output under this regex (structured outputs' cost; an "
+                                            "output may end where the regex does)")
+    constraint.add_argument("--json-schema", metavar="SCHEMA",
+                            help="each request's output under this JSON schema (its text), as --regex")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--device", help="default: cuda when present")
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
@@ -356,8 +361,14 @@ def parse_args(argv=None):
         p.error("--profile-from K needs --profile and --long-prompt-len")
     if args.beside and not args.ttft:
         p.error("--beside N needs --ttft")
-    if args.regex is not None and (args.static or args.decode_batch or args.ttft or args.long_prompt_len):
-        p.error("--regex times the continuous engine's offline run alone (not --static, --decode-batch, --ttft or "
+    if args.json_schema is not None:
+        try:
+            json.loads(args.json_schema)
+        except ValueError as e:
+            p.error(f"--json-schema is not JSON: {e}")
+    flag = "--regex" if args.regex is not None else "--json-schema" if args.json_schema is not None else None
+    if flag and (args.static or args.decode_batch or args.ttft or args.long_prompt_len):
+        p.error(f"{flag} times the continuous engine's offline run alone (not --static, --decode-batch, --ttft or "
                 "--long-prompt-len)")
     # A request that finds no free slot in the step waits for one: the mode would time the queue instead.
     if args.decode_batch and max(args.decode_batch) > args.max_num_seqs:
@@ -450,6 +461,7 @@ def run(args) -> None:
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device,
                    num_requests=len(reqs), input_len=args.input_len, output_len=args.output_len,
                    shared_prefix=args.shared_prefix, prefix_caching=prefix_caching, regex=args.regex,
+                   json_schema=args.json_schema,
                    requests_s=len(reqs) / s, output_tok_s=row["output_tokens"] / s,
                    total_tok_s=(in_tokens + row["output_tokens"]) / s)
         extra = "" if row["mean_batch"] is None else (f" | mean batch {row['mean_batch']:.1f} | prefix hits "

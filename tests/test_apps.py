@@ -48,6 +48,9 @@ CPU = ["--backend", "ref", "--device", "cpu"]
     (["--decode-batch", "2", "--input-len", "0"], ["--input-len", "'0'"]),
     (["--json", "/nonexistent/dir/t.jsonl"], ["--json /nonexistent/dir/t.jsonl"]),  # before the load, not after the run
     (["--regex", "a", "--static"], ["--regex", "not --static"]),
+    (["--json-schema", "{}", "--decode-batch", "2", "--input-len", "8"], ["--json-schema", "not --static"]),
+    (["--json-schema", "{nope"], ["--json-schema is not JSON"]),
+    (["--json-schema", "{}", "--regex", "a"], ["--regex", "not allowed with argument --json-schema"]),
 ])
 def test_bench_throughput_bad_flags(args, needles):
     assert_app_error("bench_throughput", CPU + args, *needles)

@@ -670,6 +670,17 @@ def test_bench_throughput_under_a_regex(tmp_path):
     assert row["regex"] == "[a-z]{2}" and 3 <= row["output_tokens"] <= 6  # one or two tokens a request
 
 
+def test_bench_throughput_under_a_json_schema(tmp_path):
+    """--json-schema: as --regex; a choice of two quoted strings is 3-6 tokens a request with the default model."""
+    pytest.importorskip("llguidance")
+    out, schema = tmp_path / "t.jsonl", '{"enum": ["ab", "cd"]}'
+    assert load_bench_throughput().main(["--backend", "ref", "--device", "cpu", "--num-requests", "2", "--input-len",
+                                         "9", "--output-len", "8", "--json-schema", schema, "--json", str(out)]) == 0
+    import json
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["json_schema"] == schema and row["regex"] is None and 2 * 3 <= row["output_tokens"] <= 2 * 6
+
+
 def test_bench_throughput_random_shape_on_cpu(tmp_path):
     """--shape: random weights of a named model shape, no checkpoint; the rates are the counts over the time."""
     out = tmp_path / "t.jsonl"
