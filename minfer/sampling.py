@@ -210,8 +210,8 @@ def unit_interval(h: torch.Tensor) -> torch.Tensor:
 
 
 def upload(values, dtype, device) -> torch.Tensor:
-    """A host list or numpy array as a device tensor. On a GPU through pinned memory without a sync: a copy from pageable
-    memory waits for the stream, and the GPU would idle while the host prepares the next step."""
+    """A host list or numpy array as a device tensor. On a GPU through pinned memory without a sync: a copy from
+    pageable memory waits for the stream, and the GPU would idle while the host prepares the next step."""
     if torch.device(device).type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     if isinstance(values, np.ndarray):  # torch.tensor pins no numpy array's copy
