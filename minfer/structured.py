@@ -19,7 +19,7 @@ from .errors import MinferError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 PARALLEL_MASKS = min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-CHEAP_BUILD_S = 0.005  # a constraint that builds within this gets its own matchers up to PARALLEL_MASKS
+CHEAP_BUILD_S = 0.02  # a constraint that builds within this gets its own matchers up to PARALLEL_MASKS
 # Compact JSON ({"a":1,"b":[2]}, no whitespace): a model free to add whitespace may add it forever.
 JSON_OPTIONS = {"whitespace_flexible": False}
 
@@ -74,8 +74,13 @@ def renamed(error: MinferError, field: str) -> MinferError:
 
 
 def _first_line(error: str) -> str:
-    """llguidance's message without the backtrace a panic appends."""
-    return error.strip().splitlines()[0] if error.strip() else "invalid"
+    """llguidance's message in a line: its first, without the backtrace a panic appends or a pattern's drawing, but
+    with the drawing's `error: ...` line where the first ends at a colon (a regex's syntax errors)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return "invalid"
+    why = next((line[len("error:"):].strip() for line in lines[1:] if line.startswith("error:")), "")
+    return f"{lines[0]} {why}" if lines[0].endswith(":") and why else lines[0]
 
 
 def _text(value, field: str) -> str:
@@ -100,8 +105,8 @@ class Matchers:
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, stop_ids
         self._ll = None
         self._executor = None  # llguidance's threads for a step's masks
-        # a checked constraint (as JSON) -> its matchers, never advanced, and the seconds one took to build: a request
-        # takes a copy (a 20k-string choice builds in ~0.6 s and copies in ~1 ms, so the server's check builds it off
+        # a checked constraint (as JSON) -> its matchers, never advanced, and the fewest seconds one took to build: a
+        # request takes a copy (a 20k-string choice builds in ~0.6 s and copies in ~1 ms, so the server's check builds it off
         # the engine's thread). Copies of one matcher share its caches behind one lock, so their masks are computed
         # one at a time: a constraint that builds fast gets up to PARALLEL_MASKS matchers, whose copies compute
         # apart (64 rows of a regex on 16 cores: 24 ms a step with one, 3.4 ms with 16).
@@ -134,8 +139,9 @@ class Matchers:
             with self._lock:  # the server checks on its event loop's threads, the engine on its own
                 if key not in self._built and len(self._built) >= 64:  # requests may each bring another schema
                     self._built.pop(next(iter(self._built)), None)
-                built = self._built.setdefault(key, ([], seconds))[0]
+                built, fastest = self._built.get(key) or ([], seconds)
                 built.append(matcher)
+                self._built[key] = (built, min(fastest, seconds))  # a first build also warms llguidance up
         with self._lock:
             self._handed += 1
             return built[self._handed % len(built)].deep_copy()

@@ -158,6 +158,7 @@ def test_logprobs_are_the_models(llm):
     (dict(), "exactly one of"), (dict(regex="a", choice=["a"]), "exactly one of"),
     (dict(choice=[]), "structured_outputs.choice"), (dict(json="{bad"), "structured_outputs.json"),
     (dict(json={"type": "strong"}), "structured_outputs.json"), (dict(regex="[a"), "structured_outputs.regex"),
+    (dict(regex="a(b"), "structured_outputs.regex: .*regex parse error: unclosed group$"),
     (dict(grammar="root ::= undefined"), "structured_outputs.grammar"), (dict(jsn={}), "structured_outputs takes"),
 ])
 def test_bad_constraints_are_errors(llm, spec, needle):
