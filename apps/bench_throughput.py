@@ -50,6 +50,7 @@ from minfer.engine.core import EngineCore
 from minfer.engine_args import add_engine_args, engine_kwargs
 from minfer.errors import ArgumentParser, MinferError, run_cli
 from minfer.sampling import SamplingParams
+from minfer.structured import StructuredOutputs, renamed
 
 # appended, not first: apps/profile.py would shadow the standard library's profile module for whoever imports this
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
@@ -70,11 +71,16 @@ def run_continuous(engine: EngineCore, reqs, args) -> dict:
         torch.cuda.reset_peak_memory_stats(engine.device)
     bm = engine.block_manager
     hits0, queries0, preempt0 = bm.hit_tokens, bm.query_tokens, engine.scheduler.num_preemptions
+    constraint = dict(regex=args.regex) if args.regex is not None else \
+        dict(json=args.json_schema) if args.json_schema is not None else None
+    if constraint is not None:  # the tokenizer's form for llguidance, built once an engine (~0.4 s), is no step's
+        try:
+            engine.matchers.check(StructuredOutputs(**constraint))
+        except MinferError as e:
+            raise renamed(e, "--regex" if args.regex is not None else "--json-schema") from None
     engine._sync()
     engine.timeline = [] if engine.device.type == "cuda" else None
     t0 = time.perf_counter()
-    constraint = dict(regex=args.regex) if args.regex is not None else \
-        dict(json=args.json_schema) if args.json_schema is not None else None
     for ids, n_out in reqs:
         engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True,
                                                structured_outputs=constraint))

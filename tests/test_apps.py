@@ -50,6 +50,7 @@ CPU = ["--backend", "ref", "--device", "cpu"]
     (["--regex", "a", "--static"], ["--regex", "not --static"]),
     (["--json-schema", "{}", "--decode-batch", "2", "--input-len", "8"], ["--json-schema", "not --static"]),
     (["--json-schema", "{nope"], ["--json-schema is not JSON"]),
+    (["--regex", "a(b"], ["--regex: ", "unclosed group"]),  # from the constraint's check, before the timed run
     (["--json-schema", "{}", "--regex", "a"], ["--regex", "not allowed with argument --json-schema"]),
 ])
 def test_bench_throughput_bad_flags(args, needles):
