@@ -102,6 +102,7 @@ def test_a_cheap_constraint_is_built_apart_for_parallel_masks(llm, monkeypatch):
     from minfer import structured
     matchers, tok = llm.engine.matchers, llm.get_tokenizer()
     monkeypatch.setattr(structured, "PARALLEL_MASKS", 4)
+    monkeypatch.setattr(structured, "CHEAP_BUILD_S", 60.0)  # every constraint fast to build (a loaded host is slow)
     monkeypatch.setattr(matchers, "_built", {})
     spec = StructuredOutputs(regex="[a-z ,.]{8,40}")
     ms = [matchers.matcher(spec) for _ in range(6)]
