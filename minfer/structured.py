@@ -3,7 +3,7 @@ GBNF) constrains each token a request samples. llguidance's matcher keeps each r
 gives the next token's allowed ids as a bitmask, a step's rows computed on llguidance's threads; the masks go to the
 device packed (32 ids a word) and the sampler sets the logits of the ids they leave out to -inf (the logprobs stay
 those of the model's raw distribution, as the unconstrained ones). A step that decodes a constrained request
-first applies the step before's ids, as for penalties: the mask needs the token sampled last."""
+reads the step before's ids once its forward is queued, as for penalties: the mask needs the token sampled last."""
 from __future__ import annotations
 
 import json
@@ -167,6 +167,8 @@ class Matchers:
         import llguidance.numpy
         out = np.full((len(matchers), -(-self.vocab_size // 32)), -1, dtype=np.int32)
         rows = [(m, row) for row, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return out
         if self._executor is None:
             self._executor = _llguidance().LLExecutor()
         llguidance.numpy.fill_next_token_bitmask_par(self._executor, rows, out)

@@ -120,6 +120,30 @@ def test_a_cheap_constraint_is_built_apart_for_parallel_masks(llm, monkeypatch):
     assert len(matchers._built[next(k for k in matchers._built if "[a-z]{2,9}" in k)][0]) == 1
 
 
+@pytest.mark.parametrize("kind", ["structured", "penalty"])
+def test_host_id_rows_chain_their_forward(monkeypatch, kind):
+    """Under async scheduling a row that samples from its ids on the host (a structured output's mask, a penalty)
+    still queues each step's forward before the step before's ids are read: they are read while it runs, before the
+    sampling. Its tokens are those of a synchronous engine."""
+    extra = dict(structured_outputs=CONSTRAINTS["json"][0]) if kind == "structured" else \
+        dict(repetition_penalty=1.3, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=12, **extra)
+    engine = make(async_scheduling=True, num_pages=64, page_size=16)
+    ids = engine.tokenizer.encode(PROMPT)
+    engine.warmup()  # its own steps, before the counts
+    forwards, seen = [0], []
+    forward, apply = engine._forward, engine._apply
+    monkeypatch.setattr(engine, "_forward", lambda *a, **k: (forwards.__setitem__(0, forwards[0] + 1), forward(*a, **k))[1])
+    monkeypatch.setattr(engine, "_apply", lambda step: (seen.append(forwards[0]), apply(step))[1])
+    (out,), _ = engine.generate([ids], [params])
+    # the i-th step's ids (1-based) read after the (i + 1)-th forward: all but the last, which no forward follows
+    assert len(seen) == len(out.token_ids) + (out.finish_reason == "stop")
+    assert sum(f == i + 2 for i, f in enumerate(seen)) == len(seen) - 1, seen
+    solo = make(async_scheduling=False, num_pages=64, page_size=16)
+    assert solo.generate([ids], [params])[0][0].token_ids == out.token_ids
+    assert_idle(engine)
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_constrained_rows_in_a_batch_equal_alone(monkeypatch, graphs):
     """Constrained and free requests in one batch, async scheduling on (the constrained rows' steps wait for the ids

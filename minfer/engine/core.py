@@ -450,27 +450,18 @@ class EngineCore(LoadedModel):
         Under async scheduling the tokens returned are the step before's, read while this one runs."""
         batch = self.scheduler.schedule()
         prev, self.in_flight = self.in_flight, None
-        outputs = []
-        if prev is not None and not self._chains(batch, prev):
-            outputs, prev = self._apply(prev), None
-            if any(s.status == Status.FINISHED for s in batch.seqs):  # ended by the ids just read
-                keep = [i for i, s in enumerate(batch.seqs) if s.status != Status.FINISHED]
-                batch = ScheduledBatch([batch.seqs[i] for i in keep], [batch.num_tokens[i] for i in keep])
         self.last_step = (len(batch), sum(batch.num_tokens))  # sequences and tokens, for the benchmarks
-        launched = self._launch(batch, prev) if batch else None
-        if prev is not None:
+        # The batch runs before prev's ids are read: a row with a token in flight decodes the one prev sampled for it
+        # (on the device), every other row's tokens are on the host. _launch reads prev's ids itself where its
+        # sampling needs them on the host.
+        launched, outputs = self._launch(batch, prev) if batch else (None, None)
+        if prev is not None and outputs is None:
             outputs = self._apply(prev)
         if launched is not None and self.async_scheduling:
             self.in_flight = launched
         elif launched is not None:
             outputs = self._apply(launched)
-        return outputs + self._finish_scored(batch.seqs)
-
-    def _chains(self, batch: ScheduledBatch, prev: _Launched) -> bool:
-        """Whether the batch can run before prev's ids are read: no row decodes a token still in flight with a
-        penalty or a structured output (the penalties and the matcher read the output ids on the host). A row with
-        a token in flight decodes the one prev sampled for it; every other row's tokens are on the host."""
-        return bool(batch) and not any(s.in_flight and (s.penalized or s.matcher is not None) for s in batch.seqs)
+        return (outputs or []) + self._finish_scored(batch.seqs)
 
     def _input_ids(self, seqs: list[Sequence], counts: list[int], prev: _Launched | None) -> torch.Tensor | None:
         """The step's input ids [tokens] on the device when some are prev's sampled ids (the rows with a token in
@@ -490,9 +481,12 @@ class EngineCore(LoadedModel):
         ids[index[:len(fed)]] = prev.ids[index[len(fed):]]
         return ids
 
-    def _launch(self, batch: ScheduledBatch, prev: _Launched | None) -> _Launched | None:
+    def _launch(self, batch: ScheduledBatch, prev: _Launched | None) -> tuple[_Launched | None, list | None]:
         """Queues the batch's forward pass and the sampling of its sequences whose tokens are all computed.
-        prev: the step in flight, whose sampled ids are the input ids of this step's rows with a token in flight."""
+        prev: the step in flight, whose sampled ids are the input ids of this step's rows with a token in flight.
+        Returns the launched step, and prev's outputs where it read them: a row with a penalty or a structured output
+        samples from its output ids on the host (the penalties, the matcher's mask), so with such a row in flight
+        prev's ids are read and applied after the forward is queued, while it runs, and before the sampling."""
         seqs, counts = batch.seqs, batch.num_tokens
         begin = self._event()
         ids = self._input_ids(seqs, counts, prev)  # None: all on the host
@@ -530,7 +524,10 @@ class EngineCore(LoadedModel):
             self.block_manager.register_full_pages(s)
         if not sampled:
             self._end_step(begin)
-            return None
+            return None, None
+        applied = None
+        if prev is not None and any(s.in_flight and (s.penalized or s.matcher is not None) for s in sampled):
+            applied = self._apply(prev)  # rows it ended sample too, and their ids are discarded (_apply)
         t = SamplingTensors.build([s.params for s in sampled], [s.seed for s in sampled],
                                   [s.num_tokens for s in sampled], [s.prompt_ids for s in sampled],
                                   [s.output_ids for s in sampled], logits.shape[-1], self.device,
@@ -541,7 +538,7 @@ class EngineCore(LoadedModel):
         host = [ids] if logprobs is None else [ids, logprobs.chosen, logprobs.top, logprobs.top_ids]
         host, ready = self._to_host(host)
         self._end_step(begin)
-        return _Launched(sampled, ids, host, ready)
+        return _Launched(sampled, ids, host, ready), applied
 
     def _apply(self, step: _Launched) -> list[RequestOutput]:
         """Reads a launched step's sampled ids (the step's one wait for the GPU) and applies each to its
@@ -646,7 +643,8 @@ class EngineCore(LoadedModel):
         """The ids each row's structured output allows next, packed (Matchers.bitmask; None: no row has one)."""
         if not any(s.matcher is not None for s in sampled):
             return None
-        return self.matchers.bitmask([s.matcher for s in sampled])
+        # a row ended by the ids just read (its matcher may be done) samples freely: its id is discarded
+        return self.matchers.bitmask([None if s.status == Status.FINISHED else s.matcher for s in sampled])
 
     @property
     def matchers(self) -> Matchers:
