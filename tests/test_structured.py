@@ -144,6 +144,27 @@ def test_host_id_rows_chain_their_forward(monkeypatch, kind):
     assert_idle(engine)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_constraint_holds_after_the_reasoning(async_scheduling):
+    """With reasoning tags (here "<|im_start|>" and ".", one token each in this vocabulary) a constrained request
+    samples freely up to the end tag and follows its constraint after it, unless its prompt ended the reasoning (an
+    end tag after the last start tag). Tags of several tokens are refused: the constraint holds from the first token."""
+    engine = make(async_scheduling=async_scheduling, num_pages=64, page_size=16)
+    ids = engine.tokenizer.encode("The capital of France is")
+    free = engine.generate([ids], [SamplingParams(temperature=0.0, max_tokens=12)])[0][0].text
+    reasoning = free[:free.index(".") + 1]  # " Paris."
+    assert not engine.set_reasoning_tags("<think>", "</think>") and engine.reasoning_tags is None
+    assert engine.set_reasoning_tags("<|im_start|>", ".")
+    params = SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=dict(regex="[0-9]{3}"))
+    (thought, ended, opened), _ = engine.generate(
+        [ids, engine.tokenizer.encode("Hi. The capital of France is"),
+         engine.tokenizer.encode("Hi. <|im_start|> The capital of France is")], [params] * 3)
+    assert thought.text.startswith(reasoning) and re.fullmatch("[0-9]{3}", thought.text[len(reasoning):]), thought.text
+    assert re.fullmatch("[0-9]{3}", ended.text), ended.text
+    assert opened.text.count(".") == 1 and re.fullmatch("[0-9]{3}", opened.text.split(".")[1]), opened.text
+    assert_idle(engine)
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_constrained_rows_in_a_batch_equal_alone(monkeypatch, graphs):
     """Constrained and free requests in one batch, async scheduling on (the constrained rows' steps wait for the ids

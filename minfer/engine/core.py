@@ -61,6 +61,14 @@ def upload_packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.de
     return [dev[o:o + a.size].view(a.shape) for a, o in zip(arrays, offsets)]
 
 
+def _reasoning_ended(prompt_ids: list[int], tags: tuple[int, int]) -> bool:
+    """Whether the prompt closes its last reasoning section: an end tag after the last start tag (a template that turns
+    thinking off writes an empty section, Qwen3's)."""
+    start, end = tags
+    last_end = max((i for i, t in enumerate(prompt_ids) if t == end), default=-1)
+    return last_end > max((i for i, t in enumerate(prompt_ids) if t == start), default=-1)
+
+
 def step_metadata(work: list[tuple[list[int], int, list[int]]], page: int, sampled: list[int] | None,
                   with_ids: bool, local_tables: list[list[int]] | None, device: torch.device,
                   extra_rows: list[int] = ()):
@@ -297,6 +305,7 @@ class EngineCore(LoadedModel):
         self.seqs: dict[str, Sequence] = {}
         self.stop_ids = frozenset(self.tokenizer.stop_ids if self.tokenizer else ())
         self._matchers: Matchers | None = None  # structured outputs' tokenizer, built on first use
+        self.reasoning_tags: tuple[int, int] | None = None  # a reasoning section's (start, end) ids: set_reasoning_tags
         if async_scheduling is None:
             async_scheduling = self.device.type == "cuda" and not os.environ.get("MINFER_NO_ASYNC")
         self.async_scheduling = async_scheduling
@@ -392,6 +401,9 @@ class EngineCore(LoadedModel):
         seq.penalized = (params.repetition_penalty != 1.0 or params.presence_penalty != 0
                          or params.frequency_penalty != 0)
         seq.matcher = matcher
+        tags = self.reasoning_tags
+        if matcher is not None and tags is not None and not _reasoning_ended(prompt_ids, tags):
+            seq.reasoning_end = tags[1]
         self.scheduler.add(seq)
         self.seqs[request_id] = seq
         return request_id
@@ -569,7 +581,10 @@ class EngineCore(LoadedModel):
                     reason = "length"
             else:
                 reason = "stop"
-            if seq.matcher is not None and added and not reason:
+            if seq.reasoning_end is not None:  # a reasoning section, unconstrained: the grammar holds after its end
+                if tok == seq.reasoning_end:
+                    seq.reasoning_end = None
+            elif seq.matcher is not None and added and not reason:
                 # the mask allowed only ids the grammar takes; its end (nothing more to take) ends the request
                 if not seq.matcher.consume_token(tok) or seq.matcher.is_stopped():
                     reason = "stop"
@@ -643,8 +658,20 @@ class EngineCore(LoadedModel):
         """The ids each row's structured output allows next, packed (Matchers.bitmask; None: no row has one)."""
         if not any(s.matcher is not None for s in sampled):
             return None
-        # a row ended by the ids just read (its matcher may be done) samples freely: its id is discarded
-        return self.matchers.bitmask([None if s.status == Status.FINISHED else s.matcher for s in sampled])
+        # a row ended by the ids just read (its matcher may be done) samples freely: its id is discarded; so does a
+        # row still in its reasoning
+        return self.matchers.bitmask([None if s.status == Status.FINISHED or s.reasoning_end is not None else s.matcher
+                                      for s in sampled])
+
+    def set_reasoning_tags(self, start: str, end: str) -> bool:
+        """A reasoning model's tags (<think>, </think>): a constrained request whose prompt does not end its reasoning
+        (no end tag after the last start tag) samples freely up to the end tag, and its structured output holds after
+        it (vLLM's structured outputs with a reasoning parser). Each tag must be one token of the vocabulary: returns
+        whether they are (if not, a constraint holds from the first token)."""
+        ids = [self.tokenizer.encode(tag) if self.tokenizer else [] for tag in (start, end)]
+        ok = all(len(i) == 1 for i in ids)
+        self.reasoning_tags = (ids[0][0], ids[1][0]) if ok else None
+        return ok
 
     @property
     def matchers(self) -> Matchers:

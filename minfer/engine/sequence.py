@@ -39,6 +39,7 @@ class Sequence:
     stop_ids: frozenset = frozenset()  # sampled ids that end it (the model's, unless ignore_eos, and its own)
     penalized: bool = False  # a repetition, presence or frequency penalty: sampling reads its ids on the host
     matcher: object = None  # structured outputs: its llguidance matcher, whose mask needs every id on the host
+    reasoning_end: int | None = None  # the id that ends its reasoning, while in it: the matcher takes ids after it
     # front-end state: text decoded so far and how much of it was handed out; a request without stop strings
     # decodes only when an output's text is read (text_ends[i]: the text's length after output id i)
     text: str = ""

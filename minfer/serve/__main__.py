@@ -17,7 +17,7 @@ from .. import shapes
 from ..engine_args import add_engine_args, engine_kwargs
 from ..errors import ArgumentParser, MinferError, run_cli
 from ..generate import DTYPES
-from .reasoning import PARSERS as REASONING_PARSERS
+from .reasoning import END as REASONING_END, PARSERS as REASONING_PARSERS, START as REASONING_START
 from .tool_parser import PARSERS
 
 
@@ -71,7 +71,8 @@ def parse_args(argv=None):
                                                                        "Qwen3, Hermes)")
     p.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
                    help="the model's reasoning between <think> and </think> comes back as reasoning_content, apart from "
-                        "the answer (deepseek_r1: DeepSeek-R1, QwQ; qwen3: Qwen3)")
+                        "the answer, and a structured output holds after </think> where the prompt leaves the reasoning "
+                        "open (deepseek_r1: DeepSeek-R1, QwQ; qwen3: Qwen3)")
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
                    help="fcfs: requests run in arrival order; priority: by each request's priority field, lower "
                         "first, then arrival, and a full KV cache preempts the last in that order (default: %(default)s)")
@@ -113,6 +114,10 @@ def main(argv=None):
     if template is not None:
         core.tokenizer.chat_template = template
     core.warmup()
+    if args.reasoning_parser and not core.set_reasoning_tags(REASONING_START, REASONING_END):
+        logging.getLogger("minfer.serve").info("--reasoning-parser: %s or %s is not one token of the vocabulary: a "
+                                               "structured output holds from its first token", REASONING_START,
+                                               REASONING_END)
     name = args.served_model_name or args.shape or os.path.basename(
         os.path.normpath(args.checkpoint or loader.DEFAULT_MODEL_FILE))
     engine = AsyncEngine(core)

@@ -439,9 +439,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
                                 "a named function (the call is then constrained to the tools' schemas), or 'none'",
                            "tool_choice")
         prompt, ids = await chat_prompt(req)
-        # a constrained output (a forced tool call, a schema) is all answer: the constraint holds from its first token
-        thinks = None if reasoning_parser is None or req.structured()[0] is not None else (
-            lambda: reasoning.parser(reasoning_parser, prompt))
+        # a constrained output (a forced tool call, a schema) holds its constraint after the reasoning where the engine
+        # knows the reasoning's tags (EngineCore.set_reasoning_tags), else from its first token: then it is all answer
+        thinks = None if reasoning_parser is None or (req.structured()[0] is not None and core.reasoning_tags is None) \
+            else (lambda: reasoning.parser(reasoning_parser, prompt))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         rid = new_id("chatcmpl")
         max_tokens = req.max_completion_tokens or req.max_tokens or core.max_context  # default: as the context allows
