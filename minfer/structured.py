@@ -125,13 +125,20 @@ class Matchers:
 
     def check(self, spec: StructuredOutputs) -> None:
         """A MinferError when spec is no constraint this tokenizer can follow (its matcher is built and kept)."""
-        self.matcher(spec)
+        self._matchers(spec, grow=False)
 
     def matcher(self, spec: StructuredOutputs):
         """A new matcher for spec, checked: it builds, and some text satisfies it (its first mask is no error)."""
+        built = self._matchers(spec, grow=True)
+        with self._lock:
+            self._handed += 1
+            return built[self._handed % len(built)].deep_copy()
+
+    def _matchers(self, spec: StructuredOutputs, grow: bool) -> list:
+        """spec's matchers (_built): the first built, and with grow one more where it builds fast."""
         key = json.dumps(asdict(spec), sort_keys=True, default=str)
         built, seconds = self._built.get(key) or ([], 0.0)
-        if not built or (len(built) < PARALLEL_MASKS and seconds < CHEAP_BUILD_S):
+        if not built or (grow and len(built) < PARALLEL_MASKS and seconds < CHEAP_BUILD_S):
             self._ll_tokenizer()  # built once, and not part of the constraint's time
             start = time.perf_counter()
             matcher = self._build(spec)
@@ -142,9 +149,7 @@ class Matchers:
                 built, fastest = self._built.get(key) or ([], seconds)
                 built.append(matcher)
                 self._built[key] = (built, min(fastest, seconds))  # a first build also warms llguidance up
-        with self._lock:
-            self._handed += 1
-            return built[self._handed % len(built)].deep_copy()
+        return built
 
     def _build(self, spec: StructuredOutputs):
         llg = _llguidance()
