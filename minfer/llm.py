@@ -28,7 +28,8 @@ Conversation = list[dict]  # messages: {"role": ..., "content": text or [{"type"
 class LLM:
     """The continuous-batching EngineCore, on every backend (on cuda: paged kernels, decode steps from CUDA
     graphs). async_scheduling: decode steps launched before the step before's ids are read (default: on a
-    GPU)."""
+    GPU). reasoning_parser (vLLM's, serve's --reasoning-parser): a structured output holds after the reasoning's end
+    tag where the prompt leaves the reasoning open (EngineCore.set_reasoning_tags)."""
 
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype | None = None, device: str | None = None,
                  backend: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 256,
@@ -36,7 +37,11 @@ class LLM:
                  num_pages: int | None = None, block_size: int = DEFAULT_PAGE_SIZE,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool | None = None, dequantize: bool = False,
                  async_scheduling: bool | None = None, cuda_graph_sizes: list[int] | None = None,
-                 scheduling_policy: str = "fcfs"):
+                 scheduling_policy: str = "fcfs", reasoning_parser: str | None = None):
+        from .serve import reasoning
+        if reasoning_parser is not None and reasoning_parser not in reasoning.PARSERS:
+            raise MinferError(f"reasoning_parser must be one of {', '.join(sorted(reasoning.PARSERS))}, not "
+                              f"{reasoning_parser!r}")
         if isinstance(dtype, str):
             if dtype not in ("float32", "float16", "bfloat16"):
                 raise MinferError(f"dtype must be float32, float16 or bfloat16, not {dtype!r}")
@@ -48,6 +53,9 @@ class LLM:
                                  page_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
                                  prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling,
                                  cuda_graph_sizes=cuda_graph_sizes, scheduling_policy=scheduling_policy)
+        if reasoning_parser is not None and not self.engine.set_reasoning_tags(reasoning.START, reasoning.END):
+            raise MinferError(f"reasoning_parser {reasoning_parser}: {reasoning.START} and {reasoning.END} are not each "
+                              "one token of this model's vocabulary")
         self.last_stats = None  # the Stats of the last generate()
 
     def get_tokenizer(self):

@@ -165,6 +165,15 @@ def test_a_constraint_holds_after_the_reasoning(async_scheduling):
     assert_idle(engine)
 
 
+def test_llm_reasoning_parser_needs_one_token_tags():
+    """LLM(reasoning_parser=...): a name it does not know, and a vocabulary without <think> and </think> as single
+    tokens (this model's), are errors that say so."""
+    with pytest.raises(MinferError, match="reasoning_parser must be one of deepseek_r1, qwen3, not 'r1'"):
+        LLM(device="cpu", backend="ref", reasoning_parser="r1")
+    with pytest.raises(MinferError, match="reasoning_parser qwen3: <think> and </think> are not each one token"):
+        LLM(device="cpu", backend="ref", reasoning_parser="qwen3", num_pages=8)
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_constrained_rows_in_a_batch_equal_alone(monkeypatch, graphs):
     """Constrained and free requests in one batch, async scheduling on (the constrained rows' steps wait for the ids
