@@ -105,11 +105,11 @@ class Matchers:
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, stop_ids
         self._ll = None
         self._executor = None  # llguidance's threads for a step's masks
-        # a checked constraint (as JSON) -> its matchers, never advanced, and the fewest seconds one took to build: a
-        # request takes a copy (a 20k-string choice builds in ~0.6 s and copies in ~1 ms, so the server's check builds it off
-        # the engine's thread). Copies of one matcher share its caches behind one lock, so their masks are computed
-        # one at a time: a constraint that builds fast gets up to PARALLEL_MASKS matchers, whose copies compute
-        # apart (64 rows of a regex on 16 cores: 24 ms a step with one, 3.4 ms with 16).
+        # a checked constraint (as JSON) -> its matchers, never advanced, and the fewest seconds one took to build:
+        # a request takes a copy (a 20k-string choice builds in ~0.6 s and copies in ~1 ms, so the server's check
+        # builds it off the engine's thread). Copies of one matcher share its caches behind one lock, so their masks
+        # are computed one at a time: a constraint that builds fast gets up to PARALLEL_MASKS matchers, whose copies
+        # compute apart (64 rows of a regex on 16 cores: 24 ms a step with one, 3.4 ms with 16).
         self._built: dict[str, tuple[list, float]] = {}
         self._handed = 0  # copies handed out, which deals them over a constraint's matchers
         self._lock = threading.Lock()
