@@ -794,6 +794,33 @@ def test_reasoning_comes_apart_from_the_answer(server):
     assert_idle(server.core)
 
 
+def test_a_constrained_reply_reasons_first(server, monkeypatch):
+    """With reasoning tags the engine knows (one token each: here "<|im_start|>" and ",", standing in for <think> and
+    </think>), a constrained chat reply reasons freely up to the end tag, comes back apart as reasoning_content, and
+    its content follows the constraint; streamed the same."""
+    pytest.importorskip("llguidance")
+    from minfer.serve import reasoning
+    monkeypatch.setattr(reasoning, "START", "<|im_start|>")
+    monkeypatch.setattr(reasoning, "END", ",")
+    core = server.core
+    assert core.set_reasoning_tags(reasoning.START, reasoning.END)
+    srv, thread, url = start(build_app(server.engine, NAME, reasoning_parser="deepseek_r1"))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    body = dict(model=NAME, messages=[{"role": "user", "content": "The capital of France is"}], max_tokens=24,
+                temperature=0, extra_body={"structured_outputs": {"regex": "[0-9]{3}"}})
+    try:
+        m = client.chat.completions.create(**body).choices[0].message
+        assert m.reasoning_content and "," not in m.reasoning_content and re.fullmatch("[0-9]{3}", m.content), m
+        deltas = [c.choices[0].delta for c in client.chat.completions.create(**body, stream=True) if c.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == m.reasoning_content
+        assert "".join(d.content or "" for d in deltas) == m.content
+    finally:
+        core.reasoning_tags = None
+        srv.should_exit = True
+        thread.join()
+    assert_idle(server.core)
+
+
 def test_tool_requests_that_cannot_run(server):
     """'auto' (OpenAI's default with tools) needs a parser of the model's own call format (--tool-call-parser): without
     one, a 400 that says what works; so are a named function that is not among the tools, 'required' without tools, a
