@@ -154,7 +154,9 @@ def test_a_constraint_holds_after_the_reasoning(async_scheduling):
     free = engine.generate([ids], [SamplingParams(temperature=0.0, max_tokens=12)])[0][0].text
     reasoning = free[:free.index(".") + 1]  # " Paris."
     assert not engine.set_reasoning_tags("<think>", "</think>") and engine.reasoning_tags is None
-    assert engine.set_reasoning_tags("<|im_start|>", ".")
+    bos, engine.tokenizer.add_bos = engine.tokenizer.add_bos, True  # a tokenizer that adds a BOS (Llama's) alike
+    assert engine.set_reasoning_tags("<|im_start|>", ".") and engine.reasoning_tags == (1, 30)
+    engine.tokenizer.add_bos = bos
     params = SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=dict(regex="[0-9]{3}"))
     (thought, ended, opened), _ = engine.generate(
         [ids, engine.tokenizer.encode("Hi. The capital of France is"),

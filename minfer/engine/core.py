@@ -668,10 +668,10 @@ class EngineCore(LoadedModel):
         (no end tag after the last start tag) samples freely up to the end tag, and its structured output holds after
         it (vLLM's structured outputs with a reasoning parser). Each tag must be one token of the vocabulary: returns
         whether they are (if not, a constraint holds from the first token)."""
-        ids = [self.tokenizer.encode(tag) if self.tokenizer else [] for tag in (start, end)]
-        ok = all(len(i) == 1 for i in ids)
-        self.reasoning_tags = (ids[0][0], ids[1][0]) if ok else None
-        return ok
+        # the vocabulary's own entry: encode would add a BOS (Llama's tokenizers) or a space prefix (SentencePiece's)
+        ids = [self.tokenizer.tok.token_to_id(tag) if self.tokenizer else None for tag in (start, end)]
+        self.reasoning_tags = None if None in ids else tuple(ids)
+        return self.reasoning_tags is not None
 
     @property
     def matchers(self) -> Matchers:
