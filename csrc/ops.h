@@ -10,6 +10,8 @@ at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight);
 
 // argmax.cu: greedy sampling
 at::Tensor argmax(const at::Tensor& logits);
+// token_bitmask.cu: structured outputs' mask, in place
+void apply_token_bitmask(const at::Tensor& logits, const at::Tensor& bitmask);
 
 // memory-bound kernels: rmsnorm.cu, rope.cu, activation.cu
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,

@@ -30,6 +30,11 @@ def _argmax_fake(logits):
     return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
 
+@torch.library.register_fake("minfer::apply_token_bitmask")
+def _apply_token_bitmask_fake(logits, bitmask):
+    return None
+
+
 # memory-bound kernels (csrc/rmsnorm.cu, rope.cu, activation.cu)
 @torch.library.register_fake("minfer::rms_norm")
 def _rms_norm_fake(x, weight, eps, records=None):
@@ -76,6 +81,11 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight, scale: 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     # logits [rows, vocab] (fp32, fp16 or bf16; rows may be strided) -> [rows] int64, as torch.argmax(-1)
     return _ops.argmax(logits if logits.stride(-1) == 1 else logits.contiguous())
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    # in place on logits [rows, vocab] (rows contiguous): -inf where bitmask [rows, words] int32 leaves the id out
+    _ops.apply_token_bitmask(logits, bitmask)
 
 
 def check_ids(ids: torch.Tensor, vocab: int) -> None:

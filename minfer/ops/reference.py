@@ -32,6 +32,18 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Packed masks [rows, words] int32, id 32 w + b as bit b of word w (words x 32 >= vocab) -> [rows, vocab] bool."""
+    bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32, device=bitmask.device)) & 1  # [rows, words, 32]
+    return bits.reshape(len(bitmask), -1)[:, :vocab].bool()
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place: logits [rows, vocab] get -inf at the ids bitmask [rows, words] int32 leaves out (unpack_bitmask; the
+    ids a row's structured output or allowed_token_ids do not allow)."""
+    logits.masked_fill_(~unpack_bitmask(bitmask, logits.shape[1]), float("-inf"))
+
+
 # records, x_records, records_for: the cuda backend's Q4_K x records (ops/cuda.py); none here.
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, records: torch.Tensor | None = None) -> torch.Tensor:
     # x [tokens, hidden], weight [hidden] -> [tokens, hidden]
