@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from .errors import MinferError
-from .structured import KINDS, StructuredOutputs, unpack
+from .ops import reference
+from .structured import KINDS, StructuredOutputs
 
 # The smallest temperature above 0: below it logits / temperature overflow fp32 to inf, and the
 # probabilities become NaN. Use 0 for greedy.
@@ -236,8 +237,8 @@ class SamplingTensors:
     seen: torch.Tensor | None  # [batch, vocab] bool: prompt and output ids (for the repetition penalty)
     counts: torch.Tensor | None  # [batch, vocab] fp32: output id counts (presence / frequency penalties)
     logit_bias: torch.Tensor | None  # [batch, vocab] fp32: added to the logits before anything else (-inf: banned)
-    allowed: torch.Tensor | None  # [batch, vocab] bool: the ids structured outputs and allowed_token_ids allow (the
-    # rest -inf after the bias)
+    allowed: torch.Tensor | None  # [batch, ceil(vocab / 32)] int32: the ids structured outputs and allowed_token_ids
+    # allow, id 32 w + b as bit b of word w (the rest -inf after the bias: apply_token_bitmask)
     all_greedy: bool
     filters: tuple[bool, bool, bool]  # some row uses top-k, top-p, min-p
     num_logprobs: int | None  # the largest top-n asked for; None: no row wants logprobs
@@ -278,12 +279,10 @@ class SamplingTensors:
             bias = torch.zeros(batch, vocab, device=device)
             (rows, ids), values = zip(*entries), list(entries.values())
             bias.index_put_((col(rows, torch.int64), col(ids, torch.int64)), col(values))
-        allowed = None if allowed is None else unpack(upload(allowed, torch.int32, device), vocab)
         if any(p.allowed_token_ids is not None for p in params):
-            only = col([[p.allowed_token_ids is None] for p in params], torch.bool).expand(batch, vocab).clone()
-            rows, ids = zip(*[(r, i) for r, p in enumerate(params) for i in p.allowed_token_ids or ()])
-            only.index_put_((col(rows, torch.int64), col(ids, torch.int64)), col([True] * len(ids), torch.bool))
+            only = pack_ids([p.allowed_token_ids for p in params], vocab)
             allowed = only if allowed is None else allowed & only
+        allowed = None if allowed is None else upload(allowed, torch.int32, device)
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
         greedy = all(p.temperature == 0 for p in params)
         drawn = None if greedy else dict(  # what the random draw reads
@@ -301,6 +300,18 @@ class SamplingTensors:
             seen=seen, counts=counts, logit_bias=bias, all_greedy=greedy, filters=filters,
             allowed=allowed,
             num_logprobs=max(logprobs) if logprobs else None)
+
+
+def pack_ids(rows: list[list[int] | None], vocab: int) -> np.ndarray:
+    """Each row's ids as a packed mask [rows, ceil(vocab / 32)] int32, id 32 w + b as bit b of word w (every id where
+    the row is None)."""
+    words = np.full((len(rows), -(-vocab // 32)), -1, dtype=np.int32).view(np.uint32)
+    for r, ids in enumerate(rows):
+        if ids is not None:
+            ids = np.asarray(ids, dtype=np.int64)
+            words[r] = 0
+            np.bitwise_or.at(words[r], ids >> 5, np.left_shift(1, ids & 31).astype(np.uint32))
+    return words.view(np.int32)
 
 
 def filter_rows(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -333,16 +344,20 @@ class Logprobs:
     top_ids: torch.Tensor  # [batch, n] int64
 
 
-def sample_batch(logits: torch.Tensor, t: SamplingTensors) -> tuple[torch.Tensor, Logprobs | None]:
+def sample_batch(logits: torch.Tensor, t: SamplingTensors,
+                 apply_token_bitmask=reference.apply_token_bitmask) -> tuple[torch.Tensor, Logprobs | None]:
     """logits [batch, vocab] fp32 -> ids [batch] int64, and logprobs when some row asked for them.
-    The logit bias first (as vLLM applies it), then the penalties (repetition, then presence / frequency), then
-    temperature, the filters, and a Gumbel-max draw: argmax(logits / T + g), g = -log(-log(u)), draws from
-    softmax(logits / T) exactly. Logprobs are of the raw logits."""
+    The logit bias first (as vLLM applies it), then the allowed ids (apply_token_bitmask: the backend's op, in place),
+    the penalties (repetition, then presence / frequency), temperature, the filters, and a Gumbel-max draw:
+    argmax(logits / T + g), g = -log(-log(u)), draws from softmax(logits / T) exactly. Logprobs are of the raw
+    logits."""
     raw = logits
     if t.logit_bias is not None:
         logits = logits + t.logit_bias
     if t.allowed is not None:
-        logits = logits.masked_fill(~t.allowed, float("-inf"))
+        if logits is raw:  # the mask writes in place, and raw gives the logprobs
+            logits = logits.clone()
+        apply_token_bitmask(logits, t.allowed)
     if t.seen is not None:
         penalty = t.repetition_penalty[:, None]
         penalized = torch.where(logits > 0, logits / penalty, logits * penalty)

@@ -13,7 +13,6 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
 from .errors import MinferError
 
@@ -179,8 +178,3 @@ class Matchers:
         llguidance.numpy.fill_next_token_bitmask_par(self._executor, rows, out)
         return out
 
-
-def unpack(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Matchers.bitmask's words [rows, ceil(vocab / 32)] int32 -> [rows, vocab] bool, on their device."""
-    bits = (words[:, :, None] >> torch.arange(32, dtype=torch.int32, device=words.device)) & 1
-    return bits.reshape(len(words), -1)[:, :vocab].bool()

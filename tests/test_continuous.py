@@ -341,12 +341,14 @@ def test_allowed_token_ids(engine, ids):
             engine.add_request(ids[0], dataclasses.replace(greedy, allowed_token_ids=bad))
     assert_idle(engine)
     # beside a structured output's mask (ids 1-3 here), the ids both allow
+    from minfer.ops.reference import unpack_bitmask
     from minfer.sampling import SamplingTensors
     words = np.zeros((2, 2), np.int32)
     words[:, 0] = 0b1110
     t = SamplingTensors.build([dataclasses.replace(greedy, allowed_token_ids=[2, 3, 4]), greedy], [0, 0], [0, 0],
                               [[1], [1]], [[], []], 40, "cpu", allowed=words)
-    assert [torch.nonzero(r).flatten().tolist() for r in t.allowed] == [[2, 3], [1, 2, 3]]
+    allowed = unpack_bitmask(t.allowed, 40)
+    assert [torch.nonzero(r).flatten().tolist() for r in allowed] == [[2, 3], [1, 2, 3]]
 
 
 def test_min_tokens(engine):

@@ -11,8 +11,9 @@ pytest.importorskip("llguidance")
 
 from minfer import LLM  # noqa: E402
 from minfer.errors import MinferError  # noqa: E402
+from minfer.ops.reference import unpack_bitmask  # noqa: E402
 from minfer.sampling import SamplingParams  # noqa: E402
-from minfer.structured import StructuredOutputs, unpack  # noqa: E402
+from minfer.structured import StructuredOutputs  # noqa: E402
 from test_continuous import MODEL_PATH, assert_idle, make, with_emulated_graphs  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not __import__("os").path.exists(MODEL_PATH), reason="default model not installed")
@@ -67,7 +68,7 @@ def test_every_output_follows_its_constraint(llm, kind):
 
 def allowed(matchers, rows) -> torch.Tensor:
     """[rows, vocab] bool: the sampler's view of the rows' masks."""
-    return unpack(torch.from_numpy(matchers.bitmask(rows)), matchers.vocab_size)
+    return unpack_bitmask(torch.from_numpy(matchers.bitmask(rows)), matchers.vocab_size)
 
 
 def test_masks_are_llguidances_bits(llm):
