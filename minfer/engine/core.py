@@ -311,8 +311,8 @@ class EngineCore(LoadedModel):
         self.async_scheduling = async_scheduling
         if self.device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
             # The host's work a step is small copies and Python: torch's CPU threads only spin after each parallel op
-            # and take the cores llguidance computes the masks on (64 rows of a JSON schema on a 16-core host: 1.7-2.4
-            # -> 0.4-0.5 ms a step). OMP_NUM_THREADS, where set, is kept (vLLM's rule for its GPU workers).
+            # and take the cores llguidance computes the masks on (60 rows of a JSON schema on a 16-core host: 2.5 ->
+            # 0.7-0.9 ms a step). OMP_NUM_THREADS, where set, is kept (vLLM's rule for its GPU workers).
             torch.set_num_threads(1)
         self.in_flight: _Launched | None = None  # the launched step whose ids are not read yet
         self._ids = itertools.count()
