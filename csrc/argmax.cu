@@ -2,6 +2,10 @@
 // the largest (torch.argmax's rule). It reads the logits in their own dtype, so that a greedy step needs no fp32
 // copy of [rows, vocab] (8B shape, 64 rows: the copy and torch's argmax over it took ~60 µs of a 7.3 ms step).
 //
+// gumbel_argmax, the random draw: the argmax of logits[r, i] + g, g = -log(-log(u)) and u the counter-based uniform of
+// (seeds[r], positions[r], i) (minfer/ops/reference.py's uniform_noise, bit for bit), made in registers: torch's ops
+// made [rows, vocab] of int64 hashes in ~30 launches (~1 GB of traffic a step at 64 rows of a 49k vocabulary).
+//
 // A grid of (splits, rows): each CTA reduces its slice of a row to one key, the value's order bits above the index
 // reversed, so that one unsigned max picks the largest value and then the smallest index; the last of a row's CTAs
 // to arrive (split_counters) reduces the row's partial keys.
@@ -33,6 +37,28 @@ __device__ __forceinline__ Key argmax_key(float v, uint32_t index) {
   return (static_cast<Key>(order) << 32) | (0xffffffffu - index);
 }
 
+// The counter-based RNG (reference.py's _mix32, uniform_noise, unit_interval): a bijective 32-bit mixer.
+__device__ __forceinline__ uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+// A row's key: its seed's two halves and its position mixed.
+__device__ __forceinline__ uint32_t noise_key(int64_t seed, int64_t position) {
+  const uint64_t s = static_cast<uint64_t>(seed);
+  return mix32(mix32(mix32(static_cast<uint32_t>(s >> 32)) ^ static_cast<uint32_t>(s)) ^
+               static_cast<uint32_t>(position));
+}
+
+// -log(-log(u)), u in (0, 1) from the hash of (key, index): its top 23 bits at the middles of 2^23 steps.
+__device__ __forceinline__ float gumbel(uint32_t key, uint32_t index) {
+  const float u = (static_cast<float>(mix32(mix32(index) ^ key) >> 9) + 0.5f) * (1.0f / 8388608.0f);
+  return -logf(-logf(u));
+}
+
 // Every thread of warp 0 gets the block's max.
 __device__ __forceinline__ Key block_max_u64(Key x) {
   __shared__ Key partial[kThreads / 32];
@@ -43,20 +69,28 @@ __device__ __forceinline__ Key block_max_u64(Key x) {
   return warp_max(lane < kThreads / 32 ? partial[lane] : 0);
 }
 
-template <typename T, int W>
+// kGumbel: the argmax of logits + gumbel(key of (seeds[row], positions[row]), index).
+template <typename T, int W, bool kGumbel>
 __global__ void __launch_bounds__(kThreads)
     argmax_kernel(int64_t* __restrict__ out,         // [rows]
                   const T* __restrict__ logits,      // [rows, row_stride]
                   int64_t row_stride, int vocab,
                   int slice,                         // elements a CTA, a multiple of W
                   Key* __restrict__ partials,   // [rows, splits]
-                  int* __restrict__ counters) {      // [rows], zero, left zero
+                  int* __restrict__ counters,        // [rows], zero, left zero
+                  const int64_t* __restrict__ seeds,       // [rows] (kGumbel)
+                  const int64_t* __restrict__ positions) {  // [rows] (kGumbel)
   using P = Pack<T, W>;
   const int row = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
   const T* src = logits + row * row_stride;
   const int begin = split * slice, end = min(vocab, begin + slice);
   ptx::griddep_wait();  // the logits are the previous kernel's
   ptx::griddep_launch_dependents();
+  const uint32_t key = kGumbel ? noise_key(seeds[row], positions[row]) : 0;
+  auto value = [&](T v, int i) {
+    if constexpr (kGumbel) return to_float(v) + gumbel(key, i);
+    return to_float(v);
+  };
 
   Key best = 0;
   for (int base = begin + threadIdx.x * W; base < end; base += kThreads * W * kUnroll) {
@@ -72,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         if (i + W <= end || i + e < end)  // the row's last pack may be partial: its elements one by one
-          best = max(best, argmax_key(to_float(i + W <= end ? v[u].v[e] : src[i + e]), i + e));
+          best = max(best, argmax_key(value(i + W <= end ? v[u].v[e] : src[i + e], i + e), i + e));
       }
     }
   }
@@ -96,16 +130,10 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[row] = 0xffffffffu - static_cast<uint32_t>(best);
 }
 
-}  // namespace
-
-at::Tensor argmax(const at::Tensor& logits) {
-  MINFER_CHECK_CUDA(logits);
-  MINFER_CHECK_FLOAT(logits);
-  MINFER_CHECK_DIM(logits, 2);
-  MINFER_CHECK(logits.stride(1) == 1, "argmax: logits' rows must be contiguous, got strides ", logits.strides());
+// seeds, positions: the draw's (gumbel_argmax), else undefined (argmax).
+at::Tensor launch_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions) {
+  const bool noise = seeds.defined();
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  MINFER_CHECK(vocab > 0 && vocab < (int64_t(1) << 31), "argmax: logits' row length must be in [1, 2^31), got ", vocab);
-  MINFER_CHECK(rows < 65536, "argmax: at most 65535 rows, got ", rows);
   const c10::cuda::CUDAGuard guard(logits.device());
   auto out = logits.new_empty({rows}, at::kLong);
   if (rows == 0) return out;
@@ -127,14 +155,49 @@ at::Tensor argmax(const at::Tensor& logits) {
     const int slice = static_cast<int>((vocab + splits - 1) / splits + w - 1) / w * w;
     auto* part = splits > 1 ? reinterpret_cast<Key*>(partials.data_ptr()) : nullptr;
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(rows));
-    if (wide)
-      launch_pdl(argmax_kernel<scalar_t, N>, grid, dim3(kThreads), 0, stream, out.data_ptr<int64_t>(), src,
-                 logits.stride(0), static_cast<int>(vocab), slice, part, counters);
+    const int64_t* seed = noise ? seeds.data_ptr<int64_t>() : nullptr;
+    const int64_t* position = noise ? positions.data_ptr<int64_t>() : nullptr;
+    auto go = [&](auto kernel) {
+      launch_pdl(kernel, grid, dim3(kThreads), 0, stream, out.data_ptr<int64_t>(), src, logits.stride(0),
+                 static_cast<int>(vocab), slice, part, counters, seed, position);
+    };
+    if (noise)
+      wide ? go(argmax_kernel<scalar_t, N, true>) : go(argmax_kernel<scalar_t, 1, true>);
     else
-      launch_pdl(argmax_kernel<scalar_t, 1>, grid, dim3(kThreads), 0, stream, out.data_ptr<int64_t>(), src,
-                 logits.stride(0), static_cast<int>(vocab), slice, part, counters);
+      wide ? go(argmax_kernel<scalar_t, N, false>) : go(argmax_kernel<scalar_t, 1, false>);
   });
   return out;
+}
+
+void check_logits(const at::Tensor& logits, const char* op) {
+  MINFER_CHECK_CUDA(logits);
+  MINFER_CHECK_FLOAT(logits);
+  MINFER_CHECK_DIM(logits, 2);
+  MINFER_CHECK(logits.stride(1) == 1, op, ": logits' rows must be contiguous, got strides ", logits.strides());
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  MINFER_CHECK(vocab > 0 && vocab < (int64_t(1) << 31), op, ": logits' row length must be in [1, 2^31), got ", vocab);
+  MINFER_CHECK(rows < 65536, op, ": at most 65535 rows, got ", rows);
+}
+
+}  // namespace
+
+at::Tensor argmax(const at::Tensor& logits) {
+  check_logits(logits, "argmax");
+  return launch_argmax(logits, at::Tensor(), at::Tensor());
+}
+
+at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions) {
+  check_logits(logits, "gumbel_argmax");
+  for (const at::Tensor* t : {&seeds, &positions}) {
+    const char* name = t == &seeds ? "seeds" : "positions";
+    MINFER_CHECK(t->device() == logits.device(), name, " must be on the logits' device ", logits.device(), ", got ",
+                 t->device());
+    MINFER_CHECK(t->scalar_type() == at::kLong, name, " must be int64, got ", t->scalar_type());
+    MINFER_CHECK(t->dim() == 1 && t->size(0) == logits.size(0), name, " must be [rows] (", logits.size(0),
+                 "), got shape ", t->sizes());
+    MINFER_CHECK(t->is_contiguous(), name, " must be contiguous");
+  }
+  return launch_argmax(logits, seeds, positions);
 }
 
 }  // namespace minfer

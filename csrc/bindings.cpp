@@ -12,6 +12,8 @@ TORCH_LIBRARY(minfer, m) {
   m.def("embedding(Tensor ids, Tensor weight) -> Tensor");
   // greedy sampling: the index of each row's largest logit (the first among equals; NaN the largest)
   m.def("argmax(Tensor logits) -> Tensor");
+  // the random draw: argmax of logits + Gumbel noise from (seeds[r], positions[r], id), the counter-based RNG
+  m.def("gumbel_argmax(Tensor logits, Tensor seeds, Tensor positions) -> Tensor");
   // structured outputs: logits[r, i] = -inf where bit i of row r's packed mask (int32 words, 32 ids each) is 0
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask) -> ()");
   // memory-bound kernels
@@ -74,6 +76,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   // ---- engine ops ----
   m.impl("embedding", &minfer::embedding);
   m.impl("argmax", &minfer::argmax);
+  m.impl("gumbel_argmax", &minfer::gumbel_argmax);
   m.impl("apply_token_bitmask", &minfer::apply_token_bitmask);
   // memory-bound kernels
   m.impl("rms_norm", &minfer::rms_norm);
@@ -112,6 +115,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
 TORCH_LIBRARY_IMPL(minfer, CPU, m) {
   m.impl("embedding", &minfer::embedding);
   m.impl("argmax", &minfer::argmax);
+  m.impl("gumbel_argmax", &minfer::gumbel_argmax);
   m.impl("apply_token_bitmask", &minfer::apply_token_bitmask);
   m.impl("rms_norm", &minfer::rms_norm);
   m.impl("fused_add_rms_norm", &minfer::fused_add_rms_norm);

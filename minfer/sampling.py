@@ -178,38 +178,6 @@ def make_generator(seed: int | None, device) -> torch.Generator | None:
 
 # ---- per-row sampling (the continuous engine) ----
 
-_M32 = 0xFFFFFFFF
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """x * c mod 2^32 for int64 x in [0, 2^32), in two halves so that no product overflows int64."""
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A bijective 32-bit mixer (Wellons' lowbias32): nearby inputs give unrelated outputs."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[batch, vocab] fp32 uniforms in (0, 1): a pure function of (seeds[b], positions[b], token id), the same
-    whatever else is in the batch (a counter-based generator). seeds, positions [batch] int64, >= 0."""
-    key = _mix32(_mix32(_mix32((seeds >> 32) & _M32) ^ (seeds & _M32)) ^ (positions & _M32))  # [batch]
-    ids = _mix32(torch.arange(vocab, device=seeds.device, dtype=torch.int64))  # [vocab]
-    return unit_interval(_mix32(ids[None, :] ^ key[:, None]))  # [batch, vocab]
-
-
-def unit_interval(h: torch.Tensor) -> torch.Tensor:
-    """32-bit hashes (int64) -> fp32 in (0, 1), both ends excluded: their top 23 bits at the middles of 2^23
-    equal steps. (With 24 bits the top step, 2^24 - 0.5, rounds to 2^24 in fp32: u = 1, an infinite Gumbel draw
-    that beat every filter.)"""
-    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
-
-
 def upload(values, dtype, device) -> torch.Tensor:
     """A host list or numpy array as a device tensor. On a GPU through pinned memory without a sync: a copy from
     pageable memory waits for the stream, and the GPU would idle while the host prepares the next step."""
@@ -344,20 +312,19 @@ class Logprobs:
     top_ids: torch.Tensor  # [batch, n] int64
 
 
-def sample_batch(logits: torch.Tensor, t: SamplingTensors,
-                 apply_token_bitmask=reference.apply_token_bitmask) -> tuple[torch.Tensor, Logprobs | None]:
+def sample_batch(logits: torch.Tensor, t: SamplingTensors, ops=reference) -> tuple[torch.Tensor, Logprobs | None]:
     """logits [batch, vocab] fp32 -> ids [batch] int64, and logprobs when some row asked for them.
-    The logit bias first (as vLLM applies it), then the allowed ids (apply_token_bitmask: the backend's op, in place),
-    the penalties (repetition, then presence / frequency), temperature, the filters, and a Gumbel-max draw:
-    argmax(logits / T + g), g = -log(-log(u)), draws from softmax(logits / T) exactly. Logprobs are of the raw
-    logits."""
+    The logit bias first (as vLLM applies it), then the allowed ids (ops.apply_token_bitmask, in place), the penalties
+    (repetition, then presence / frequency), temperature, the filters, and a Gumbel-max draw (ops.gumbel_argmax):
+    argmax(logits / T + g), g = -log(-log(u)), draws from softmax(logits / T) exactly. ops: the backend's (its
+    kernels), or the reference. Logprobs are of the raw logits."""
     raw = logits
     if t.logit_bias is not None:
         logits = logits + t.logit_bias
     if t.allowed is not None:
         if logits is raw:  # the mask writes in place, and raw gives the logprobs
             logits = logits.clone()
-        apply_token_bitmask(logits, t.allowed)
+        ops.apply_token_bitmask(logits, t.allowed)
     if t.seen is not None:
         penalty = t.repetition_penalty[:, None]
         penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
@@ -368,9 +335,7 @@ def sample_batch(logits: torch.Tensor, t: SamplingTensors,
     if not t.all_greedy:
         greedy = t.temperature == 0
         scaled = logits / torch.where(greedy, 1.0, t.temperature)[:, None]
-        scaled = filter_rows(scaled, t)
-        gumbel = -torch.log(-torch.log(uniform_noise(t.seeds, t.positions, logits.shape[-1])))
-        ids = torch.where(greedy, ids, (scaled + gumbel).argmax(-1))
+        ids = torch.where(greedy, ids, ops.gumbel_argmax(filter_rows(scaled, t), t.seeds, t.positions))
     if t.num_logprobs is None:
         return ids, None
     lp = raw.log_softmax(-1)

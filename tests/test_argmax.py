@@ -90,3 +90,58 @@ def test_argmax_bad_inputs(cuda):
         op(x.t())
     with pytest.raises(RuntimeError, match=r"row length must be in \[1, 2\^31\)"):
         op(x[:, :0])
+
+
+# ---- gumbel_argmax: the random draw, against the reference's torch ops (the same RNG and fp32 math, bit for bit) ----
+
+def draw_inputs(rows, vocab, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g).mul(3).to(dtype).cuda()
+    seeds = torch.randint(0, 2**63 - 1, (rows,), generator=g).cuda()  # past 2^32: both halves of the key
+    positions = torch.randint(0, 1 << 20, (rows,), generator=g).cuda()
+    return logits, seeds, positions
+
+
+def check_draw(cuda, logits, seeds, positions):
+    from minfer.ops import reference
+    got = cuda.gumbel_argmax(logits, seeds, positions)
+    assert got.dtype == torch.int64 and got.shape == (logits.shape[0],)
+    torch.testing.assert_close(got, reference.gumbel_argmax(logits, seeds, positions), rtol=0, atol=0)
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 64, 300])
+@pytest.mark.parametrize("vocab", [1, 7, 4097, 49157, 128256])
+def test_gumbel_argmax(cuda, dtype, rows, vocab):
+    check_draw(cuda, *draw_inputs(rows, vocab, dtype, seed=rows + vocab))
+
+
+def test_gumbel_argmax_filtered_rows_and_keys(cuda):
+    logits, seeds, positions = draw_inputs(64, 49157)
+    logits[:, 1000:] = float("-inf")  # a top-k / top-p filter's rows: the draw stays among the finite ids
+    logits[5, :] = float("-inf")
+    logits[5, 777] = 0.0
+    got = check_draw(cuda, logits, seeds, positions)
+    assert bool((got[got != 777] < 1000).all()) and got[5] == 777
+    seeds[1], positions[1] = seeds[0], positions[0]  # one key, one draw: row 1 as row 0 on the same logits
+    logits[1] = logits[0]
+    got = check_draw(cuda, logits, seeds, positions)
+    assert got[1] == got[0]
+    positions[1] += 1  # another position: another draw (over 1000 ids, the same one 1 in 1000)
+    flat = torch.zeros(2, 1000, device="cuda")
+    assert check_draw(cuda, flat, seeds[:2].clone(), positions[:2].clone()).unique().numel() == 2
+
+
+def test_gumbel_argmax_opcheck_and_bad_inputs(cuda):
+    logits, seeds, positions = draw_inputs(5, 9000)
+    torch.library.opcheck(torch.ops.minfer.gumbel_argmax, (logits, seeds, positions))
+    op = torch.ops.minfer.gumbel_argmax
+    with pytest.raises(RuntimeError, match="seeds must be int64"):
+        op(logits, seeds.int(), positions)
+    with pytest.raises(RuntimeError, match=r"positions must be \[rows\] \(5\), got shape \[4\]"):
+        op(logits, seeds, positions[:4])
+    with pytest.raises(RuntimeError, match="seeds must be on the logits' device"):
+        op(logits, seeds.cpu(), positions)
+    with pytest.raises(RuntimeError, match="gumbel_argmax: logits' rows must be contiguous"):
+        op(logits.t(), seeds, positions)

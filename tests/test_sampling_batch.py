@@ -4,7 +4,8 @@ logprobs by hand."""
 import pytest
 import torch
 
-from minfer.sampling import SamplingParams, SamplingTensors, filter_logits, sample_batch, uniform_noise, unit_interval
+from minfer.ops.reference import uniform_noise, unit_interval
+from minfer.sampling import SamplingParams, SamplingTensors, filter_logits, sample_batch
 from test_sampling import LOGITS, assert_matches, softmax_by_hand
 
 VOCAB = 5

@@ -30,6 +30,11 @@ def _argmax_fake(logits):
     return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
 
+@torch.library.register_fake("minfer::gumbel_argmax")
+def _gumbel_argmax_fake(logits, seeds, positions):
+    return logits.new_empty(logits.shape[0], dtype=torch.int64)
+
+
 @torch.library.register_fake("minfer::apply_token_bitmask")
 def _apply_token_bitmask_fake(logits, bitmask):
     return None
@@ -81,6 +86,11 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight, scale: 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     # logits [rows, vocab] (fp32, fp16 or bf16; rows may be strided) -> [rows] int64, as torch.argmax(-1)
     return _ops.argmax(logits if logits.stride(-1) == 1 else logits.contiguous())
+
+
+def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    # logits [rows, vocab] -> [rows] int64: argmax of logits + Gumbel noise of (seeds[r], positions[r], id), [rows] int64
+    return _ops.gumbel_argmax(logits if logits.stride(-1) == 1 else logits.contiguous(), seeds, positions)
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

@@ -32,6 +32,44 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c mod 2^32 for int64 x in [0, 2^32), in two halves so that no product overflows int64."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit mixer (Wellons' lowbias32): nearby inputs give unrelated outputs."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[batch, vocab] fp32 uniforms in (0, 1): a pure function of (seeds[b], positions[b], token id), the same
+    whatever else is in the batch (a counter-based generator). seeds, positions [batch] int64, >= 0."""
+    key = _mix32(_mix32(_mix32((seeds >> 32) & _M32) ^ (seeds & _M32)) ^ (positions & _M32))  # [batch]
+    ids = _mix32(torch.arange(vocab, device=seeds.device, dtype=torch.int64))  # [vocab]
+    return unit_interval(_mix32(ids[None, :] ^ key[:, None]))  # [batch, vocab]
+
+
+def unit_interval(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes (int64) -> fp32 in (0, 1), both ends excluded: their top 23 bits at the middles of 2^23
+    equal steps. (With 24 bits the top step, 2^24 - 0.5, rounds to 2^24 in fp32: u = 1, an infinite Gumbel draw
+    that beat every filter.)"""
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
+
+
+def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The random draw: [rows] int64, each row's argmax of logits [rows, vocab] fp32 plus Gumbel noise -log(-log(u)),
+    u = uniform_noise(seeds, positions, vocab): a draw from softmax(logits), keyed by (seed, position)."""
+    return (logits - torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[1])))).argmax(-1)
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """Packed masks [rows, words] int32, id 32 w + b as bit b of word w (words x 32 >= vocab) -> [rows, vocab] bool."""
     bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32, device=bitmask.device)) & 1  # [rows, words, 32]
