@@ -82,8 +82,8 @@ def run_continuous(engine: EngineCore, reqs, args) -> dict:
     engine.timeline = [] if engine.device.type == "cuda" else None
     t0 = time.perf_counter()
     for ids, n_out in reqs:
-        engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True,
-                                               structured_outputs=constraint))
+        engine.add_request(ids, SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=n_out,
+                                               ignore_eos=True, structured_outputs=constraint))
     steps = seqs = out_tokens = 0
     while engine.has_unfinished():
         out_tokens += len(engine.step())
@@ -304,13 +304,13 @@ def run_static(args, reqs, make_kwargs) -> dict:
     engine = Engine(**make_kwargs)
     size = args.max_num_seqs
     batches = [reqs[i:i + size] for i in range(0, len(reqs), size)]
-    greedy = SamplingParams(temperature=0.0)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     for batch in batches:  # warm-up: graph capture for each batch shape
-        engine.warmup(len(batch), max(len(ids) for ids, _ in batch), max(len(ids) + n for ids, n in batch), greedy)
+        engine.warmup(len(batch), max(len(ids) for ids, _ in batch), max(len(ids) + n for ids, n in batch), params)
     engine._sync()
     t0 = time.perf_counter()
     for batch in batches:
-        engine.generate([ids for ids, _ in batch], greedy, max(n for _, n in batch), ignore_eos=True)
+        engine.generate([ids for ids, _ in batch], params, max(n for _, n in batch), ignore_eos=True)
     engine._sync()
     return dict(engine="static", elapsed_s=time.perf_counter() - t0, output_tokens=sum(n for _, n in reqs),
                 steps=None, mean_batch=None, prefix_hit_rate=None, preemptions=None, peak_gb=peak_gb(engine.device),
@@ -334,6 +334,9 @@ def parse_args(argv=None):
                                             "output may end where the regex does)")
     constraint.add_argument("--json-schema", metavar="SCHEMA",
                             help="each request's output under this JSON schema (its text), as --regex")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the offline runs' sampling (default: %(default)s, greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: the nucleus (default: %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--device", help="default: cuda when present")
     p.add_argument("--backend", choices=["auto", "cuda", "ref"], default="auto")
@@ -367,6 +370,10 @@ def parse_args(argv=None):
         p.error("--profile-from K needs --profile and --long-prompt-len")
     if args.beside and not args.ttft:
         p.error("--beside N needs --ttft")
+    try:
+        SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    except MinferError as e:
+        p.error(str(e))
     if args.json_schema is not None:
         try:
             json.loads(args.json_schema)
@@ -467,7 +474,7 @@ def run(args) -> None:
         row.update(model=args.shape or os.path.basename(args.checkpoint or "default"), device=device,
                    num_requests=len(reqs), input_len=args.input_len, output_len=args.output_len,
                    shared_prefix=args.shared_prefix, prefix_caching=prefix_caching, regex=args.regex,
-                   json_schema=args.json_schema,
+                   json_schema=args.json_schema, temperature=args.temperature, top_p=args.top_p,
                    requests_s=len(reqs) / s, output_tok_s=row["output_tokens"] / s,
                    total_tok_s=(in_tokens + row["output_tokens"]) / s)
         extra = "" if row["mean_batch"] is None else (f" | mean batch {row['mean_batch']:.1f} | prefix hits "
