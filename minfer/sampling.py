@@ -189,11 +189,28 @@ def upload(values, dtype, device) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
+# Fields of a packed upload start on multiples of this many elements (256 bytes of int32).
+ALIGN = 64
+
+
+def upload_packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """Host arrays of one dtype as device tensors of their shapes, through one copy (from pinned memory, without
+    a sync, on a GPU): a step's metadata travels in two copies instead of one a field."""
+    offsets = np.cumsum([0] + [-(-a.size // ALIGN) * ALIGN for a in arrays])
+    host = torch.empty(int(offsets[-1]), dtype=dtype, pin_memory=device.type == "cuda")
+    buf = host.numpy()
+    for a, o in zip(arrays, offsets):
+        buf[o:o + a.size] = a.ravel()
+    dev = host.to(device, non_blocking=True)
+    return [dev[o:o + a.size].view(a.shape) for a, o in zip(arrays, offsets)]
+
+
 @dataclass
 class SamplingTensors:
     """Every row's sampling parameters as tensors on the device, and host flags that skip unused work."""
     # None where no row uses them: the draw's when every row is greedy, the penalties' when none has one
-    temperature: torch.Tensor | None  # [batch] fp32, 0 = greedy
+    divisor: torch.Tensor | None  # [batch] fp32: each row's temperature, 1 where the row is greedy
+    greedy: torch.Tensor | None  # [batch] bool: the greedy rows, where some rows are (None: every row draws)
     top_k: torch.Tensor | None  # [batch] int64, vocab = off
     top_p: torch.Tensor | None  # [batch] fp32
     min_p: torch.Tensor | None  # [batch] fp32
@@ -252,16 +269,22 @@ class SamplingTensors:
             allowed = only if allowed is None else allowed & only
         allowed = None if allowed is None else upload(allowed, torch.int32, device)
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
-        greedy = all(p.temperature == 0 for p in params)
-        drawn = None if greedy else dict(  # what the random draw reads
-            temperature=col([p.temperature for p in params]),
-            top_k=col([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int64),
-            top_p=col([p.top_p for p in params]), min_p=col([p.min_p for p in params]),
-            seeds=col([s % (1 << 63) for s in seeds], torch.int64), positions=col(positions, torch.int64))
+        is_greedy = [p.temperature == 0 for p in params]
+        greedy = all(is_greedy)
+        drawn = None
+        if not greedy:  # what the random draw reads, in two copies (one a dtype)
+            floats = np.array([[p.temperature or 1.0 for p in params],
+                               [p.top_p for p in params], [p.min_p for p in params], is_greedy], np.float32)
+            ints = np.array([[p.top_k if 0 < p.top_k < vocab else vocab for p in params],
+                             [s % (1 << 63) for s in seeds], positions], np.int64)
+            (f,), (i,) = (upload_packed([floats], torch.float32, torch.device(device)),  # [4, batch]
+                          upload_packed([ints], torch.int64, torch.device(device)))  # [3, batch]
+            drawn = dict(divisor=f[0], top_p=f[1], min_p=f[2], greedy=f[3] > 0 if any(is_greedy) else None,
+                         top_k=i[0], seeds=i[1], positions=i[2])
         filters = (False,) * 3 if greedy else (any(0 < p.top_k < vocab for p in params),  # read by the draw only
                                                any(p.top_p < 1 for p in params), any(p.min_p > 0 for p in params))
         return cls(
-            **(drawn or dict.fromkeys(("temperature", "top_k", "top_p", "min_p", "seeds", "positions"))),
+            **(drawn or dict.fromkeys(("divisor", "greedy", "top_k", "top_p", "min_p", "seeds", "positions"))),
             repetition_penalty=col([p.repetition_penalty for p in params]) if seen is not None else None,
             presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
             frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
@@ -331,11 +354,10 @@ def sample_batch(logits: torch.Tensor, t: SamplingTensors, ops=reference) -> tup
         logits = torch.where(t.seen, penalized, logits)
     if t.counts is not None:
         logits = logits - t.counts * t.frequency_penalty[:, None] - (t.counts > 0) * t.presence_penalty[:, None]
-    ids = logits.argmax(-1)
+    ids = ops.argmax(logits) if t.all_greedy or t.greedy is not None else None  # the greedy rows'
     if not t.all_greedy:
-        greedy = t.temperature == 0
-        scaled = logits / torch.where(greedy, 1.0, t.temperature)[:, None]
-        ids = torch.where(greedy, ids, ops.gumbel_argmax(filter_rows(scaled, t), t.seeds, t.positions))
+        drawn = ops.gumbel_argmax(filter_rows(logits / t.divisor[:, None], t), t.seeds, t.positions)
+        ids = drawn if t.greedy is None else torch.where(t.greedy, ids, drawn)
     if t.num_logprobs is None:
         return ids, None
     lp = raw.log_softmax(-1)

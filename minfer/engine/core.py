@@ -29,7 +29,7 @@ import torch
 from ..engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PAGE_SIZE
 from ..errors import MinferError
 from ..kv_cache import AttentionMetadata, PagedKVCache
-from ..sampling import Logprobs, SamplingParams, SamplingTensors, sample_batch, upload
+from ..sampling import Logprobs, SamplingParams, SamplingTensors, sample_batch, upload, upload_packed
 from ..structured import Matchers
 from ..tokenizer import StreamDecoder
 from .block_manager import BlockManager
@@ -43,22 +43,6 @@ from .stats import Stats
 MAX_SEQS, MAX_STEP_TOKENS, MAX_PAGE_SIZE = 1 << 16, 1 << 20, 1 << 16
 # Without --num-pages on the CPU: pages for max_num_seqs full contexts, but at most this many bytes.
 CPU_CACHE_BYTES = 1 << 30
-
-
-# Fields of a packed upload start on multiples of this many elements (256 bytes of int32).
-ALIGN = 64
-
-
-def upload_packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
-    """Host arrays of one dtype as device tensors of their shapes, through one copy (from pinned memory, without
-    a sync, on a GPU): a step's metadata travels in two copies instead of one a field."""
-    offsets = np.cumsum([0] + [-(-a.size // ALIGN) * ALIGN for a in arrays])
-    host = torch.empty(int(offsets[-1]), dtype=dtype, pin_memory=device.type == "cuda")
-    buf = host.numpy()
-    for a, o in zip(arrays, offsets):
-        buf[o:o + a.size] = a.ravel()
-    dev = host.to(device, non_blocking=True)
-    return [dev[o:o + a.size].view(a.shape) for a, o in zip(arrays, offsets)]
 
 
 def _reasoning_ended(prompt_ids: list[int], tags: tuple[int, int]) -> bool:
