@@ -3,8 +3,8 @@
 // copy of [rows, vocab] (8B shape, 64 rows: the copy and torch's argmax over it took ~60 µs of a 7.3 ms step).
 //
 // gumbel_argmax, the random draw: the argmax of logits[r, i] + g, g = -log(-log(u)) and u the counter-based uniform of
-// (seeds[r], positions[r], i) (minfer/ops/reference.py's uniform_noise, bit for bit), made in registers: torch's ops
-// made [rows, vocab] of int64 hashes in ~30 launches (~1 GB of traffic a step at 64 rows of a 49k vocabulary).
+// (seeds[r], positions[r], i) (minfer/ops/reference.py's uniform_noise, bit for bit), made in registers, where the
+// reference's torch ops make [rows, vocab] int64 hashes in ~30 launches (~1 GB of traffic, 64 rows of 49k ids).
 //
 // A grid of (splits, rows): each CTA reduces its slice of a row to one key, the value's order bits above the index
 // reversed, so that one unsigned max picks the largest value and then the smallest index; the last of a row's CTAs
