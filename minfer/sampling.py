@@ -179,13 +179,10 @@ def make_generator(seed: int | None, device) -> torch.Generator | None:
 # ---- per-row sampling (the continuous engine) ----
 
 def upload(values, dtype, device) -> torch.Tensor:
-    """A host list or numpy array as a device tensor. On a GPU through pinned memory without a sync: a copy from
-    pageable memory waits for the stream, and the GPU would idle while the host prepares the next step."""
+    """A host list as a device tensor (numpy arrays: upload_packed). On a GPU through pinned memory without a sync: a
+    copy from pageable memory waits for the stream, and the GPU would idle while the host prepares the next step."""
     if torch.device(device).type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
-    if isinstance(values, np.ndarray):  # torch.tensor pins no numpy array's copy
-        host = torch.empty(values.shape, dtype=dtype, pin_memory=True)
-        return host.copy_(torch.from_numpy(values)).to(device, non_blocking=True)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
@@ -193,9 +190,10 @@ def upload(values, dtype, device) -> torch.Tensor:
 ALIGN = 64
 
 
-def upload_packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+def upload_packed(arrays: list[np.ndarray], dtype: torch.dtype, device) -> list[torch.Tensor]:
     """Host arrays of one dtype as device tensors of their shapes, through one copy (from pinned memory, without
     a sync, on a GPU): a step's metadata travels in two copies instead of one a field."""
+    device = torch.device(device)
     offsets = np.cumsum([0] + [-(-a.size // ALIGN) * ALIGN for a in arrays])
     host = torch.empty(int(offsets[-1]), dtype=dtype, pin_memory=device.type == "cuda")
     buf = host.numpy()
@@ -267,18 +265,17 @@ class SamplingTensors:
         if any(p.allowed_token_ids is not None for p in params):
             only = pack_ids([p.allowed_token_ids for p in params], vocab)
             allowed = only if allowed is None else allowed & only
-        allowed = None if allowed is None else upload(allowed, torch.int32, device)
+        allowed = None if allowed is None else upload_packed([allowed], torch.int32, device)[0]
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
         is_greedy = [p.temperature == 0 for p in params]
         greedy = all(is_greedy)
         drawn = None
         if not greedy:  # what the random draw reads, in two copies (one a dtype)
-            floats = np.array([[p.temperature or 1.0 for p in params],
+            floats = np.array([[p.temperature or 1.0 for p in params],  # [4, batch]
                                [p.top_p for p in params], [p.min_p for p in params], is_greedy], np.float32)
-            ints = np.array([[p.top_k if 0 < p.top_k < vocab else vocab for p in params],
+            ints = np.array([[p.top_k if 0 < p.top_k < vocab else vocab for p in params],  # [3, batch]
                              [s % (1 << 63) for s in seeds], positions], np.int64)
-            (f,), (i,) = (upload_packed([floats], torch.float32, torch.device(device)),  # [4, batch]
-                          upload_packed([ints], torch.int64, torch.device(device)))  # [3, batch]
+            (f,), (i,) = upload_packed([floats], torch.float32, device), upload_packed([ints], torch.int64, device)
             drawn = dict(divisor=f[0], top_p=f[1], min_p=f[2], greedy=f[3] > 0 if any(is_greedy) else None,
                          top_k=i[0], seeds=i[1], positions=i[2])
         filters = (False,) * 3 if greedy else (any(0 < p.top_k < vocab for p in params),  # read by the draw only
