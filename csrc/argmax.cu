@@ -2,9 +2,11 @@
 // the largest (torch.argmax's rule). It reads the logits in their own dtype, so that a greedy step needs no fp32
 // copy of [rows, vocab] (8B shape, 64 rows: the copy and torch's argmax over it took ~60 µs of a 7.3 ms step).
 //
-// gumbel_argmax, the random draw: the argmax of logits[r, i] + g, g = -log(-log(u)) and u the counter-based uniform of
-// (seeds[r], positions[r], i) (minfer/ops/reference.py's uniform_noise, bit for bit), made in registers, where the
-// reference's torch ops make [rows, vocab] int64 hashes in ~30 launches (~1 GB of traffic, 64 rows of 49k ids).
+// gumbel_argmax, the random draw: the argmax of logits[r, i] / temperature[r] + g, g = -log(-log(u)) and u the
+// counter-based uniform of (seeds[r], positions[r], i) (minfer/ops/reference.py's uniform_noise, bit for bit), made in
+// registers, where the reference's torch ops make [rows, vocab] int64 hashes in ~30 launches (~1 GB of traffic, 64 rows
+// of 49k ids). A row of temperature 0 takes its plain argmax (greedy); no temperature: 1 for every row. With the
+// division here a sampled step reads the lm_head's output as it is, in one launch (no fp32 copy, no divided copy).
 //
 // A grid of (splits, rows): each CTA reduces its slice of a row to one key, the value's order bits above the index
 // reversed, so that one unsigned max picks the largest value and then the smallest index; the last of a row's CTAs
@@ -69,7 +71,8 @@ __device__ __forceinline__ Key block_max_u64(Key x) {
   return warp_max(lane < kThreads / 32 ? partial[lane] : 0);
 }
 
-// kGumbel: the argmax of logits + gumbel(key of (seeds[row], positions[row]), index).
+// kGumbel: the argmax of logits / temperature + gumbel(key of (seeds[row], positions[row]), index), the plain argmax
+// where the row's temperature is 0.
 template <typename T, int W, bool kGumbel>
 __global__ void __launch_bounds__(kThreads)
     argmax_kernel(int64_t* __restrict__ out,         // [rows]
@@ -79,7 +82,8 @@ __global__ void __launch_bounds__(kThreads)
                   Key* __restrict__ partials,   // [rows, splits]
                   int* __restrict__ counters,        // [rows], zero, left zero
                   const int64_t* __restrict__ seeds,       // [rows] (kGumbel)
-                  const int64_t* __restrict__ positions) {  // [rows] (kGumbel)
+                  const int64_t* __restrict__ positions,   // [rows] (kGumbel)
+                  const float* __restrict__ temperature) { // [rows] (kGumbel), or null: 1
   using P = Pack<T, W>;
   const int row = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
   const T* src = logits + row * row_stride;
@@ -87,8 +91,11 @@ __global__ void __launch_bounds__(kThreads)
   ptx::griddep_wait();  // the logits are the previous kernel's
   ptx::griddep_launch_dependents();
   const uint32_t key = kGumbel ? noise_key(seeds[row], positions[row]) : 0;
+  const float t = kGumbel && temperature ? temperature[row] : 1.f;
+  const bool noise = kGumbel && t != 0.f;
   auto value = [&](T v, int i) {
-    if constexpr (kGumbel) return to_float(v) + gumbel(key, i);
+    // x / t rounded as the reference's torch division (no reciprocal): a row draws the same in either path
+    if constexpr (kGumbel) return noise ? __fdiv_rn(to_float(v), t) + gumbel(key, i) : to_float(v);
     return to_float(v);
   };
 
@@ -130,8 +137,9 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[row] = 0xffffffffu - static_cast<uint32_t>(best);
 }
 
-// seeds, positions: the draw's (gumbel_argmax), else undefined (argmax).
-at::Tensor launch_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions) {
+// seeds, positions: the draw's (gumbel_argmax), else undefined (argmax); temperature: the draw's, or undefined (1).
+at::Tensor launch_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions,
+                         const at::Tensor& temperature) {
   const bool noise = seeds.defined();
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const c10::cuda::CUDAGuard guard(logits.device());
@@ -157,9 +165,10 @@ at::Tensor launch_argmax(const at::Tensor& logits, const at::Tensor& seeds, cons
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(rows));
     const int64_t* seed = noise ? seeds.data_ptr<int64_t>() : nullptr;
     const int64_t* position = noise ? positions.data_ptr<int64_t>() : nullptr;
+    const float* temp = temperature.defined() ? temperature.data_ptr<float>() : nullptr;
     auto go = [&](auto kernel) {
       launch_pdl(kernel, grid, dim3(kThreads), 0, stream, out.data_ptr<int64_t>(), src, logits.stride(0),
-                 static_cast<int>(vocab), slice, part, counters, seed, position);
+                 static_cast<int>(vocab), slice, part, counters, seed, position, temp);
     };
     if (noise)
       wide ? go(argmax_kernel<scalar_t, N, true>) : go(argmax_kernel<scalar_t, 1, true>);
@@ -183,21 +192,26 @@ void check_logits(const at::Tensor& logits, const char* op) {
 
 at::Tensor argmax(const at::Tensor& logits) {
   check_logits(logits, "argmax");
-  return launch_argmax(logits, at::Tensor(), at::Tensor());
+  return launch_argmax(logits, at::Tensor(), at::Tensor(), at::Tensor());
 }
 
-at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions) {
+at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions,
+                         const std::optional<at::Tensor>& temperature) {
   check_logits(logits, "gumbel_argmax");
-  for (const at::Tensor* t : {&seeds, &positions}) {
-    const char* name = t == &seeds ? "seeds" : "positions";
+  const at::Tensor temp = temperature.value_or(at::Tensor());
+  for (const at::Tensor* t : {&seeds, &positions, &temp}) {
+    if (!t->defined()) continue;
+    const char* name = t == &seeds ? "seeds" : t == &positions ? "positions" : "temperature";
     MINFER_CHECK(t->device() == logits.device(), name, " must be on the logits' device ", logits.device(), ", got ",
                  t->device());
-    MINFER_CHECK(t->scalar_type() == at::kLong, name, " must be int64, got ", t->scalar_type());
+    const auto dtype = t == &temp ? at::kFloat : at::kLong;
+    MINFER_CHECK(t->scalar_type() == dtype, name, " must be ", dtype == at::kFloat ? "float32" : "int64", ", got ",
+                 t->scalar_type());
     MINFER_CHECK(t->dim() == 1 && t->size(0) == logits.size(0), name, " must be [rows] (", logits.size(0),
                  "), got shape ", t->sizes());
     MINFER_CHECK(t->is_contiguous(), name, " must be contiguous");
   }
-  return launch_argmax(logits, seeds, positions);
+  return launch_argmax(logits, seeds, positions, temp);
 }
 
 }  // namespace minfer

@@ -12,8 +12,9 @@ TORCH_LIBRARY(minfer, m) {
   m.def("embedding(Tensor ids, Tensor weight) -> Tensor");
   // greedy sampling: the index of each row's largest logit (the first among equals; NaN the largest)
   m.def("argmax(Tensor logits) -> Tensor");
-  // the random draw: argmax of logits + Gumbel noise from (seeds[r], positions[r], id), the counter-based RNG
-  m.def("gumbel_argmax(Tensor logits, Tensor seeds, Tensor positions) -> Tensor");
+  // the random draw: argmax of logits / temperature[r] + Gumbel noise from (seeds[r], positions[r], id), the
+  // counter-based RNG; a row of temperature 0 takes its argmax (greedy); no temperature: 1
+  m.def("gumbel_argmax(Tensor logits, Tensor seeds, Tensor positions, Tensor? temperature=None) -> Tensor");
   // structured outputs: logits[r, i] = -inf where bit i of row r's packed mask (int32 words, 32 ids each) is 0
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask) -> ()");
   // memory-bound kernels

@@ -10,7 +10,8 @@ at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight);
 
 // argmax.cu: greedy sampling, and the random draw's Gumbel-max
 at::Tensor argmax(const at::Tensor& logits);
-at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions);
+at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions,
+                         const std::optional<at::Tensor>& temperature);
 // token_bitmask.cu: structured outputs' mask, in place
 void apply_token_bitmask(const at::Tensor& logits, const at::Tensor& bitmask);
 

@@ -186,29 +186,32 @@ def upload(values, dtype, device) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
-# Fields of a packed upload start on multiples of this many elements (256 bytes of int32).
-ALIGN = 64
+# Fields of a packed upload start on multiples of this many bytes.
+ALIGN = 256
 
 
-def upload_packed(arrays: list[np.ndarray], dtype: torch.dtype, device) -> list[torch.Tensor]:
-    """Host arrays of one dtype as device tensors of their shapes, through one copy (from pinned memory, without
-    a sync, on a GPU): a step's metadata travels in two copies instead of one a field."""
+def upload_packed(arrays: list[np.ndarray], device) -> list[torch.Tensor]:
+    """Host arrays (any dtypes) as device tensors of their shapes and dtypes, through one copy of their bytes (from
+    pinned memory, without a sync, on a GPU): a step's metadata travels in one copy instead of one a field."""
     device = torch.device(device)
-    offsets = np.cumsum([0] + [-(-a.size // ALIGN) * ALIGN for a in arrays])
-    host = torch.empty(int(offsets[-1]), dtype=dtype, pin_memory=device.type == "cuda")
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    offsets = np.cumsum([0] + [-(-a.nbytes // ALIGN) * ALIGN for a in arrays])
+    host = torch.empty(int(offsets[-1]), dtype=torch.uint8, pin_memory=device.type == "cuda")
     buf = host.numpy()
     for a, o in zip(arrays, offsets):
-        buf[o:o + a.size] = a.ravel()
+        buf[o:o + a.nbytes] = a.reshape(-1).view(np.uint8)
     dev = host.to(device, non_blocking=True)
-    return [dev[o:o + a.size].view(a.shape) for a, o in zip(arrays, offsets)]
+    return [dev[o:o + a.nbytes].view(torch.from_numpy(a[:0].reshape(-1)).dtype).view(a.shape)
+            for a, o in zip(arrays, offsets)]
 
 
 @dataclass
 class SamplingTensors:
     """Every row's sampling parameters as tensors on the device, and host flags that skip unused work."""
     # None where no row uses them: the draw's when every row is greedy, the penalties' when none has one
-    divisor: torch.Tensor | None  # [batch] fp32: each row's temperature, 1 where the row is greedy
-    greedy: torch.Tensor | None  # [batch] bool: the greedy rows, where some rows are (None: every row draws)
+    temperature: torch.Tensor | None  # [batch] fp32: each row's, 0 where the row is greedy (gumbel_argmax's)
+    divisor: torch.Tensor | None  # [batch] fp32: each row's temperature, 1 where greedy (what the filters divide by)
+    draws: torch.Tensor | None  # [batch] fp32: 1 where the row draws, 0 greedy; None where every row draws
     top_k: torch.Tensor | None  # [batch] int64, vocab = off
     top_p: torch.Tensor | None  # [batch] fp32
     min_p: torch.Tensor | None  # [batch] fp32
@@ -265,23 +268,27 @@ class SamplingTensors:
         if any(p.allowed_token_ids is not None for p in params):
             only = pack_ids([p.allowed_token_ids for p in params], vocab)
             allowed = only if allowed is None else allowed & only
-        allowed = None if allowed is None else upload_packed([allowed], torch.int32, device)[0]
+        allowed = None if allowed is None else upload_packed([allowed], device)[0]
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
         is_greedy = [p.temperature == 0 for p in params]
         greedy = all(is_greedy)
         drawn = None
-        if not greedy:  # what the random draw reads, in two copies (one a dtype)
-            floats = np.array([[p.temperature or 1.0 for p in params],  # [4, batch]
-                               [p.top_p for p in params], [p.min_p for p in params], is_greedy], np.float32)
-            ints = np.array([[p.top_k if 0 < p.top_k < vocab else vocab for p in params],  # [3, batch]
+        if not greedy:  # what the random draw reads, in one copy
+            temps = [p.temperature for p in params]  # a greedy row's filters off: its ids do not depend on the batch
+            floats = np.array([temps, [t or 1.0 for t in temps], [float(t > 0) for t in temps],  # [5, batch]
+                               [p.top_p if p.temperature else 1.0 for p in params],
+                               [p.min_p if p.temperature else 0.0 for p in params]], np.float32)
+            ints = np.array([[p.top_k if 0 < p.top_k < vocab and p.temperature else vocab for p in params],  # [3, batch]
                              [s % (1 << 63) for s in seeds], positions], np.int64)
-            (f,), (i,) = upload_packed([floats], torch.float32, device), upload_packed([ints], torch.int64, device)
-            drawn = dict(divisor=f[0], top_p=f[1], min_p=f[2], greedy=f[3] > 0 if any(is_greedy) else None,
-                         top_k=i[0], seeds=i[1], positions=i[2])
-        filters = (False,) * 3 if greedy else (any(0 < p.top_k < vocab for p in params),  # read by the draw only
-                                               any(p.top_p < 1 for p in params), any(p.min_p > 0 for p in params))
+            f, i = upload_packed([floats, ints], device)
+            drawn = dict(temperature=f[0], divisor=f[1], draws=f[2] if any(is_greedy) else None, top_p=f[3],
+                         min_p=f[4], top_k=i[0], seeds=i[1], positions=i[2])
+        drawing = [p for p in params if p.temperature]  # the filters are the draw's
+        filters = (any(0 < p.top_k < vocab for p in drawing), any(p.top_p < 1 for p in drawing),
+                   any(p.min_p > 0 for p in drawing))
         return cls(
-            **(drawn or dict.fromkeys(("divisor", "greedy", "top_k", "top_p", "min_p", "seeds", "positions"))),
+            **(drawn or dict.fromkeys(("temperature", "divisor", "draws", "top_k", "top_p", "min_p", "seeds",
+                                       "positions"))),
             repetition_penalty=col([p.repetition_penalty for p in params]) if seen is not None else None,
             presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
             frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
@@ -333,12 +340,15 @@ class Logprobs:
 
 
 def sample_batch(logits: torch.Tensor, t: SamplingTensors, ops=reference) -> tuple[torch.Tensor, Logprobs | None]:
-    """logits [batch, vocab] fp32 -> ids [batch] int64, and logprobs when some row asked for them.
-    The logit bias first (as vLLM applies it), then the allowed ids (ops.apply_token_bitmask, in place), the penalties
-    (repetition, then presence / frequency), temperature, the filters, and a Gumbel-max draw (ops.gumbel_argmax):
-    argmax(logits / T + g), g = -log(-log(u)), draws from softmax(logits / T) exactly. ops: the backend's (its
-    kernels), or the reference. Logprobs are of the raw logits."""
+    """logits [batch, vocab] (any float dtype: the lm_head's output as it is) -> ids [batch] int64, and logprobs when
+    some row asked for them. The logit bias first (as vLLM applies it), then the allowed ids (ops.apply_token_bitmask,
+    in place), the penalties (repetition, then presence / frequency), temperature, the filters, and a Gumbel-max draw
+    (ops.gumbel_argmax): argmax(logits / T + g), g = -log(-log(u)), draws from softmax(logits / T) exactly; a greedy
+    row (T = 0) takes its argmax. Without filters the draw divides by T itself: with nothing else asked, the logits
+    are read once, in one launch. ops: the backend's (its kernels), or the reference. Logprobs are of the raw logits."""
     raw = logits
+    if t.logit_bias is not None or t.allowed is not None or t.seen is not None or t.counts is not None:
+        logits = logits.float()  # what changes the logits works in fp32
     if t.logit_bias is not None:
         logits = logits + t.logit_bias
     if t.allowed is not None:
@@ -351,13 +361,15 @@ def sample_batch(logits: torch.Tensor, t: SamplingTensors, ops=reference) -> tup
         logits = torch.where(t.seen, penalized, logits)
     if t.counts is not None:
         logits = logits - t.counts * t.frequency_penalty[:, None] - (t.counts > 0) * t.presence_penalty[:, None]
-    ids = ops.argmax(logits) if t.all_greedy or t.greedy is not None else None  # the greedy rows'
-    if not t.all_greedy:
-        drawn = ops.gumbel_argmax(filter_rows(logits / t.divisor[:, None], t), t.seeds, t.positions)
-        ids = drawn if t.greedy is None else torch.where(t.greedy, ids, drawn)
+    if t.all_greedy:
+        ids = ops.argmax(logits)
+    elif not any(t.filters):
+        ids = ops.gumbel_argmax(logits, t.seeds, t.positions, t.temperature)
+    else:  # the filters see logits / T; the draw then divides by 1 (a greedy row: 0, its argmax, which no filter drops)
+        ids = ops.gumbel_argmax(filter_rows(logits.float() / t.divisor[:, None], t), t.seeds, t.positions, t.draws)
     if t.num_logprobs is None:
         return ids, None
-    lp = raw.log_softmax(-1)
+    lp = raw.float().log_softmax(-1)
     top = lp.topk(t.num_logprobs, dim=-1) if t.num_logprobs else None
     return ids, Logprobs(lp.gather(1, ids[:, None])[:, 0],
                          top.values if top else lp[:, :0], top.indices if top else ids[:, None][:, :0])

@@ -102,12 +102,20 @@ def draw_inputs(rows, vocab, dtype=torch.float32, seed=0):
     return logits, seeds, positions
 
 
-def check_draw(cuda, logits, seeds, positions):
+def check_draw(cuda, logits, seeds, positions, temperature=None):
     from minfer.ops import reference
-    got = cuda.gumbel_argmax(logits, seeds, positions)
+    got = cuda.gumbel_argmax(logits, seeds, positions, temperature)
     assert got.dtype == torch.int64 and got.shape == (logits.shape[0],)
-    torch.testing.assert_close(got, reference.gumbel_argmax(logits, seeds, positions), rtol=0, atol=0)
+    torch.testing.assert_close(got, reference.gumbel_argmax(logits, seeds, positions, temperature), rtol=0, atol=0)
     return got
+
+
+def temperatures(rows, seed=0):
+    """[rows] fp32: every third row 0 (greedy), the others in [0.05, 3)."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.rand(rows, generator=g) * 2.95 + 0.05
+    t[::3] = 0
+    return t.cuda()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -115,6 +123,45 @@ def check_draw(cuda, logits, seeds, positions):
 @pytest.mark.parametrize("vocab", [1, 7, 4097, 49157, 128256])
 def test_gumbel_argmax(cuda, dtype, rows, vocab):
     check_draw(cuda, *draw_inputs(rows, vocab, dtype, seed=rows + vocab))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("vocab", [7, 4097, 49157])
+def test_gumbel_argmax_temperature(cuda, dtype, rows, vocab):
+    """Each row's logits / its temperature (IEEE division, as torch's), greedy where it is 0; the logits in their
+    own dtype."""
+    logits, seeds, positions = draw_inputs(rows, vocab, dtype, seed=rows * vocab)
+    t = temperatures(rows, seed=vocab)
+    got = check_draw(cuda, logits, seeds, positions, t)
+    greedy = t == 0
+    assert torch.equal(got[greedy], logits[greedy].float().argmax(-1))
+    ones = torch.ones_like(t)  # 1 everywhere: the draw without a temperature
+    assert torch.equal(cuda.gumbel_argmax(logits, seeds, positions, ones), cuda.gumbel_argmax(logits, seeds, positions))
+
+
+def test_gumbel_argmax_temperature_moves_the_draw(cuda):
+    """A low temperature concentrates the draws on the argmax, a high one spreads them (the division is used)."""
+    logits = torch.arange(1000, device="cuda").mul(-0.5).roll(321).expand(4096, -1).contiguous()  # steps of 0.5
+    seeds = torch.zeros(4096, dtype=torch.int64, device="cuda")
+    positions = torch.arange(4096, device="cuda")
+    top = 321  # p = 0.99995 at 0.05, 0.025 at 20
+    cold = cuda.gumbel_argmax(logits, seeds, positions, torch.full((4096,), 0.05, device="cuda"))
+    hot = cuda.gumbel_argmax(logits, seeds, positions, torch.full((4096,), 20.0, device="cuda"))
+    assert (cold == top).float().mean() > 0.9 and (hot == top).float().mean() < 0.05
+
+
+def test_sample_batch_on_the_kernels(cuda):
+    """sample_batch with the cuda ops draws what the reference ops draw, bf16 logits as they are, with and without a
+    filter in the batch (the two paths of the draw)."""
+    from minfer.ops import reference
+    from minfer.sampling import SamplingParams, SamplingTensors, sample_batch
+    logits = torch.randn(6, 5000, device="cuda").mul(3).bfloat16()
+    params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([0.0, 0.6, 1.0, 0.0, 1.7, 1.0])]
+    for batch in (params, params[:5] + [SamplingParams(temperature=1.0, top_p=0.9, seed=5)]):
+        t = SamplingTensors.build(batch, list(range(6)), [40] * 6, [[0]] * 6, [[]] * 6, 5000, "cuda")
+        ids, _ = sample_batch(logits, t, cuda)
+        assert torch.equal(ids, sample_batch(logits, t, reference)[0])
 
 
 def test_gumbel_argmax_filtered_rows_and_keys(cuda):
@@ -136,7 +183,12 @@ def test_gumbel_argmax_filtered_rows_and_keys(cuda):
 def test_gumbel_argmax_opcheck_and_bad_inputs(cuda):
     logits, seeds, positions = draw_inputs(5, 9000)
     torch.library.opcheck(torch.ops.minfer.gumbel_argmax, (logits, seeds, positions))
+    torch.library.opcheck(torch.ops.minfer.gumbel_argmax, (logits.bfloat16(), seeds, positions, temperatures(5)))
     op = torch.ops.minfer.gumbel_argmax
+    with pytest.raises(RuntimeError, match="temperature must be float32"):
+        op(logits, seeds, positions, temperatures(5).double())
+    with pytest.raises(RuntimeError, match=r"temperature must be \[rows\] \(5\), got shape \[5, 1\]"):
+        op(logits, seeds, positions, temperatures(5)[:, None])
     with pytest.raises(RuntimeError, match="seeds must be int64"):
         op(logits, seeds.int(), positions)
     with pytest.raises(RuntimeError, match=r"positions must be \[rows\] \(5\), got shape \[4\]"):

@@ -75,8 +75,10 @@ def test_seeded_row_is_the_same_alone_or_in_a_batch():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(8, 1000, generator=g)
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=s) for s in range(8)]
-    params[3] = SamplingParams(temperature=0.0)  # a greedy row in the batch changes nothing
+    params[3] = SamplingParams(temperature=0.0, top_p=0.01)  # a greedy row in the batch changes nothing
     params[5] = SamplingParams(temperature=1.3, top_k=20, repetition_penalty=1.2, presence_penalty=0.5, seed=77)
+    # no filter: alone, the draw divides by the temperature itself (gumbel_argmax); in the batch, the filters' path
+    params[1], params[6] = SamplingParams(temperature=0.7, seed=1), SamplingParams(temperature=1.9, seed=6)
     seeds, positions = [p.seed or 0 for p in params], [10 + 3 * i for i in range(8)]
     prompts, outputs = [[i, i + 1] for i in range(8)], [[i * 7 % 1000] * (i % 3) for i in range(8)]
     batched, _ = sample_batch(logits, tensors(params, seeds, positions, prompts, outputs, vocab=1000))
@@ -87,6 +89,24 @@ def test_seeded_row_is_the_same_alone_or_in_a_batch():
     # the draw depends on the position: the same seed at other positions gives other tokens
     many = tensors([params[0]] * 64, [0] * 64, list(range(64)), vocab=1000)
     assert len(set(sample_batch(logits[:1].expand(64, -1), many)[0].tolist())) > 10
+
+
+def test_the_draw_takes_the_logits_in_their_dtype():
+    """bf16 logits (the lm_head's output as it is) draw what their fp32 values draw, greedy rows (argmax) and
+    sampled rows alike, with and without a filter in the batch; the logprobs are taken in fp32."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(6, 700, generator=g) * 3).bfloat16()
+    params = [SamplingParams(temperature=t, seed=i, logprobs=1 if i == 2 else None)
+              for i, t in enumerate([0.0, 0.6, 1.0, 0.0, 1.7, 1.0])]
+    got = []
+    for batch in (params, params[:5] + [SamplingParams(temperature=1.0, top_k=5, seed=5)]):
+        t = tensors(batch, seeds=list(range(6)), positions=[9] * 6, vocab=700)
+        ids, lp = sample_batch(logits, t)
+        want, want_lp = sample_batch(logits.float(), t)
+        assert torch.equal(ids, want) and ids[0] == logits[0].float().argmax() and ids[3] == logits[3].float().argmax()
+        assert lp.chosen.dtype == torch.float32 and torch.equal(lp.chosen, want_lp.chosen)
+        got.append(ids)
+    assert torch.equal(got[0][:5], got[1][:5])  # a filter in the batch (the other path) changes no other row
 
 
 def test_greedy_rows_take_the_argmax():

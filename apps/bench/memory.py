@@ -184,6 +184,32 @@ def _argmax_bytes(shape, dtype):
     return rows * vocab * _size(dtype) + rows * 8
 
 
+DRAW_SHAPES = [(r, v) for v in (49152, 128256) for r in (1, 16, 64, 256)]
+
+
+def _draw_inputs(shape, dtype):
+    rows, vocab = shape
+    return dict(logits=_randn(rows, vocab, dtype=dtype), seeds=torch.randint(0, 2**62, (rows,), device="cuda"),
+                positions=torch.randint(0, 1 << 20, (rows,), device="cuda"),
+                temperature=torch.rand(rows, device="cuda") + 0.5)
+
+
+def _draw_bytes(shape, dtype):
+    rows, vocab = shape
+    return rows * vocab * _size(dtype) + rows * 28  # logits; seeds, positions, temperature read, ids written
+
+
+def _bitmask_inputs(shape, dtype):
+    rows, vocab = shape
+    words = torch.randint(-2**31, 2**31, (rows, -(-vocab // 32)), device="cuda", dtype=torch.int64)
+    return dict(logits=_randn(rows, vocab, dtype=torch.float32), bitmask=words.to(torch.int32))
+
+
+def _bitmask_bytes(shape, dtype):
+    rows, vocab = shape
+    return rows * vocab * 4 * 2 + rows * -(-vocab // 32) * 4  # fp32 logits read and written (its floor), the mask
+
+
 CASES = {
     "embed": Case(SHAPES, _embed_inputs, _embed_ref, lambda **kw: _cuda().embedding(**kw), _embed_bytes,
                   shape_names="tokens x hidden"),
@@ -202,4 +228,11 @@ CASES = {
                      _act_mul_bytes, shape_names="tokens x inter (x = [tokens, 2 inter])"),
     "argmax": Case(ARGMAX_SHAPES, _argmax_inputs, lambda logits: logits.float().argmax(-1),
                    lambda **kw: _cuda().argmax(**kw), _argmax_bytes, shape_names="rows x vocab"),
+    # the random draw (logits / temperature + Gumbel noise, argmax) against the reference's torch ops
+    "gumbel_argmax": Case(DRAW_SHAPES, _draw_inputs, ref.gumbel_argmax, lambda **kw: _cuda().gumbel_argmax(**kw),
+                          _draw_bytes, shape_names="rows x vocab"),
+    # structured outputs' packed masks, in place on fp32 logits, against the reference's unpack and masked_fill
+    "token_bitmask": Case(DRAW_SHAPES, _bitmask_inputs, ref.apply_token_bitmask,
+                          lambda **kw: _cuda().apply_token_bitmask(**kw), _bitmask_bytes, shape_names="rows x vocab",
+                          dtypes=(torch.float32,)),
 }

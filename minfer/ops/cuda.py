@@ -31,7 +31,7 @@ def _argmax_fake(logits):
 
 
 @torch.library.register_fake("minfer::gumbel_argmax")
-def _gumbel_argmax_fake(logits, seeds, positions):
+def _gumbel_argmax_fake(logits, seeds, positions, temperature=None):
     return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
 
@@ -88,9 +88,11 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return _ops.argmax(logits if logits.stride(-1) == 1 else logits.contiguous())
 
 
-def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    # logits [rows, vocab] -> [rows] int64: argmax of logits + Gumbel noise of (seeds[r], positions[r], id), [rows] int64
-    return _ops.gumbel_argmax(logits if logits.stride(-1) == 1 else logits.contiguous(), seeds, positions)
+def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                  temperature: torch.Tensor | None = None) -> torch.Tensor:
+    # logits [rows, vocab] (fp32, fp16 or bf16) -> [rows] int64: argmax of logits / temperature + Gumbel noise of
+    # (seeds[r], positions[r], id), [rows] int64; temperature [rows] fp32 (0: the row's argmax), None: 1
+    return _ops.gumbel_argmax(logits if logits.stride(-1) == 1 else logits.contiguous(), seeds, positions, temperature)
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

@@ -64,10 +64,17 @@ def unit_interval(h: torch.Tensor) -> torch.Tensor:
     return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
-def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The random draw: [rows] int64, each row's argmax of logits [rows, vocab] fp32 plus Gumbel noise -log(-log(u)),
-    u = uniform_noise(seeds, positions, vocab): a draw from softmax(logits), keyed by (seed, position)."""
-    return (logits - torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[1])))).argmax(-1)
+def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                  temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """The random draw: [rows] int64, each row's argmax of logits [rows, vocab] (any float dtype, taken in fp32) / its
+    temperature [rows] fp32 plus Gumbel noise -log(-log(u)), u = uniform_noise(seeds, positions, vocab): a draw from
+    softmax(logits / temperature), keyed by (seed, position). A row of temperature 0 takes its argmax; None: 1."""
+    x = logits.float()
+    minus_g = torch.log(-torch.log(uniform_noise(seeds, positions, x.shape[1])))  # [rows, vocab]
+    if temperature is None:
+        return (x - minus_g).argmax(-1)
+    t = temperature[:, None]
+    return torch.where(t == 0, x, x / torch.where(t == 0, 1.0, t) - minus_g).argmax(-1)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
