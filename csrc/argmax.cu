@@ -2,7 +2,7 @@
 // the largest (torch.argmax's rule). It reads the logits in their own dtype, so that a greedy step needs no fp32
 // copy of [rows, vocab] (8B shape, 64 rows: the copy and torch's argmax over it took ~60 µs of a 7.3 ms step).
 //
-// gumbel_argmax, the random draw: the argmax of logits[r, i] / temperature[r] + g, g = -log(-log(u)) and u the
+// gumbel_argmax, the random draw: the argmax of logits[r, i] x (1 / temperature[r]) + g, g = -log(-log(u)) and u the
 // counter-based uniform of (seeds[r], positions[r], i) (minfer/ops/reference.py's uniform_noise, bit for bit), made in
 // registers, where the reference's torch ops make [rows, vocab] int64 hashes in ~30 launches (~1 GB of traffic, 64 rows
 // of 49k ids). A row of temperature 0 takes its plain argmax (greedy); no temperature: 1 for every row. With the
@@ -16,6 +16,7 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/draw.cuh"
 #include "common/launch.h"
 #include "common/ptx.cuh"
 #include "common/reduce.h"
@@ -32,35 +33,6 @@ constexpr int kUnroll = 4;               // packs a thread has in flight
 constexpr int64_t kMinSlice = 4096;      // elements a CTA takes at least
 constexpr int kCtasPerSm = 2;            // the grid aimed at
 
-// Unsigned order of v (NaN above +inf, -0 equal to +0), then the index reversed.
-__device__ __forceinline__ Key argmax_key(float v, uint32_t index) {
-  const uint32_t u = __float_as_uint(v);
-  const uint32_t order = v != v ? 0xffffffffu : v == 0.f ? 0x80000000u : (u >> 31) ? ~u : u | 0x80000000u;
-  return (static_cast<Key>(order) << 32) | (0xffffffffu - index);
-}
-
-// The counter-based RNG (reference.py's _mix32, uniform_noise, unit_interval): a bijective 32-bit mixer.
-__device__ __forceinline__ uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  return x ^ (x >> 16);
-}
-
-// A row's key: its seed's two halves and its position mixed.
-__device__ __forceinline__ uint32_t noise_key(int64_t seed, int64_t position) {
-  const uint64_t s = static_cast<uint64_t>(seed);
-  return mix32(mix32(mix32(static_cast<uint32_t>(s >> 32)) ^ static_cast<uint32_t>(s)) ^
-               static_cast<uint32_t>(position));
-}
-
-// -log(-log(u)), u in (0, 1) from the hash of (key, index): its top 23 bits at the middles of 2^23 steps.
-__device__ __forceinline__ float gumbel(uint32_t key, uint32_t index) {
-  const float u = (static_cast<float>(mix32(mix32(index) ^ key) >> 9) + 0.5f) * (1.0f / 8388608.0f);
-  return -logf(-logf(u));
-}
-
 // Every thread of warp 0 gets the block's max.
 __device__ __forceinline__ Key block_max_u64(Key x) {
   __shared__ Key partial[kThreads / 32];
@@ -71,7 +43,7 @@ __device__ __forceinline__ Key block_max_u64(Key x) {
   return warp_max(lane < kThreads / 32 ? partial[lane] : 0);
 }
 
-// kGumbel: the argmax of logits / temperature + gumbel(key of (seeds[row], positions[row]), index), the plain argmax
+// kGumbel: the argmax of logits x (1 / temperature) + gumbel(key of (seeds[row], positions[row]), index), the plain argmax
 // where the row's temperature is 0.
 template <typename T, int W, bool kGumbel>
 __global__ void __launch_bounds__(kThreads)
@@ -93,9 +65,11 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t key = kGumbel ? noise_key(seeds[row], positions[row]) : 0;
   const float t = kGumbel && temperature ? temperature[row] : 1.f;
   const bool noise = kGumbel && t != 0.f;
+  const float inverse = noise ? __frcp_rn(t) : 1.f;
   auto value = [&](T v, int i) {
-    // x / t rounded as the reference's torch division (no reciprocal): a row draws the same in either path
-    if constexpr (kGumbel) return noise ? __fdiv_rn(to_float(v), t) + gumbel(key, i) : to_float(v);
+    // x times 1 / t, each rounded as the reference's torch ops (no fused multiply-add): a row draws the same here and
+    // in draw_filtered
+    if constexpr (kGumbel) return noise ? __fmul_rn(to_float(v), inverse) + gumbel(key, i) : to_float(v);
     return to_float(v);
   };
 
@@ -134,7 +108,7 @@ __global__ void __launch_bounds__(kThreads)
     best = warp_max(best);
     if (threadIdx.x == 0) counters[row] = 0;
   }
-  if (threadIdx.x == 0) out[row] = 0xffffffffu - static_cast<uint32_t>(best);
+  if (threadIdx.x == 0) out[row] = argmax_index(best);
 }
 
 // seeds, positions: the draw's (gumbel_argmax), else undefined (argmax); temperature: the draw's, or undefined (1).

@@ -15,6 +15,9 @@ TORCH_LIBRARY(minfer, m) {
   // the random draw: argmax of logits / temperature[r] + Gumbel noise from (seeds[r], positions[r], id), the
   // counter-based RNG; a row of temperature 0 takes its argmax (greedy); no temperature: 1
   m.def("gumbel_argmax(Tensor logits, Tensor seeds, Tensor positions, Tensor? temperature=None) -> Tensor");
+  // the same draw over the ids each row's top-k, min-p and top-p keep (of logits / temperature, in that order)
+  m.def("draw_filtered(Tensor logits, Tensor seeds, Tensor positions, Tensor temperature, Tensor top_k, Tensor top_p, "
+        "Tensor min_p) -> Tensor");
   // structured outputs: logits[r, i] = -inf where bit i of row r's packed mask (int32 words, 32 ids each) is 0
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask) -> ()");
   // memory-bound kernels
@@ -78,6 +81,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("embedding", &minfer::embedding);
   m.impl("argmax", &minfer::argmax);
   m.impl("gumbel_argmax", &minfer::gumbel_argmax);
+  m.impl("draw_filtered", &minfer::draw_filtered);
   m.impl("apply_token_bitmask", &minfer::apply_token_bitmask);
   // memory-bound kernels
   m.impl("rms_norm", &minfer::rms_norm);
@@ -117,6 +121,7 @@ TORCH_LIBRARY_IMPL(minfer, CPU, m) {
   m.impl("embedding", &minfer::embedding);
   m.impl("argmax", &minfer::argmax);
   m.impl("gumbel_argmax", &minfer::gumbel_argmax);
+  m.impl("draw_filtered", &minfer::draw_filtered);
   m.impl("apply_token_bitmask", &minfer::apply_token_bitmask);
   m.impl("rms_norm", &minfer::rms_norm);
   m.impl("fused_add_rms_norm", &minfer::fused_add_rms_norm);

@@ -209,9 +209,7 @@ def upload_packed(arrays: list[np.ndarray], device) -> list[torch.Tensor]:
 class SamplingTensors:
     """Every row's sampling parameters as tensors on the device, and host flags that skip unused work."""
     # None where no row uses them: the draw's when every row is greedy, the penalties' when none has one
-    temperature: torch.Tensor | None  # [batch] fp32: each row's, 0 where the row is greedy (gumbel_argmax's)
-    divisor: torch.Tensor | None  # [batch] fp32: each row's temperature, 1 where greedy (what the filters divide by)
-    draws: torch.Tensor | None  # [batch] fp32: 1 where the row draws, 0 greedy; None where every row draws
+    temperature: torch.Tensor | None  # [batch] fp32: each row's, 0 where the row is greedy
     top_k: torch.Tensor | None  # [batch] int64, vocab = off
     top_p: torch.Tensor | None  # [batch] fp32
     min_p: torch.Tensor | None  # [batch] fp32
@@ -226,7 +224,7 @@ class SamplingTensors:
     allowed: torch.Tensor | None  # [batch, ceil(vocab / 32)] int32: the ids structured outputs and allowed_token_ids
     # allow, id 32 w + b as bit b of word w (the rest -inf after the bias: apply_token_bitmask)
     all_greedy: bool
-    filters: tuple[bool, bool, bool]  # some row uses top-k, top-p, min-p
+    filtered: bool  # some drawn row uses top-k, top-p or min-p
     num_logprobs: int | None  # the largest top-n asked for; None: no row wants logprobs
 
     @property
@@ -274,25 +272,20 @@ class SamplingTensors:
         greedy = all(is_greedy)
         drawn = None
         if not greedy:  # what the random draw reads, in one copy
-            temps = [p.temperature for p in params]  # a greedy row's filters off: its ids do not depend on the batch
-            floats = np.array([temps, [t or 1.0 for t in temps], [float(t > 0) for t in temps],  # [5, batch]
-                               [p.top_p if p.temperature else 1.0 for p in params],
-                               [p.min_p if p.temperature else 0.0 for p in params]], np.float32)
+            # a greedy row's filters off: its ids do not depend on the batch
+            floats = np.array([[p.temperature for p in params], [p.top_p if p.temperature else 1.0 for p in params],
+                               [p.min_p if p.temperature else 0.0 for p in params]], np.float32)  # [3, batch]
             ints = np.array([[p.top_k if 0 < p.top_k < vocab and p.temperature else vocab for p in params],  # [3, batch]
                              [s % (1 << 63) for s in seeds], positions], np.int64)
             f, i = upload_packed([floats, ints], device)
-            drawn = dict(temperature=f[0], divisor=f[1], draws=f[2] if any(is_greedy) else None, top_p=f[3],
-                         min_p=f[4], top_k=i[0], seeds=i[1], positions=i[2])
-        drawing = [p for p in params if p.temperature]  # the filters are the draw's
-        filters = (any(0 < p.top_k < vocab for p in drawing), any(p.top_p < 1 for p in drawing),
-                   any(p.min_p > 0 for p in drawing))
+            drawn = dict(temperature=f[0], top_p=f[1], min_p=f[2], top_k=i[0], seeds=i[1], positions=i[2])
+        filtered = any(p.temperature and (0 < p.top_k < vocab or p.top_p < 1 or p.min_p > 0) for p in params)
         return cls(
-            **(drawn or dict.fromkeys(("temperature", "divisor", "draws", "top_k", "top_p", "min_p", "seeds",
-                                       "positions"))),
+            **(drawn or dict.fromkeys(("temperature", "top_k", "top_p", "min_p", "seeds", "positions"))),
             repetition_penalty=col([p.repetition_penalty for p in params]) if seen is not None else None,
             presence_penalty=col([p.presence_penalty for p in params]) if counts is not None else None,
             frequency_penalty=col([p.frequency_penalty for p in params]) if counts is not None else None,
-            seen=seen, counts=counts, logit_bias=bias, all_greedy=greedy, filters=filters,
+            seen=seen, counts=counts, logit_bias=bias, all_greedy=greedy, filtered=filtered,
             allowed=allowed,
             num_logprobs=max(logprobs) if logprobs else None)
 
@@ -309,29 +302,6 @@ def pack_ids(rows: list[list[int] | None], vocab: int) -> np.ndarray:
     return words.view(np.int32)
 
 
-def filter_rows(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """filter_logits with each row's own top-k, top-p and min-p (rows with a filter off are unchanged)."""
-    use_k, use_p, use_min = t.filters
-    if use_k:
-        sorted_logits = logits.sort(dim=-1, descending=True).values
-        kth = sorted_logits.gather(1, t.top_k[:, None] - 1)  # [batch, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if use_min:
-        probs = logits.softmax(-1)
-        floor = probs.max(-1, keepdim=True).values * t.min_p[:, None]
-        logits = logits.masked_fill(probs < floor, float("-inf"))
-    if use_p:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs
-        # top_p = 1 is off, even where rounding brings the cumulated mass to 1 before the tail
-        drop_sorted = (mass_before >= t.top_p[:, None]) & (t.top_p < 1)[:, None]
-        drop_sorted[:, 0] = False  # the most likely token always stays (a top_p that is 0 in fp32 keeps it)
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
 @dataclass
 class Logprobs:
     chosen: torch.Tensor  # [batch] fp32: log-probability of the sampled id (of the model's raw distribution)
@@ -342,10 +312,11 @@ class Logprobs:
 def sample_batch(logits: torch.Tensor, t: SamplingTensors, ops=reference) -> tuple[torch.Tensor, Logprobs | None]:
     """logits [batch, vocab] (any float dtype: the lm_head's output as it is) -> ids [batch] int64, and logprobs when
     some row asked for them. The logit bias first (as vLLM applies it), then the allowed ids (ops.apply_token_bitmask,
-    in place), the penalties (repetition, then presence / frequency), temperature, the filters, and a Gumbel-max draw
-    (ops.gumbel_argmax): argmax(logits / T + g), g = -log(-log(u)), draws from softmax(logits / T) exactly; a greedy
-    row (T = 0) takes its argmax. Without filters the draw divides by T itself: with nothing else asked, the logits
-    are read once, in one launch. ops: the backend's (its kernels), or the reference. Logprobs are of the raw logits."""
+    in place), the penalties (repetition, then presence / frequency), then the draw: logits / T, the filters (top-k,
+    min-p, top-p: ops.draw_filtered) and a Gumbel-max draw (ops.gumbel_argmax without filters): argmax(logits / T + g),
+    g = -log(-log(u)), draws from softmax(logits / T) exactly; a greedy row (T = 0) takes its argmax. With nothing
+    else asked the logits are read as they are, in one launch. ops: the backend's (its kernels), or the reference.
+    Logprobs are of the raw logits."""
     raw = logits
     if t.logit_bias is not None or t.allowed is not None or t.seen is not None or t.counts is not None:
         logits = logits.float()  # what changes the logits works in fp32
@@ -363,10 +334,10 @@ def sample_batch(logits: torch.Tensor, t: SamplingTensors, ops=reference) -> tup
         logits = logits - t.counts * t.frequency_penalty[:, None] - (t.counts > 0) * t.presence_penalty[:, None]
     if t.all_greedy:
         ids = ops.argmax(logits)
-    elif not any(t.filters):
+    elif not t.filtered:
         ids = ops.gumbel_argmax(logits, t.seeds, t.positions, t.temperature)
-    else:  # the filters see logits / T; the draw then divides by 1 (a greedy row: 0, its argmax, which no filter drops)
-        ids = ops.gumbel_argmax(filter_rows(logits.float() / t.divisor[:, None], t), t.seeds, t.positions, t.draws)
+    else:
+        ids = ops.draw_filtered(logits, t.seeds, t.positions, t.temperature, t.top_k, t.top_p, t.min_p)
     if t.num_logprobs is None:
         return ids, None
     lp = raw.float().log_softmax(-1)

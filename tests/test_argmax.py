@@ -129,8 +129,8 @@ def test_gumbel_argmax(cuda, dtype, rows, vocab):
 @pytest.mark.parametrize("rows", [1, 5, 64])
 @pytest.mark.parametrize("vocab", [7, 4097, 49157])
 def test_gumbel_argmax_temperature(cuda, dtype, rows, vocab):
-    """Each row's logits / its temperature (IEEE division, as torch's), greedy where it is 0; the logits in their
-    own dtype."""
+    """Each row's logits times 1 / its temperature (each rounded as torch's ops), greedy where it is 0; the logits in
+    their own dtype."""
     logits, seeds, positions = draw_inputs(rows, vocab, dtype, seed=rows * vocab)
     t = temperatures(rows, seed=vocab)
     got = check_draw(cuda, logits, seeds, positions, t)

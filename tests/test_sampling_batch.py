@@ -57,8 +57,9 @@ def test_each_row_uses_its_own_filters():
     logits = torch.randn(6, 300, generator=g) * 3
     settings = [(0, 1.0, 0.0), (7, 1.0, 0.0), (0, 0.5, 0.0), (0, 1.0, 0.2), (50, 0.9, 0.02), (1, 1.0, 0.0)]
     params = [SamplingParams(temperature=1.0, top_k=k, top_p=p, min_p=m) for k, p, m in settings]
-    from minfer.sampling import filter_rows
-    out = filter_rows(logits, tensors(params, vocab=300))
+    from minfer.ops.reference import filter_rows
+    t = tensors(params, vocab=300)
+    out = filter_rows(logits, t.top_k, t.top_p, t.min_p)
     for row, (k, p, m) in enumerate(settings):
         assert torch.equal(out[row], filter_logits(logits[row:row + 1], k, p, m)[0])
 

@@ -199,6 +199,14 @@ def _draw_bytes(shape, dtype):
     return rows * vocab * _size(dtype) + rows * 28  # logits; seeds, positions, temperature read, ids written
 
 
+def _filtered_inputs(shape, dtype):
+    rows = shape[0]
+    d = _draw_inputs(shape, dtype)
+    d.update(top_k=torch.randint(20, 200, (rows,), device="cuda"), top_p=torch.rand(rows, device="cuda") * 0.5 + 0.45,
+             min_p=torch.rand(rows, device="cuda") * 0.05)
+    return d
+
+
 def _bitmask_inputs(shape, dtype):
     rows, vocab = shape
     words = torch.randint(-2**31, 2**31, (rows, -(-vocab // 32)), device="cuda", dtype=torch.int64)
@@ -230,6 +238,9 @@ CASES = {
                    lambda **kw: _cuda().argmax(**kw), _argmax_bytes, shape_names="rows x vocab"),
     # the random draw (logits / temperature + Gumbel noise, argmax) against the reference's torch ops
     "gumbel_argmax": Case(DRAW_SHAPES, _draw_inputs, ref.gumbel_argmax, lambda **kw: _cuda().gumbel_argmax(**kw),
+                          _draw_bytes, shape_names="rows x vocab"),
+    # the draw after each row's top-k, min-p and top-p (all three on) against the reference's sort-based filters
+    "draw_filtered": Case(DRAW_SHAPES, _filtered_inputs, ref.draw_filtered, lambda **kw: _cuda().draw_filtered(**kw),
                           _draw_bytes, shape_names="rows x vocab"),
     # structured outputs' packed masks, in place on fp32 logits, against the reference's unpack and masked_fill
     "token_bitmask": Case(DRAW_SHAPES, _bitmask_inputs, ref.apply_token_bitmask,

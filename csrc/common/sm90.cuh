@@ -99,6 +99,20 @@ __device__ __forceinline__ float ld_cluster_f32(uint32_t addr, uint32_t rank) {
   return v;
 }
 
+// The 64-bit integer at shared address addr (this CTA's offset) in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ unsigned long long ld_cluster_u64(uint32_t addr, uint32_t rank) {
+  uint32_t remote;
+  unsigned long long v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.u64 %0, [%1];\n" : "=l"(v) : "r"(remote) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t cluster_nctarank() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+
 // ---- wgmma ----
 // Shared-memory matrix descriptor with the 128-byte swizzle (tiles written by TMA with SWIZZLE_128B,
 // 1024-byte aligned). Offsets in bytes:

@@ -20,7 +20,7 @@ PAGED_OPS = ("paged_attention",)
 # Ops only some models use (Gemma's GeGLU): a missing kernel joins `fallbacks` once a model needs it.
 OPTIONAL_OPS = ("gelu_tanh_and_mul",)
 # Ops the engine runs on the model's output: greedy sampling's argmax, the random draw's, structured outputs' mask.
-ENGINE_OPS = ("argmax", "gumbel_argmax", "apply_token_bitmask")
+ENGINE_OPS = ("argmax", "gumbel_argmax", "draw_filtered", "apply_token_bitmask")
 MODEL_OPS = DENSE_OPS + PAGED_OPS + ENGINE_OPS
 # Ops that write the Q4_K linears' x records (records_for) on the cuda backend.
 RECORD_WRITERS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_tanh_and_mul")

@@ -35,6 +35,11 @@ def _gumbel_argmax_fake(logits, seeds, positions, temperature=None):
     return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
 
+@torch.library.register_fake("minfer::draw_filtered")
+def _draw_filtered_fake(logits, seeds, positions, temperature, top_k, top_p, min_p):
+    return logits.new_empty(logits.shape[0], dtype=torch.int64)
+
+
 @torch.library.register_fake("minfer::apply_token_bitmask")
 def _apply_token_bitmask_fake(logits, bitmask):
     return None
@@ -93,6 +98,14 @@ def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     # logits [rows, vocab] (fp32, fp16 or bf16) -> [rows] int64: argmax of logits / temperature + Gumbel noise of
     # (seeds[r], positions[r], id), [rows] int64; temperature [rows] fp32 (0: the row's argmax), None: 1
     return _ops.gumbel_argmax(logits if logits.stride(-1) == 1 else logits.contiguous(), seeds, positions, temperature)
+
+
+def draw_filtered(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temperature: torch.Tensor,
+                  top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    # logits [rows, vocab] -> [rows] int64: gumbel_argmax over the ids each row's top_k [rows] int64, top_p and min_p
+    # [rows] fp32 keep of logits / temperature [rows] fp32 (0: the row's argmax)
+    return _ops.draw_filtered(logits if logits.stride(-1) == 1 else logits.contiguous(), seeds, positions,
+                              temperature, top_k, top_p, min_p)
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

@@ -66,15 +66,43 @@ def unit_interval(h: torch.Tensor) -> torch.Tensor:
 
 def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                   temperature: torch.Tensor | None = None) -> torch.Tensor:
-    """The random draw: [rows] int64, each row's argmax of logits [rows, vocab] (any float dtype, taken in fp32) / its
-    temperature [rows] fp32 plus Gumbel noise -log(-log(u)), u = uniform_noise(seeds, positions, vocab): a draw from
+    """The random draw: [rows] int64, each row's argmax of logits [rows, vocab] (any float dtype, taken in fp32) times 1 /
+    its temperature [rows] fp32 plus Gumbel noise -log(-log(u)), u = uniform_noise(seeds, positions, vocab): a draw from
     softmax(logits / temperature), keyed by (seed, position). A row of temperature 0 takes its argmax; None: 1."""
     x = logits.float()
     minus_g = torch.log(-torch.log(uniform_noise(seeds, positions, x.shape[1])))  # [rows, vocab]
     if temperature is None:
         return (x - minus_g).argmax(-1)
     t = temperature[:, None]
-    return torch.where(t == 0, x, x / torch.where(t == 0, 1.0, t) - minus_g).argmax(-1)
+    return torch.where(t == 0, x, x * (1 / torch.where(t == 0, 1.0, t)) - minus_g).argmax(-1)
+
+
+def filter_rows(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """-inf at every id outside each row's top-k, then min-p floor, then top-p nucleus (each on what the one before
+    kept; sampling.filter_logits' rules row by row). logits [rows, vocab] fp32; top_k [rows] int64 (<= 0 or >= vocab:
+    off), top_p [rows] fp32 (1: off), min_p [rows] fp32 (0: off)."""
+    vocab = logits.shape[1]
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    kth = logits.sort(dim=-1, descending=True).values.gather(1, k[:, None] - 1)  # [rows, 1]
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    logits = logits.masked_fill(probs < probs.max(-1, keepdim=True).values * min_p[:, None], float("-inf"))
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs
+    # top_p = 1 is off, even where rounding brings the cumulated mass to 1 before the tail
+    drop_sorted = (mass_before >= top_p[:, None]) & (top_p < 1)[:, None]
+    drop_sorted[:, 0] = False  # the most likely token always stays (a top_p that is 0 in fp32 keeps it)
+    return logits.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+
+
+def draw_filtered(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temperature: torch.Tensor,
+                  top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """gumbel_argmax over the ids each row's filters keep (filter_rows) of logits [rows, vocab] x (1 / temperature)
+    ([rows] fp32); a row of temperature 0 takes its argmax."""
+    t = temperature[:, None]
+    x = filter_rows(logits.float() * (1 / torch.where(t == 0, 1.0, t)), top_k, top_p, min_p)
+    return gumbel_argmax(x, seeds, positions, (temperature != 0).float())
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
