@@ -43,8 +43,8 @@ __device__ __forceinline__ Key block_max_u64(Key x) {
   return warp_max(lane < kThreads / 32 ? partial[lane] : 0);
 }
 
-// kGumbel: the argmax of logits x (1 / temperature) + gumbel(key of (seeds[row], positions[row]), index), the plain argmax
-// where the row's temperature is 0.
+// kGumbel: the argmax of logits x (1 / temperature) + gumbel(key of (seeds[row], positions[row]), index), the plain
+// argmax where the row's temperature is 0.
 template <typename T, int W, bool kGumbel>
 __global__ void __launch_bounds__(kThreads)
     argmax_kernel(int64_t* __restrict__ out,         // [rows]

@@ -12,10 +12,10 @@ TORCH_LIBRARY(minfer, m) {
   m.def("embedding(Tensor ids, Tensor weight) -> Tensor");
   // greedy sampling: the index of each row's largest logit (the first among equals; NaN the largest)
   m.def("argmax(Tensor logits) -> Tensor");
-  // the random draw: argmax of logits / temperature[r] + Gumbel noise from (seeds[r], positions[r], id), the
+  // the random draw: argmax of logits x (1 / temperature[r]) + Gumbel noise from (seeds[r], positions[r], id), the
   // counter-based RNG; a row of temperature 0 takes its argmax (greedy); no temperature: 1
   m.def("gumbel_argmax(Tensor logits, Tensor seeds, Tensor positions, Tensor? temperature=None) -> Tensor");
-  // the same draw over the ids each row's top-k, min-p and top-p keep (of logits / temperature, in that order)
+  // the same draw over the ids each row's top-k, min-p and top-p keep (of logits x (1 / temperature), in that order)
   m.def("draw_filtered(Tensor logits, Tensor seeds, Tensor positions, Tensor temperature, Tensor top_k, Tensor top_p, "
         "Tensor min_p) -> Tensor");
   // structured outputs: logits[r, i] = -inf where bit i of row r's packed mask (int32 words, 32 ids each) is 0

@@ -1,14 +1,14 @@
-// The random draw with each row's filters, in one launch: x = logits x (1 / temperature), then top-k, min-p and top-p, each
-// on what the one before kept (minfer/ops/reference.py's filter_rows), then gumbel_argmax's Gumbel-max draw over the
-// ids kept. A row of temperature 0 takes its argmax. Where filter_rows sorts every row (a [rows, vocab] sort, softmax,
-// cumsum and scatter: ~1.4 ms of host time a step at 128 rows of 49k ids, H100), a row's CTAs find each filter's
-// cutoff by radix selection over the order keys of x, 8 bits a pass: the k-th largest by counts, the nucleus' last
-// value by mass. Each pass reads the row again (from L2 where the rows fit); a pass is ~30 instructions an id, so a
-// row takes a cluster of up to 8 CTAs (sm_90) where the rows leave SMs idle, their histograms and reductions summed
-// over the cluster's shared memory in rank order.
+// The random draw with each row's filters, in one launch: x = logits x (1 / temperature), then top-k, min-p and
+// top-p, each on what the one before kept (minfer/ops/reference.py's filter_rows), then gumbel_argmax's Gumbel-max
+// draw over the ids kept. A row of temperature 0 takes its argmax. Where filter_rows sorts every row (a [rows, vocab]
+// sort, softmax, cumsum and scatter: ~1.4 ms of host time a step at 128 rows of 49k ids, H100), a row's CTAs find
+// each filter's cutoff by radix selection over the order keys of x, 8 bits a pass: the k-th largest by counts, the
+// nucleus' last value by mass. Each pass reads the row again (from L2 where the rows fit); a pass is ~30
+// instructions an id, so a row takes a cluster of up to 8 CTAs (sm_90) where the rows leave SMs idle, their
+// histograms and reductions summed over the cluster's shared memory in rank order.
 //
 // Mass is exp(x - max) in fixed point (2^40 for 1): integer sums are exact in any order, so a row's cutoff does not
-// depend on the order of its CTA's atomics, and a seeded row draws the same in any batch, run after run. A cutoff
+// depend on the order of its CTAs' atomics, and a seeded row draws the same in any batch, run after run. A cutoff
 // keeps every id of its value, where filter_rows' sort may keep only some of the ids tied at it.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -36,7 +36,9 @@ constexpr int kMaxCluster = 8;  // CTAs a row at most (the portable cluster size
 __device__ __forceinline__ int cta_rank() { return static_cast<int>(sm90::cluster_ctarank()); }
 __device__ __forceinline__ int cta_count() { return static_cast<int>(sm90::cluster_nctarank()); }
 __device__ __forceinline__ void row_sync() { sm90::cluster_sync(); }
-__device__ __forceinline__ u64 load_from(const u64* p, int rank) { return sm90::ld_cluster_u64(ptx::smem_addr(p), rank); }
+__device__ __forceinline__ u64 load_from(const u64* p, int rank) {
+  return sm90::ld_cluster_u64(ptx::smem_addr(p), rank);
+}
 #else
 __device__ __forceinline__ int cta_rank() { return 0; }
 __device__ __forceinline__ int cta_count() { return 1; }

@@ -12,7 +12,7 @@ at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight);
 at::Tensor argmax(const at::Tensor& logits);
 at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions,
                          const std::optional<at::Tensor>& temperature);
-// draw_filtered.cu: the random draw after each row's top-k, min-p and top-p, one CTA a row
+// draw_filtered.cu: the random draw after each row's top-k, min-p and top-p (up to 8 CTAs a row, a cluster)
 at::Tensor draw_filtered(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& positions,
                          const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
                          const at::Tensor& min_p);

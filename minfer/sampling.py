@@ -275,8 +275,8 @@ class SamplingTensors:
             # a greedy row's filters off: its ids do not depend on the batch
             floats = np.array([[p.temperature for p in params], [p.top_p if p.temperature else 1.0 for p in params],
                                [p.min_p if p.temperature else 0.0 for p in params]], np.float32)  # [3, batch]
-            ints = np.array([[p.top_k if 0 < p.top_k < vocab and p.temperature else vocab for p in params],  # [3, batch]
-                             [s % (1 << 63) for s in seeds], positions], np.int64)
+            ints = np.array([[p.top_k if 0 < p.top_k < vocab and p.temperature else vocab for p in params],
+                             [s % (1 << 63) for s in seeds], positions], np.int64)  # [3, batch]
             f, i = upload_packed([floats, ints], device)
             drawn = dict(temperature=f[0], top_p=f[1], min_p=f[2], top_k=i[0], seeds=i[1], positions=i[2])
         filtered = any(p.temperature and (0 < p.top_k < vocab or p.top_p < 1 or p.min_p > 0) for p in params)

@@ -95,7 +95,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                   temperature: torch.Tensor | None = None) -> torch.Tensor:
-    # logits [rows, vocab] (fp32, fp16 or bf16) -> [rows] int64: argmax of logits / temperature + Gumbel noise of
+    # logits [rows, vocab] (fp32, fp16 or bf16) -> [rows] int64: argmax of logits x (1 / temperature) + Gumbel noise of
     # (seeds[r], positions[r], id), [rows] int64; temperature [rows] fp32 (0: the row's argmax), None: 1
     return _ops.gumbel_argmax(logits if logits.stride(-1) == 1 else logits.contiguous(), seeds, positions, temperature)
 
@@ -103,7 +103,7 @@ def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
 def draw_filtered(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temperature: torch.Tensor,
                   top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     # logits [rows, vocab] -> [rows] int64: gumbel_argmax over the ids each row's top_k [rows] int64, top_p and min_p
-    # [rows] fp32 keep of logits / temperature [rows] fp32 (0: the row's argmax)
+    # [rows] fp32 keep of logits x (1 / temperature) ([rows] fp32; 0: the row's argmax)
     return _ops.draw_filtered(logits if logits.stride(-1) == 1 else logits.contiguous(), seeds, positions,
                               temperature, top_k, top_p, min_p)
 

@@ -66,9 +66,9 @@ def unit_interval(h: torch.Tensor) -> torch.Tensor:
 
 def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                   temperature: torch.Tensor | None = None) -> torch.Tensor:
-    """The random draw: [rows] int64, each row's argmax of logits [rows, vocab] (any float dtype, taken in fp32) times 1 /
-    its temperature [rows] fp32 plus Gumbel noise -log(-log(u)), u = uniform_noise(seeds, positions, vocab): a draw from
-    softmax(logits / temperature), keyed by (seed, position). A row of temperature 0 takes its argmax; None: 1."""
+    """The random draw: [rows] int64, each row's argmax of logits [rows, vocab] (any float dtype, taken in fp32) times
+    1 / its temperature [rows] fp32 plus Gumbel noise -log(-log(u)), u = uniform_noise(seeds, positions, vocab): a draw
+    from softmax(logits / temperature), keyed by (seed, position). A row of temperature 0 takes its argmax; None: 1."""
     x = logits.float()
     minus_g = torch.log(-torch.log(uniform_noise(seeds, positions, x.shape[1])))  # [rows, vocab]
     if temperature is None:
