@@ -49,8 +49,10 @@ def _reasoning_ended(prompt_ids: list[int], tags: tuple[int, int]) -> bool:
     """Whether the prompt closes its last reasoning section: an end tag after the last start tag (a template that turns
     thinking off writes an empty section, Qwen3's)."""
     start, end = tags
-    last_end = max((i for i, t in enumerate(prompt_ids) if t == end), default=-1)
-    return last_end > max((i for i, t in enumerate(prompt_ids) if t == start), default=-1)
+    for t in reversed(prompt_ids):  # the last tag decides
+        if t == end or t == start:
+            return t == end
+    return False
 
 
 def step_metadata(work: list[tuple[list[int], int, list[int]]], page: int, sampled: list[int] | None,
