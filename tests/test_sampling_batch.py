@@ -55,13 +55,19 @@ def test_frequencies_match_the_target():
 def test_each_row_uses_its_own_filters():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 300, generator=g) * 3
-    settings = [(0, 1.0, 0.0), (7, 1.0, 0.0), (0, 0.5, 0.0), (0, 1.0, 0.2), (50, 0.9, 0.02), (1, 1.0, 0.0)]
-    params = [SamplingParams(temperature=1.0, top_k=k, top_p=p, min_p=m) for k, p, m in settings]
     from minfer.ops.reference import filter_rows
-    t = tensors(params, vocab=300)
-    out = filter_rows(logits, t.top_k, t.top_p, t.min_p)
-    for row, (k, p, m) in enumerate(settings):
-        assert torch.equal(out[row], filter_logits(logits[row:row + 1], k, p, m)[0])
+    mixed = [(0, 1.0, 0.0), (7, 1.0, 0.0), (0, 0.5, 0.0), (0, 1.0, 0.2), (50, 0.9, 0.02), (1, 1.0, 0.0)]
+    # batches where only one filter is on (the others skipped), or none
+    single = [[(0, 1.0, 0.0), (7, 1.0, 0.0), (1, 1.0, 0.0), (0, 1.0, 0.0), (300, 1.0, 0.0), (299, 1.0, 0.0)],
+              [(0, 1.0, 0.0), (0, 0.5, 0.0), (0, 0.01, 0.0), (0, 0.99, 0.0), (0, 1.0, 0.0), (0, 0.9, 0.0)],
+              [(0, 1.0, 0.2), (0, 1.0, 0.0), (0, 1.0, 0.9), (0, 1.0, 0.01), (0, 1.0, 0.0), (0, 1.0, 0.5)],
+              [(0, 1.0, 0.0)] * 6]
+    for settings in [mixed] + single:
+        params = [SamplingParams(temperature=1.0, top_k=k, top_p=p, min_p=m) for k, p, m in settings]
+        t = tensors(params, vocab=300)
+        out = filter_rows(logits, t.top_k, t.top_p, t.min_p)
+        for row, (k, p, m) in enumerate(settings):
+            assert torch.equal(out[row], filter_logits(logits[row:row + 1], k, p, m)[0]), (settings, row)
 
 
 def test_a_top_p_under_fp32_keeps_the_top_token():
