@@ -82,15 +82,17 @@ def filter_rows(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     kept; sampling.filter_logits' rules row by row). logits [rows, vocab] fp32; top_k [rows] int64 (<= 0 or >= vocab:
     off), top_p [rows] fp32 (1: off), min_p [rows] fp32 (0: off)."""
     vocab = logits.shape[1]
-    # a filter no row uses is skipped: a sort of [rows, vocab] each, the CPU step's largest ops
+    # on the CPU a filter no row uses is skipped (a sort of [rows, vocab] each, the step's largest ops); on a device
+    # every filter runs, as asking would sync the host
     use_k = (top_k > 0) & (top_k < vocab)
-    if use_k.any():
+    on_cpu = logits.device.type == "cpu"
+    if not on_cpu or use_k.any():
         kth = logits.sort(dim=-1, descending=True).values.gather(1, torch.where(use_k, top_k, vocab)[:, None] - 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))  # kth [rows, 1]
-    if (min_p > 0).any():
+    if not on_cpu or (min_p > 0).any():
         probs = logits.softmax(-1)
         logits = logits.masked_fill(probs < probs.max(-1, keepdim=True).values * min_p[:, None], float("-inf"))
-    if not (top_p < 1).any():
+    if on_cpu and not (top_p < 1).any():
         return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(-1)
