@@ -142,6 +142,30 @@ def test_qlinear_x_row_in_shared_memory(kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_qlinear_q8_0_short_k_one_row(dtype):
+    """Q8_0 at M = 1 with K of fewer than 8 chunks, N whole 16-row tiles past 2 CTAs an SM (a small model's tied
+    lm_head) streams its tiles by bulk copies on sm_90 (short_k_kernel): k 576 and 640 (the default model's and
+    Gemma 3's), 608 (19 blocks: rows alternate between word-aligned and 2 bytes off), 96 (one partial chunk) and 2016
+    (8 chunks, the last of 7 blocks; room for 3 warps); n past 2 tiles an SM, past 5 with the grid's warps wrapping
+    unevenly, and past 17. Into a NaN-poisoned wider output, every element of the slice is written and nothing else;
+    and the row equals itself among 5 rows (qtile_kernel) bit for bit, so greedy decoding is batch-invariant."""
+    q = _q()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n in (16 * (2 * sms + 1), 16 * (5 * sms + 3), 16 * 17 * sms):
+        for k in (96, 576, 608, 640, 2016):
+            w, x, b, ref64, torch_out = _product_case("Q8_0", 1, n, k, dtype, seed=k + n)
+            ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE["Q8_0"], n, k, b, True)
+            _check(ours, torch_out, ref64, dtype)
+            wide = torch.full((1, n + 8), float("nan"), device=DEV, dtype=dtype)
+            torch.ops.minfer.qlinear_into(wide[:, 3:3 + n], x, w.blocks, q.QTYPE["Q8_0"], b, True)
+            assert torch.equal(wide[:, 3:3 + n], ours)
+            assert wide[:, :3].isnan().all() and wide[:, 3 + n:].isnan().all(), "qlinear_into wrote outside its slice"
+            rows = torch.cat([x.flip(1), x * 0.5, x, -x, x.roll(7, 1)])  # [5, k]
+            batched = torch.ops.minfer.qlinear(rows, w.blocks, q.QTYPE["Q8_0"], n, k, b, True)
+            assert torch.equal(batched[2:3], ours), f"n {n} k {k}: one row differs from the same row among 5"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 9, 16, 23, 32])
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_qlinear_short_k_in_registers(kind, m, dtype):

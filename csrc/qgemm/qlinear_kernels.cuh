@@ -923,5 +923,83 @@ __global__ void __launch_bounds__(kThreads, 2)
   store(acc);
 }
 
+
+// ---- Q8_0 at M = 1, K of fewer than 8 chunks (a small model's tied lm_head: 49152 x 576, 262144 x 640) ----
+// A row is K / 32 x 34 bytes, no 16-byte multiple, so no TMA box fits it and qtile_kernel's chunk ring idles most
+// warps at such K; but 16 whole rows are one run of 16 row_bytes bytes, 16-byte aligned where W is and N % 16 == 0,
+// which one bulk copy brings. Each warp streams its own 16-row tiles (warp w of the grid's W: tiles w, w + W, ...)
+// through kShortStages such stages; x's row sits in shared memory, read once a CTA. Per step the math of
+// qtile_kernel (mma_quants) in its order, so a row's outputs equal those of the batched calls that take qtile_kernel
+// unsplit: greedy decoding stays batch-invariant.
+constexpr int kShortStages = 2;
+
+// Shared memory: x's row (K values of 2 bytes, to 16), warps x stages of 16 rows, 16 bytes past them that the
+// 2-byte-aligned word loads may touch, and 128 to align the whole.
+__host__ __device__ constexpr int64_t short_k_smem(int K, int warps) {
+  return (2 * int64_t(K) + 15) / 16 * 16 + int64_t(warps) * kShortStages * 16 * (K / 32 * 34) + 16 + 128;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) short_k_kernel(const Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies and mbarriers; the launcher takes it on sm_90 only
+  constexpr int S = kShortStages, kChunkBytes = 8 * 34;  // a 256-k chunk of a Q8_0 row
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* xs = aligned_128(smem_raw);  // [K] of T
+  __shared__ __align__(8) uint64_t bars[kWarps][S];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int chunks = (a.K + 255) / 256, tile_bytes = 16 * int(a.row_bytes);
+  uint8_t* ring = xs + (2 * a.K + 15) / 16 * 16 + warp * S * tile_bytes;  // [S][16][row_bytes]
+  const int tiles = a.N / 16, stride = int(gridDim.x) * warps, first = int(blockIdx.x) * warps + warp;
+  const int mine = first < tiles ? (tiles - 1 - first) / stride + 1 : 0;
+  const uint32_t bar0 = smem_addr(bars[warp]);
+  if (lane < S) mbar_init(bar0 + 8 * lane, 1);
+  mbar_init_fence();
+  __syncwarp();
+  auto load = [&](int i) {  // this warp's tile i into stage i % S
+    if (lane != 0) return;
+    const uint32_t bar = bar0 + 8 * (i % S);
+    mbar_expect_tx(bar, tile_bytes);
+    bulk_load(smem_addr(ring + (i % S) * tile_bytes), a.w + int64_t(first + i * stride) * tile_bytes, tile_bytes, bar);
+  };
+  if (!a.static_weight) griddep_wait();
+  for (int i = 0; i < S - 1 && i < mine; ++i) load(i);
+  griddep_wait();  // x, bias and out
+  griddep_launch_dependents();
+  for (int j = threadIdx.x; j < a.K / 8; j += blockDim.x)  // K % 32 == 0; x 16-byte aligned (qlinear's check)
+    reinterpret_cast<uint4*>(xs)[j] = reinterpret_cast<const uint4*>(a.x)[j];
+  __syncthreads();
+  for (int i = 0; i < mine; ++i) {
+    if (i + S - 1 < mine) {
+      fence_proxy_async();  // the reads of tile i - 1's stage (generic proxy) before the copy's writes (async)
+      load(i + S - 1);
+    }
+    mbar_wait(bar0 + 8 * (i % S), (i / S) & 1);
+    const uint8_t* tile = ring + (i % S) * tile_bytes;
+    float acc[1][4] = {};
+    for (int c = 0; c < chunks; ++c) {
+      const uint8_t* row_a = tile + g * a.row_bytes + c * kChunkBytes;  // rows g and g + 8's chunk c
+      const uint8_t* row_b = row_a + 8 * a.row_bytes;
+      const ChunkHead<kQ8_0, false> head_a(row_a), head_b(row_b);
+      const int steps = min(a.K - 256 * c, 256) / 32;
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        if (s >= steps) break;
+        uint2 xp[1][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) xp[0][j] = x_pairs(*reinterpret_cast<const uint2*>(xs + 2 * (256 * c + 32 * s + 16 * j) + 8 * t));
+        uint32_t qa[2], qb[2];
+        float sa[2], sb[2], ma[2], mb[2];
+        step_quants<kQ8_0>(row_a, s, t, head_a, qa, sa, ma);
+        step_quants<kQ8_0>(row_b, s, t, head_b, qb, sb, mb);
+        mma_quants<kQ8_0, T, 1>(acc, qa, qb, sa, sb, ma, mb, xp);
+      }
+    }
+    __syncwarp();  // every lane is done with the stage before it is refilled
+    const float sum[4] = {acc[0][0], acc[0][1], acc[0][2], acc[0][3]};
+    store_rows<T, 1>(sum, a, 16 * (first + i * stride), g, t);
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace minfer::qgemm

@@ -409,6 +409,25 @@ void launch_on_records(const Args& a, const uint8_t* records, const at::Tensor& 
     MINFER_CHECK(false, "qlinear: no records kernel for this type");
 }
 
+// Q8_0 at M = 1 with K of fewer chunks than a CTA's warps and N whole 16-row tiles (a small model's tied lm_head), on
+// sm_90 past 2 CTAs an SM where qtile_kernel would not split K: short_k_kernel, one CTA an SM with as many warps as
+// 2 stages of 16 rows each leave room for (8 at K <= 640), at least 2. Launches it and returns true, else false.
+template <int QT, typename T>
+bool launch_if_short_k(const Args& a, int sms, int cc, cudaStream_t stream) {
+  constexpr int64_t kSmem = 232448 - 1024;  // the 227 KB a CTA may have on sm_90, less room for its static barriers
+  if (QT != kQ8_0 || a.M != 1 || cc < 9 || a.K >= kWarps * 256 || a.N % 16 != 0 || small_grid(a, sms) ||
+      tile_splits(a.N, (a.K + 255) / 256, sms) != 1 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0)
+    return false;
+  const int64_t per_warp = short_k_smem(a.K, 1) - short_k_smem(a.K, 0);
+  const int warps = int(std::min<int64_t>(kWarps, (kSmem - short_k_smem(a.K, 0)) / per_warp));
+  if (warps < 2) return false;
+  constexpr auto kernel = short_k_kernel<T>;
+  allow_smem<kernel, int(kSmem)>();
+  const int grid = std::min((a.N / 16 + warps - 1) / warps, sms);
+  launch_pdl(kernel, dim3((unsigned)grid), dim3(32 * warps), int(short_k_smem(a.K, warps)), stream, a);
+  return true;
+}
+
 // Whether qlinear takes qtile_kernel, and launches it if so (NT = 1, 2, 4 tiles of 8 x rows):
 // - M 2-32 (Q4_K: 17-32) from 4096 x 4096 on (measured at its section). H200, one run, us, qlinear_kernel /
 //   qtile_kernel at 16 rows: Q8_0 16 x 28672 x 4096 88.4 / 58.6, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x 128256 x
@@ -442,6 +461,8 @@ void run(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, in
   // Q6_K at one row without records: below, by its grid
   if (reads_records(QT, a.M, a.K, cc) && (records != nullptr || QT != kQ6_K))
     launch_on_records<QT, T>(a, records, x, sms, stream);
+  else if (launch_if_short_k<QT, T>(a, sms, cc, stream))
+    return;
   else if (launch_if_qtile<QT, T>(a, x, sms, stream))
     return;
   // Q6_K at M = 1 past 2 CTAs an SM (a Q4_K_M lm_head; short K took qtile_kernel above) on records of its own: the
