@@ -33,15 +33,7 @@ constexpr int kUnroll = 4;               // packs a thread has in flight
 constexpr int64_t kMinSlice = 4096;      // elements a CTA takes at least
 constexpr int kCtasPerSm = 2;            // the grid aimed at
 
-// Every thread of warp 0 gets the block's max.
-__device__ __forceinline__ Key block_max_u64(Key x) {
-  __shared__ Key partial[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  x = warp_max(x);
-  if (lane == 0) partial[warp] = x;
-  __syncthreads();
-  return warp_max(lane < kThreads / 32 ? partial[lane] : 0);
-}
+__device__ __forceinline__ Key key_max(Key a, Key b) { return max(a, b); }
 
 // kGumbel: the argmax of logits x (1 / temperature) + gumbel(key of (seeds[row], positions[row]), index), the plain
 // argmax where the row's temperature is 0.
@@ -91,7 +83,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  best = block_max_u64(best);
+  best = block_reduce(best, key_max, Key{0});
   if (threadIdx.x >= 32) return;
   if (splits > 1) {
     __shared__ bool last;
@@ -105,7 +97,7 @@ __global__ void __launch_bounds__(kThreads)
     __threadfence();
     best = 0;
     for (int s = threadIdx.x; s < splits; s += 32) best = max(best, __ldcg(&partials[static_cast<int64_t>(row) * splits + s]));
-    best = warp_max(best);
+    best = warp_reduce(best, key_max);
     if (threadIdx.x == 0) counters[row] = 0;
   }
   if (threadIdx.x == 0) out[row] = argmax_index(best);

@@ -18,6 +18,7 @@
 #include "common/draw.cuh"
 #include "common/launch.h"
 #include "common/ptx.cuh"
+#include "common/reduce.h"
 #include "common/sm90.cuh"
 #include "common/vec.h"
 
@@ -46,28 +47,12 @@ __device__ __forceinline__ void row_sync() { __syncthreads(); }
 __device__ __forceinline__ u64 load_from(const u64* p, int) { return *p; }
 #endif
 
-// Every thread gets the block's reduction of x by op.
-template <typename U, typename Op>
-__device__ __forceinline__ U block_reduce(U x, Op op) {
-  __shared__ U partial[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffff, x, o));
-  __syncthreads();  // partial[] may still be read by a previous call
-  if (lane == 0) partial[warp] = x;
-  __syncthreads();
-  x = partial[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffff, x, o));
-  return x;
-}
-
 // Every thread of the row's CTAs gets the reduction of x over them (the CTAs' results in rank order). U: 64 bits.
 template <typename U, typename Op>
 __device__ __forceinline__ U row_reduce(U x, Op op) {
   static_assert(sizeof(U) == sizeof(u64));
   __shared__ u64 slot;
-  x = block_reduce(x, op);
+  x = block_reduce(x, op, x);  // kThreads: every warp's slot is written
   if (threadIdx.x == 0) slot = *reinterpret_cast<u64*>(&x);
   row_sync();  // every CTA's slot written
   u64 first = load_from(&slot, 0);
@@ -291,10 +276,10 @@ at::Tensor draw_filtered(const at::Tensor& logits, const at::Tensor& seeds, cons
   MINFER_DISPATCH_FLOAT(logits.scalar_type(), "draw_filtered", [&] {
     launch_pdl_cluster(draw_filtered_kernel<scalar_t>, cluster, dim3(cluster, static_cast<unsigned>(rows)),
                        dim3(kThreads), 0, stream,
-               out.data_ptr<int64_t>(), reinterpret_cast<const scalar_t*>(logits.data_ptr()), logits.stride(0),
-               static_cast<int>(vocab), seeds.data_ptr<int64_t>(), positions.data_ptr<int64_t>(),
-               temperature.data_ptr<float>(), top_k.data_ptr<int64_t>(), top_p.data_ptr<float>(),
-               min_p.data_ptr<float>());
+                       out.data_ptr<int64_t>(), reinterpret_cast<const scalar_t*>(logits.data_ptr()),
+                       logits.stride(0), static_cast<int>(vocab), seeds.data_ptr<int64_t>(),
+                       positions.data_ptr<int64_t>(), temperature.data_ptr<float>(), top_k.data_ptr<int64_t>(),
+                       top_p.data_ptr<float>(), min_p.data_ptr<float>());
   });
   return out;
 }
