@@ -13,6 +13,23 @@ DEFAULT_PAGE_SIZE = 16
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
+def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
+    """CHECKPOINT, or -m / --model / -hf (llama.cpp's names); checkpoint_of reads them."""
+    p.add_argument("checkpoint", nargs="?",
+                   help="HF folder, HF hub id, hub GGUF repo:TYPE (org/Model-GGUF:Q4_K_M), .gguf file or the name of a model "
+                        "minfer.fetch installs (gemma3-270m) "
+                        "(default: SmolLM2-135M-Instruct Q4_1, from setup.sh)")
+    p.add_argument("-m", "--model", "-hf", "--hf-repo", help="the CHECKPOINT, given as an option (-hf: llama.cpp's, for repo:TYPE)")
+
+
+def checkpoint_of(p: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The checkpoint given as CHECKPOINT or as --model (None: the default model; an empty name stays, for the
+    loader's error); both at once is an error."""
+    if args.model and args.checkpoint:
+        p.error("give the checkpoint once: as CHECKPOINT or as --model")
+    return args.model if args.checkpoint is None else args.checkpoint
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The scheduler's and the KV cache's flags, as one group of p's help."""
     g = p.add_argument_group("engine (continuous batching over a paged KV cache)")

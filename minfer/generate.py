@@ -9,7 +9,7 @@ import argparse
 import re
 import sys
 
-from .engine_args import add_engine_args
+from .engine_args import add_checkpoint_args, add_engine_args, checkpoint_of
 from .errors import ArgumentParser
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -19,11 +19,7 @@ MAX_NEW_TOKENS = 256  # -n's default, but in a conversation
 def parse_args(argv=None):
     p = ArgumentParser(prog="python -m minfer.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", nargs="?",
-                   help="HF folder, HF hub id, hub GGUF repo:TYPE (org/Model-GGUF:Q4_K_M), .gguf file or the name of a model "
-                        "minfer.fetch installs (gemma3-270m) "
-                        "(default: SmolLM2-135M-Instruct Q4_1, from setup.sh)")
-    p.add_argument("-m", "--model", "-hf", "--hf-repo", help="the CHECKPOINT, given as an option (-hf: llama.cpp's, for repo:TYPE)")
+    add_checkpoint_args(p)
     p.add_argument("-p", "--prompt", action="append",
                    help="prompt text; '-' reads stdin; repeat for a batch (default: 'Hello')")
     p.add_argument("-f", "--file", action="append", dest="prompt", type=PromptFile, metavar="FILE",
@@ -82,9 +78,7 @@ def parse_args(argv=None):
     add_engine_args(p)
     p.add_argument("-v", "--verbose", action="store_true", help="also print the load time's parts and peak GPU memory")
     args = p.parse_args(argv)
-    if args.model and args.checkpoint:
-        p.error("give the checkpoint once: as CHECKPOINT or as --model")
-    args.checkpoint = args.model if args.checkpoint is None else args.checkpoint
+    args.checkpoint = checkpoint_of(p, args)
     return args
 
 

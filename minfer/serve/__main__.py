@@ -14,7 +14,7 @@ import sys
 import torch
 
 from .. import shapes
-from ..engine_args import add_engine_args, engine_kwargs
+from ..engine_args import add_checkpoint_args, add_engine_args, checkpoint_of, engine_kwargs
 from ..errors import ArgumentParser, MinferError, run_cli
 from ..generate import DTYPES
 from .reasoning import END as REASONING_END, PARSERS as REASONING_PARSERS, START as REASONING_START
@@ -35,11 +35,7 @@ def json_list(text: str) -> list[str]:
 def parse_args(argv=None):
     p = ArgumentParser(prog="python -m minfer.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", nargs="?",
-                   help="HF folder, HF hub id, hub GGUF repo:TYPE (org/Model-GGUF:Q4_K_M), .gguf file or the name of a model "
-                        "minfer.fetch installs (gemma3-270m) "
-                        "(default: SmolLM2-135M-Instruct Q4_1, from setup.sh)")
-    p.add_argument("-m", "--model", "-hf", "--hf-repo", help="the CHECKPOINT, given as an option (-hf: llama.cpp's, for repo:TYPE)")
+    add_checkpoint_args(p)
     p.add_argument("--shape", choices=sorted(shapes.SHAPES),
                    help="instead of a checkpoint, random weights of this model's shape and a placeholder "
                         "byte-level tokenizer (minfer.quantize's), for benchmarks")
@@ -79,13 +75,11 @@ def parse_args(argv=None):
     add_engine_args(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
-    if args.model and args.checkpoint:
-        p.error("give the checkpoint once: as CHECKPOINT or as --model")
-    if args.shape and (args.model or args.checkpoint):
+    args.checkpoint = checkpoint_of(p, args)
+    if args.shape and args.checkpoint:
         p.error("give a CHECKPOINT or --shape, not both")
     if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
         p.error("--enable-auto-tool-choice and --tool-call-parser come together")
-    args.checkpoint = args.checkpoint or args.model
     return args
 
 
