@@ -412,6 +412,7 @@ void launch_on_records(const Args& a, const uint8_t* records, const at::Tensor& 
 // Q8_0 at M = 1 with K of fewer chunks than a CTA's warps and N whole 16-row tiles (a small model's tied lm_head), on
 // sm_90 past 2 CTAs an SM where qtile_kernel would not split K: short_k_kernel, one CTA an SM with as many warps as
 // 2 stages of 16 rows each leave room for (8 at K <= 640), at least 2. Launches it and returns true, else false.
+// H200, us, qtile_kernel / it: 1 x 49152 x 576 15.7 / 10.8, 1 x 262144 x 640 78.1 / 49.8; at 3 warps (K = 2016) level.
 template <int QT, typename T>
 bool launch_if_short_k(const Args& a, int sms, int cc, cudaStream_t stream) {
   constexpr int64_t kSmem = 232448 - 1024;  // the 227 KB a CTA may have on sm_90, less room for its static barriers
