@@ -536,3 +536,24 @@ def test_json_schema_and_grammar_flags(capsys, tmp_path):
         except SystemExit as e:  # argparse's own errors
             rc, (out, err) = e.code, capsys.readouterr()
         assert_one_line_error(rc, out, err, needle)
+
+
+@pytest.mark.parametrize("cli", ["generate", "serve"])
+def test_checkpoint_as_argument_or_model_flag(cli, capsys):
+    """CHECKPOINT and -m / --model / -hf are one argument in both CLIs (engine_args.add_checkpoint_args): either gives
+    the checkpoint, none the default model, both at once a one-line error; serve's --shape excludes -m too."""
+    import importlib
+    parse_args = importlib.import_module("minfer.generate" if cli == "generate" else "minfer.serve.__main__").parse_args
+    assert parse_args(["a.gguf"]).checkpoint == "a.gguf"
+    for flag in ("-m", "--model", "-hf"):
+        assert parse_args([flag, "b.gguf"]).checkpoint == "b.gguf"
+    assert parse_args([]).checkpoint is None
+    assert parse_args(["-m", ""]).checkpoint == ""  # kept, for the loader's "empty name" error
+    bad = [(["a.gguf", "-m", "b.gguf"], "give the checkpoint once")]
+    if cli == "serve":
+        bad.append((["-m", "b.gguf", "--shape", "llama-3-8b"], "give a CHECKPOINT or --shape, not both"))
+    for argv, needle in bad:
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and needle in err and len(err.splitlines()) == 1, (argv, err)
