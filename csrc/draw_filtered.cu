@@ -47,12 +47,13 @@ __device__ __forceinline__ void row_sync() { __syncthreads(); }
 __device__ __forceinline__ u64 load_from(const u64* p, int) { return *p; }
 #endif
 
-// Every thread of the row's CTAs gets the reduction of x over them (the CTAs' results in rank order). U: 64 bits.
+// Every thread of the row's CTAs gets the reduction of x over them by op, whose identity is given (the CTAs' results in
+// rank order). U: 64 bits.
 template <typename U, typename Op>
-__device__ __forceinline__ U row_reduce(U x, Op op) {
+__device__ __forceinline__ U row_reduce(U x, Op op, U identity) {
   static_assert(sizeof(U) == sizeof(u64));
   __shared__ u64 slot;
-  x = block_reduce(x, op, x);  // kThreads: every warp's slot is written
+  x = block_reduce(x, op, identity);
   if (threadIdx.x == 0) slot = *reinterpret_cast<u64*>(&x);
   row_sync();  // every CTA's slot written
   u64 first = load_from(&slot, 0);
@@ -201,7 +202,8 @@ __global__ void __launch_bounds__(kThreads)
   if (use_min || use_p) {
     float local = -INFINITY;
     for (int i = begin; i < vocab; i += step) local = fmaxf(local, x(i));
-    top = static_cast<float>(row_reduce(static_cast<double>(local), [](double a, double b) { return fmax(a, b); }));
+    top = static_cast<float>(row_reduce(static_cast<double>(local), [](double a, double b) { return fmax(a, b); },
+                                       -static_cast<double>(INFINITY)));
     if (top == -INFINITY) top = 0.f;  // every logit -inf: no mass, every id stays
   }
   // exp(x - top), in (0, 1]: a probability over the largest's (the filters' cutoffs are within its rounding anyway)
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(kThreads)
       u64 w;
       if (item(i, key, w)) local += w;
     }
-    const u64 kept = row_reduce(local, [](u64 a, u64 b) { return a + b; });
+    const u64 kept = row_reduce(local, [](u64 a, u64 b) { return a + b; }, u64{0});
     const u64 target = max(1ull, static_cast<u64>(ceil(static_cast<double>(p) * static_cast<double>(kept))));
     cut = max(cut, radix_select(begin, vocab, step, target, r, item));
   }
@@ -235,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
     if (order_key(v) >= cut && (!use_min || relative(v) >= mp))
       best = max(best, argmax_key(draws ? v + gumbel(noise, i) : v, i));
   }
-  best = row_reduce(best, [](u64 a, u64 b) { return max(a, b); });
+  best = row_reduce(best, [](u64 a, u64 b) { return max(a, b); }, u64{0});
   if (cta_rank() == 0 && threadIdx.x == 0) out[row] = argmax_index(best);
 }
 

@@ -963,7 +963,7 @@ __global__ void __launch_bounds__(kThreads, 1) short_k_kernel(const Args a) {
   };
   if (!a.static_weight) griddep_wait();
   for (int i = 0; i < S - 1 && i < mine; ++i) load(i);
-  griddep_wait();  // x, bias and out
+  if (a.static_weight) griddep_wait();  // x, bias and out
   griddep_launch_dependents();
   for (int j = threadIdx.x; j < a.K / 8; j += blockDim.x)  // K % 32 == 0; x 16-byte aligned (qlinear's check)
     reinterpret_cast<uint4*>(xs)[j] = reinterpret_cast<const uint4*>(a.x)[j];
