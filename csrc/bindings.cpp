@@ -55,17 +55,21 @@ TORCH_LIBRARY(minfer, m) {
   m.def("dequantize(Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   m.def("dequantize_into(Tensor(a!) out, Tensor blocks, int qtype, bool static_weight=False) -> ()");
   // x_records: x already as records (from rms_norm / fused_add_rms_norm / the activations), read by Q4_K
+  // norm_weight: x read as rms_norm(x, norm_weight, eps), in the linear's launch where qlinear_takes_norm
   m.def("qlinear(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, bool static_weight=False, "
-        "Tensor? x_records=None) -> Tensor");
+        "Tensor? x_records=None, Tensor? norm_weight=None, float eps=0.0) -> Tensor");
+  // accumulate: out += x @ W^T (+ bias), each rounded as its own op (the residual add)
   m.def("qlinear_into(Tensor(a!) out, Tensor x, Tensor blocks, int qtype, Tensor? bias=None, bool static_weight=False, "
-        "Tensor? x_records=None) -> ()");
+        "Tensor? x_records=None, bool accumulate=False) -> ()");
   // act(gate) * up of the gate | up linear, in its epilogue where the kernel allows (the activation's launch spared)
   // x_records: as qlinear's; records: room for the output's (the down projection's x), written beside it
   m.def("qlinear_act(Tensor x, Tensor blocks, int qtype, int n, int k, str act, bool static_weight=False, "
-        "Tensor? x_records=None, Tensor(a!)? records=None) -> Tensor");
+        "Tensor? x_records=None, Tensor(a!)? records=None, Tensor? norm_weight=None, float eps=0.0) -> Tensor");
   m.def("qembedding(Tensor ids, Tensor blocks, int qtype, int n, int k, ScalarType dtype) -> Tensor");
   // whether qlinear on x [rows, k] reads x_records (rms_norm and the activations write them only then)
   m.def("qlinear_reads_records(Tensor x, int qtype) -> bool");
+  // whether qlinear takes norm_weight and accumulate in its kernel's launch on x [rows, k] with n outputs
+  m.def("qlinear_takes_norm(Tensor x, int qtype, int n) -> bool");
   // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
         "bool trans_b=False, str path=\"auto\") -> Tensor");
@@ -106,6 +110,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("qlinear_act", &minfer::qlinear_act);
   m.impl("qembedding", &minfer::qembedding);
   m.impl("qlinear_reads_records", &minfer::qlinear_reads_records);
+  m.impl("qlinear_takes_norm", &minfer::qlinear_takes_norm);
   // ---- baselines (teaching API) ----
   m.impl("gemm", &minfer::gemm);
   m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);

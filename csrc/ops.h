@@ -55,18 +55,23 @@ std::string attention_decode_plan(const at::Tensor& q, const at::Tensor& k_cache
 // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's type id
 at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, at::ScalarType dtype);
 void dequantize_into(const at::Tensor& out, const at::Tensor& blocks, int64_t qtype, bool static_weight);
+// norm_weight: x is read as rms_norm(x, norm_weight, eps); accumulate: out += x @ W^T (the residual add)
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                    const std::optional<at::Tensor>& bias, bool static_weight,
-                   const std::optional<at::Tensor>& x_records);
+                   const std::optional<at::Tensor>& x_records, const std::optional<at::Tensor>& norm_weight,
+                   double eps);
 void qlinear_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                   const std::optional<at::Tensor>& bias, bool static_weight,
-                  const std::optional<at::Tensor>& x_records);
+                  const std::optional<at::Tensor>& x_records, bool accumulate);
 // whether qlinear on x [rows, k] reads x_records
 bool qlinear_reads_records(const at::Tensor& x, int64_t qtype);
+// whether qlinear on x [rows, k] with n outputs takes norm_weight and accumulate in its kernel's launch
+bool qlinear_takes_norm(const at::Tensor& x, int64_t qtype, int64_t n);
 // act(gate) * up of x @ W^T, W = gate | up [n, k] (n / 2 rows each) -> [M, n / 2]; act: silu | gelu_tanh
 at::Tensor qlinear_act(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                        const std::string& act, bool static_weight, const std::optional<at::Tensor>& x_records,
-                       const std::optional<at::Tensor>& records);
+                       const std::optional<at::Tensor>& records, const std::optional<at::Tensor>& norm_weight,
+                       double eps);
 at::Tensor qembedding(const at::Tensor& ids, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                       at::ScalarType dtype);
 // ---- baselines (teaching API): baselines/gemm.cpp, baselines/attention.cpp ----

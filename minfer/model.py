@@ -125,6 +125,7 @@ class Transformer:
         types = cfg.layer_types or [FULL] * cfg.num_layers
         self.rope_tables = [self.cos_sin if t == FULL else local for t in types]  # one per layer
         self.scale = cfg.attention_scale
+        self._fused_norms: dict[int, bool] = {}  # rows -> _norms_in_linears
         self.act_name = "gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"
         self.act = ops.gelu_tanh_and_mul if self.act_name == "gelu_tanh" else ops.silu_and_mul
         if self.act_name == "gelu_tanh":
@@ -243,6 +244,8 @@ class Transformer:
         cfg, ops = self.cfg, self.ops
         heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         residual = ops.embedding(ids, self.embed, cfg.embed_scale)  # [tokens, hidden]
+        if self._norms_in_linears(residual):
+            return self._layers_norms_in_linears(residual, attend)
         # records: at decode rows the norms and the activation also write x as the Q4_K linears after them
         # read it (ops.records_for), sparing each of those linears a conversion launch
         records = ops.records_for(residual, self.layers[0]["qkv"])
@@ -273,3 +276,28 @@ class Transformer:
             ops.fused_add_rms_norm(x, residual, next_norm, cfg.rms_norm_eps, layer.get("mlp_out_norm"),
                                    records=records)
         return x
+
+    def _norms_in_linears(self, residual: torch.Tensor) -> bool:
+        """Whether the backend's linears take this step's norms and residual adds (ops.norms_in_linears), for a
+        model without sandwich norms; asked once a row count."""
+        rows = residual.shape[0]
+        if rows not in self._fused_norms:
+            mats = [layer[m] for layer in self.layers for m in ("qkv", "o", "gate_up", "down")]
+            self._fused_norms[rows] = (not self.cfg.sandwich_norm and not any(isinstance(w, list) for w in mats)
+                                       and self.ops.norms_in_linears(residual, mats))
+        return self._fused_norms[rows]
+
+    def _layers_norms_in_linears(self, residual: torch.Tensor, attend) -> torch.Tensor:
+        """_layers with each norm read by the linear after it and each residual add written by the linear before:
+        per layer, qkv and gate | up normalize the residual stream as they read it, o and down add into it."""
+        cfg, ops = self.cfg, self.ops
+        heads, kv_heads, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        for i, layer in enumerate(self.layers):
+            qkv = ops.linear(residual, layer["qkv"], layer["qkv_bias"], static_weight=True,
+                             norm=(layer["attn_norm"], eps))  # [tokens, (heads + 2 kvh) hd]
+            q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+            attn = attend(i, q.reshape(-1, heads, hd), k.reshape(-1, kv_heads, hd), v.reshape(-1, kv_heads, hd))
+            ops.linear(attn, layer["o"], static_weight=True, out=residual, accumulate=True)
+            h = ops.linear_act_and_mul(residual, layer["gate_up"], self.act_name, norm=(layer["mlp_norm"], eps))
+            ops.linear(h, layer["down"], static_weight=True, out=residual, accumulate=True)
+        return ops.rms_norm(residual, self.final_norm, eps)

@@ -195,6 +195,34 @@ def test_decode_graph_every_bucket(graph_core, fp32_core, n):
     assert (graphed.argmax(-1) == eager.argmax(-1)).float().mean() > 0.95
 
 
+@needs_model
+@pytest.mark.parametrize("n", [1, 5, 8])
+def test_norms_in_the_linears(fp32_core, n):
+    """The default model (Q4_1 linears on regs_kernel) takes its norms and residual adds in the linears' launches up
+    to 8 rows, not past them; a step's logits so are as close to the fp32 reference as the same step with the norms
+    in launches of their own."""
+    core = EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=256, num_pages=256,
+                      max_num_seqs=64, cuda_graph_sizes=[1])
+    model = core.model
+    assert all(model._norms_in_linears(torch.empty(rows, 1, device="cuda", dtype=torch.float16)) == (rows <= 8)
+               for rows in (1, 8, 9))
+    gen = torch.Generator().manual_seed(n)
+    seqs = [(torch.randint(0, 1000, (20 + 3 * i,), generator=gen).tolist(), list(range(4 * i, 4 * i + 4)))
+            for i in range(n)]  # at most 41 tokens: 3 pages of 16
+    prompts = [(toks[:-1], 0, pages) for toks, pages in seqs]
+    step = [([toks[-1]], len(toks) - 1, pages) for toks, pages in seqs]
+    fp32_core._forward(prompts, fp32_core.cache)
+    want = fp32_core._forward(step, fp32_core.cache)  # [n, vocab]
+    core._forward(prompts, core.cache)
+    fused = core._forward(step, core.cache).clone()
+    model._fused_norms[n] = False
+    apart = core._forward(step, core.cache).clone()
+    fused_err = (fused.float() - want).abs().amax(1).mean().item()
+    apart_err = (apart.float() - want).abs().amax(1).mean().item()
+    assert 0 < fused_err <= 2 * apart_err, (fused_err, apart_err)
+    assert (fused.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
 def piece_step(gen, lens: list[int], start: int, c: int):
     """Work for a step of decodes beside one prompt piece, on consecutive pages of 16 tokens: sequences of `lens`
     tokens before the step, each decoding one more, and a prompt whose tokens [start, start + c) are the piece, with

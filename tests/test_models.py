@@ -109,6 +109,24 @@ def test_single_sequence_prefill_and_decode(case, tmp_path):
     torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("case", ["llama", "qwen2"])
+def test_norms_in_linears_match_hf(case, tmp_path):
+    """The layer loop whose linears take the norms and residual adds (Transformer._layers_norms_in_linears, the cuda
+    backend's for a small quantized model) on the reference backend's ops, which compose them: the same logits as
+    HF's, biases (Qwen2) included."""
+    gen = torch.Generator().manual_seed(7)
+    hf = build_hf(case, tmp_path, seed=3)
+    cfg, model, cache, _ = load_minfer(tmp_path, batch=1)
+    model.ops.norms_in_linears = lambda x, weights: True
+    prompt = torch.randint(0, VOCAB, (9,), generator=gen).tolist()
+    steps = torch.randint(0, VOCAB, (3,), generator=gen).tolist()
+    ours = [model.forward(torch.tensor([prompt]), torch.zeros(1, dtype=torch.int32), cache)[0]]
+    for i, t in enumerate(steps):
+        ours.append(model.forward(torch.tensor([[t]]), torch.tensor([len(prompt) + i], dtype=torch.int32), cache)[:, 0])
+    assert model._fused_norms and all(model._fused_norms.values())
+    torch.testing.assert_close(torch.cat(ours), hf_logits(hf, prompt, steps), atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("case", ["llama3_scaling", "qwen2", "qwen3", "mistral_window"])
 def test_ragged_batch_matches_each_sequence_alone(case, tmp_path):
     gen = torch.Generator().manual_seed(1234 + len(case))

@@ -281,6 +281,96 @@ def test_qlinear_static_weight_and_no_bias(kind):
     assert torch.equal(ours, again)
 
 
+def _norm_case(kind, m, n, k, dtype, seed, bias=True):
+    """(w, x, bias, norm weight, normed x in fp64): x's norm scale far from 1, the norm weight sized so that the
+    products are O(1) (fp16 does not overflow)."""
+    w, x, b, _, _ = _product_case(kind, m, n, k, dtype, seed=seed, bias=bias)
+    gen = torch.Generator(device=DEV).manual_seed(seed + 1)
+    x = (torch.randn(m, k, device=DEV, generator=gen) * 300 + 2).to(dtype)
+    size = 1 / (w.dequantize(torch.float32).abs().mean() * k ** 0.5)
+    nw = ((torch.rand(k, device=DEV, generator=gen) + 0.5) * size).to(dtype)
+    x64 = x.double()
+    xn64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double()
+    return w, x, b, nw, xn64
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 23])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_qlinear_norm_in_the_launch(kind, m, dtype):
+    """qlinear with norm_weight reads x as rms_norm(x) in regs_kernel's launch (qlinear_takes_norm: up to 8 rows): the
+    product of the normed x within the GEMM rule (each row's worst error), and equal, up to the norm's scale rounded
+    differently, to rms_norm's launch then qlinear. Shapes: a small model's q | k | v (960 x 576), k at the limit, k
+    ending in half a chunk (1568), and 2080 past it; past 8 rows or 2048 k the norm's own launch, bit for bit. A
+    row's output does not depend on the rows beside it."""
+    q = _q()
+    eps = 1e-5
+    for n, k in [(960, 576), (37, 2048), (203, 1568), (45, 2080)]:
+        w, x, b, nw, xn64 = _norm_case(kind, m, n, k, dtype, seed=m + k)
+        fused = torch.ops.minfer.qlinear_takes_norm(x, q.QTYPE[kind], n)
+        assert fused == (k <= 2048 and m <= 8), f"{kind} {m} x {n} x {k}: qlinear_takes_norm {fused}"
+        torch.full((m, n), float("nan"), device=DEV, dtype=dtype)  # freed: the op's output may reuse it
+        ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True, None, nw, eps)
+        # the GEMM rule by rows' worst errors: ours and torch's x round apart at a few elements (the norm's scale
+        # as summed in fp32, x * scale * w), so that element by element one may be off where the other is lucky
+        w32 = w.dequantize(torch.float32)
+        ref = (xn64 @ w32.double().t() + b.double()).float()
+        torch_out = F.linear(xn64.to(dtype), w32.to(dtype), b)
+        assert ours.shape == torch_out.shape and not ours.isnan().any()
+        err, base = (ours.float() - ref).abs().amax(1), (torch_out.float() - ref).abs().amax(1)
+        assert (err <= 2 * base + ULP[dtype] * 1e-2 * ref.abs().amax(1)).all(), (err, base)
+        apart = torch.ops.minfer.qlinear(torch.ops.minfer.rms_norm(x, nw, eps, None), w.blocks, q.QTYPE[kind], n, k,
+                                         b, True)
+        if fused:
+            assert (ours.float() - apart.float()).abs().max() <= 4 * ULP[dtype] * apart.float().abs().max()
+        else:
+            assert torch.equal(ours, apart)
+        one = torch.ops.minfer.qlinear(x[m - 1:].contiguous(), w.blocks, q.QTYPE[kind], n, k, b, True, None, nw, eps)
+        assert torch.equal(one[0], ours[m - 1]), "a row's output depends on the rows beside it"
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_1"])
+def test_qlinear_act_norm_in_the_launch(kind, m, dtype, act):
+    """qlinear_act with norm_weight (a small model's gate | up of 2 x 1536 x 576, an intermediate of 100) equals
+    qlinear with it, then the activation; past regs_kernel's K (2080) or 8 rows the norm's own launch first, bit for
+    bit."""
+    q = _q()
+    acts = {"silu": torch.ops.minfer.silu_and_mul, "gelu_tanh": torch.ops.minfer.gelu_tanh_and_mul}
+    eps = 1e-5
+    for inter, k in [(1536, 576), (100, 96), (24, 2080)]:
+        w, x, _, nw, _ = _norm_case(kind, m, 2 * inter, k, dtype, seed=m + k + inter, bias=False)
+        gate_up = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], 2 * inter, k, None, True, None, nw, eps)
+        expected = acts[act](gate_up, None)
+        torch.full((m, inter), float("nan"), device=DEV, dtype=dtype)  # freed: the op's output may reuse it
+        ours = torch.ops.minfer.qlinear_act(x, w.blocks, q.QTYPE[kind], 2 * inter, k, act, True, None, None, nw, eps)
+        assert torch.equal(ours, expected), f"{kind} {m} x {2 * inter} x {k} {act}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 8, 9, 32])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_qlinear_into_accumulates(kind, m, dtype):
+    """qlinear_into with accumulate adds the product into out (a residual), each rounded as its own op: equal to
+    out + qlinear bit for bit, into a slice of a NaN-poisoned wider tensor that stays NaN around it; in regs_kernel's
+    epilogue up to 8 rows (a small model's o and down: 576 x 576, 576 x 1536), and where no kernel takes it (Q8_0, K
+    past 2048, 9 rows and more: the add's own launch)."""
+    q = _q()
+    for n, k in [(576, 576), (576, 1536), (40, 2080)]:
+        w, x, b, _, _ = _product_case(kind, m, n, k, dtype, seed=m + n + k)
+        fused = torch.ops.minfer.qlinear_takes_norm(x, q.QTYPE[kind], n)
+        assert fused == (kind != "Q8_0" and k <= 2048 and m <= 8)
+        residual = torch.randn(m, n, device=DEV, dtype=dtype)
+        expected = residual + torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True)
+        wide = torch.full((m, n + 8), float("nan"), device=DEV, dtype=dtype)
+        wide[:, 3:3 + n] = residual
+        torch.ops.minfer.qlinear_into(wide[:, 3:3 + n], x, w.blocks, q.QTYPE[kind], b, True, None, True)
+        assert torch.equal(wide[:, 3:3 + n], expected), f"{kind} {m} x {n} x {k}"
+        assert wide[:, :3].isnan().all() and wide[:, 3 + n:].isnan().all(), "qlinear_into wrote outside its slice"
+
+
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_qlinear_into_a_slice(kind):
     """qlinear_into writes columns [3, 3 + n) of a wider, NaN-poisoned output (the columns of a fused q|k|v whose
@@ -648,6 +738,10 @@ def test_opcheck(kind):
     torch.library.opcheck(ops.qlinear_into.default, (x.new_empty(5, n + 3)[:, 1:1 + n], x, w.blocks, qt, bias, True))
     torch.library.opcheck(ops.qembedding.default, (ids, w.blocks, qt, n, k, torch.float16))
     torch.library.opcheck(ops.qlinear_act.default, (x, w.blocks, qt, n, k, "silu", True))
+    nw = torch.rand(k, device=DEV, dtype=torch.float16) + 0.5
+    torch.library.opcheck(ops.qlinear.default, (x, w.blocks, qt, n, k, bias, True, None, nw, 1e-5))
+    torch.library.opcheck(ops.qlinear_act.default, (x, w.blocks, qt, n, k, "silu", True, None, None, nw, 1e-5))
+    torch.library.opcheck(ops.qlinear_into.default, (x.new_zeros(5, n), x, w.blocks, qt, bias, True, None, True))
     if kind == "Q4_K":  # x's records, written by the norms and the activations, read by qlinear
         x = torch.randn(5, 1024, device=DEV, dtype=torch.bfloat16)
         w = _weight(kind, n, 1024)
@@ -709,5 +803,12 @@ def test_bad_inputs_raise():
         ops.qlinear_into(wide[:, :n].float(), x, w.blocks, qt, None, False)
     with pytest.raises(RuntimeError, match="blocks must have shape"):
         ops.qlinear_into(wide[:, :n + 1], x, w.blocks, qt, None, False)
+    with pytest.raises(RuntimeError, match="norm_weight must have shape"):
+        ops.qlinear(x, w.blocks, qt, n, k, None, False, None, torch.ones(k + 8, device=DEV, dtype=torch.float16), 1e-5)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.qlinear(x, w.blocks, qt, n, k, None, False, None, torch.ones(k, device=DEV), 1e-5)
+    with pytest.raises(RuntimeError, match="eps must be finite"):
+        ops.qlinear_act(x, w.blocks, qt, n, k, "silu", False, None, None, torch.ones(k, device=DEV,
+                        dtype=torch.float16), float("nan"))
     with pytest.raises(RuntimeError, match="ids must be int32 or int64"):
         ops.qembedding(torch.zeros(3, device=DEV), w.blocks, qt, n, k, torch.float16)

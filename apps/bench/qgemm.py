@@ -6,7 +6,8 @@ minfer's kernel, as torch's (minfer.quant) copies a host tensor to the GPU, whic
 Paths: `dense` = cuBLAS on W already dense in x's dtype (the unquantized model's cost, its 2-byte W not
 counted in the bytes); `prefill` = dequantize + linear at any M; `records` = qlinear given x's records, written
 (untimed) by rms_norm as the engine's norms write them before Q4_K up to 16 rows, Q5_K and Q6_K at one row, and
-Q8_0, Q4_0 and Q4_1 at one row (sm_90).
+Q8_0, Q4_0 and Q4_1 at one row (sm_90); `norm` = qlinear reading x through an RMSNorm (the norm in the linear's
+launch where its kernel takes it, a small model's 4- and 5-bit linears), `norm_apart` = rms_norm's launch, then qlinear.
 Bytes: the quantized W + x + out.
 One case per format: qgemm (Q4_K), qgemm_q6_k, qgemm_q8_0, ...; Llama-3-8B's linear shapes.
 """
@@ -48,20 +49,27 @@ def _case(kind: str) -> Case:
         rec = None
         if quantized is not None and (rec := records_for(x, w)) is not None:
             x = torch.ops.minfer.rms_norm(x, torch.ones(k, device="cuda", dtype=dtype), 1e-5, rec)
+        nw = torch.rand(k, device="cuda").to(dtype) + 0.5  # [k], the norm's weight
         return {"x": x, "w": w, "dense": w.dequantize(dtype), "scratch": torch.empty(n, k, device="cuda", dtype=dtype),
-                "rec": rec}
+                "rec": rec, "nw": nw}
 
-    def ref(x, w, dense, scratch, rec):
+    def ref(x, w, dense, scratch, rec, nw):
         return F.linear(x, quantized.dequantize(w, x.dtype, out=scratch))
 
-    def ours(x, w, dense, scratch, rec):
+    def ours(x, w, dense, scratch, rec, nw):
         return quantized.linear(x, w, None, static_weight=True, scratch=scratch)
 
-    def with_records(x, w, dense, scratch, rec):
+    def with_records(x, w, dense, scratch, rec, nw):
         return quantized.linear(x, w, None, static_weight=True, scratch=scratch, x_records=rec)
 
-    def prefill(x, w, dense, scratch, rec):
+    def prefill(x, w, dense, scratch, rec, nw):
         return torch.ops.minfer.linear(x, quantized.dequantize(w, x.dtype, out=scratch), None, "auto", False)
+
+    def norm(x, w, dense, scratch, rec, nw):
+        return quantized.linear(x, w, None, static_weight=True, norm=(nw, 1e-5))
+
+    def norm_apart(x, w, dense, scratch, rec, nw):
+        return quantized.linear(torch.ops.minfer.rms_norm(x, nw, 1e-5, None), w, None, static_weight=True)
 
     def nbytes(shape, dtype):
         m, n, k = shape
@@ -75,8 +83,8 @@ def _case(kind: str) -> Case:
         bytes=nbytes,
         flops=lambda shape: 2 * shape[0] * shape[1] * shape[2],
         shape_names=f"M x N x K (x [M, K] @ W[N, K]^T, W {kind})",
-        paths={"dense": lambda x, w, dense, scratch, rec: F.linear(x, dense), "prefill": prefill,
-               "records": with_records},
+        paths={"dense": lambda x, w, dense, scratch, rec, nw: F.linear(x, dense), "prefill": prefill,
+               "records": with_records, "norm": norm, "norm_apart": norm_apart},
         dtypes=(torch.bfloat16,),
     )
 

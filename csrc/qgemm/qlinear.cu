@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cmath>
+
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/launch.h"
@@ -42,6 +44,22 @@ int64_t check_qlinear(const char* op, const at::Tensor& x, const at::Tensor& blo
   return row_bytes;
 }
 
+// Validates norm_weight, the RMSNorm weight qlinear reads x through: [k] of x's dtype, contiguous, 16-byte aligned.
+void check_norm(const char* op, const at::Tensor& x, const at::Tensor& norm_weight, double eps) {
+  MINFER_CHECK_SAME_DEVICE(x, norm_weight);
+  MINFER_CHECK_SAME_DTYPE(x, norm_weight);
+  MINFER_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == x.size(1), op, ": norm_weight must have shape [",
+               x.size(1), "], got ", norm_weight.sizes());
+  MINFER_CHECK(norm_weight.is_contiguous() && is_aligned16(norm_weight.data_ptr()), op,
+               ": norm_weight must be contiguous and 16-byte aligned");
+  MINFER_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+}
+
+// Whether regs_kernel takes x [M, k] @ W^T (n rows) with a norm or accumulate: else the ops run them apart.
+bool kernel_takes_norm(const at::Tensor& x, int64_t qtype, int64_t n) {
+  return qgemm::takes_norm(qgemm::base_qtype(qtype), x.size(0), n, x.size(1), sm_count(x.get_device()));
+}
+
 // The kernels' arguments: W [n, k] (row_bytes a row), x [M, k], out's rows out.stride(0) apart.
 qgemm::Args make_args(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n,
                       int64_t k, int64_t row_bytes, const std::optional<at::Tensor>& bias, bool static_weight) {
@@ -52,15 +70,21 @@ qgemm::Args make_args(const at::Tensor& out, const at::Tensor& x, const at::Tens
 }
 
 // out [M, n] = x [M, k] @ W^T (+ bias), out's rows possibly strided (qlinear_into's slice); arguments checked.
+// norm_weight / accumulate only where kernel_takes_norm.
 void run_qlinear(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                  int64_t n, int64_t k, int64_t row_bytes, const std::optional<at::Tensor>& bias,
-                 bool static_weight, const std::optional<at::Tensor>& x_records) {
+                 bool static_weight, const std::optional<at::Tensor>& x_records,
+                 const std::optional<at::Tensor>& norm_weight = std::nullopt, double eps = 0.0,
+                 bool accumulate = false) {
   if (x.size(0) == 0 || n == 0) return;
   // x's records (q4k_x.cuh) spare the kernels that read them (reads_records) their prepare_x launch; the others
   // ignore them
   const uint8_t* records = x_records ? x_records->data_ptr<uint8_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
-  const qgemm::Args a = make_args(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight);
+  qgemm::Args a = make_args(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight);
+  a.norm_w = norm_weight ? norm_weight->data_ptr() : nullptr;
+  a.eps = static_cast<float>(eps);
+  a.accumulate = accumulate;
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int sms = sm_count(x.get_device()), cc = cc_major(x.get_device());
   MINFER_DISPATCH_QTYPE(qgemm::base_qtype(qtype), QT, [&] {
@@ -72,16 +96,23 @@ void run_qlinear(const at::Tensor& out, const at::Tensor& x, const at::Tensor& b
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                    const std::optional<at::Tensor>& bias, bool static_weight,
-                   const std::optional<at::Tensor>& x_records) {
+                   const std::optional<at::Tensor>& x_records, const std::optional<at::Tensor>& norm_weight,
+                   double eps) {
   const int64_t row_bytes = check_qlinear("qlinear", x, blocks, qtype, n, k, bias, x_records);
+  if (norm_weight) {
+    check_norm("qlinear", x, *norm_weight, eps);
+    if (!kernel_takes_norm(x, qtype, n))  // the norm's own launch
+      return qlinear(rms_norm(x, *norm_weight, eps, std::nullopt), blocks, qtype, n, k, bias, static_weight,
+                     std::nullopt, std::nullopt, 0.0);
+  }
   auto out = x.new_empty({x.size(0), n});  // [M, n]
-  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
+  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records, norm_weight, eps);
   return out;
 }
 
 void qlinear_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                   const std::optional<at::Tensor>& bias, bool static_weight,
-                  const std::optional<at::Tensor>& x_records) {
+                  const std::optional<at::Tensor>& x_records, bool accumulate) {
   MINFER_CHECK_CUDA(out);
   MINFER_CHECK_DIM(out, 2);
   MINFER_CHECK_DIM(x, 2);
@@ -94,7 +125,13 @@ void qlinear_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& 
                out.strides());
   const int64_t n = out.size(1), k = x.size(1);
   const int64_t row_bytes = check_qlinear("qlinear_into", x, blocks, qtype, n, k, bias, x_records);
-  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
+  if (accumulate && !kernel_takes_norm(x, qtype, n)) {  // the add's own launch
+    auto y = out.new_empty({x.size(0), n});  // [M, n]
+    run_qlinear(y, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records);
+    out.add_(y);
+    return;
+  }
+  run_qlinear(out, x, blocks, qtype, n, k, row_bytes, bias, static_weight, x_records, std::nullopt, 0.0, accumulate);
 }
 
 bool qlinear_reads_records(const at::Tensor& x, int64_t qtype) {
@@ -106,19 +143,34 @@ bool qlinear_reads_records(const at::Tensor& x, int64_t qtype) {
   return reads;
 }
 
+bool qlinear_takes_norm(const at::Tensor& x, int64_t qtype, int64_t n) {
+  MINFER_CHECK_CUDA(x);
+  MINFER_CHECK_DIM(x, 2);
+  return kernel_takes_norm(x, qtype, n);
+}
+
 at::Tensor qlinear_act(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                        const std::string& act, bool static_weight, const std::optional<at::Tensor>& x_records,
-                       const std::optional<at::Tensor>& records) {
+                       const std::optional<at::Tensor>& records, const std::optional<at::Tensor>& norm_weight,
+                       double eps) {
   MINFER_CHECK(act == "silu" || act == "gelu_tanh", "qlinear_act: act must be silu or gelu_tanh, got ", act);
   MINFER_CHECK(n % 2 == 0, "qlinear_act: n must be even (the gate rows, then as many up rows), got ", n);
   MINFER_CHECK(!qgemm::is_tiled(qtype) || n % 32 == 0, "qlinear_act: tiled blocks need n a multiple of 32 (gate and up "
                "whole 16-row groups), got ", n);
   const int64_t row_bytes = check_qlinear("qlinear_act", x, blocks, qtype, n, k, std::nullopt, x_records);
+  if (norm_weight) {
+    check_norm("qlinear_act", x, *norm_weight, eps);
+    if (records || !kernel_takes_norm(x, qtype, n))  // the norm's own launch
+      return qlinear_act(rms_norm(x, *norm_weight, eps, std::nullopt), blocks, qtype, n, k, act, static_weight,
+                         std::nullopt, records, std::nullopt, 0.0);
+  }
   auto out = x.new_empty({x.size(0), n / 2});  // [M, n / 2]
   if (records) q4k_x::check_records("qlinear_act", *records, out);
   if (x.size(0) == 0 || n == 0) return out;
   const c10::cuda::CUDAGuard guard(x.device());
-  const qgemm::Args a = make_args(out, x, blocks, qtype, n, k, row_bytes, std::nullopt, static_weight);
+  qgemm::Args a = make_args(out, x, blocks, qtype, n, k, row_bytes, std::nullopt, static_weight);
+  a.norm_w = norm_weight ? norm_weight->data_ptr() : nullptr;
+  a.eps = static_cast<float>(eps);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int sms = sm_count(x.get_device()), cc = cc_major(x.get_device());
   bool fused = false;

@@ -27,6 +27,11 @@ struct Args {
   uint32_t pair_exps;
   int64_t out_stride;  // elements between rows of out (a slice of a wider tensor when qlinear_into)
   bool tiled;          // W's 16-row groups stored chunk-major (checks.h, kTiled): chunk_start, chunk_map, pair_map
+  // regs_kernel only (takes_norm): x read as RMSNorm(x) * norm_w [K] with eps where norm_w is given; out += the
+  // product (each rounded as its own op) where accumulate
+  const void* norm_w = nullptr;
+  float eps = 0.f;
+  bool accumulate = false;
 };
 
 // Whether qlinear's kernel for qtype at M rows of K reads x's records when it is given them (q4k_x.cuh), on a device
@@ -40,6 +45,24 @@ inline bool reads_records(int qt, int64_t M, int64_t K, int cc) {
   if (qt == kQ5_K || qt == kQ6_K) return true;
   const bool b32 = qt == kQ8_0 || qt == kQ4_0 || qt == kQ4_1;
   return b32 && cc >= 9 && K % 256 == 0 && (qt == kQ8_0 ? K >= 256 * kWarps : K > 256 * kWarps);
+}
+
+// regs_kernel (qlinear_kernels.cuh): the 4- and 5-bit legacy formats with at most kRegChunks 64-k chunks a warp.
+constexpr int kRegChunks = 4, kRegMaxK = kWarps * kRegChunks * 64;
+
+// Whether regs_kernel's shapes hold: K gives a warp at most kRegChunks chunks, and the grid of 16-row tiles is at
+// most 2 CTAs an SM.
+inline bool regs_shape(int64_t N, int64_t K, int sms) {
+  return (K / 32 + 1) / 2 <= kWarps * kRegChunks && (N + 15) / 16 <= 2 * sms;
+}
+
+// Whether regs_kernel takes qlinear on M x N x K of (base) format qt with a.norm_w or a.accumulate: up to 8 rows
+// (its CTAs' 8 warps norm a row each). At 9-32 rows (two rows a warp) the norm in the launch cost more than its own
+// launch (H100, us, norm in the launch / apart: Q4_1 1 x 960 x 576 2.79 / 3.46, 16 x 960 x 576 3.87 / 3.80, 32 x
+// 960 x 576 4.21 / 4.02; a SmolLM2-shaped Q4_0 model's batch-32 step 0.845 -> 0.913 ms).
+inline bool takes_norm(int qt, int64_t M, int64_t N, int64_t K, int sms) {
+  const bool regs_format = qt == kQ4_0 || qt == kQ4_1 || qt == kQ5_0 || qt == kQ5_1;
+  return regs_format && M >= 1 && M <= 8 && K % 8 == 0 && regs_shape(N, K, sms);
 }
 
 // out = x @ W^T (+ bias) for format QT and activation dtype T, arguments checked (qlinear_launch.cuh).

@@ -43,6 +43,7 @@
 #include "common/checks.h"
 #include "common/launch.h"
 #include "common/ptx.cuh"
+#include "common/reduce.h"
 #include "common/sm90.cuh"
 #include "common/split_counters.h"
 #include "common/vec.h"
@@ -326,11 +327,15 @@ struct XAhead {
   uint2 v[kSteps > 0 ? kSteps : 1][NT][2];
 };
 
-// x[:, chunk c] into registers: v[s][nt][j] is row 8 nt + g, k = kChunk c + 32 s + 16 j + 4t .. + 3 (volatile
-// loads, issued where they stand; zeros past M and K, and everywhere where !ok).
+// norm_rows' padding of a row (elements; regs_kernel's kNorm, below).
+constexpr int kNormPad = 16;
+
+// x[:, chunk c] into registers: v[s][nt][j] is row 8 nt + g, k = kChunk c + 32 s + 16 j + 4t .. + 3, loaded from
+// x (volatile loads, issued where they stand; zeros past M and K), or with xs from norm_rows' rows (zeros past K);
+// zeros everywhere where !ok.
 template <int QT, typename T, int NT>
 __device__ __forceinline__ void load_x_regs(uint2 (&v)[Ring<QT>::kChunk / 32][NT][2], const Args& a, int c, int g,
-                                            int t, bool ok = true) {
+                                            int t, bool ok = true, const T* xs = nullptr) {
 #pragma unroll
   for (int s = 0; s < Ring<QT>::kChunk / 32; ++s)
 #pragma unroll
@@ -338,7 +343,10 @@ __device__ __forceinline__ void load_x_regs(uint2 (&v)[Ring<QT>::kChunk / 32][NT
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int k = c * Ring<QT>::kChunk + 32 * s + 16 * j + 4 * t, m = 8 * nt + g;
-        v[s][nt][j] = x_raw<true>(static_cast<const T*>(a.x) + int64_t(m) * a.K + k, ok && m < a.M && k < a.K);
+        if (xs != nullptr)
+          v[s][nt][j] = ok && k < a.K ? *reinterpret_cast<const uint2*>(xs + m * (a.K + kNormPad) + k) : uint2{};
+        else
+          v[s][nt][j] = x_raw<true>(static_cast<const T*>(a.x) + int64_t(m) * a.K + k, ok && m < a.M && k < a.K);
       }
 }
 // x[:, chunk c] ahead (nothing without kAhead).
@@ -431,14 +439,31 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
 
 // out[:, n0 .. n0 + 15] (+ bias) from a warp's sums (C fragments: acc[4 nt + 2h + e] is x row 8 nt + 2t + e,
 // W row n0 + g + 8h).
-template <typename T, int NT>
-__device__ __forceinline__ void store_rows(const float (&acc)[NT * 4], const Args& a, int n0, int g, int t) {
+// With kPrior (a.accumulate), out = prior (out's values, out_prior) + the product, each rounded as its own op would.
+template <typename T, int NT, bool kPrior = false>
+__device__ __forceinline__ void store_rows(const float (&acc)[NT * 4], const Args& a, int n0, int g, int t,
+                                           const T* prior = nullptr) {
   const T* bias = static_cast<const T*>(a.bias);
   T* out = static_cast<T*>(a.out);
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) {
     const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
-    if (m < a.M && n < a.N) out[int64_t(m) * a.out_stride + n] = from_float<T>(bias ? acc[i] + to_float(bias[n]) : acc[i]);
+    if (m < a.M && n < a.N) {
+      T y = from_float<T>(bias ? acc[i] + to_float(bias[n]) : acc[i]);
+      if constexpr (kPrior) y = from_float<T>(to_float(prior[i]) + to_float(y));
+      out[int64_t(m) * a.out_stride + n] = y;
+    }
+  }
+}
+
+// store_rows' out values at this thread's places (zeros outside out), loaded ahead of the sums.
+template <typename T, int NT>
+__device__ __forceinline__ void out_prior(T (&prior)[NT * 4], const Args& a, int n0, int g, int t) {
+  const T* out = static_cast<const T*>(a.out);
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) {
+    const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
+    prior[i] = m < a.M && n < a.N ? out[int64_t(m) * a.out_stride + n] : from_float<T>(0.f);
   }
 }
 
@@ -490,9 +515,9 @@ __device__ __forceinline__ bool sum_splits(float (&sum)[NT * 4], float* ws, int*
 
 // out[:, n0 .. n0 + 15] (+ bias) from the warps' partial sums acc (C fragments), met through the (now idle)
 // rings: red[warp][i][lane]. Every cp.async of the CTA must be complete.
-template <typename T, int NT, typename Act = void>
+template <typename T, int NT, typename Act = void, bool kPrior = false>
 __device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t* smem, const Args& a, int n0, int warp,
-                                             int lane) {
+                                             int lane, const T* prior = nullptr) {
   const int g = lane / 4, t = lane % 4;
   __syncthreads();
   float* red = reinterpret_cast<float*>(smem);
@@ -508,7 +533,7 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NT][4], uint8_t*
     for (int w = 0; w < kWarps; ++w) sum[i] += red[(w * NT * 4 + i) * 32 + lane];
   }
   if constexpr (std::is_void_v<Act>)
-    store_rows<T, NT>(sum, a, n0, g, t);
+    store_rows<T, NT, kPrior>(sum, a, n0, g, t, prior);
   else
     store_act<T, NT, Act>(sum, a, n0, g, t);
 }
@@ -629,20 +654,77 @@ __global__ void __launch_bounds__(kThreads)
 // A small model's linears (K <= 2048: at most kRegChunks chunks a warp, grids of at most 2 CTAs an SM) are
 // bound by latency, not bytes: each lane loads the words it decodes (block_words: rows g and g + 8, every
 // block of its warp's chunks) in one burst, before griddep_wait where W is static, and decodes them from
-// registers; no ring, no cp.async groups, shared memory only for the warps' sums.
-constexpr int kRegChunks = 4;
+// registers; no ring, shared memory only for the warps' sums (and with kNorm, below, x's rows and the norm's weight).
 template <int QT>
 constexpr bool kRegsFormat = QT == kQ4_0 || QT == kQ4_1 || QT == kQ5_0 || QT == kQ5_1;
+
+// What regs_kernel fuses (qlinear's norm_weight and accumulate):
+// - kNorm (NT = 1): x is the residual stream, and the linear reads RMSNorm(x) * a.norm_w (a.eps), as rms_norm would
+//   write it. The CTA copies its 8 rows of x into shared memory (and the norm's weight, before the wait), then each
+//   warp normalizes its row there in place (its sum in a fixed order: a row's result does not depend on the rows
+//   beside it). Rows are 2K + 32 bytes apart, so that a warp's 8-byte reads of rows g .. g + 7 take the two
+//   wavefronts 256 bytes need. One launch a norm fewer: a small model's step is a chain of ~10 launches a layer.
+// - kAdd (NT = 1): out += the product (the residual add), each rounded as its own op; out's values load right after
+//   the wait.
+enum class Fuse { kNone, kNorm, kAdd };
+// kNorm's dynamic shared memory: the rows [8, K + kNormPad], then the norm's weight [K] (2-byte T).
+__host__ __device__ constexpr int norm_smem_bytes(int k) { return (8 * (k + kNormPad) + k) * 2; }
+
+// kNorm before the wait: the norm's weight (static) into shared memory behind the rows, one cp.async group.
+template <typename T>
+__device__ __forceinline__ void norm_weight_to_smem(T* xs, const Args& a) {
+  T* ws = xs + 8 * (a.K + kNormPad);
+  for (int p = threadIdx.x; p < a.K / 8; p += kThreads)
+    cp_async16(ws + 8 * p, static_cast<const T*>(a.norm_w) + 8 * p, true);
+  cp_async_commit();
+}
+
+// kNorm after the wait: x's 8 rows into xs (zeros past M, one round trip), then each normed in place by its warp.
+template <typename T>
+__device__ __forceinline__ void norm_rows(T* xs, const Args& a, int warp, int lane) {
+  const int packs = a.K / 8, stride = a.K + kNormPad;
+  const T* ws = xs + 8 * stride;
+  for (int i = threadIdx.x; i < 8 * packs; i += kThreads) {
+    const int r = i / packs, p = i % packs;
+    cp_async16(xs + r * stride + 8 * p, static_cast<const T*>(a.x) + int64_t(r < a.M ? r : 0) * a.K + 8 * p, r < a.M);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();  // the weight's group and the rows'
+  __syncthreads();
+  T* row = xs + warp * stride;
+  float ss = 0.f;
+#pragma unroll 1  // unrolled, ptxas spilled (32 bytes); shared memory reads: no latency to hide here
+  for (int p = lane; p < packs; p += 32) {
+    Pack<T, 8> v;
+    v.load(row + 8 * p);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += to_float(v.v[e]) * to_float(v.v[e]);
+  }
+  const float scale = rsqrtf(warp_sum(ss) / a.K + a.eps);
+#pragma unroll 1
+  for (int p = lane; p < packs; p += 32) {
+    Pack<T, 8> v, w;
+    v.load(row + 8 * p);
+    w.load(ws + 8 * p);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v.v[e] = from_float<T>(to_float(v.v[e]) * scale * to_float(w.v[e]));
+    v.store(row + 8 * p);
+  }
+  __syncthreads();
+}
 
 // Act (Silu, GeluTanh; void for none): W is gate | up (N = 2 inter rows) and a CTA's 16 rows are gate rows n0 ..
 // n0 + 7 and their up rows inter + n0 .., so that its epilogue writes act(gate) * up (store_act), [M, inter].
 // Past 8 NT rows of x the grid's y takes them in blocks of 8 NT: each CTA reads its W rows again, from L2.
-template <int QT, typename T, int NT, typename Act = void>
+template <int QT, typename T, int NT, typename Act = void, Fuse kFuse = Fuse::kNone>
 __global__ void __launch_bounds__(kThreads) regs_kernel(Args a) {
   using F = Format<QT>;
-  constexpr bool kAct = !std::is_void_v<Act>;
+  constexpr bool kAct = !std::is_void_v<Act>, kNorm = kFuse == Fuse::kNorm, kAdd = kFuse == Fuse::kAdd;
+  static_assert(!(kAct && kAdd), "regs_kernel: the residual add comes without an activation");
+  static_assert(kFuse == Fuse::kNone || NT == 1, "regs_kernel: the norm and the add at up to 8 rows");
   constexpr int kSteps = Ring<QT>::kChunk / 32;  // blocks a chunk
   __shared__ __align__(16) uint8_t red[kWarps * NT * 4 * 32 * sizeof(float)];  // reduce_store's partial sums
+  extern __shared__ __align__(16) uint8_t normed[];  // kNorm: [8, K + kNormPad] rows, then the weight [K]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int m0 = blockIdx.y * 8 * NT;  // this CTA's x rows: m0 .. m0 + 8 NT - 1
   a.x = static_cast<const T*>(a.x) + int64_t(m0) * a.K;
@@ -666,16 +748,28 @@ __global__ void __launch_bounds__(kThreads) regs_kernel(Args a) {
         wb[i][s] = ok && ok_b ? block_words<QT>(row_b + b * F::kBytes, t) : BlockWords{};
       }
   };
-  if (a.static_weight) load_w();
+  T* xs = reinterpret_cast<T*>(normed);
+  if (a.static_weight) {
+    load_w();
+    if constexpr (kNorm) norm_weight_to_smem(xs, a);
+  }
   griddep_wait();  // x, bias and out may be the previous kernel's
   griddep_launch_dependents();
-  if (!a.static_weight) load_w();
+  if (!a.static_weight) {
+    load_w();
+    if constexpr (kNorm) norm_weight_to_smem(xs, a);
+  }
+  T prior[kAdd ? NT * 4 : 1];
+  if constexpr (kAdd) {
+    if (warp == 0) out_prior<T, NT>(prior, a, n0, g, t);
+  }
+  if constexpr (kNorm) norm_rows(xs, a, warp, lane);
   // x of chunk i ([step][x row tile][mma j]: row 8 nt + g, k = 64 c + 32 s + 16 j + 4t .. + 3): at NT = 1 every
   // chunk's in one burst (one L2 round trip), at NT = 2 (twice the registers) chunk i + 1's before chunk i's mmas
   constexpr int kXSlots = NT == 1 ? kRegChunks : 2;
   uint2 xv[kXSlots][kSteps][NT][2];
   auto load_x = [&](int i, uint2 (&v)[kSteps][NT][2]) {
-    load_x_regs<QT, T, NT>(v, a, warp + kWarps * i, g, t, i < mine);
+    load_x_regs<QT, T, NT>(v, a, warp + kWarps * i, g, t, i < mine, kNorm ? xs : nullptr);
   };
 #pragma unroll
   for (int i = 0; i < (NT == 1 ? kRegChunks : 1); ++i) load_x(i, xv[i]);
@@ -699,7 +793,7 @@ __global__ void __launch_bounds__(kThreads) regs_kernel(Args a) {
       mma_quants<QT, T, NT>(acc, qa, qb, sa, sb, ma, mb, xp);
     }
   }
-  reduce_store<T, NT, Act>(acc, red, a, n0, warp, lane);
+  reduce_store<T, NT, Act, kAdd>(acc, red, a, n0, warp, lane, prior);
 }
 
 // In a pipeline of S stages that commits chunks 0 .. S - 2's weights one group each, then their x in one group,

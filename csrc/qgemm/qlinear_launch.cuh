@@ -29,15 +29,37 @@ void launch(const Args& a, cudaStream_t stream) {
 // -> 3.45, 32 x 3072 x 576 4.90 -> 5.45 (the default model's batch-32 step 1.009 -> 0.907 ms with the activation
 // fused).
 // With Act, a.N = 2 inter rows of gate | up and a.out [M, inter]: a CTA for 8 outputs (regs_kernel).
+// With a.norm_w, kNorm's instance (its rows in dynamic shared memory); with a.accumulate, kAdd's (no Act); both at
+// NT = 1.
 template <int QT, typename T, typename Act = void>
 bool launch_if_regs(const Args& a, int sms, cudaStream_t stream) {
   if constexpr (kRegsFormat<QT>) {
-    if ((a.K / 32 + 1) / 2 <= kWarps * kRegChunks && small_grid(a, sms)) {
+    if (regs_shape(a.N, a.K, sms)) {
       const unsigned tiles = (unsigned)(std::is_void_v<Act> ? (a.N + 15) / 16 : (a.N / 2 + 7) / 8);
-      if (a.M <= 8)
-        launch_pdl(regs_kernel<QT, T, 1, Act>, dim3(tiles), dim3(kThreads), 0, stream, a);
-      else
-        launch_pdl(regs_kernel<QT, T, 2, Act>, dim3(tiles, (unsigned)((a.M + 15) / 16)), dim3(kThreads), 0, stream, a);
+      auto go = [&](auto nt, auto fuse) {
+        constexpr int NT = decltype(nt)::value;
+        constexpr Fuse kFuse = decltype(fuse)::value;
+        constexpr auto kernel = regs_kernel<QT, T, NT, Act, kFuse>;
+        const int smem = kFuse == Fuse::kNorm ? norm_smem_bytes(a.K) : 0;
+        if constexpr (kFuse == Fuse::kNorm) allow_smem<kernel, norm_smem_bytes(kRegMaxK)>();
+        launch_pdl(kernel, dim3(tiles, (unsigned)((a.M + 8 * NT - 1) / (8 * NT))), dim3(kThreads), smem, stream, a);
+      };
+      using One = std::integral_constant<int, 1>;
+      using Two = std::integral_constant<int, 2>;
+      using None = std::integral_constant<Fuse, Fuse::kNone>;
+      if (a.norm_w != nullptr || a.accumulate) {  // up to 8 rows (takes_norm)
+        TORCH_CHECK(a.M <= 8, "qlinear: norm_w and accumulate take at most 8 rows, got ", a.M);
+        if (a.norm_w != nullptr)
+          go(One{}, std::integral_constant<Fuse, Fuse::kNorm>{});
+        else if constexpr (std::is_void_v<Act>)
+          go(One{}, std::integral_constant<Fuse, Fuse::kAdd>{});
+        else
+          TORCH_CHECK(false, "qlinear_act: no accumulate");
+      } else if (a.M <= 8) {
+        go(One{}, None{});
+      } else {
+        go(Two{}, None{});
+      }
       return true;
     }
   }
@@ -459,6 +481,11 @@ namespace minfer::qgemm {
 
 template <int QT, typename T>
 void run(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, int cc, cudaStream_t stream) {
+  if (a.norm_w != nullptr || a.accumulate) {  // the caller checked takes_norm
+    const bool taken = launch_if_regs<QT, T>(a, sms, stream);
+    TORCH_CHECK(taken, "qlinear: no kernel takes norm_w or accumulate here");
+    return;
+  }
   // Q6_K at one row without records: below, by its grid
   if (reads_records(QT, a.M, a.K, cc) && (records != nullptr || QT != kQ6_K))
     launch_on_records<QT, T>(a, records, x, sms, stream);
@@ -494,6 +521,12 @@ void run(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, in
 template <int QT, typename T>
 bool run_act(const Args& a, bool silu, const uint8_t* x_records, uint8_t* out_records, const at::Tensor& x, int sms,
              int cc, cudaStream_t stream) {
+  if (a.norm_w != nullptr) {  // the caller checked takes_norm
+    const bool taken = out_records == nullptr && (silu ? launch_if_regs<QT, T, Silu>(a, sms, stream)
+                                                       : launch_if_regs<QT, T, GeluTanh>(a, sms, stream));
+    TORCH_CHECK(taken, "qlinear_act: no kernel takes norm_w here");
+    return true;
+  }
   if constexpr (QT == kQ4_K) {
     // up to 16 rows on x's records (sm_90), where the kernel is i8_kernel (one row) or tile_kernel: their pair tiles,
     // then out's records in a launch of their own

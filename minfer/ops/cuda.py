@@ -166,8 +166,18 @@ def gelu_tanh_and_mul(x: torch.Tensor, records: torch.Tensor | None = None) -> t
     return _ops.gelu_tanh_and_mul(x, records)
 
 
+def norms_in_linears(x: torch.Tensor, weights: list) -> bool:
+    """Whether linear and linear_act_and_mul take norm and accumulate in the linear's own launch for each of these
+    weights at x's rows (x [rows, hidden] as the model's stream): a small model's 4- and 5-bit legacy formats up to
+    8 rows (regs_kernel, quantized.takes_norm), two launches a layer fewer."""
+    rows = x.shape[0]
+    return (x.dtype in (torch.float16, torch.bfloat16) and 1 <= rows <= quantized.QLINEAR_MAX_ROWS
+            and all(isinstance(w, QuantizedWeight) and quantized.takes_norm(rows, w, x.device) for w in weights))
+
+
 def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tensor | None = None,
-                       records: torch.Tensor | None = None) -> torch.Tensor:
+                       records: torch.Tensor | None = None,
+                       norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     # x [tokens, in] @ weight^T = gate | up [tokens, 2 inter] -> act(gate) * up [tokens, inter]; act: silu | gelu_tanh.
     # x_records: x's records (the Q4_K kernels'); records: room for the output's (the down projection's x).
     # A quantized gate | up at decode rows with neither runs qlinear_act, whose kernel for a small model's 4- and
@@ -177,9 +187,12 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
     # A dense gate | up (or a layer group's, decoded) runs linear_act, whose gemv kernels apply the activation in
     # their epilogue up to 8 rows, and past 16 on small W (a small model's batched decode), and whose sm90 small-M
     # kernel at 32-64 rows (a large model's).
+    # norm (weight [in], eps): x is read as rms_norm(x, weight, eps), in qlinear_act's launch where norms_in_linears.
     if (isinstance(weight, QuantizedWeight) and x_records is None and records is None and x.dtype != torch.float32
             and x.shape[0] <= quantized.QLINEAR_MAX_ROWS):
-        return quantized.linear_act(x, weight, act)
+        return quantized.linear_act(x, weight, act, norm=norm)
+    if norm is not None:
+        x = rms_norm(x, *norm)
     if (isinstance(weight, QuantizedWeight) and weight.kind == "Q4_K" and x.shape[0] <= 16
             and x_records is not None):
         return quantized.linear_act(x, weight, act, x_records=x_records, records=records)
@@ -284,13 +297,26 @@ def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
            static_weight: bool = False, out: torch.Tensor | None = None,
-           x_records: torch.Tensor | None = None) -> torch.Tensor:
+           x_records: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
+           accumulate: bool = False) -> torch.Tensor:
     # x [tokens, in] (last dim contiguous), weight [out, in] dense or quantized, bias [out] -> [tokens, out]
     # static_weight=True promises that no kernel just ahead of this one in the stream writes weight (a
     # model's weights): the gemv kernels then start reading it while the previous kernel still runs.
     # x_records: x's records, written by the kernel before (records_for); read by the Q4_K kernels.
+    # norm (weight [in], eps): x is read as rms_norm(x, weight, eps); accumulate: out += the product (the residual
+    # add). In the linear's launch where norms_in_linears says so, else apart.
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if norm is not None or accumulate:
+        if accumulate and out is None:
+            raise ValueError("linear: accumulate needs out")
+        if (isinstance(weight, QuantizedWeight) and x.dim() == 2 and x.shape[0] <= quantized.QLINEAR_MAX_ROWS
+                and x.dtype != torch.float32 and x_records is None):
+            return quantized.linear(x, weight, bias, static_weight, out=out, norm=norm, accumulate=accumulate)
+        if norm is not None:
+            x = rms_norm(x, *norm)
+        y = linear(x, weight, bias, static_weight, x_records=x_records)
+        return out.add_(y) if accumulate else (y if out is None else out.copy_(y))
     # out: a [tokens, out] view to write into (quantized weights at decode rows write it in place; otherwise
     # a copy).
     if isinstance(weight, QuantizedWeight):

@@ -8,6 +8,8 @@ dequantizes the weight into a scratch buffer and runs the dense GEMM (linear).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import minfer._C  # noqa: F401  registers torch.ops.minfer
@@ -38,17 +40,18 @@ def _dequantize_into_fake(out, blocks, qtype, static_weight=False):
 
 
 @torch.library.register_fake("minfer::qlinear")
-def _qlinear_fake(x, blocks, qtype, n, k, bias=None, static_weight=False, x_records=None):
+def _qlinear_fake(x, blocks, qtype, n, k, bias=None, static_weight=False, x_records=None, norm_weight=None, eps=0.0):
     return x.new_empty((x.shape[0], n))
 
 
 @torch.library.register_fake("minfer::qlinear_into")
-def _qlinear_into_fake(out, x, blocks, qtype, bias=None, static_weight=False, x_records=None):
+def _qlinear_into_fake(out, x, blocks, qtype, bias=None, static_weight=False, x_records=None, accumulate=False):
     return None
 
 
 @torch.library.register_fake("minfer::qlinear_act")
-def _qlinear_act_fake(x, blocks, qtype, n, k, act, static_weight=False, x_records=None, records=None):
+def _qlinear_act_fake(x, blocks, qtype, n, k, act, static_weight=False, x_records=None, records=None,
+                      norm_weight=None, eps=0.0):
     return x.new_empty((x.shape[0], n // 2))
 
 
@@ -87,22 +90,43 @@ def _qlinear_rows(x: torch.Tensor) -> torch.Tensor:
     return x.clone() if x.data_ptr() % 16 else x
 
 
+def takes_norm(rows: int, w: QuantizedWeight, device: torch.device) -> bool:
+    """Whether qlinear on [rows, k] of x takes norm and accumulate in its kernel's launch (regs_kernel): a small
+    model's 4- and 5-bit legacy formats up to 8 rows. Elsewhere linear runs the norm or the add apart."""
+    return w.kind in QTYPE and _takes_norm(rows, QTYPE[w.kind], *w.shape, device)
+
+
+@functools.cache
+def _takes_norm(rows: int, qt: int, n: int, k: int, device: torch.device) -> bool:
+    return _ops.qlinear_takes_norm(torch.empty((rows, k), dtype=torch.bfloat16, device=device), qt, n)
+
+
 def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None, static_weight: bool = True,
            scratch: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           x_records: torch.Tensor | None = None) -> torch.Tensor:
+           x_records: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
+           accumulate: bool = False) -> torch.Tensor:
     """x [..., k] @ W^T (+ bias) -> [..., n]. Up to 32 rows: qlinear; more: W dequantized (into `scratch`,
     a contiguous [n, k] of x's dtype, when given) and the dense linear. static_weight: no kernel that may
     still be running writes w (as for the engine's weights; see README). out: a [rows, n] view to write into
     (rows contiguous, e.g. columns of a wider tensor), 2-D x only. x_records: x's records from the kernel
-    before (ops.cuda.records_for), read by Q4_K at up to 16 rows in place of its own conversion launch."""
+    before (ops.cuda.records_for), read by Q4_K at up to 16 rows in place of its own conversion launch.
+    norm (weight [k], eps), up to 32 rows: x is read as rms_norm(x, weight, eps); accumulate (with out), up to 32
+    rows: out += the product. In the kernel's launch where takes_norm, else qlinear runs the norm or the add apart."""
     n, k = w.shape
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    if (norm is not None or accumulate) and (x2.shape[0] > QLINEAR_MAX_ROWS or (accumulate and out is None)):
+        raise ValueError("quantized.linear: norm and accumulate take at most 32 rows, accumulate an out")
     if x2.shape[0] <= QLINEAR_MAX_ROWS:
         x2 = _qlinear_rows(x2)
-        if out is not None:
-            _ops.qlinear_into(out, x2, w.blocks, qtype(w), bias, static_weight, x_records)
+        if norm is not None:
+            y = _ops.qlinear(x2, w.blocks, qtype(w), n, k, bias, static_weight, x_records, norm[0], norm[1])
+            if out is not None:
+                return out.add_(y) if accumulate else out.copy_(y)
+        elif out is not None:
+            _ops.qlinear_into(out, x2, w.blocks, qtype(w), bias, static_weight, x_records, accumulate)
             return out
-        y = _ops.qlinear(x2, w.blocks, qtype(w), n, k, bias, static_weight, x_records)
+        else:
+            y = _ops.qlinear(x2, w.blocks, qtype(w), n, k, bias, static_weight, x_records)
     else:
         dense = dequantize(w, x.dtype, scratch, static_weight)
         y = _ops.linear(x2, dense, bias, "auto", False)  # the scratch is rewritten by the kernel just before
@@ -112,13 +136,16 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
 
 
 def linear_act(x: torch.Tensor, w: QuantizedWeight, act: str, static_weight: bool = True,
-               x_records: torch.Tensor | None = None, records: torch.Tensor | None = None) -> torch.Tensor:
+               x_records: torch.Tensor | None = None, records: torch.Tensor | None = None,
+               norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """x [rows, k] (at most 32 rows) @ W^T = gate | up -> act(gate) * up [rows, n / 2], act silu | gelu_tanh. The
     4- and 5-bit legacy formats of a small model's shapes write it from the linear's epilogue, and so does Q4_K up
     to 16 rows on x_records (x's records, as qlinear's) on sm_90; the others run qlinear, then the activation.
-    records: room for the output's records (the down projection's x), written beside it."""
+    records: room for the output's records (the down projection's x), written beside it. norm: as linear's."""
     n, k = w.shape
-    return _ops.qlinear_act(_qlinear_rows(x), w.blocks, qtype(w), n, k, act, static_weight, x_records, records)
+    norm_weight, eps = norm if norm is not None else (None, 0.0)
+    return _ops.qlinear_act(_qlinear_rows(x), w.blocks, qtype(w), n, k, act, static_weight, x_records, records,
+                            norm_weight, eps)
 
 
 def embedding(ids: torch.Tensor, w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:

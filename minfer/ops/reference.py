@@ -189,10 +189,18 @@ def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     return None
 
 
+def norms_in_linears(x: torch.Tensor, weights: list) -> bool:
+    # Whether linear and linear_act_and_mul take norm and accumulate in the linear's launch (ops/cuda.py): no launches
+    # here, so the model runs its norms as ops of their own.
+    return False
+
+
 def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tensor | None = None,
-                       records: torch.Tensor | None = None) -> torch.Tensor:
-    # x [tokens, in] @ weight^T = gate | up [tokens, 2 inter] -> act(gate) * up [tokens, inter]; act: silu | gelu_tanh
-    gate_up = linear(x, weight)
+                       records: torch.Tensor | None = None,
+                       norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+    # x [tokens, in] @ weight^T = gate | up [tokens, 2 inter] -> act(gate) * up [tokens, inter]; act: silu | gelu_tanh.
+    # norm (weight [in], eps): x is rms_norm'd first.
+    gate_up = linear(x, weight, norm=norm)
     return silu_and_mul(gate_up) if act == "silu" else gelu_tanh_and_mul(gate_up)
 
 
@@ -281,13 +289,21 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
            static_weight: bool = False, out: torch.Tensor | None = None,
-           x_records: torch.Tensor | None = None) -> torch.Tensor:
+           x_records: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
+           accumulate: bool = False) -> torch.Tensor:
     # x [tokens, in], weight [out, in] (HF layout), bias [out] -> [tokens, out], into `out` when given (a
-    # [tokens, out] view, e.g. columns of a wider tensor).
+    # [tokens, out] view, e.g. columns of a wider tensor). norm (weight [in], eps): x is rms_norm'd first;
+    # accumulate: out += the product, rounded after it (the residual add).
     # In the input dtype: on a GPU this is cuBLAS with fp32 accumulation, the baseline to beat.
     # static_weight is a scheduling promise for the CUDA kernels (see ops/cuda.py); no effect here.
     # A quantized weight is dequantized to x's dtype first.
+    if norm is not None:
+        x = rms_norm(x, *norm)
     if isinstance(weight, QuantizedWeight):
         weight = weight.dequantize(x.dtype)
     y = F.linear(x, weight, bias)
+    if accumulate:
+        if out is None:
+            raise ValueError("linear: accumulate needs out")
+        return out.add_(y)
     return y if out is None else out.copy_(y)
