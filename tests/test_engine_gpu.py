@@ -199,8 +199,9 @@ def test_decode_graph_every_bucket(graph_core, fp32_core, n):
 @pytest.mark.parametrize("n", [1, 5, 8])
 def test_norms_in_the_linears(fp32_core, n):
     """The default model (Q4_1 linears on regs_kernel) takes its norms and residual adds in the linears' launches up
-    to 8 rows, not past them; a step's logits so are as close to the fp32 reference as the same step with the norms
-    in launches of their own."""
+    to 8 rows, not past them; at its hidden of 576 a step's logits so equal, bit for bit, the same step with the norms
+    and adds in launches of their own (each rounded, and each norm summed, in the same order), and are close to the
+    fp32 reference."""
     core = EngineCore(dtype=torch.float16, device="cuda", backend="cuda", max_context=256, num_pages=256,
                       max_num_seqs=64, cuda_graph_sizes=[1])
     model = core.model
@@ -217,9 +218,7 @@ def test_norms_in_the_linears(fp32_core, n):
     fused = core._forward(step, core.cache).clone()
     model._fused_norms[n] = False
     apart = core._forward(step, core.cache).clone()
-    fused_err = (fused.float() - want).abs().amax(1).mean().item()
-    apart_err = (apart.float() - want).abs().amax(1).mean().item()
-    assert 0 < fused_err <= 2 * apart_err, (fused_err, apart_err)
+    assert torch.equal(fused, apart)
     assert (fused.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
 
 

@@ -300,9 +300,10 @@ def _norm_case(kind, m, n, k, dtype, seed, bias=True):
 def test_qlinear_norm_in_the_launch(kind, m, dtype):
     """qlinear with norm_weight reads x as rms_norm(x) in regs_kernel's launch (qlinear_takes_norm: up to 8 rows): the
     product of the normed x within the GEMM rule (each row's worst error), and equal, up to the norm's scale rounded
-    differently, to rms_norm's launch then qlinear. Shapes: a small model's q | k | v (960 x 576), k at the limit, k
-    ending in half a chunk (1568), and 2080 past it; past 8 rows or 2048 k the norm's own launch, bit for bit. A
-    row's output does not depend on the rows beside it."""
+    differently, to rms_norm's launch then qlinear; bit for bit at k 576 (rms_norm's lane groups of 32 sum in the
+    same order) and where the norm runs in its own launch (past 8 rows or 2048 k). Shapes: a small model's q | k | v
+    (960 x 576), k at the limit, k ending in half a chunk (1568), and 2080 past it. A row's output does not depend on
+    the rows beside it."""
     q = _q()
     eps = 1e-5
     for n, k in [(960, 576), (37, 2048), (203, 1568), (45, 2080)]:
@@ -321,7 +322,7 @@ def test_qlinear_norm_in_the_launch(kind, m, dtype):
         assert (err <= 2 * base + ULP[dtype] * 1e-2 * ref.abs().amax(1)).all(), (err, base)
         apart = torch.ops.minfer.qlinear(torch.ops.minfer.rms_norm(x, nw, eps, None), w.blocks, q.QTYPE[kind], n, k,
                                          b, True)
-        if fused:
+        if fused and k > 1024:  # the norm's sum in another order than rms_norm's
             assert (ours.float() - apart.float()).abs().max() <= 4 * ULP[dtype] * apart.float().abs().max()
         else:
             assert torch.equal(ours, apart)

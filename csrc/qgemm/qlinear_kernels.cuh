@@ -662,7 +662,8 @@ constexpr bool kRegsFormat = QT == kQ4_0 || QT == kQ4_1 || QT == kQ5_0 || QT == 
 // - kNorm (NT = 1): x is the residual stream, and the linear reads RMSNorm(x) * a.norm_w (a.eps), as rms_norm would
 //   write it. The CTA copies its 8 rows of x into shared memory (and the norm's weight, before the wait), then each
 //   warp normalizes its row there in place (its sum in a fixed order: a row's result does not depend on the rows
-//   beside it). Rows are 2K + 32 bytes apart, so that a warp's 8-byte reads of rows g .. g + 7 take the two
+//   beside it; lane l's packs l, l + 32, ... as rms_norm's 32-lane groups sum them at K 520-1024, so that there the
+//   normed x is rms_norm's bit for bit). Rows are 2K + 32 bytes apart, so that a warp's 8-byte reads of rows g .. g + 7 take the two
 //   wavefronts 256 bytes need. One launch a norm fewer: a small model's step is a chain of ~10 launches a layer.
 // - kAdd (NT = 1): out += the product (the residual add), each rounded as its own op; out's values load right after
 //   the wait.
