@@ -20,6 +20,7 @@
 #include "common/launch.h"
 #include "common/ptx.cuh"
 #include "common/reduce.h"
+#include "common/rms.cuh"
 #include "common/vec.h"
 #include "qgemm/q4k_x.cuh"
 
@@ -113,12 +114,9 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
           const int p = threadIdx.x + i * tpr;
-          if (valid && p < packs) {
-#pragma unroll
-            for (int e = 0; e < W; ++e) ssx += to_float(v[i].v[e]) * to_float(v[i].v[e]);
-          }
+          if (valid && p < packs) ssx = add_squares(v[i], ssx);
         }
-        const float sx = rsqrtf(row_sum<kGroupRows>(ssx) / hidden + eps);
+        const float sx = rms_scale(row_sum<kGroupRows>(ssx), hidden, eps);
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
           const int p = threadIdx.x + i * tpr;
@@ -126,8 +124,7 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
             P w;
             if constexpr (kWeightsAhead) w = xw_ahead;
             else w.load(x_weight + p * W);
-#pragma unroll
-            for (int e = 0; e < W; ++e) v[i].v[e] = from_float<T>(to_float(v[i].v[e]) * sx * to_float(w.v[e]));
+            v[i] = rms_apply(v[i], sx, w);
           }
         }
       }
@@ -150,24 +147,17 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int p = threadIdx.x + i * tpr;
-      if (valid && p < packs) {
-#pragma unroll
-        for (int e = 0; e < W; ++e) {
-          const float f = to_float(v[i].v[e]);
-          ss += f * f;
-        }
-      }
+      if (valid && p < packs) ss = add_squares(v[i], ss);
     }
-    const float scale = rsqrtf(row_sum<kGroupRows>(ss) / hidden + eps);
+    const float scale = rms_scale(row_sum<kGroupRows>(ss), hidden, eps);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int p = threadIdx.x + i * tpr;
       if (valid && p < packs) {
-        P w, o;
+        P w;
         if constexpr (kWeightsAhead) w = w_ahead;
         else w.load(weight + p * W);
-#pragma unroll
-        for (int e = 0; e < W; ++e) o.v[e] = from_float<T>(to_float(v[i].v[e]) * scale * to_float(w.v[e]));
+        const P o = rms_apply(v[i], scale, w);
         o.store(out_row + p * W);
         if constexpr (sizeof(T) == 2 && W == 8) {
           if (records != nullptr)  // warp-uniform: the warp's 32 packs are one chunk of this row
@@ -185,10 +175,9 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
       for (int p = threadIdx.x; valid && p < packs; p += tpr) {
         P v;
         v.load(in_row + p * W);
-#pragma unroll
-        for (int e = 0; e < W; ++e) ssx += to_float(v.v[e]) * to_float(v.v[e]);
+        ssx = add_squares(v, ssx);
       }
-      sx = rsqrtf(row_sum<kGroupRows>(ssx) / hidden + eps);
+      sx = rms_scale(row_sum<kGroupRows>(ssx), hidden, eps);
     }
     for (int p = threadIdx.x; valid && p < packs; p += tpr) {
       P v;
@@ -196,8 +185,7 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
       if constexpr (kNormX) {
         P w;
         w.load(x_weight + p * W);
-#pragma unroll
-        for (int e = 0; e < W; ++e) v.v[e] = from_float<T>(to_float(v.v[e]) * sx * to_float(w.v[e]));
+        v = rms_apply(v, sx, w);
       }
       if constexpr (kFused) {
         P r;
@@ -206,21 +194,15 @@ __global__ void __launch_bounds__(kGroupRows ? kGroupBlock : 1024)
         for (int e = 0; e < W; ++e) v.v[e] = from_float<T>(to_float(r.v[e]) + to_float(v.v[e]));
         v.store(res_row + p * W);
       }
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const float f = to_float(v.v[e]);
-        ss += f * f;
-      }
+      ss = add_squares(v, ss);
     }
-    const float scale = rsqrtf(row_sum<kGroupRows>(ss) / hidden + eps);
+    const float scale = rms_scale(row_sum<kGroupRows>(ss), hidden, eps);
     const T* src = kFused ? res_row : in_row;
     for (int p = threadIdx.x; valid && p < packs; p += tpr) {
-      P v, w, o;
+      P v, w;
       v.load(src + p * W);
       w.load(weight + p * W);
-#pragma unroll
-      for (int e = 0; e < W; ++e) o.v[e] = from_float<T>(to_float(v.v[e]) * scale * to_float(w.v[e]));
-      o.store(out_row + p * W);
+      rms_apply(v, scale, w).store(out_row + p * W);
     }
   }
 }

@@ -44,6 +44,7 @@
 #include "common/launch.h"
 #include "common/ptx.cuh"
 #include "common/reduce.h"
+#include "common/rms.cuh"
 #include "common/sm90.cuh"
 #include "common/split_counters.h"
 #include "common/vec.h"
@@ -663,8 +664,9 @@ constexpr bool kRegsFormat = QT == kQ4_0 || QT == kQ4_1 || QT == kQ5_0 || QT == 
 //   write it. The CTA copies its 8 rows of x into shared memory (and the norm's weight, before the wait), then each
 //   warp normalizes its row there in place (its sum in a fixed order: a row's result does not depend on the rows
 //   beside it; lane l's packs l, l + 32, ... as rms_norm's 32-lane groups sum them at K 520-1024, so that there the
-//   normed x is rms_norm's bit for bit). Rows are 2K + 32 bytes apart, so that a warp's 8-byte reads of rows g .. g + 7 take the two
-//   wavefronts 256 bytes need. One launch a norm fewer: a small model's step is a chain of ~10 launches a layer.
+//   normed x is rms_norm's bit for bit, by the same arithmetic: common/rms.cuh). Rows are 2K + 32 bytes apart, so
+//   that a warp's 8-byte reads of rows g .. g + 7 take the two wavefronts 256 bytes need. One launch a norm fewer: a
+//   small model's step is a chain of ~10 launches a layer.
 // - kAdd (NT = 1): out += the product (the residual add), each rounded as its own op; out's values load right after
 //   the wait.
 enum class Fuse { kNone, kNorm, kAdd };
@@ -698,18 +700,15 @@ __device__ __forceinline__ void norm_rows(T* xs, const Args& a, int warp, int la
   for (int p = lane; p < packs; p += 32) {
     Pack<T, 8> v;
     v.load(row + 8 * p);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss += to_float(v.v[e]) * to_float(v.v[e]);
+    ss = add_squares(v, ss);
   }
-  const float scale = rsqrtf(warp_sum(ss) / a.K + a.eps);
+  const float scale = rms_scale(warp_sum(ss), a.K, a.eps);
 #pragma unroll 1
   for (int p = lane; p < packs; p += 32) {
     Pack<T, 8> v, w;
     v.load(row + 8 * p);
     w.load(ws + 8 * p);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v.v[e] = from_float<T>(to_float(v.v[e]) * scale * to_float(w.v[e]));
-    v.store(row + 8 * p);
+    rms_apply(v, scale, w).store(row + 8 * p);
   }
   __syncthreads();
 }
