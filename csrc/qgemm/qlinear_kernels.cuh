@@ -1080,7 +1080,8 @@ __global__ void __launch_bounds__(kThreads, 1) short_k_kernel(const Args a) {
         if (s >= steps) break;
         uint2 xp[1][2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) xp[0][j] = x_pairs(*reinterpret_cast<const uint2*>(xs + 2 * (256 * c + 32 * s + 16 * j) + 8 * t));
+        for (int j = 0; j < 2; ++j)
+          xp[0][j] = x_pairs(*reinterpret_cast<const uint2*>(xs + 2 * (256 * c + 32 * s + 16 * j) + 8 * t));
         uint32_t qa[2], qb[2];
         float sa[2], sb[2], ma[2], mb[2];
         step_quants<kQ8_0>(row_a, s, t, head_a, qa, sa, ma);
