@@ -243,7 +243,7 @@ def test_decode_gqa(ratio, hd):
 # to 16 splits merge from L2 in one round of loads (predicated past the count); more that fit in shared
 # memory (small rows) come in by cp.async; more that do not are spread: every split merges a slice of
 # the outputs. Depth: the tiles a warp keeps in flight, its whole ring (3 at d 128, 6 at d 64) unless
-# the grid fills the GPU (7/10 of the SMs), the capacity is over 16 tiles a warp and so is split 0's first
+# the grid fills the GPU (7/10 of the SMs), the capacity is over 64 tiles a warp and so is split 0's first
 # warp, and the card's DRAM gives an SM under 30 GB/s (the H100, not the H200): then 2 at d 128, 3 at d 64
 # ("depth=FULL" below).
 # attention_decode_plan runs the launcher's choice and launches nothing.
@@ -266,11 +266,11 @@ MERGE_CASES = [
     (32, 2, 128, 32768, "splits=66 active=66 merge=spread depth=3"),  # 2048 tiles: 31 or 32 a split
     (12, 1, 64, 30000, "splits=128 active=128 merge=spread depth=6"),
     (2, 1, 64, 30000, "splits=128 active=128 merge=last in smem depth=6"),
-    # 128 CTAs fill the GPU: past 16 tiles a warp, fewer tiles in flight than the ring holds (on an H100)
-    (32, 8, 128, 16377, "splits=16 active=16 merge=last from L2 depth=3"),  # capacity 16384: 16 tiles a warp
-    (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=FULL"),  # 17 for split 0's warp 0
-    (32, 8, 128, 32768, "splits=16 active=16 merge=last from L2 depth=FULL"),
-    (32, 8, 64, 32768, "splits=16 active=16 merge=last from L2 depth=FULL"),
+    # 128 CTAs fill the GPU: past 64 tiles a warp, fewer tiles in flight than the ring holds (on an H100)
+    (32, 8, 128, 16385, "splits=16 active=16 merge=last from L2 depth=3"),  # 17 tiles a warp: the whole ring
+    (32, 8, 128, 65529, "splits=16 active=16 merge=last from L2 depth=3"),  # capacity 65536: 64 tiles a warp
+    (32, 8, 128, 65537, "splits=16 active=16 merge=last from L2 depth=FULL"),  # 65 for split 0's warp 0
+    (32, 8, 64, 65537, "splits=16 active=16 merge=last from L2 depth=FULL"),
     (45, 45, 128, 32768, "splits=2 active=2 merge=last from L2 depth=3"),  # 90 CTAs: under 7/10 of 132 SMs
     (47, 47, 128, 32768, "splits=2 active=2 merge=last from L2 depth=FULL"),  # 94 CTAs
 ]
@@ -423,9 +423,10 @@ def test_decode_long_beside_short(hd, stable_prefix):
 @pytest.mark.parametrize("batch, kv_heads", [(15, 8), (16, 8), (17, 8), (33, 4)])
 def test_decode_pairs_near_sm_count(batch, kv_heads):
     # 120-136 (batch, kv head) pairs around 132 SMs: one split each, 136 spill into a second wave; mixed lengths
+    # on both sides of a long stream's 64 tiles a warp (4096 keys)
     dtype = torch.float16
-    starts = [int(x) for x in torch.randint(0, 3000, (batch,))]
-    ours, ref32, lowp = _engine_case(batch, 1, 4 * kv_heads, kv_heads, 128, dtype, starts, capacity=3072)
+    starts = [int(x) for x in torch.randint(0, 5000, (batch,))]
+    ours, ref32, lowp = _engine_case(batch, 1, 4 * kv_heads, kv_heads, 128, dtype, starts, capacity=5120)
     _check(ours, ref32, lowp, dtype, f"starts={starts}")
 
 

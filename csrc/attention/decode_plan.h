@@ -23,10 +23,14 @@ constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's me
 // 12 KB a warp and at least two tiles (2 at d 128 and 256, 3 at d 64), on a card whose DRAM gives an SM less than
 // kShallowBelowGBps. With every SM streaming, the bytes in flight that cover DRAM's latency grow with its
 // bandwidth: on the H100 (25 GB/s an SM) the whole rings streamed slower than two tiles (16 x 16k, bf16,
-// 347.0 -> 342.3 us), on the H200 (36.5 GB/s an SM) two tiles streamed slower (234.2 -> 235.0 us). A grid
-// of few CTAs needs each one's whole ring on either (H100, 9 x 16k: 193.6 -> 209.3 us with two tiles).
+// 347.0 -> 342.3 us; 340.1 -> 336.9 later), on the H200 (36.5 GB/s an SM) two tiles streamed slower (234.2 -> 235.0
+// us). A grid of few CTAs needs each one's whole ring on either (H100, 9 x 16k: 193.6 -> 209.3 us with two tiles).
+// Long means over 64 tiles a warp: at 17-64 the shallow warps lose their ring's fill before the wait, which in the
+// engine's step overlaps rope (H100, the 8B bf16 step, ms, over 16 / over 64: 16 x ~1k 6.800-6.803 / 6.707-6.718, 8
+// x ~2k 6.430 / 6.338 (never shallow), 64 x ~1k 9.144-9.167 / 9.092-9.106, 256 x ~1k 19.890-19.903 / 19.743-19.758;
+// 16 x 2k and 4k level).
 constexpr int kFullGridRingBytes = 12 << 10;
-constexpr int kLongStreamTiles = 16;
+constexpr int kLongStreamTiles = 64;
 constexpr double kShallowBelowGBps = 30.0;  // DRAM bandwidth per SM
 template <typename T, int D>
 constexpr int kFullGridStages = kFullGridRingBytes / kTileBytes<T, D> > 2 ? kFullGridRingBytes / kTileBytes<T, D> : 2;
