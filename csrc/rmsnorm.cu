@@ -245,18 +245,12 @@ void launch_rms_norm(T* out, int64_t out_stride, T* residual, int64_t res_stride
   }
 }
 
-void check_norm_args(const at::Tensor& x, const at::Tensor& weight, const char* op) {
+void check_norm_args(const at::Tensor& x, const at::Tensor& weight, double eps, const char* op) {
   MINFER_CHECK_CUDA(x);
-  MINFER_CHECK_CUDA(weight);
-  MINFER_CHECK_SAME_DEVICE(x, weight);
   MINFER_CHECK_FLOAT(x);
-  MINFER_CHECK_SAME_DTYPE(x, weight);
   MINFER_CHECK(x.dim() == 2, op, ": x must be [tokens, hidden], got shape ", x.sizes());
   MINFER_CHECK_LAST_DIM_CONTIGUOUS(x);
-  MINFER_CHECK_DIM(weight, 1);
-  MINFER_CHECK_CONTIGUOUS(weight);
-  MINFER_CHECK(weight.size(0) == x.size(1), op, ": weight must be [hidden] = [", x.size(1), "], got shape ",
-              weight.sizes());
+  check_norm_weight(op, "weight", weight, "x", x, "hidden", x.size(1), eps);
   MINFER_CHECK(x.size(1) > 0 && x.size(1) <= (1 << 24), op, ": hidden must be in [1, 2^24], got ", x.size(1));
   MINFER_CHECK(x.size(0) < (int64_t(1) << 31), op, ": too many rows (", x.size(0), ")");
 }
@@ -276,7 +270,7 @@ uint8_t* norm_records(const std::optional<at::Tensor>& records, const at::Tensor
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
                     const std::optional<at::Tensor>& records) {
-  check_norm_args(x, weight, "rms_norm");
+  check_norm_args(x, weight, eps, "rms_norm");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), hidden = x.size(1);
   auto out = x.new_empty({rows, hidden});
@@ -302,13 +296,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
 void fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
                         double eps, const std::optional<at::Tensor>& x_weight,
                         const std::optional<at::Tensor>& records) {
-  check_norm_args(x, weight, "fused_add_rms_norm");
-  if (x_weight) {
-    MINFER_CHECK(x_weight->device() == x.device() && x_weight->scalar_type() == x.scalar_type() &&
-                     x_weight->dim() == 1 && x_weight->size(0) == x.size(1) && x_weight->is_contiguous(),
-                 "fused_add_rms_norm: x_weight must be a contiguous [hidden] = [", x.size(1), "] tensor of x's dtype ",
-                 "and device, got ", x_weight->sizes(), " ", x_weight->scalar_type(), " on ", x_weight->device());
-  }
+  check_norm_args(x, weight, eps, "fused_add_rms_norm");
+  if (x_weight) check_norm_weight("fused_add_rms_norm", "x_weight", *x_weight, "x", x, "hidden", x.size(1), eps);
   MINFER_CHECK_CUDA(residual);
   MINFER_CHECK_SAME_DEVICE(x, residual);
   MINFER_CHECK_SAME_DTYPE(x, residual);

@@ -399,14 +399,9 @@ void rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions,
   MINFER_CHECK(head_dim <= 4096, "rope: head_dim must be at most 4096, got ", head_dim);
   MINFER_CHECK(tokens < (int64_t(1) << 31), "rope: too many tokens (", tokens, ")");
   MINFER_CHECK(q_weight.has_value() == k_weight.has_value(), "rope: q_weight and k_weight come together");
-  for (const auto* w : {&q_weight, &k_weight}) {
-    if (!w->has_value()) continue;
-    const at::Tensor& t = **w;
-    MINFER_CHECK(t.device() == q.device() && t.scalar_type() == q.scalar_type() && t.dim() == 1 &&
-                     t.size(0) == head_dim && t.is_contiguous(),
-                 "rope: ", w == &q_weight ? "q_weight" : "k_weight", " must be a contiguous [head_dim] = [", head_dim,
-                 "] tensor of q's dtype and device, got ", t.sizes(), " ", t.scalar_type(), " on ", t.device());
-  }
+  for (const auto* w : {&q_weight, &k_weight})
+    if (w->has_value())
+      check_norm_weight("rope", w == &q_weight ? "q_weight" : "k_weight", **w, "q", q, "head_dim", head_dim, eps);
   MINFER_CHECK(!q_weight || is_neox || head_dim % 2 == 0,
                "rope: q/k norms with GPT-J pairs need an even head_dim, got ", head_dim);
   const int cache_args = v.has_value() + k_cache.has_value() + v_cache.has_value() + slot_mapping.has_value();

@@ -304,10 +304,15 @@ def test_bad_inputs(cuda):
         ops.rms_norm(x.to(torch.int32), w, EPS)
     with pytest.raises(RuntimeError, match="x must be a CUDA tensor"):
         ops.rms_norm(x.cpu(), w.cpu(), EPS)
-    with pytest.raises(RuntimeError, match=r"weight must be \[hidden\]"):
+    with pytest.raises(RuntimeError, match=r"rms_norm: weight must be a contiguous \[hidden\] = \[64\]"):
         ops.rms_norm(x, norm_weight(63, dt), EPS)
-    with pytest.raises(RuntimeError, match="same dtype"):
+    with pytest.raises(RuntimeError, match="tensor of x's dtype and device, got .* Float"):
         ops.rms_norm(x, w.float(), EPS)
+    for eps in (float("nan"), float("inf"), -1e-6):
+        with pytest.raises(RuntimeError, match="rms_norm: eps must be finite and >= 0"):
+            ops.rms_norm(x, w, eps)
+        with pytest.raises(RuntimeError, match="fused_add_rms_norm: eps must be finite and >= 0"):
+            ops.fused_add_rms_norm(x, x.clone(), w, eps)
     with pytest.raises(RuntimeError, match="contiguous last dimension"):
         ops.rms_norm(randn(64, 4, dtype=dt).t(), w, EPS)
     with pytest.raises(RuntimeError, match="residual must have x's shape"):
@@ -357,6 +362,8 @@ def test_bad_inputs(cuda):
         ops.rope(q, k, positions, cos_sin, True, norm_weight(64, dt), None, EPS)
     with pytest.raises(RuntimeError, match=r"k_weight must be a contiguous \[head_dim\]"):
         ops.rope(q, k, positions, cos_sin, True, norm_weight(64, dt), norm_weight(64, torch.float32), EPS)
+    with pytest.raises(RuntimeError, match="rope: eps must be finite and >= 0"):
+        ops.rope(q, k, positions, cos_sin, True, norm_weight(64, dt), norm_weight(64, dt), float("nan"))
     _, q63, k63, pos63, cos_sin62 = rope_inputs(4, 4, 2, 63, 62, dt, False, torch.int64)
     with pytest.raises(RuntimeError, match="q/k norms with GPT-J pairs need an even head_dim"):
         ops.rope(q63, k63, pos63, cos_sin62, False, norm_weight(63, dt), norm_weight(63, dt), EPS)

@@ -1,5 +1,6 @@
 // Argument checks shared by every launcher. Each message names the argument and the rule.
 #pragma once
+#include <cmath>
 #include <string>
 #include <type_traits>
 
@@ -56,6 +57,17 @@ std::string msg(const Args&... args) {
               (t).scalar_type())
 
 namespace minfer {
+// A norm's weight: a contiguous [n] tensor of `like`'s dtype and device (n: hidden, or head_dim for the per-head
+// norms; `dim` names it), and the norm's eps finite and >= 0.
+inline void check_norm_weight(const char* op, const char* name, const at::Tensor& w, const char* like_name,
+                              const at::Tensor& like, const char* dim, int64_t n, double eps) {
+  MINFER_CHECK(w.device() == like.device() && w.scalar_type() == like.scalar_type() && w.dim() == 1 &&
+                   w.size(0) == n && w.is_contiguous(),
+               op, ": ", name, " must be a contiguous [", dim, "] = [", n, "] tensor of ", like_name,
+               "'s dtype and device, got ", w.sizes(), " ", w.scalar_type(), " on ", w.device());
+  MINFER_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+}
+
 // 16-byte rows for cp.async / vector loads: every stride but the last a multiple of 8 elements (16-bit
 // types), the last stride 1, and the base pointer 16-byte aligned.
 inline bool rows_aligned16(const at::Tensor& t) {

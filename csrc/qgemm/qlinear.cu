@@ -5,8 +5,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <cmath>
-
 #include "common/checks.h"
 #include "common/dispatch.h"
 #include "common/launch.h"
@@ -46,13 +44,8 @@ int64_t check_qlinear(const char* op, const at::Tensor& x, const at::Tensor& blo
 
 // Validates norm_weight, the RMSNorm weight qlinear reads x through: [k] of x's dtype, contiguous, 16-byte aligned.
 void check_norm(const char* op, const at::Tensor& x, const at::Tensor& norm_weight, double eps) {
-  MINFER_CHECK_SAME_DEVICE(x, norm_weight);
-  MINFER_CHECK_SAME_DTYPE(x, norm_weight);
-  MINFER_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == x.size(1), op, ": norm_weight must have shape [",
-               x.size(1), "], got ", norm_weight.sizes());
-  MINFER_CHECK(norm_weight.is_contiguous() && is_aligned16(norm_weight.data_ptr()), op,
-               ": norm_weight must be contiguous and 16-byte aligned");
-  MINFER_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  check_norm_weight(op, "norm_weight", norm_weight, "x", x, "hidden", x.size(1), eps);
+  MINFER_CHECK(is_aligned16(norm_weight.data_ptr()), op, ": norm_weight must be 16-byte aligned");
 }
 
 // Whether regs_kernel takes x [M, k] @ W^T (n rows) with a norm or accumulate: else the ops run them apart.
