@@ -438,8 +438,11 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint8_t* st
   }
 }
 
-// out[:, n0 .. n0 + 15] (+ bias) from a warp's sums (C fragments: acc[4 nt + 2h + e] is x row 8 nt + 2t + e,
-// W row n0 + g + 8h).
+// A warp's sums are C fragments: acc[i], i = 4 nt + 2h + e, is x row 8 nt + 2t + e and W row n0 + g + 8h.
+__device__ __forceinline__ int frag_x_row(int i, int t) { return 8 * (i / 4) + 2 * t + (i & 1); }
+__device__ __forceinline__ int frag_w_row(int i, int n0, int g) { return n0 + g + 8 * ((i % 4) >> 1); }
+
+// out[:, n0 .. n0 + 15] (+ bias) from a warp's sums.
 // With kPrior (a.accumulate), out = prior (out's values, out_prior) + the product, each rounded as its own op would.
 template <typename T, int NT, bool kPrior = false>
 __device__ __forceinline__ void store_rows(const float (&acc)[NT * 4], const Args& a, int n0, int g, int t,
@@ -448,7 +451,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[NT * 4], const Arg
   T* out = static_cast<T*>(a.out);
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) {
-    const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
+    const int m = frag_x_row(i, t), n = frag_w_row(i, n0, g);
     if (m < a.M && n < a.N) {
       T y = from_float<T>(bias ? acc[i] + to_float(bias[n]) : acc[i]);
       if constexpr (kPrior) y = from_float<T>(to_float(prior[i]) + to_float(y));
@@ -463,7 +466,7 @@ __device__ __forceinline__ void out_prior(T (&prior)[NT * 4], const Args& a, int
   const T* out = static_cast<const T*>(a.out);
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) {
-    const int m = 8 * (i / 4) + 2 * t + (i & 1), n = n0 + g + 8 * ((i % 4) >> 1);
+    const int m = frag_x_row(i, t), n = frag_w_row(i, n0, g);
     prior[i] = m < a.M && n < a.N ? out[int64_t(m) * a.out_stride + n] : from_float<T>(0.f);
   }
 }
@@ -477,7 +480,7 @@ __device__ __forceinline__ void store_act(const float (&acc)[NT * 4], const Args
 #pragma unroll
   for (int i = 0; i < NT * 4; ++i) {
     if ((i % 4) >> 1) continue;  // acc[i + 2] is the up row of acc[i]'s gate row
-    const int m = 8 * (i / 4) + 2 * t + (i & 1);
+    const int m = frag_x_row(i, t);
     if (m < a.M && n < a.N / 2)
       out[int64_t(m) * a.out_stride + n] = gated<T, Act>(from_float<T>(acc[i]), from_float<T>(acc[i + 2]));
   }
