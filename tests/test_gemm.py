@@ -25,6 +25,17 @@ def _hopper():
     return torch.cuda.get_device_capability()[0] == 9
 
 
+def _slow_dram():
+    """Whether the card's DRAM gives an SM under 30 GB/s (the H100, not the H200): gemv_wide_rows (gemv.cu)."""
+    props = torch.cuda.get_device_properties(0)  # memory clock in kHz, two transfers a clock (HBM)
+    return 2 * props.memory_clock_rate * 1e3 * (props.memory_bus_width // 8) / 1e9 / props.multi_processor_count < 30
+
+
+def _by_card(plan):
+    """A plan that differs by the card: (on an H100, on an H200)."""
+    return plan if not isinstance(plan, tuple) else plan[0] if _slow_dram() else plan[1]
+
+
 def _paths(m):
     paths = ["auto", "wmma", "sm80"]
     if m <= 256:  # auto's gemv range (up to 256 rows on small W)
@@ -142,7 +153,8 @@ def test_gemv_path_many_tiles(m, k, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m, n, k", [(m, 17003, k) for m in (1, 2, 3, 4, 5, 8, 9, 16) for k in (4104, 4168)] +
                          [(1, 50701, 4104), (4, 50701, 4168), (8, 50701, 4104), (16, 50701, 4168), (13, 101399, 2056)] +
-                         [(1, 16381, 2056), (8, 16381, 2056), (16, 4093, 14344), (13, 4093, 8200)])
+                         [(1, 16381, 2056), (8, 16381, 2056), (16, 4093, 14344), (13, 4093, 8200)] +
+                         [(9, 6136, 4104), (16, 4096, 4168)])  # a wide model's W at 9-16 rows: the ring on an H100
 def test_gemv_path_ring(m, n, k, dtype):
     _check_linear_and_gemm(m, n, k, dtype, "auto")
 
@@ -151,7 +163,8 @@ def test_gemv_path_ring(m, n, k, dtype):
 # a 132-SM Hopper GPU (H100 / H200): linear_plan runs the same choice and launches nothing. 40 x 1536 x 576
 # has too few tiles to balance the SMs: the fallback takes KS = 8 on the first variant whose 288 CTAs all
 # fit at once (3 per SM). 16 x 6136 x 4104 takes the 4-step rounds of two n8 tiles at 3 CTAs per SM (X one
-# step ahead), where 2-step rounds fit as many CTAs.
+# step ahead), where 2-step rounds fit as many CTAs, on an H200; on an H100 the 12-warp ring (gemv_wide_rows: K and
+# N of 4096 and more at 9-16 rows). A tuple: (on an H100, on an H200).
 PLANS = [
     (1, 4095, 4088, "gemv: m1 U=4 4/SM ks=2"), (1, 2040, 8200, "gemv: m1 U=4 4/SM ks=4"),
     (1, 37, 16392, "gemv: m1 U=8 2/SM ks=8"), (1, 1001, 2056, "gemv: m1 U=8 2/SM ks=1"),
@@ -163,7 +176,9 @@ PLANS = [
     (1, 40000, 1048, "gemv: stream U=6 2/SM"), (16, 40000, 1048, "gemv: stream U=6 2/SM"),
     (1, 40000, 1000, "gemv: stream U=4 3/SM"), (1, 40000, 568, "gemv: stream U=6 3/SM"),
     (16, 40000, 568, "gemv: stream U=6 3/SM"), (1, 28680, 1528, "gemv: stream U=8 2/SM"),
-    (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"), (16, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"),
+    (8, 6136, 4104, "gemv: tiles U=4 3/SM ks=8"),
+    (16, 6136, 4104, ("gemv: ring R=16 12 warps granule=1", "gemv: tiles U=4 3/SM ks=8")),
+    (9, 4096, 4096, ("gemv: ring R=16 12 warps granule=1", "gemv: tiles .*")), (16, 4088, 4104, "gemv: tiles .*"),
     (8, 2040, 8200, "gemv: tiles U=8 2/SM ks=8"),
     (40, 1536, 576, "gemv: tiles U=2 3/SM ks=8"), (64, 4096, 4096, "sm90 small-M split=2 cluster=2 w_rows=64"),
     (128, 4096, 4096, "sm90 small-M split=(4 cluster=[24]|3 cluster=3)"),
@@ -196,7 +211,7 @@ def _plan(m, n, k, dtype=torch.float16):
 def test_linear_plan(m, n, k, plan):
     if not _hopper() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
-    got = _plan(m, n, k)
+    got, plan = _plan(m, n, k), _by_card(plan)
     assert re.fullmatch(plan, got), f"{m} x {n} x {k}: expected {plan!r}, the launcher picks {got!r}"
 
 
@@ -498,7 +513,8 @@ def _gated(gate_up, act):
 # in its epilogue. Past 16 rows on small W the tiles (inter 100: a partial last tile of 8 outputs; 1536 x 576: the
 # default model's gate | up); up to 8 rows each kernel in its turn (the plans as a 132-SM Hopper GPU makes them),
 # walking gate | up in tiles of 8 gate and 8 up rows, so only where inter is a multiple of 8. 8 x 100 x 328, 9-16
-# rows and 256 x 1536 x 576 (sm90) run the linear and then the activation's launch.
+# rows and 256 x 1536 x 576 (sm90) run the linear and then the activation's launch, but on an H100 a wide model's gate
+# | up at 9-16 rows on the many-tiles ring (gemv_act_in_ring; a tuple: on an H100, on an H200).
 ACT_PLANS = [(17, 1536, 576, "gemv: tiles "), (40, 100, 328, "gemv: tiles "), (113, 1536, 576, "gemv: tiles "),
              (128, 1536, 576, "gemv: tiles "), (8, 1536, 576, "gemv: "), (1, 1536, 576, "gemv: "),
              (1, 2048, 4096, "gemv: m1 "),  # a gate row and its up row a warp
@@ -515,7 +531,8 @@ ACT_PLANS = [(17, 1536, 576, "gemv: tiles "), (40, 100, 328, "gemv: tiles "), (1
              # 79 tiles of 64 rows: the plain linear keeps 128-row tiles and the same splits (3 a tile through the
              # workspace), so the fused bits are the two launches'
              (48, 2504, 4096, "sm90 small-M split=3 cluster=1 "),
-             (8, 100, 328, None), (9, 1536, 576, None), (16, 8448, 4096, None), (256, 1536, 576, None),
+             (8, 100, 328, None), (9, 1536, 576, None), (16, 8448, 4096, ("gemv: ring R=32 granule=16", None)),
+             (9, 8448, 4104, ("gemv: ring R=32 granule=16", None)), (16, 3072, 4096, None), (256, 1536, 576, None),
              (65, 2048, 2048, None), (144, 2048, 8192, None)]
 ACT_CASES = [c[:3] for c in ACT_PLANS]
 
@@ -557,7 +574,7 @@ def test_linear_act_plan(m, inter, k, kernel):
         pytest.skip("the expected plans are worked out for 132-SM Hopper GPUs")
     _ops()
     x, w = torch.empty(m, k, device=DEV, dtype=torch.bfloat16), torch.empty(2 * inter, k, device=DEV, dtype=torch.bfloat16)
-    plan = torch.ops.minfer.linear_plan(x, w, "auto", "silu")
+    plan, kernel = torch.ops.minfer.linear_plan(x, w, "auto", "silu"), _by_card(kernel)
     assert plan.endswith(" +silu" if kernel else ", then silu_and_mul"), plan
     assert kernel is None or plan.startswith(kernel), plan
 

@@ -209,7 +209,8 @@ at::Tensor linear_or_plan(const at::Tensor& x, const at::Tensor& weight,
   const c10::cuda::CUDAGuard guard(x.device());
   // Up to 8 rows the kernels walk gate | up in tiles of 8 gate and 8 up rows (w_row): N / 2 in whole 8s. At
   // 9-16 rows the two launches stay: the fused stream kernel took 1.4 us a call more and the down projection
-  // after it waited the activation's launch out (Gemma-3-4B shape, batch 16, H200: 3.117 -> 3.16 ms a step).
+  // after it waited the activation's launch out (Gemma-3-4B shape, batch 16, H200: 3.117 -> 3.16 ms a step);
+  // but for a wide model's gate | up on the H100's many-tiles ring (gemv_act_in_ring, gemv.cu).
   // The sm90 small-M kernel's tiles pair them alike at 32-64 rows (sm90_small_m_act).
   const Path fused_path = act == kActNone || path != Path::kAuto || x.scalar_type() == at::kFloat ? Path::kAuto : [&] {
     return MINFER_DISPATCH_HALF(x.scalar_type(), "linear_act", [&] {
@@ -218,7 +219,9 @@ at::Tensor linear_or_plan(const at::Tensor& x, const at::Tensor& weight,
       return auto_path(p, cc_major(x.device().index()));
     });
   }();
-  const bool fused = (fused_path == Path::kGemv && (M > 16 || (M <= 8 && (N / 2) % 8 == 0))) ||
+  const bool fused = (fused_path == Path::kGemv &&
+                      (M > 16 || (M <= 8 && (N / 2) % 8 == 0) ||
+                       gemv_act_in_ring((int)M, (int)N, (int)K, x.get_device(), sm_count(x.get_device())))) ||
                      (fused_path == Path::kSm90 && sm90_small_m_act(M, N));
   if (act != kActNone && !fused) {  // the linear, then the activation
     const char* act_op = act == kActSilu ? "silu_and_mul" : "gelu_tanh_and_mul";

@@ -44,6 +44,11 @@ int sm80_split_k(int M, int N, int K, int sms);
 void launch_sm80_int8(const Params<int8_t, int32_t>& p, cudaStream_t s);      // K % 16 == 0, 16B rows
 // sak = sbk = 1, 16B rows. plan != nullptr: nothing runs; *plan says which kernel and configuration would.
 template <typename T> void launch_gemv(const Params<T, T>& p, cudaStream_t s, int sms, std::string* plan = nullptr);
+// gemv at 9-16 rows of a wide model's W (K and N of 4096 and more) on a card whose DRAM gives an SM under 30 GB/s (the
+// H100; see gemv.cu): the 12-warp ring where the tiles are fewer than the many-tiles ring takes (gemv_wide_rows), and
+// linear_act's activation in the many-tiles ring's epilogue (gemv_act_in_ring; N: gate | up's rows).
+bool gemv_wide_rows(int M, int N, int K, int device);
+bool gemv_act_in_ring(int M, int N, int K, int device, int sms);
 constexpr int kSm90SmallMAll = 128, kSm90SmallM = 192;
 // Whether launch_sm90 runs the small-M kernel: every M <= kSm90SmallMAll, and M <= kSm90SmallM where K is
 // long (see there).

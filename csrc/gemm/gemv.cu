@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +26,25 @@
 #include "gemm/gemv_tiles.cuh"
 
 namespace minfer::gemm_impl {
+
+// At 9-16 rows of a wide model's W (K and N of 4096 and more) on a card whose DRAM gives an SM under kRingBelowGBps:
+// the 12-warp ring where the tiles are fewer than the many-tiles ring takes (the 8B q | k | v and o), and linear_act's
+// activation in the many-tiles ring's epilogue (its gate | up). Alone the ring is slower (H100, 16 x 4096 x 4096 11.6
+// -> 13.9 us back to back), but its deep fill before the wait overlaps the kernel before it in the step, and only
+// the pair gains there: the 8B bf16 step at 16 x ~1k (bench_throughput), H100, ms, two rounds: 6.837 / 6.841 as
+// before, the ring alone 6.808 / 6.797, the activation alone 6.901 / 6.885, both 6.743 / 6.746; on another H100 6.729
+// / 6.748 -> 6.613 / 6.620 (85.2-85.4 -> 86.8-87.0% of its roofline). Not on narrower W: the Llama-3.2-1B shape's
+// step (its down 2048 x 8192 on the ring, its gate | up's activation in the tiles' epilogue) went 1.202 -> 1.236-1.247
+// ms. The H200 (36.5 GB/s an SM) keeps the CTA variants, on which the ring had lost (6144 x 4096 at 16 rows 15.9 ->
+// 16.4 us), and the activation's own launch (the Gemma-3-4B step 3.117 -> 3.156 ms fused).
+constexpr double kRingBelowGBps = 30.0;
+bool gemv_wide_rows(int M, int N, int K, int device) {
+  return M > 8 && M <= 16 && K >= 4096 && N >= 4096 && dram_gbps_per_sm(device) < kRingBelowGBps;
+}
+bool gemv_act_in_ring(int M, int N, int K, int device, int sms) {  // launch_ring's many tiles, in whole 16-row pairs
+  return gemv_wide_rows(M, N, K, device) && (N + 15) / 16 >= int64_t(kWarps) * sms && (N / 2) % 8 == 0;
+}
+
 namespace {
 
 // Work per SM, average over heaviest: `per_sm` units spread over the SMs, whole units each.
@@ -114,8 +134,8 @@ bool launch_stream(const Params<T, T>& p, int sms, cudaStream_t stream, std::str
 //   tile); three 16-row blocks of 3072 x 576 take 288 CTAs of 3 per SM in one wave, where 2 per SM
 //   run 264 + 24 (H200, fp16: 37 x 3072 x 576 6.9 -> 5.5 us, M = 33..48 alike; no other shape of the
 //   decode sweep or of M 17..64 on small W moved).
-// With p.act (linear_act: up to 8 rows, or past 16 on small W) every kernel here applies it in its epilogue
-// (see w_row).
+// With p.act (linear_act: up to 8 rows, past 16 on small W, or gemv_act_in_ring) every kernel here applies it in
+// its epilogue (see w_row).
 template <typename T, int NT, int U_BIG, int U_SMALL>
 void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T>> variants, cudaStream_t stream,
                  std::string* plan) {
@@ -182,9 +202,11 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
 // other kernels. Returns false where the ring does not apply.
 template <typename T, int R, int NT, int WARPS>
 bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
-  // The activation in the epilogue up to 8 rows (NT = 1; see linear_or_plan): no kAct build of the others.
+  // The activation in the epilogue up to 8 rows (NT = 1), and at 9-16 in the many-tiles ring (R = 32, 4 warps) where
+  // gemv_wide_rows says so (see linear_or_plan): no kAct build of the others.
+  constexpr bool kActBuild = NT == 1 || (R == 32 && WARPS == 4);
   constexpr auto kernel = gemv_ring_kernel<T, R, NT, WARPS, false>;
-  constexpr auto act_kernel = gemv_ring_kernel<T, R, NT, WARPS, NT == 1>;
+  constexpr auto act_kernel = gemv_ring_kernel<T, R, NT, WARPS, kActBuild>;
   constexpr int smem = ring_smem_bytes(WARPS);
   static const int per_sm = [&] {
     allow_smem<kernel, smem>();
@@ -205,7 +227,8 @@ bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::
     return "ring R=" + std::to_string(R) + (WARPS == 4 ? "" : " 12 warps") + " granule=" +
            std::to_string(range_granule);
   };
-  MINFER_CHECK(!p.act || NT == 1, "linear_act: the gemv ring applies the activation up to 8 rows");
+  MINFER_CHECK(!p.act || kActBuild, "linear_act: the gemv ring applies the activation up to 8 rows, and at 9-16 in ",
+               "the many-tiles ring");
   launch_or_describe(plan, what, p.act ? act_kernel : kernel, dim3((unsigned)grid), dim3(WARPS * 32), smem, stream, p,
                      range_granule);
   return true;
@@ -231,6 +254,8 @@ bool launch_ring(const Params<T, T>& p, int sms, cudaStream_t stream, std::strin
     if (p.M <= 8) return launch_ring_with<T, 32, 1, 4>(p, sms, stream, plan);
     return launch_ring_with<T, 32, 2, 4>(p, sms, stream, plan);
   }
+  if (gemv_wide_rows(p.M, p.N, p.K, c10::cuda::current_device()) && twelve_warp_rings_fit())
+    return launch_ring_with<T, 16, 2, 12>(p, sms, stream, plan);
   // Few tiles on a large W (2^25 elements, 64 MB at 16 bits, or more), up to M = 8 or with K >= 8192:
   // one 12-warp CTA per SM.
   if (int64_t(p.N) * p.K < (int64_t{1} << 25) || (p.M > 8 && p.K < 8192) || !twelve_warp_rings_fit()) return false;

@@ -185,8 +185,8 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
     # A Q4_K gate | up up to 16 rows on x's records runs it too: its kernels' tiles hold 8 gate rows beside their up
     # rows and write the activation (the 8B Q4_K_M step: -3% at batch 16), then down's records in a launch of their own.
     # A dense gate | up (or a layer group's, decoded) runs linear_act, whose gemv kernels apply the activation in
-    # their epilogue up to 8 rows, and past 16 on small W (a small model's batched decode), and whose sm90 small-M
-    # kernel at 32-64 rows (a large model's).
+    # their epilogue up to 8 rows, past 16 on small W (a small model's batched decode) and, on an H100, at 9-16 on a
+    # wide model's many-tiles ring, and whose sm90 small-M kernel at 32-64 rows (a large model's).
     # norm (weight [in], eps): x is read as rms_norm(x, weight, eps), in qlinear_act's launch where norms_in_linears.
     if (isinstance(weight, QuantizedWeight) and x_records is None and records is None and x.dtype != torch.float32
             and x.shape[0] <= quantized.QLINEAR_MAX_ROWS):
