@@ -203,7 +203,7 @@ void launch_best(const Params<T, T>& p, int sms, std::initializer_list<Variant<T
 template <typename T, int R, int NT, int WARPS>
 bool launch_ring_with(const Params<T, T>& p, int sms, cudaStream_t stream, std::string* plan) {
   // The activation in the epilogue up to 8 rows (NT = 1), and at 9-16 in the many-tiles ring (R = 32, 4 warps) where
-  // gemv_wide_rows says so (see linear_or_plan): no kAct build of the others.
+  // gemv_act_in_ring says so (see linear_or_plan): no kAct build of the others.
   constexpr bool kActBuild = NT == 1 || (R == 32 && WARPS == 4);
   constexpr auto kernel = gemv_ring_kernel<T, R, NT, WARPS, false>;
   constexpr auto act_kernel = gemv_ring_kernel<T, R, NT, WARPS, kActBuild>;
