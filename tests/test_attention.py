@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from gpu_card import thin_dram
 
 from minfer.ops import reference
 
@@ -280,12 +281,6 @@ MERGE_CASES = [
 FULL_DEPTH = {128: (2, 3), 64: (3, 6)}
 
 
-def _dram_gbps_per_sm():
-    props = torch.cuda.get_device_properties(0)  # memory clock in kHz, two transfers a clock (HBM)
-    bytes_per_s = 2 * props.memory_clock_rate * 1e3 * (props.memory_bus_width // 8)
-    return bytes_per_s / 1e9 / props.multi_processor_count
-
-
 def _decode_plan(heads, kv_heads, hd, ctx, capacity, batch=1):
     q = torch.empty(batch, 1, heads, hd, device="cuda", dtype=torch.bfloat16)
     k = torch.empty(batch, capacity, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
@@ -298,7 +293,7 @@ def test_decode_plan(heads, kv_heads, hd, ctx, plan):
     if torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the expected plans are worked out for 132-SM GPUs (H100 / H200)")
     if "depth=FULL" in plan:
-        plan = plan.replace("FULL", str(FULL_DEPTH[hd][0 if _dram_gbps_per_sm() < 30 else 1]))
+        plan = plan.replace("FULL", str(FULL_DEPTH[hd][0 if thin_dram() else 1]))
     got = _decode_plan(heads, kv_heads, hd, ctx, ctx + 7)
     assert got == plan, f"{heads} / {kv_heads} heads, d {hd}, {ctx} keys: expected {plan!r}, the launcher picks {got!r}"
 

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from gpu_card import thin_dram
 
 pytestmark = pytest.mark.gpu
 
@@ -25,15 +26,9 @@ def _hopper():
     return torch.cuda.get_device_capability()[0] == 9
 
 
-def _slow_dram():
-    """Whether the card's DRAM gives an SM under 30 GB/s (the H100, not the H200): gemv_wide_rows (gemv.cu)."""
-    props = torch.cuda.get_device_properties(0)  # memory clock in kHz, two transfers a clock (HBM)
-    return 2 * props.memory_clock_rate * 1e3 * (props.memory_bus_width // 8) / 1e9 / props.multi_processor_count < 30
-
-
 def _by_card(plan):
     """A plan that differs by the card: (on an H100, on an H200)."""
-    return plan if not isinstance(plan, tuple) else plan[0] if _slow_dram() else plan[1]
+    return plan if not isinstance(plan, tuple) else plan[0] if thin_dram() else plan[1]
 
 
 def _paths(m):

@@ -16,7 +16,7 @@ std::string flash_decode_plan(const at::Tensor& q, const at::Tensor& k_cache, in
   return MINFER_DISPATCH_HALF(q.scalar_type(), "attention_decode_plan", [&] {
     return MINFER_DISPATCH_HEAD_DIM(q.size(3), D, [&] {
       const int device = q.get_device();
-      const decode::Launch l = decode::plan_launch<D>(p, pairs, sm_count(device), dram_gbps_per_sm(device));
+      const decode::Launch l = decode::plan_launch<D>(p, pairs, sm_count(device), thin_dram(device));
       return decode::describe<scalar_t, D>(p, l, pairs, length);
     });
   });

@@ -20,9 +20,9 @@ constexpr int kSecondRoundBytes = 24 << 10;  // ... and the most K/V a warp stre
 constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's merge keeps in flight per thread
 
 // A grid that fills the GPU streams its long ranges with fewer tiles in flight than the ring holds: about
-// 12 KB a warp and at least two tiles (2 at d 128 and 256, 3 at d 64), on a card whose DRAM gives an SM less than
-// kShallowBelowGBps. With every SM streaming, the bytes in flight that cover DRAM's latency grow with its
-// bandwidth: on the H100 (25 GB/s an SM) the whole rings streamed slower than two tiles (16 x 16k, bf16,
+// 12 KB a warp and at least two tiles (2 at d 128 and 256, 3 at d 64), on a card whose DRAM gives an SM under
+// 30 GB/s (thin_dram, common/launch.h). With every SM streaming, the bytes in flight that cover DRAM's latency
+// grow with its bandwidth: on the H100 (25 GB/s an SM) the whole rings streamed slower than two tiles (16 x 16k, bf16,
 // 347.0 -> 342.3 us; 340.1 -> 336.9 later), on the H200 (36.5 GB/s an SM) two tiles streamed slower (234.2 -> 235.0
 // us). A grid of few CTAs needs each one's whole ring on either (H100, 9 x 16k: 193.6 -> 209.3 us with two tiles).
 // Long means over 64 tiles a warp: at 17-64 the shallow warps lose their ring's fill before the wait, which in the
@@ -31,7 +31,6 @@ constexpr int kMergeUnroll = 16;      // splits whose partials the last CTA's me
 // 16 x 2k and 4k level).
 constexpr int kFullGridRingBytes = 12 << 10;
 constexpr int kLongStreamTiles = 64;
-constexpr double kShallowBelowGBps = 30.0;  // DRAM bandwidth per SM
 template <typename T, int D>
 constexpr int kFullGridStages = kFullGridRingBytes / kTileBytes<T, D> > 2 ? kFullGridRingBytes / kTileBytes<T, D> : 2;
 
@@ -52,12 +51,10 @@ inline int range_capacity(const DecodeParams& p) {
 }
 
 // Whether a launch of `ctas` CTAs takes the shallow full-grid kernel: it fills the GPU (7/10 of the SMs),
-// its capacity gives a warp more than kLongStreamTiles tiles, and the card's DRAM bandwidth per SM is
-// under kShallowBelowGBps (-1, unknown, counts as under). The FULL_GRID kernel then checks each warp's
-// actual tiles (long_stream).
-__host__ __forceinline__ bool full_grid(int64_t ctas, int sms, int capacity, int64_t splits, double dram_per_sm) {
-  return 10 * ctas >= 7 * int64_t{sms} && capacity > splits * kWarps * kTK * kLongStreamTiles &&
-         dram_per_sm < kShallowBelowGBps;
+// its capacity gives a warp more than kLongStreamTiles tiles, and the card's DRAM is thin an SM (thin_dram,
+// common/launch.h). The FULL_GRID kernel then checks each warp's actual tiles (long_stream).
+__host__ __forceinline__ bool full_grid(int64_t ctas, int sms, int capacity, int64_t splits, bool thin_dram) {
+  return thin_dram && 10 * ctas >= 7 * int64_t{sms} && capacity > splits * kWarps * kTK * kLongStreamTiles;
 }
 __host__ __device__ __forceinline__ bool long_stream(int warp_tiles) { return warp_tiles > kLongStreamTiles; }
 
@@ -139,10 +136,10 @@ struct Launch {
 // One CTA per SM: enough splits that every SM streams (each CTA streams its range with a deep pipeline,
 // so more, shorter CTAs only add ramp-ups and combine work; two CTAs per SM streamed slower everywhere
 // measured: H200, 1 x 16k 23.6 -> 22.3 us with one). Bounded by the capacity (no split under kMinChunk
-// keys of the longest range) and a 256 MB workspace. sms: the device's SM count; dram_per_sm: its DRAM
-// bandwidth per SM in GB/s (common/launch.h).
+// keys of the longest range) and a 256 MB workspace. sms: the device's SM count; thin_dram: whether its DRAM
+// gives an SM under 30 GB/s (common/launch.h).
 template <int D>
-inline Launch plan_launch(const DecodeParams& p, int64_t pairs, int sms, double dram_per_sm) {
+inline Launch plan_launch(const DecodeParams& p, int64_t pairs, int sms, bool thin_dram) {
   const int keys = range_capacity(p);
   int64_t splits = std::max<int64_t>(1, sms / pairs);
   splits = std::min<int64_t>({splits, (keys + kMinChunk - 1) / kMinChunk, kMaxSplits});
@@ -151,7 +148,7 @@ inline Launch plan_launch(const DecodeParams& p, int64_t pairs, int sms, double 
   Launch l;
   l.num_splits = static_cast<int>(splits);
   l.all_resident = splits * pairs <= sms;
-  l.full = full_grid(splits * pairs, sms, keys, splits, dram_per_sm);
+  l.full = full_grid(splits * pairs, sms, keys, splits, thin_dram);
   l.short_ring = kHasShortRing<D> && splits * pairs > 2 * int64_t{sms} && splits * pairs <= 6 * int64_t{sms};
   return l;
 }

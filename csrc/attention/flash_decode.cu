@@ -33,7 +33,7 @@ void launch(DecodeParams p, int batch, int kv_heads, const at::Tensor& q, cudaSt
   const int device = q.get_device();
   const int kv_blocks = kv_heads * p.hblocks;
   const int64_t pairs = static_cast<int64_t>(batch) * kv_blocks;
-  const Launch l = plan_launch<D>(p, pairs, sm_count(device), dram_gbps_per_sm(device));
+  const Launch l = plan_launch<D>(p, pairs, sm_count(device), thin_dram(device));
   p.num_splits = l.num_splits;
   p.all_resident = l.all_resident;
   at::Tensor ws, own_counters;

@@ -45,6 +45,12 @@ inline double dram_gbps_per_sm(int device) {
   return cached[device];
 }
 
+// Whether a device's DRAM gives an SM under 30 GB/s (the H100: 25; the H200: 36.5; unknown counts as under). Where
+// the bytes in flight an SM decide a plan, such cards take their own: the decode's shallow long streams
+// (attention/decode_plan.h) and gemv's wide-rows ring (gemm/gemv.cu).
+constexpr double kThinDramGBpsPerSm = 30.0;
+inline bool thin_dram(int device) { return dram_gbps_per_sm(device) < kThinDramGBpsPerSm; }
+
 // Whether a small kernel of `rows` rows (RMSNorm, the activation, rope) lets the next kernel launch before
 // its own griddep_wait (ptx::griddep_enter): at one row (batch-1 decode), where the next GEMV's first weights
 // then load beside the previous GEMV's tail; and up to 16 rows where next_streams, the next kernel streams reads

@@ -27,7 +27,7 @@
 
 namespace minfer::gemm_impl {
 
-// At 9-16 rows of a wide model's W (K and N of 4096 and more) on a card whose DRAM gives an SM under kRingBelowGBps:
+// At 9-16 rows of a wide model's W (K and N of 4096 and more) on a card of thin DRAM an SM (thin_dram, under 30 GB/s):
 // the 12-warp ring where the tiles are fewer than the many-tiles ring takes (the 8B q | k | v and o), and linear_act's
 // activation in the many-tiles ring's epilogue (its gate | up). Alone the ring is slower (H100, 16 x 4096 x 4096 11.6
 // -> 13.9 us back to back), but its deep fill before the wait overlaps the kernel before it in the step, and only
@@ -37,9 +37,8 @@ namespace minfer::gemm_impl {
 // step (its down 2048 x 8192 on the ring, its gate | up's activation in the tiles' epilogue) went 1.202 -> 1.236-1.247
 // ms. The H200 (36.5 GB/s an SM) keeps the CTA variants, on which the ring had lost (6144 x 4096 at 16 rows 15.9 ->
 // 16.4 us), and the activation's own launch (the Gemma-3-4B step 3.117 -> 3.156 ms fused).
-constexpr double kRingBelowGBps = 30.0;
 bool gemv_wide_rows(int M, int N, int K, int device) {
-  return M > 8 && M <= 16 && K >= 4096 && N >= 4096 && dram_gbps_per_sm(device) < kRingBelowGBps;
+  return M > 8 && M <= 16 && K >= 4096 && N >= 4096 && thin_dram(device);
 }
 bool gemv_act_in_ring(int M, int N, int K, int device, int sms) {  // launch_ring's many tiles, in whole 16-row pairs
   return gemv_wide_rows(M, N, K, device) && (N + 15) / 16 >= int64_t(kWarps) * sms && (N / 2) % 8 == 0;
