@@ -47,7 +47,7 @@ inline double dram_gbps_per_sm(int device) {
 
 // Whether a device's DRAM gives an SM under 30 GB/s (the H100: 25; the H200: 36.5; unknown counts as under). Where
 // the bytes in flight an SM decide a plan, such cards take their own: the decode's shallow long streams
-// (attention/decode_plan.h) and gemv's wide-rows ring (gemm/gemv.cu).
+// (attention/decode_plan.h), gemv's wide-rows ring (gemm/gemv.cu) and Q4_K's wide tiles (qgemm/qlinear_launch.cuh).
 constexpr double kThinDramGBpsPerSm = 30.0;
 inline bool thin_dram(int device) { return dram_gbps_per_sm(device) < kThinDramGBpsPerSm; }
 

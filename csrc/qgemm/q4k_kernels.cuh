@@ -454,12 +454,13 @@ __global__ void __launch_bounds__(kThreads, kCTAs)
 // rows (tile_warps), and all walk the same chunks, whose records come into shared memory once for the CTA (0.5x
 // the weights at M = 16 and 8 warps). Where the tiles alone leave SMs idle, the grid's y splits the chunks: each
 // CTA writes its fp32 sums to ws, and the last of a tile's CTAs to arrive adds them in split order and stores.
-constexpr int kMinTileWarps = 6;  // tile_kernel's CTAs: 16 rows a warp, 6 to 8 warps (shared memory for 8)
+constexpr int kMinTileWarps = 6;  // tile_kernel's CTAs: 16 rows a warp, 6 to 8 warps (shared memory for 8) ...
+constexpr int kWideTileWarps = 14;  // ... or 14, one CTA an SM (qlinear_launch.cuh: q4k_wide_tiles)
 constexpr int kXStride = 576;  // a record in shared memory, padded: rows g and g + 1 of a 16-byte fragment
                                // load fall in different banks
 
-__host__ __device__ constexpr int tile_smem(int nt, int stages) {
-  return stages * kWarps * Ring<kQ4_K>::kStageBytes + (stages + 1) * 8 * nt * kXStride;
+__host__ __device__ constexpr int tile_smem(int nt, int stages, int warps = kWarps) {
+  return stages * warps * Ring<kQ4_K>::kStageBytes + (stages + 1) * 8 * nt * kXStride;
 }
 
 // This thread's 16-byte pieces of a chunk's records (x rows 0 .. M - 1, the fp16 form): piece threadIdx.x +
@@ -503,9 +504,9 @@ struct RecordPieces {
 // 16 x 4096 x 14336 22.0 / 20.7, 8 x 28672 x 4096 31.1 / 29.3; 8 x 6144 x 4096, 3-4 chunks a warp, 11.7 / 12.2).
 // The records by bulk copies, 16 lanes of warp 0 with an mbarrier a slot, lost (16 x 28672 x 4096 35.3 -> 40.3).
 // Act: W is gate | up and out [M, inter] = act(gate) * up, a warp's 16 rows being 8 gate rows and their up rows
-// (ChunkRing's kPair; sm_90 only).
-template <typename T, int NT, int S, typename Act = void>
-__global__ void __launch_bounds__(kThreads, 2)
+// (ChunkRing's kPair; sm_90 only). W: the most warps a CTA, 2 CTAs an SM up to kWarps, else one.
+template <typename T, int NT, int S, typename Act = void, int W = kWarps>
+__global__ void __launch_bounds__(32 * W, W > kWarps ? 1 : 2)
     tile_kernel(const Args a, const uint8_t* records, float* ws, int* counters,
                 const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map) {
   using R = Ring<kQ4_K>;
@@ -514,9 +515,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
   uint8_t* smem = aligned_128(smem_raw);
-  __shared__ __align__(8) uint64_t bars[kWarps][S];
+  __shared__ __align__(8) uint64_t bars[W][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int warps = blockDim.x / 32;  // kMinTileWarps .. kWarps
+  const int warps = blockDim.x / 32;  // kMinTileWarps .. W
   const int n0 = blockIdx.x * 16 * warps + 16 * warp, chunks = a.K / 256;
   const int c0 = int(int64_t(blockIdx.y) * chunks / gridDim.y);
   const int mine = int(int64_t(blockIdx.y + 1) * chunks / gridDim.y) - c0;

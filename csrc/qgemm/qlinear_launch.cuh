@@ -68,9 +68,9 @@ bool launch_if_regs(const Args& a, int sms, cudaStream_t stream) {
 
 // qtile_kernel's (and q4k::tile_kernel's) splits of K over tiles of 16 x warps rows: until the tiles fill 2 CTAs an
 // SM, at least 2 chunks a CTA.
-inline int tile_splits(int N, int chunks, int sms, int warps = kWarps) {
+inline int tile_splits(int N, int chunks, int sms, int warps = kWarps, int per_sm = 2) {
   const int tiles = (N + 16 * warps - 1) / (16 * warps);
-  return std::max(1, std::min(chunks / 2, 2 * sms / tiles));
+  return std::max(1, std::min(chunks / 2, per_sm * sms / tiles));
 }
 
 // q4k::tile_kernel's warps a CTA (16 rows each, kMinTileWarps .. kWarps): the fewest chunk rounds on the busiest SM,
@@ -170,8 +170,9 @@ struct TileGrid {
   at::Tensor ws_tensor, own_counters;
   float* ws = nullptr;
   int* counters = nullptr;
-  TileGrid(int N, int chunks, int nt, int sms, const at::Tensor& x, cudaStream_t stream, int warps = kWarps) {
-    const int tiles = (N + 16 * warps - 1) / (16 * warps), splits = tile_splits(N, chunks, sms, warps);
+  TileGrid(int N, int chunks, int nt, int sms, const at::Tensor& x, cudaStream_t stream, int warps = kWarps,
+           int per_sm = 2) {
+    const int tiles = (N + 16 * warps - 1) / (16 * warps), splits = tile_splits(N, chunks, sms, warps, per_sm);
     dims = dim3((unsigned)tiles, (unsigned)splits);
     if (splits == 1) return;
     ws_tensor = x.new_empty({int64_t(tiles) * splits * warps * nt * 4 * 32}, at::kFloat);
@@ -359,19 +360,41 @@ inline bool q4k_tile(const Args& a, int sms) {
   return splits == 1 || (a.M > 4 && 2 * (a.K / 256) > 5 * splits);
 }
 
-// With Act (sm_90 only): the pair boxes, out [M, N / 2] = act(gate) * up.
-template <typename T, int NT, int S, typename Act = void>
-void launch_q4k_tile(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
-  constexpr int smem = q4k::tile_smem(NT, S) + 128;
+// Whether tile_kernel at 9-16 rows takes one CTA of kWideTileWarps an SM: where those tiles (224 rows) fill 90-100% of
+// the SMs with K unsplit, on a card of thin DRAM an SM. Each SM then reads x's records once a chunk, not once for
+// each of 2 CTAs: the warps stall mostly on x's slots (ncu, source counters, 16 x 28672 x 4096: 26-33% of the
+// samples on that wait). H100, us, 2 CTAs / one: 16 x 28672 x 4096 31.3-31.5 / 29.3-29.8, 12 x 28672 x 4096
+// 32.0-32.5 / 28.7-29.4; lost where K splits or the tiles leave SMs idle (16 x 4096 x 14336 18.1-18.4 / 19.6-20.3,
+// 16 x 5120 x 4096 9.9 / 11.4), and with 4 or 5 weight stages in place of 3 (16 x 28672 x 4096 30.0-30.2, 31.1-31.5).
+inline bool q4k_wide_tiles(const Args& a, int sms, int device) {
+  constexpr int kRows = 16 * q4k::kWideTileWarps;
+  const int tiles = (a.N + kRows - 1) / kRows;
+  return a.M > 8 && tiles <= sms && 10 * tiles >= 9 * sms && thin_dram(device);
+}
+
+// With Act (sm_90 only): the pair boxes, out [M, N / 2] = act(gate) * up. W: the CTA's warps where one CTA an SM
+// (kWideTileWarps), else kWarps (tile_warps picks 6-8, 2 CTAs an SM).
+template <typename T, int NT, int S, typename Act = void, int W = kWarps>
+void launch_q4k_tile_as(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
+  constexpr bool kWide = W > kWarps;
+  constexpr int smem = q4k::tile_smem(NT, S, W) + 128;
   const bool sm90 = cc_major(c10::cuda::current_device()) >= 9;
   const CUtensorMap map = std::is_void_v<Act> ? chunk_map(a, Ring<kQ4_K>::kRowStride, sm90)
                                               : pair_map(a, Ring<kQ4_K>::kRowStride);
   const CUtensorMap x_map = sm90 ? records_map(records, a.M, a.K / 256, 8 * NT) : CUtensorMap{};
-  const int warps = tile_warps(a.N, a.K / 256, sms);
-  TileGrid grid(a.N, a.K / 256, NT, sms, x, stream, warps);
-  constexpr auto kernel = q4k::tile_kernel<T, NT, S, Act>;
+  const int warps = kWide ? W : tile_warps(a.N, a.K / 256, sms);
+  TileGrid grid(a.N, a.K / 256, NT, sms, x, stream, warps, kWide ? 1 : 2);
+  constexpr auto kernel = q4k::tile_kernel<T, NT, S, Act, W>;
   allow_smem<kernel, smem>();
   launch_pdl(kernel, grid.dims, dim3(32 * warps), smem, stream, a, records, grid.ws, grid.counters, map, x_map);
+}
+
+template <typename T, int NT, int S, typename Act = void>
+void launch_q4k_tile(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
+  if constexpr (NT == 2)
+    if (q4k_wide_tiles(a, sms, c10::cuda::current_device()))
+      return launch_q4k_tile_as<T, NT, S, Act, q4k::kWideTileWarps>(a, records, x, sms, stream);
+  launch_q4k_tile_as<T, NT, S, Act>(a, records, x, sms, stream);
 }
 
 // Q4_K at M <= 16: i8_kernel at M = 1 (the int8 form), else rows_kernel or tile_kernel (q4k_tile) on x's records (uint8 [M,
