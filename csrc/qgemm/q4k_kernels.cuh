@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(32 * W, W > kWarps ? 1 : 2)
   constexpr bool kAct = !std::is_void_v<Act>;
   constexpr int kXStage = 8 * NT * kXStride;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  // [kWarps][S][kStageBytes], then [S + 1][8 NT][kXStride]
+  // [W][S][kStageBytes], then [S + 1][8 NT][kXStride]
   uint8_t* smem = aligned_128(smem_raw);
   __shared__ __align__(8) uint64_t bars[W][S];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;

@@ -366,16 +366,17 @@ inline bool q4k_tile(const Args& a, int sms) {
 // samples on that wait). H100, us, 2 CTAs / one: 16 x 28672 x 4096 31.3-31.5 / 29.3-29.8, 12 x 28672 x 4096
 // 32.0-32.5 / 28.7-29.4; lost where K splits or the tiles leave SMs idle (16 x 4096 x 14336 18.1-18.4 / 19.6-20.3,
 // 16 x 5120 x 4096 9.9 / 11.4), and with 4 or 5 weight stages in place of 3 (16 x 28672 x 4096 30.0-30.2, 31.1-31.5).
+// sm_90 only: its 134 KB of shared memory a CTA is past what sm_86/89 give one.
 inline bool q4k_wide_tiles(const Args& a, int sms, int device) {
   constexpr int kRows = 16 * q4k::kWideTileWarps;
   const int tiles = (a.N + kRows - 1) / kRows;
-  return a.M > 8 && tiles <= sms && 10 * tiles >= 9 * sms && thin_dram(device);
+  return a.M > 8 && tiles <= sms && 10 * tiles >= 9 * sms && cc_major(device) >= 9 && thin_dram(device);
 }
 
 // With Act (sm_90 only): the pair boxes, out [M, N / 2] = act(gate) * up. W: the CTA's warps where one CTA an SM
 // (kWideTileWarps), else kWarps (tile_warps picks 6-8, 2 CTAs an SM).
 template <typename T, int NT, int S, typename Act = void, int W = kWarps>
-void launch_q4k_tile_as(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
+void launch_tile_kernel(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
   constexpr bool kWide = W > kWarps;
   constexpr int smem = q4k::tile_smem(NT, S, W) + 128;
   const bool sm90 = cc_major(c10::cuda::current_device()) >= 9;
@@ -393,8 +394,8 @@ template <typename T, int NT, int S, typename Act = void>
 void launch_q4k_tile(const Args& a, const uint8_t* records, const at::Tensor& x, int sms, cudaStream_t stream) {
   if constexpr (NT == 2)
     if (q4k_wide_tiles(a, sms, c10::cuda::current_device()))
-      return launch_q4k_tile_as<T, NT, S, Act, q4k::kWideTileWarps>(a, records, x, sms, stream);
-  launch_q4k_tile_as<T, NT, S, Act>(a, records, x, sms, stream);
+      return launch_tile_kernel<T, NT, S, Act, q4k::kWideTileWarps>(a, records, x, sms, stream);
+  launch_tile_kernel<T, NT, S, Act>(a, records, x, sms, stream);
 }
 
 // Q4_K at M <= 16: i8_kernel at M = 1 (the int8 form), else rows_kernel or tile_kernel (q4k_tile) on x's records (uint8 [M,
