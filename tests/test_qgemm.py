@@ -215,15 +215,16 @@ def test_qlinear_act(kind, m, dtype, act):
 @pytest.mark.parametrize("m", [2, 8, 9, 16])
 def test_qlinear_q4k_tiles_split_over_k(m, dtype):
     """Q4_K at M 2-16 runs 128-row CTAs (tile_kernel) where the tiles fill 2 CTAs an SM, and past M = 4 where
-    a CTA takes more than 2 chunks; narrow W splits K over the grid, and the last CTA of a tile to arrive adds
-    the splits' sums. 4100 x 5376 (33 tiles, the last of 4 rows: warps with no row; 21 chunks in 8 splits of
-    2-3; rows_kernel at M = 2), 256 x SMs + 40 rows x 512 (one split, a partial last tile) and 224 x SMs - 100
-    rows x 768 (at 9-16 rows on a card of thin DRAM an SM: one CTA of 14 warps an SM, the last tile partial). On
-    sm_90 the stages come by TMA boxes, the last of a row reading 16 bytes past its end. Called twice: the arrival
-    counters are left zero for the next call."""
+    a CTA takes more than 2 chunks, and at 9-16 rows from 4096 rows on; narrow W splits K over the grid, and the
+    last CTA of a tile to arrive adds the splits' sums. 4100 x 5376 (33 tiles, the last of 4 rows: warps with no
+    row; 21 chunks in 8 splits of 2-3; rows_kernel at M = 2), 2700 x 14336 (at 8-16 rows on 132 SMs 22 tiles in
+    12 splits), 256 x SMs + 40 rows x 512 (one split, a partial last tile) and 224 x SMs - 100 rows x 768 (at 9-16
+    rows on a card of thin DRAM an SM: one CTA of 14 warps an SM, the last tile partial). On sm_90 the stages come
+    by TMA boxes, the last of a row reading 16 bytes past its end. Called twice: the arrival counters are left zero
+    for the next call."""
     q = _q()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for n, k in [(4100, 5376), (256 * sms + 40, 512), (224 * sms - 100, 768)]:
+    for n, k in [(4100, 5376), (2700, 14336), (256 * sms + 40, 512), (224 * sms - 100, 768)]:
         w, x, b, ref64, torch_out = _product_case("Q4_K", m, n, k, dtype, seed=m + n)
         ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE["Q4_K"], n, k, b, False)
         _check(ours, torch_out, ref64, dtype)

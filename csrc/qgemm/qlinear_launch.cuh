@@ -350,14 +350,16 @@ void launch_q5k_i8(const Args& a, const uint8_t* records, const at::Tensor& x, i
 }
 
 // Whether Q4_K at M 2-16 takes tile_kernel (after prepare_x_kernel) rather than rows_kernel: where the tiles
-// fill the SMs alone, or past M = 4 where its CTAs take more than 2 chunks each. H200, one build, two
-// rounds, us, rows / tile: 16 x 28672 x 4096 56.5 / 41.5, 16 x 4096 x 14336 25.5 / 22.5, 16 x 5120 x 4096
-// 15.7 / 12.1, 16 x 6144 x 4096 15.8 / 13.5, 2 x 28672 x 4096 32.4 / 28.8; 2 chunks a CTA lose (16 x 4096 x
-// 4096 9.6 / 11.8, 8 x 4096 x 4096 7.4 / 9.2, 16 x 1024 x 4096 7.5 / 8.7), and so do M = 2 on narrow
-// grids (2 x 5120 x 4096 9.7 / 10.1, 2 x 6144 x 4096 10.3 / 10.9).
+// fill the SMs alone, past M = 4 where its CTAs take more than 2 chunks each, and past M = 8 from 4096 rows on.
+// H200, one build, two rounds, us, rows / tile: 16 x 28672 x 4096 56.5 / 41.5, 16 x 4096 x 14336 25.5 / 22.5,
+// 16 x 5120 x 4096 15.7 / 12.1, 16 x 6144 x 4096 15.8 / 13.5, 2 x 28672 x 4096 32.4 / 28.8; on 2 chunks a CTA
+// narrow grids lose (8 x 4096 x 4096 7.4 / 9.2, 16 x 1024 x 4096 7.5 / 8.7; H100 16 x 1024 x 4096 6.0 / 7.8), and
+// so do M = 2 (2 x 5120 x 4096 9.7 / 10.1, 2 x 6144 x 4096 10.3 / 10.9). 16 x 4096 x 4096 alone loses too (H100
+// 8.55 / 9.02 us), but in the 8B Q4_K_M batch-16 step, whose o it is, tile_kernel takes the step from 3.118-3.144
+// to 3.055-3.067 ms (H100, one build, a switch, two rounds; why the chain and the call alone differ is open).
 inline bool q4k_tile(const Args& a, int sms) {
   const int splits = tile_splits(a.N, a.K / 256, sms);
-  return splits == 1 || (a.M > 4 && 2 * (a.K / 256) > 5 * splits);
+  return splits == 1 || (a.M > 4 && 2 * (a.K / 256) > 5 * splits) || (a.M > 8 && a.N >= 4096);
 }
 
 // Whether tile_kernel at 9-16 rows takes one CTA of kWideTileWarps an SM: where those tiles (224 rows) fill 90-100% of
