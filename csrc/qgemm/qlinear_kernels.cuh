@@ -491,7 +491,7 @@ __device__ __forceinline__ void store_act(const float (&acc)[NT * 4], const Args
 // the last of a tile's CTAs to arrive adds them in split order into sum and returns true, the others false. The
 // count is one acquire-release atomic by thread 0 between two CTA barriers (as decode_merge.cuh's arrive): the
 // barrier before orders the CTA's stores ahead of its release, the one after orders the last CTA's reads (from
-// L2, __ldcg) behind its acquire. Every thread's __threadfence around a relaxed count cost ~0.5-1 us a call (H100,
+// L2, __ldcg) behind its acquire. Every thread's __threadfence around a relaxed count cost ~0.4-1 us a call (H100,
 // 16 x 6144 x 4096 10.74 -> 9.75 us; the 8B Q4_K_M batch-16 step 3.050 -> 3.001-3.017 ms).
 template <int NT>
 __device__ __forceinline__ bool sum_splits(float (&sum)[NT * 4], float* ws, int* counters, int warp, int lane) {
