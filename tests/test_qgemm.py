@@ -390,6 +390,46 @@ def test_qlinear_into_a_slice(kind):
         assert wide[:, :3].isnan().all() and wide[:, 3 + n:].isnan().all(), "qlinear_into wrote outside its slice"
 
 
+@pytest.mark.parametrize("m", [1, 16, 32])
+def test_fused_parts_beside_each_other(m):
+    """fuse()'s stacks of two formats at decode rows (Q4_K_M's q | k and its v in Q6_K) run the smaller on a second
+    stream beside the larger (ops.beside_stream): the output equals each stack's linear alone, bit for bit, called
+    eagerly and replayed from a CUDA graph over new x. Both split K over the grid at 16 and 32 rows (Q4_K 6144 x 4096,
+    Q6_K 4096 x 4096, tiled as loaded), so each stream's arrival counters must be its own."""
+    from minfer.model import fuse, fused_linear
+    from minfer.ops import get_backend
+
+    q, ops, k = _q(), get_backend("cuda"), 4096
+    parts = [quant.tile_rows(_weight("Q4_K", 6144, k, seed=1)), quant.tile_rows(_weight("Q6_K", 4096, k, seed=2))]
+    fused = fuse(parts)
+    assert [w.kind for w in fused] == ["Q4_K", "Q6_K"]
+    gen = torch.Generator(device=DEV).manual_seed(m)
+    scale = 1 / (parts[0].dequantize(torch.float32).abs().mean().item() * k ** 0.5)
+
+    def new_x():
+        return (torch.randn(m, k, device=DEV, generator=gen) * scale).to(torch.bfloat16)
+
+    def alone(x):
+        return torch.cat([q.linear(x, w) for w in parts], dim=1)
+
+    x = new_x()
+    assert ops.beside_stream(x) is not None
+    ours = fused_linear(ops, x, fused)
+    assert not ours.isnan().any() and torch.equal(ours, alone(x))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the capture's stream once outside it, as the engines warm up
+        fused_linear(ops, x, fused)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = fused_linear(ops, x, fused)
+    for _ in range(3):
+        x.copy_(new_x())
+        graph.replay()
+        assert torch.equal(out, alone(x))
+
+
 # ---- prefill: dequantize into a scratch, then the dense linear ----
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,10 +4,11 @@
 // The counters must be zero when a launch starts; each launch leaves them zero (the last arrival resets
 // its own). One buffer per device, made outside any graph capture and kept for the life of the process,
 // so captured graphs keep pointing at it and replays need no memset node. Kernels in one stream never
-// overlap in their use of it (a programmatic dependent touches it only after griddepcontrol.wait);
-// launches on several streams of one device at once would share it: the engine runs on one stream.
-// Where it cannot serve (first use inside a capture, or more counters than it holds), the call gets
-// counters of its own in `own`, zeroed on the stream (a memset node in a graph).
+// overlap in their use of it (a programmatic dependent touches it only after griddepcontrol.wait); a
+// device's streams each take a region of their own (at most kRegions streams), since the engine may run a
+// linear on a second stream beside the first (ops.beside_stream). Where it cannot serve (first use inside a
+// capture, more counters than a region holds, or more streams), the call gets counters of its own in `own`,
+// zeroed on the stream (a memset node in a graph).
 #pragma once
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
@@ -20,17 +21,24 @@ namespace minfer {
 
 // like: any tensor on the device (the counters' device and allocator).
 inline int* split_counters(int64_t n, int device, cudaStream_t stream, const at::Tensor& like, at::Tensor& own) {
-  constexpr int64_t kShared = 1 << 16;
-  constexpr int kMaxDevices = 64;
+  // 64 streams (torch's pools hold 32 a priority) of 8192 counters (a 256-row step's 32 heads; 2 MB a device)
+  constexpr int64_t kRegion = 1 << 13;
+  constexpr int kRegions = 64, kMaxDevices = 64;
   static std::mutex mu;
   static at::Tensor* shared[kMaxDevices] = {};
+  static cudaStream_t owners[kMaxDevices][kRegions] = {};  // the stream of each region, in order of first use
+  static int used[kMaxDevices] = {};                        // regions given (the default stream is null)
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (n <= kShared && device >= 0 && device < kMaxDevices) {
+  if (n <= kRegion && device >= 0 && device < kMaxDevices) {
     std::lock_guard<std::mutex> lock(mu);
     if (shared[device] == nullptr && capture == cudaStreamCaptureStatusNone)
-      shared[device] = new at::Tensor(like.new_zeros({kShared}, at::kInt));  // never freed
-    if (shared[device] != nullptr) return shared[device]->data_ptr<int>();
+      shared[device] = new at::Tensor(like.new_zeros({kRegions * kRegion}, at::kInt));  // never freed
+    if (shared[device] != nullptr)
+      for (int r = 0; r < kRegions; ++r) {
+        if (r == used[device]) owners[device][used[device]++] = stream;
+        if (owners[device][r] == stream) return shared[device]->data_ptr<int>() + r * kRegion;
+      }
   }
   own = like.new_empty({n}, at::kInt);
   C10_CUDA_CHECK(cudaMemsetAsync(own.data_ptr(), 0, n * sizeof(int), stream));

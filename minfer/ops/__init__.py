@@ -15,7 +15,7 @@ from . import reference
 # Ops the model uses; each backend provides every one of them. attention works on the static engine's dense
 # cache, paged_attention on the continuous engine's pages; rope writes both (ops/reference.py).
 DENSE_OPS = ("embedding", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "attention", "linear",
-             "linear_act_and_mul", "records_for", "norms_in_linears")
+             "linear_act_and_mul", "records_for", "norms_in_linears", "beside_stream")
 PAGED_OPS = ("paged_attention",)
 # Ops only some models use (Gemma's GeGLU): a missing kernel joins `fallbacks` once a model needs it.
 OPTIONAL_OPS = ("gelu_tanh_and_mul",)

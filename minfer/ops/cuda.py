@@ -166,6 +166,21 @@ def gelu_tanh_and_mul(x: torch.Tensor, records: torch.Tensor | None = None) -> t
     return _ops.gelu_tanh_and_mul(x, records)
 
 
+_beside: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def beside_stream(x: torch.Tensor) -> torch.cuda.Stream | None:
+    """A second stream of x's device, on which a linear on x may run beside the current stream's work (fuse()'s
+    smaller parts beside its largest: Q4_K_M's v in Q6_K beside q | k), at decode rows; None at more rows, whose
+    quantized linears share one dequantize scratch (_scratch_view). Made at its first use (an engine's warm-up)."""
+    if x.shape[0] > quantized.QLINEAR_MAX_ROWS:
+        return None
+    stream = _beside.get(x.device)
+    if stream is None:
+        stream = _beside[x.device] = torch.cuda.Stream(x.device)
+    return stream
+
+
 def norms_in_linears(x: torch.Tensor, weights: list) -> bool:
     """Whether linear and linear_act_and_mul take norm and accumulate in the linear's own launch for each of these
     weights at x's rows (x [rows, hidden] as the model's stream): a small model's 4- and 5-bit legacy formats up to

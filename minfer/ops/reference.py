@@ -189,6 +189,11 @@ def records_for(like: torch.Tensor, weight) -> torch.Tensor | None:
     return None
 
 
+def beside_stream(x: torch.Tensor):
+    # A stream on which a linear on x may run beside the current stream's work (ops/cuda.py): none here.
+    return None
+
+
 def norms_in_linears(x: torch.Tensor, weights: list) -> bool:
     # Whether linear and linear_act_and_mul take norm and accumulate in the linear's launch (ops/cuda.py): no launches
     # here, so the model runs its norms as ops of their own.
