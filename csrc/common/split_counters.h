@@ -21,7 +21,7 @@ namespace minfer {
 
 // like: any tensor on the device (the counters' device and allocator).
 inline int* split_counters(int64_t n, int device, cudaStream_t stream, const at::Tensor& like, at::Tensor& own) {
-  // 64 streams (torch's pools hold 32 a priority) of 8192 counters (a 256-row step's 32 heads; 2 MB a device)
+  // 64 streams (torch's pools hold 32 a priority) of 8192 counters (the split decode of 256 rows x 32 kv heads), 2 MB
   constexpr int64_t kRegion = 1 << 13;
   constexpr int kRegions = 64, kMaxDevices = 64;
   static std::mutex mu;
