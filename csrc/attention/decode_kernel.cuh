@@ -31,9 +31,12 @@ constexpr int kEarlyPieceBytes = 4 << 10;  // ... one piece of this size in flig
 // run while the previous call's last tiles stream and its combine makes its round trips through L2, which
 // queue behind whatever is in flight (1 x 4k: 6.68 us throttled, 7.39 issued all at once). A one-split
 // small call fills its rings at once instead: so few bytes hardly slow the previous call, while the
-// throttle's round trips outlast a call this short (H100, 1 x 192: 3.12 us against 3.78 throttled). With
-// two pieces a tile both groups are in flight; the stream's waits then wait for a little more than they
-// need, never less.
+// throttle's round trips outlast a call this short (H100, 1 x 192: 3.12 us against 3.78 throttled). A paged warp
+// of 2-8 tiles keeps a tile's K and V pieces in flight together, which makes up for its pages' lookup before them
+// (H100: paged 1 x 4k 8.05 -> 7.81-7.84 us against the dense call's 7.58-7.63; the Qwen3-0.6B-shaped continuous
+// step at ~4k keys, batch 1, 1.085-1.086 -> 1.065-1.078 ms); the dense kernel keeps one piece (with both, the 8B
+// bf16 step at ~4k keys, dense cache, went 5.588 -> 5.627 ms). With two pieces a tile both groups are in
+// flight; the stream's waits then wait for a little more than they need, never less.
 // At d 128 a warp of more than 8 tiles in a grid of at most a CTA an SM (all_resident) fills its ring at once too: in
 // the engine the kernel before is rope, whose short tail leaves HBM idle (the 8B bf16 step, H200, ms: 16 x 1k 5.370 ->
 // 5.317, 8 x 2k 4.983 -> 4.916, 4 x 4k 4.924 -> 4.887), where such warps took no early tiles. Back to back
@@ -56,11 +59,12 @@ __device__ __forceinline__ void load_early(const WarpRing<T, D>& w, int& filled)
   const bool at_once = kEarlyAtOnce<D> || (r.n_active == 1 && small_call<T, D>(grid_pairs(), r.seq.tiles())) ||
                        (kLongEarly<D> && w.p.all_resident && r.n_my > 8 && !(FULL_GRID && long_stream(r.n_my)));
   const int early = at_once ? min(STAGES, r.n_my) : r.n_my <= 8 ? min(EARLY, r.n_my) : 0;
+  const bool tile_at_once = at_once || (w.k.table != nullptr && r.n_my >= 2);  // both halves of a tile in flight
   while (filled < early && min(w.key0(filled) + kTK, r.s1) <= r.len - 1) {
     if (filled >= 1 && !at_once) ptx::cp_async_wait<0>();
     if constexpr (kTileBytes<T, D> > kEarlyPieceBytes) {
       w.load_half(filled, filled, false);
-      if (!at_once) ptx::cp_async_wait<0>();
+      if (!tile_at_once) ptx::cp_async_wait<0>();
       w.load_half(filled, filled, true), ++filled;
     } else {
       w.load_tile(filled, filled), ++filled;
