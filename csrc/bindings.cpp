@@ -40,15 +40,17 @@ TORCH_LIBRARY(minfer, m) {
   // what linear (act: none) or linear_act would launch (tests)
   m.def("linear_plan(Tensor x, Tensor w, str path=\"auto\", str act=\"none\") -> str");
   // attention family (csrc/attention/)
-  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor start_pos, float scale, bool stable_prefix=False, "
-        "int window=0) -> Tensor");
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-        "Tensor cu_seqlens_q, int max_seqlen_q, int max_seqlen_k, float scale, bool stable_prefix=False, int window=0) "
+  // k_new, v_new, cos_sin (decode only): the newest key rotated and written to the caches in the call
+  m.def("attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor start_pos, float scale, "
+        "bool stable_prefix=False, int window=0, Tensor? k_new=None, Tensor? v_new=None, Tensor? cos_sin=None) "
         "-> Tensor");
+  m.def("paged_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor block_table, Tensor seq_lens, "
+        "Tensor cu_seqlens_q, int max_seqlen_q, int max_seqlen_k, float scale, bool stable_prefix=False, int window=0, "
+        "Tensor? k_new=None, Tensor? v_new=None, Tensor? cos_sin=None) -> Tensor");
   // the same into a contiguous [tokens, heads, head_dim] out (a mixed step's decodes and chunks into one tensor)
-  m.def("paged_attention_into(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+  m.def("paged_attention_into(Tensor(a!) out, Tensor q, Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor block_table, "
         "Tensor seq_lens, Tensor cu_seqlens_q, int max_seqlen_q, int max_seqlen_k, float scale, "
-        "bool stable_prefix=False, int window=0) -> ()");
+        "bool stable_prefix=False, int window=0, Tensor? k_new=None, Tensor? v_new=None, Tensor? cos_sin=None) -> ()");
   m.def("attention_decode_plan(Tensor q, Tensor k_cache, int length, int window=0) -> str");  // what decode would launch (tests)
   // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's
   // type id (minfer/ops/quantized.py), | 256 where each 16 rows' blocks are stored chunk-major (qgemm/checks.h, kTiled)

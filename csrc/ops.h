@@ -40,16 +40,21 @@ at::Tensor linear_act(const at::Tensor& x, const at::Tensor& weight, const std::
 std::string linear_plan(const at::Tensor& x, const at::Tensor& weight, const std::string& path,
                         const std::string& act);
 // attention family (attention/attention.cu)
+// k_new, v_new, cos_sin (decode only): the newest key's rope and cache write in the call (attention.cu)
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& start_pos, double scale, bool stable_prefix, int64_t window);
+                     const at::Tensor& start_pos, double scale, bool stable_prefix, int64_t window,
+                     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                     const std::optional<at::Tensor>& cos_sin);
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_table, const at::Tensor& seq_lens,
                            const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                           double scale, bool stable_prefix, int64_t window);
+                           double scale, bool stable_prefix, int64_t window, const std::optional<at::Tensor>& k_new,
+                           const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cos_sin);
 void paged_attention_into(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
                           const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
-                          bool stable_prefix, int64_t window);
+                          bool stable_prefix, int64_t window, const std::optional<at::Tensor>& k_new,
+                          const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cos_sin);
 std::string attention_decode_plan(const at::Tensor& q, const at::Tensor& k_cache, int64_t length,
                                   int64_t window);
 // quantized weights (csrc/qgemm/): W [n, k] as ggml blocks, uint8 [n, k / elems * bytes]; qtype = ggml's type id

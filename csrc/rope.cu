@@ -25,6 +25,7 @@
 #include "common/launch.h"
 #include "common/ptx.cuh"
 #include "common/reduce.h"
+#include "common/rope.cuh"
 #include "common/vec.h"
 
 namespace minfer {
@@ -90,19 +91,17 @@ struct Item {
     if constexpr (kNeox) {
 #pragma unroll
       for (int e = 0; e < W; ++e) {
-        const float c = cs_at(p * W + e), s = cs_at(half + p * W + e);
-        const float x1 = to_float(a.v[e]), x2 = to_float(b.v[e]);
-        a.v[e] = from_float<T>(x1 * c - x2 * s);
-        b.v[e] = from_float<T>(x2 * c + x1 * s);
+        float x1 = to_float(a.v[e]), x2 = to_float(b.v[e]);
+        rotate_pair(x1, x2, cs_at(p * W + e), cs_at(half + p * W + e));
+        a.v[e] = from_float<T>(x1), b.v[e] = from_float<T>(x2);
       }
     } else {
 #pragma unroll
       for (int e = 0; e < W / 2; ++e) {
         const int i = p * (W / 2) + e;
-        const float c = cs_at(i), s = cs_at(half + i);
-        const float x1 = to_float(a.v[2 * e]), x2 = to_float(a.v[2 * e + 1]);
-        a.v[2 * e] = from_float<T>(x1 * c - x2 * s);
-        a.v[2 * e + 1] = from_float<T>(x2 * c + x1 * s);
+        float x1 = to_float(a.v[2 * e]), x2 = to_float(a.v[2 * e + 1]);
+        rotate_pair(x1, x2, cs_at(i), cs_at(half + i));
+        a.v[2 * e] = from_float<T>(x1), a.v[2 * e + 1] = from_float<T>(x2);
       }
     }
   }

@@ -47,6 +47,13 @@ def rope_cos_sin(cfg: ModelConfig, max_positions: int, device, local: bool = Fal
 
 Weight = torch.Tensor | QuantizedWeight
 
+# The fewest rows of a decode step that fold rope into the attention call. Below, rope's own launch costs the step
+# less: its tail runs while decode lays out its split and loads its first tiles. H100, a switch, ms a step, separate
+# rope / folded: the SmolLM2-135M shape (head_dim 64) at 1 row 0.501-0.503 / 0.509-0.511, 16 rows 0.689-0.690 /
+# 0.703-0.704, 32 rows 0.763 / 0.743, 64 rows 0.889-0.890 / 0.868-0.869, 128 rows 1.268 / 1.237; the 8B Q4_K_M
+# (head_dim 128) level at 1, 16 and 64 rows.
+ROPE_IN_DECODE_ROWS = 32
+
 
 def fuse(parts: list[Weight]) -> Weight | list[Weight]:
     """Weights of linears on one input, stacked by rows into one weight (one GEMM). Quantized parts stack
@@ -148,8 +155,14 @@ class Transformer:
         self.act = ops.gelu_tanh_and_mul if self.act_name == "gelu_tanh" else ops.silu_and_mul
         if self.act_name == "gelu_tanh":
             ops.need("gelu_tanh_and_mul")
+        # Decode steps of at least rope_in_decode_rows rows rotate the newest key inside the attention call, which also
+        # writes it to the cache: one launch a layer fewer. For models without q/k norms whose rotation spans the whole
+        # head, where the backend takes it.
+        self.rope_in_decode = not cfg.qk_norm and cfg.rotary_dim == cfg.head_dim
+        self.rope_in_decode_rows = ROPE_IN_DECODE_ROWS
         if ops.name == "cuda":
             from .ops import cuda
+            self.rope_in_decode &= cfg.head_dim in cuda.DECODE_ROPE_HEAD_DIMS
             if cfg.head_dim not in cuda.ATTENTION_HEAD_DIMS:
                 why = f"no attention kernel for head_dim {cfg.head_dim}"
                 for op in ("attention", "paged_attention"):
@@ -174,14 +187,21 @@ class Transformer:
             self._check_positions(end)
 
         flat_positions = positions.reshape(-1)  # [tokens]
-        # rope writes k and v into the cache in its launch: a layer's [batch, capacity, kv_heads, hd] seen as
+        # the decode call rotates and writes the newest key itself
+        fold = seq == 1 and self.rope_in_decode and batch >= self.rope_in_decode_rows
+        # else rope writes k and v into the cache in its launch: a layer's [batch, capacity, kv_heads, hd] seen as
         # [batch * capacity] rows, sequence b's position p at row b * capacity + p
-        slots = (cache.row_base[:batch] + positions).reshape(-1)  # [tokens]
+        slots = None if fold else (cache.row_base[:batch] + positions).reshape(-1)  # [tokens]
 
         def attend(i, q, k, v):
-            self._rope(i, q, k, flat_positions, v=v, k_cache=cache.k[i], v_cache=cache.v[i], slot_mapping=slots)
             # The cache rows before start_pos were written by earlier forward calls, and nothing here
-            # writes start_pos: decode may start reading them before rope's write is done.
+            # writes start_pos: decode may start reading them before the newest key is written.
+            if fold:
+                attn = ops.attention(q.view(batch, 1, heads, hd), cache.k[i], cache.v[i], start_pos, self.scale,
+                                     stable_prefix=True, window=self.windows[i], k_new=k, v_new=v,
+                                     cos_sin=self.rope_tables[i])
+                return attn.reshape(batch, heads * hd)
+            self._rope(i, q, k, flat_positions, v=v, k_cache=cache.k[i], v_cache=cache.v[i], slot_mapping=slots)
             attn = ops.attention(q.view(batch, seq, heads, hd), cache.k[i], cache.v[i], start_pos, self.scale,
                                  stable_prefix=True, window=self.windows[i])
             return attn.reshape(batch * seq, heads * hd)
@@ -206,12 +226,20 @@ class Transformer:
         # A decode step's keys before each newest were written by earlier steps, and the metadata before
         # the first layer: the decode kernel may start reading them early.
         decode = meta.max_seqlen_q == 1
+        # one query a sequence: the decode call rotates and writes the newest key itself
+        rows = ids.shape[0]
+        fold = decode and self.rope_in_decode and rows == meta.block_table.shape[0] and rows >= self.rope_in_decode_rows
 
         def attend(i, q, k, v):
             # a windowed layer's keys are in the sliding group's pages when the step has that group
             local = self.windows[i] is not None and meta.local_block_table is not None
             slots, table = (meta.local_slot_mapping, meta.local_block_table) if local else \
                 (meta.slot_mapping, meta.block_table)
+            if fold:
+                attn = ops.paged_attention(q, cache.k[i], cache.v[i], table, meta.seq_lens, meta.cu_seqlens_q, 1,
+                                           meta.max_seqlen_k, self.scale, window=self.windows[i], stable_prefix=True,
+                                           k_new=k, v_new=v, cos_sin=self.rope_tables[i])  # [tokens, heads, hd]
+                return attn.reshape(-1, heads * hd)
             self._rope(i, q, k, meta.positions, v=v, k_cache=cache.k[i], v_cache=cache.v[i], slot_mapping=slots)
             d = meta.num_decodes
             if d:  # decodes on the decode kernel, then the prompt chunks, each into its rows of one tensor
@@ -258,7 +286,8 @@ class Transformer:
 
     def _layers(self, ids: torch.Tensor, attend) -> torch.Tensor:
         """ids [tokens] -> the final-normed hidden states [tokens, hidden]. attend(layer, q, k, v) rotates q and
-        k (_rope), writes k, v to the cache and returns the attention output [tokens, heads * hd]."""
+        k (_rope, or the decode call itself), writes k, v to the cache and returns the attention output [tokens,
+        heads * hd]."""
         cfg, ops = self.cfg, self.ops
         heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         residual = ops.embedding(ids, self.embed, cfg.embed_scale)  # [tokens, hidden]

@@ -1,6 +1,6 @@
 // Launchers of the attention family: validation at the boundary, then dispatch.
 //   attention (engine op, dense cache): seq > 1 -> flash prefill (flash_prefill.cu), seq == 1 -> split-KV
-//   decode (flash_decode.cu).
+//   decode (flash_decode.cu), which may also rotate the newest key and write it to the caches (rope_in).
 //   paged_attention (engine op, paged cache): one query per sequence -> the same split-KV decode through the
 //   block table; else ragged prefill chunks (and decodes mixed in) -> the sm80 flash prefill kernel. The seed API on [batch, heads, seq, head_dim] is in csrc/baselines/attention.cpp.
 #include <c10/cuda/CUDAGuard.h>
@@ -41,10 +41,52 @@ void check_q_and_cache(const at::Tensor& q, const at::Tensor& k_cache) {
               ") must be a multiple of kv_heads (", kv_heads, ")");
 }
 
+// The newest key's rope folded into a decode call (decode_params.h): k_new, v_new and cos_sin come together.
+// k_new, v_new [batch, kv_heads, head_dim] in q's dtype with a contiguous head_dim (views into the fused qkv are
+// fine); cos_sin [max_position, head_dim] fp32 contiguous, cos | sin halves (the whole head rotates in NeoX pairs).
+// One query per sequence, head_dim 64 or 128 (d 256 keeps q in shared memory, where the fold is not built).
+attn::decode::RopeIn rope_in(const char* op, const at::Tensor& q, bool decode, int64_t batch, int64_t kv_heads,
+                             const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                             const std::optional<at::Tensor>& cos_sin) {
+  const int given = k_new.has_value() + v_new.has_value() + cos_sin.has_value();
+  MINFER_CHECK(given == 0 || given == 3, op, ": k_new, v_new and cos_sin come together (the newest key's rope), got ",
+               given, " of them");
+  if (given == 0) return {};
+  const int64_t head_dim = q.size(-1);
+  MINFER_CHECK(decode, op, ": k_new, v_new and cos_sin are for decode calls (one query per sequence), got q ",
+               q.sizes());
+  MINFER_CHECK(head_dim == 64 || head_dim == 128, op, ": the newest key's rope needs head_dim 64 or 128, got ",
+               head_dim);
+  for (const at::Tensor* t : {&*k_new, &*v_new}) {
+    const char* name = t == &*k_new ? "k_new" : "v_new";
+    MINFER_CHECK(t->device() == q.device() && t->scalar_type() == q.scalar_type(), op, ": ", name,
+                 " must have q's device and dtype (", q.device(), ", ", q.scalar_type(), "), got ", t->device(), ", ",
+                 t->scalar_type());
+    MINFER_CHECK(t->dim() == 3 && t->size(0) == batch && t->size(1) == kv_heads && t->size(2) == head_dim &&
+                     t->stride(2) == 1,
+                 op, ": ", name, " must be [batch, kv_heads, head_dim] = [", batch, ", ", kv_heads, ", ", head_dim,
+                 "] with a contiguous head_dim, got ", t->sizes(), " with strides ", t->strides());
+  }
+  const at::Tensor& cs = *cos_sin;
+  MINFER_CHECK(cs.device() == q.device() && cs.scalar_type() == at::kFloat, op,
+               ": cos_sin must be float32 on q's device, got ", cs.scalar_type(), " on ", cs.device());
+  MINFER_CHECK(cs.dim() == 2 && cs.size(1) == head_dim && cs.is_contiguous() && cs.size(0) <= kIntMax &&
+                   reinterpret_cast<uintptr_t>(cs.data_ptr()) % 8 == 0,
+               op, ": cos_sin must be a contiguous [max_position, head_dim = ", head_dim,
+               "] tensor with 8-byte aligned data (the whole head rotates), got ", cs.sizes());
+  attn::decode::RopeIn r;
+  r.k_new = k_new->data_ptr(), r.v_new = v_new->data_ptr();
+  r.k_bs = k_new->stride(0), r.k_hs = k_new->stride(1), r.v_bs = v_new->stride(0), r.v_hs = v_new->stride(1);
+  r.cos_sin = cs.data_ptr<float>(), r.max_position = static_cast<int>(cs.size(0));
+  return r;
+}
+
 }  // namespace
 
 at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& start_pos, double scale, bool stable_prefix, int64_t window) {
+                     const at::Tensor& start_pos, double scale, bool stable_prefix, int64_t window,
+                     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                     const std::optional<at::Tensor>& cos_sin) {
   MINFER_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache and v_cache must have the same shape, got ",
               k_cache.sizes(), " and ", v_cache.sizes());
   check_q_and_cache(q_in, k_cache);
@@ -65,13 +107,14 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at
   MINFER_CHECK(window >= 0 && window <= kIntMax, "attention: window must be in [0, 2^31) (0: none), got ", window);
   MINFER_CHECK(seq <= kIntMax && capacity <= kIntMax && batch <= 65535 && heads <= 65535,
               "attention: sizes too large, got q ", q_in.sizes(), " and cache ", k_cache.sizes());
+  const attn::decode::RopeIn rope = rope_in("attention", q_in, seq == 1, batch, kv_heads, k_new, v_new, cos_sin);
   const c10::cuda::CUDAGuard guard(q_in.device());
   // q may be a strided view into the fused qkv projection; copy only when its rows are not 16-byte aligned.
   const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
   auto out = q.new_empty({batch, seq, heads, head_dim});  // [batch, seq, heads, head_dim]
   if (out.numel() == 0) return out;
   if (seq == 1) {
-    attn::flash_decode(q, k_cache, v_cache, start_pos, scale, stable_prefix, static_cast<int>(window), out);
+    attn::flash_decode(q, k_cache, v_cache, start_pos, scale, stable_prefix, static_cast<int>(window), rope, out);
     return out;
   }
   attn::FlashParams p{};
@@ -95,7 +138,9 @@ namespace {
 at::Tensor paged_attention_impl(const at::Tensor* out_in, const at::Tensor& q_in, const at::Tensor& k_cache,
                                 const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
                                 const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                double scale, bool stable_prefix, int64_t window) {
+                                double scale, bool stable_prefix, int64_t window,
+                                const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                                const std::optional<at::Tensor>& cos_sin) {
   MINFER_CHECK_CUDA(q_in);
   for (const at::Tensor* t : {&k_cache, &v_cache, &block_table, &seq_lens, &cu_seqlens_q}) {
     MINFER_CHECK_CUDA(*t);
@@ -143,6 +188,8 @@ at::Tensor paged_attention_impl(const at::Tensor* out_in, const at::Tensor& q_in
   MINFER_CHECK(tokens <= kIntMax && batch <= 65535 && heads <= 65535 && num_pages * page_size <= kIntMax,
               "paged_attention: sizes too large, got q ", q_in.sizes(), ", caches ", k_cache.sizes(),
               " and block_table ", block_table.sizes());
+  const bool decode = max_seqlen_q == 1 && tokens == batch;  // one query per sequence
+  const attn::decode::RopeIn rope = rope_in("paged_attention", q_in, decode, batch, kv_heads, k_new, v_new, cos_sin);
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
   if (out_in != nullptr) {
@@ -156,9 +203,9 @@ at::Tensor paged_attention_impl(const at::Tensor* out_in, const at::Tensor& q_in
   }
   at::Tensor out = out_in != nullptr ? *out_in : q.new_empty({tokens, heads, head_dim});  // [tokens, heads, head_dim]
   if (out.numel() == 0 || batch == 0) return out;
-  if (max_seqlen_q == 1 && tokens == batch) {  // a decode step: one query per sequence
+  if (decode) {
     attn::flash_decode_paged(q, k_cache, v_cache, block_table, seq_lens, static_cast<int>(max_seqlen_k), scale,
-                             stable_prefix, static_cast<int>(window), out);
+                             stable_prefix, static_cast<int>(window), rope, out);
     return out;
   }
   attn::FlashParams p{};
@@ -186,17 +233,19 @@ at::Tensor paged_attention_impl(const at::Tensor* out_in, const at::Tensor& q_in
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_table, const at::Tensor& seq_lens,
                            const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                           double scale, bool stable_prefix, int64_t window) {
+                           double scale, bool stable_prefix, int64_t window, const std::optional<at::Tensor>& k_new,
+                           const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cos_sin) {
   return paged_attention_impl(nullptr, q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q,
-                              max_seqlen_k, scale, stable_prefix, window);
+                              max_seqlen_k, scale, stable_prefix, window, k_new, v_new, cos_sin);
 }
 
 void paged_attention_into(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
                           const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
-                          bool stable_prefix, int64_t window) {
+                          bool stable_prefix, int64_t window, const std::optional<at::Tensor>& k_new,
+                          const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& cos_sin) {
   paged_attention_impl(&out, q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
-                       scale, stable_prefix, window);
+                       scale, stable_prefix, window, k_new, v_new, cos_sin);
 }
 
 std::string attention_decode_plan(const at::Tensor& q, const at::Tensor& k_cache, int64_t length,

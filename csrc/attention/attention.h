@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "attention/decode_params.h"
 #include "attention/kv_rows.cuh"
 #include "common/tensor.h"
 
@@ -91,15 +92,17 @@ bool flash_prefill_sm90(const FlashParams& p, at::ScalarType dtype, int head_dim
 // still be running when this one starts (the engine's decode step: they were written by earlier steps),
 // so the kernel may start reading them before the previous kernel in the stream is done.
 // window > 0: the query at position p sees only keys p - window < key <= p, and only they are read.
+// rope: the newest key's rope and cache write (decode_params.h; cos_sin == nullptr: none).
 void flash_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                  const at::Tensor& start_pos, double scale, bool stable_prefix, int window, at::Tensor& out);
+                  const at::Tensor& start_pos, double scale, bool stable_prefix, int window,
+                  const decode::RopeIn& rope, at::Tensor& out);
 // flash_decode.cu, the paged layout: q [batch, heads, head_dim] (strided batch), caches [num_pages, page_size,
 // kv_heads, head_dim] with page_size a multiple of 16, block_table [batch, max_pages] int32, seq_lens [batch]
 // int32 (keys of each sequence, its newest last), max_seqlen_k >= every seq_lens[b]; out [batch, heads,
 // head_dim] contiguous. stable_prefix as above, of seq_lens, the block table and the rows before the newest.
 void flash_decode_paged(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_table, const at::Tensor& seq_lens, int max_seqlen_k,
-                        double scale, bool stable_prefix, int window, at::Tensor& out);
+                        double scale, bool stable_prefix, int window, const decode::RopeIn& rope, at::Tensor& out);
 // decode_plan.cu: what flash_decode would launch for sequences of `length` keys (the split count, the
 // splits that get keys, how they merge, the ring depth), launching nothing.
 std::string flash_decode_plan(const at::Tensor& q, const at::Tensor& k_cache, int length, int window);

@@ -8,8 +8,8 @@
 // kernel's tail. With stable_prefix (the engine's call: start_pos and the cache rows before it are final
 // before the previous kernel runs), the split is laid out before griddep_wait, and a warp with at most 8
 // tiles (any, at d 256, or at d 128 where every CTA is resident at once) loads its first tiles there, as far
-// as they lie wholly before the newest key (which the previous kernel, rope, may be writing). q is read after
-// the wait: in the engine rope writes it just before.
+// as they lie wholly before the newest key (which the previous kernel, rope, may be writing, or this call writes
+// itself: DecodeParams::rope). q is read after the wait: in the engine the kernel just before writes it.
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -124,6 +124,14 @@ __global__ void __launch_bounds__(kThreads, RING < kRingBytes<D> ? 3 : 2) flash_
     take_range<T, D, RING>(r, p, c);
     if (c.split >= n_active) return;
     w.load_pages();
+  }
+  if constexpr (!kQInSmem<D>) {
+    if (p.rope.cos_sin != nullptr) {  // the newest key's rope, folded in (decode_params.h)
+      const int pos = p.start_pos[c.b] + p.len_offset - 1;
+      const RopeRow row = rope_row(p, pos, D);
+      rotate_q<T, D>(qf, row, c.t);
+      write_newest<T, D>(p, c, r, row, pos, w.k, w.v);
+    }
   }
   stream<FULL_GRID, RING>(w, h, 0, n_my, filled);
   ptx::cp_async_wait<0>();

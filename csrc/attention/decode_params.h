@@ -49,6 +49,19 @@ constexpr int kTileBytes = 2 * kTK * D * int(sizeof(T));  // K + V of one 16-key
 template <typename T, int D, int RING = kRingBytes<D>>
 constexpr int kStages = RING / kTileBytes<T, D>;  // K+V tiles a warp's ring holds: 3 at d 128, 6 at d 64 (short: 4)
 
+// The newest key's rotation folded into the call (decode, whole-head NeoX rope; cos_sin == nullptr: none): q is
+// rotated in registers at position len - 1 (q in memory is left as it is), and the CTA whose split holds key
+// len - 1 rotates k_new and writes it and v_new to that cache row before it streams, so that a decode step needs no
+// rope launch. Nothing is written past a dense cache's capacity (the newest position is then not len - 1) or onto a
+// page outside the pool.
+struct RopeIn {
+  const void* k_new = nullptr;  // [batch, kv_heads, D]: k_new[b, kvh, :] at b*k_bs + kvh*k_hs (unrotated)
+  const void* v_new = nullptr;  // likewise
+  int64_t k_bs = 0, k_hs = 0, v_bs = 0, v_hs = 0;
+  const float* cos_sin = nullptr;  // [max_position, D] fp32: cos | sin halves of each position
+  int max_position = 0;
+};
+
 struct DecodeParams {
   const void* q;  // q[b, h, :] at b*q_bs + h*q_hs
   const void* k;  // dense: k[b, j, kvh, :] at b*k_bs + j*k_ss + kvh*k_hs; paged: see `paged`
@@ -62,6 +75,7 @@ struct DecodeParams {
   int len_offset;
   int window;            // > 0: sequence b reads only its last `window` keys (sliding window); 0: all
   PagedKv paged;         // the paged layout's block table (pages of a multiple of kTK keys), or none
+  RopeIn rope;           // the newest key's rope and cache write, or none
   int64_t q_bs, q_hs, k_bs, k_ss, k_hs, v_bs, v_ss, v_hs;
   int heads, group;
   int hblocks;      // kv blocks per kv head: ceil(group / 16)

@@ -17,6 +17,8 @@
 #include "attention/mma.cuh"
 #include "attention/softmax.cuh"
 #include "common/ptx.cuh"
+#include "common/rope.cuh"
+#include "common/vec.h"
 
 namespace minfer::attn::decode {
 
@@ -128,6 +130,73 @@ __device__ __forceinline__ void stage_q(T* s_q, const uint4 (&v)[kQPieces<D>], c
   for (int j = 0; j < kQPieces<D>; ++j) {
     const int i = c.tid + j * kThreads;
     if (i < kRows * QCH) *reinterpret_cast<uint4*>(s_q + (i / QCH) * kQStride<D> + (i % QCH) * 8) = v[j];
+  }
+  __syncthreads();
+}
+
+// ---- the newest key's rope, folded in (DecodeParams::rope) ----
+
+// The position whose cos | sin row rotates q and the newest key: start_pos[b] + len_offset - 1, unclamped (a dense
+// sequence past its capacity still rotates at its own position), and that row, NaN outside [0, max_position) as
+// the rope kernel makes it.
+struct RopeRow {
+  const float* cs;
+  bool ok;
+  __device__ __forceinline__ float2 pair(int i) const {  // elements i, i + 1 (i even: 8-byte aligned)
+    return ok ? *reinterpret_cast<const float2*>(cs + i) : make_float2(nan_f(), nan_f());
+  }
+};
+__device__ __forceinline__ RopeRow rope_row(const DecodeParams& p, int pos, int d) {
+  const bool ok = pos >= 0 && pos < p.rope.max_position;
+  return {p.rope.cos_sin + (ok ? static_cast<int64_t>(pos) * d : 0), ok};
+}
+
+// Rotates q's A fragments in registers (NeoX, whole head): fragment k-step kk holds columns kk * 16 + {2t, 2t + 1,
+// 2t + 8, 2t + 9} of rows g and g + 8, and their partners (+ D / 2) sit in k-step kk + D / 32 of the same lane.
+// Each value is rounded to T, as the rope kernel's q in memory would be.
+template <typename T, int D>
+__device__ __forceinline__ void rotate_q(uint32_t (&f)[D / 16][4], const RopeRow& row, int t) {
+  constexpr int HALF = D / 2, KH = D / 32;
+#pragma unroll
+  for (int kk = 0; kk < KH; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // j / 2: columns 2t (0) or 2t + 8 (1); j % 2: row g or g + 8
+      const int col = kk * 16 + 2 * t + (j / 2) * 8;
+      const float2 c = row.pair(col), s = row.pair(HALF + col);
+      float2 x1 = unpack2<T>(f[kk][j]), x2 = unpack2<T>(f[kk + KH][j]);
+      rotate_pair(x1.x, x2.x, c.x, s.x);
+      rotate_pair(x1.y, x2.y, c.y, s.y);
+      f[kk][j] = pack2<T>(x1.x, x1.y), f[kk + KH][j] = pack2<T>(x2.x, x2.y);
+    }
+  }
+}
+
+// The CTA whose split holds key len - 1 (the sequence's last active split): k_new rotated and v_new to that row of
+// its kv head's cache, a thread a NeoX pair, then a barrier, so that the split's copies of the row read them.
+// Every kv block of a kv head writes the same bits to the row; no other split reads it.
+template <typename T, int D>
+__device__ __forceinline__ void write_newest(const DecodeParams& p, const Cta& c, const Range& r, const RopeRow& row,
+                                             int pos, const KvRows<T, kPageShift<D>>& kr,
+                                             const KvRows<T, kPageShift<D>>& vr) {
+  if (c.split != r.n_active - 1 || pos != r.len - 1 || pos < 0) return;  // CTA-uniform
+  const T *krow = kr.base + static_cast<int64_t>(pos) * kr.ss, *vrow = vr.base + static_cast<int64_t>(pos) * vr.ss;
+  if (kr.table != nullptr) {
+    const int page = __ldg(kr.table + kr.entry_of(pos));
+    if (page < 0 || page > kr.last_page) return;  // outside the pool: nothing written (CTA-uniform)
+    krow = kr.in_page(page, pos), vrow = vr.in_page(page, pos);
+  }
+  constexpr int HALF = D / 2;
+  const T* kn = reinterpret_cast<const T*>(p.rope.k_new) + c.b * p.rope.k_bs + c.kvh * p.rope.k_hs;
+  const T* vn = reinterpret_cast<const T*>(p.rope.v_new) + c.b * p.rope.v_bs + c.kvh * p.rope.v_hs;
+  T* kd = const_cast<T*>(krow);  // the caches are the call's mutable arguments
+  T* vd = const_cast<T*>(vrow);
+  for (int i = c.tid; i < HALF; i += kThreads) {
+    float x1 = to_float(kn[i]), x2 = to_float(kn[HALF + i]);
+    const T v1 = vn[i], v2 = vn[HALF + i];
+    const float cs = row.ok ? row.cs[i] : nan_f(), sn = row.ok ? row.cs[HALF + i] : nan_f();
+    rotate_pair(x1, x2, cs, sn);
+    kd[i] = from_float<T>(x1), kd[HALF + i] = from_float<T>(x2);
+    vd[i] = v1, vd[HALF + i] = v2;
   }
   __syncthreads();
 }

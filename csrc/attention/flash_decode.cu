@@ -62,12 +62,13 @@ void run(DecodeParams& p, int batch, int kv_heads, const at::Tensor& q, double s
 }  // namespace
 
 void flash_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                  const at::Tensor& start_pos, double scale, bool stable_prefix, int window, at::Tensor& out) {
+                  const at::Tensor& start_pos, double scale, bool stable_prefix, int window, const decode::RopeIn& rope,
+                  at::Tensor& out) {
   const int batch = q.size(0);
   if (batch == 0 || q.size(2) == 0) return;
   DecodeParams p = shape_params(q.size(2), k_cache.size(2), k_cache.size(1));
   p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
-  p.start_pos = start_pos.data_ptr<int>(), p.len_offset = 1, p.window = window;
+  p.start_pos = start_pos.data_ptr<int>(), p.len_offset = 1, p.window = window, p.rope = rope;
   p.q_bs = q.stride(0), p.q_hs = q.stride(2);
   p.k_bs = k_cache.stride(0), p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
   p.v_bs = v_cache.stride(0), p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);
@@ -76,7 +77,7 @@ void flash_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
 
 void flash_decode_paged(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_table, const at::Tensor& seq_lens, int max_seqlen_k,
-                        double scale, bool stable_prefix, int window, at::Tensor& out) {
+                        double scale, bool stable_prefix, int window, const decode::RopeIn& rope, at::Tensor& out) {
   const int batch = q.size(0);
   if (batch == 0 || q.size(1) == 0) return;
   const int page_size = k_cache.size(1);
@@ -84,7 +85,7 @@ void flash_decode_paged(const at::Tensor& q, const at::Tensor& k_cache, const at
   const int capacity = std::min<int64_t>(max_seqlen_k, block_table.size(1) * page_size);
   DecodeParams p = shape_params(q.size(1), k_cache.size(2), capacity);
   p.q = q.data_ptr(), p.k = k_cache.data_ptr(), p.v = v_cache.data_ptr(), p.o = out.data_ptr();
-  p.start_pos = seq_lens.data_ptr<int>(), p.len_offset = 0, p.window = window;
+  p.start_pos = seq_lens.data_ptr<int>(), p.len_offset = 0, p.window = window, p.rope = rope;
   p.q_bs = q.stride(0), p.q_hs = q.stride(1);
   p.k_ss = k_cache.stride(1), p.k_hs = k_cache.stride(2);
   p.v_ss = v_cache.stride(1), p.v_hs = v_cache.stride(2);

@@ -343,45 +343,53 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.
 # ---- attention family (csrc/attention/) ----
 
 @torch.library.register_fake("minfer::attention")
-def _attention_fake(q, k_cache, v_cache, start_pos, scale, stable_prefix=False, window=0):
+def _attention_fake(q, k_cache, v_cache, start_pos, scale, stable_prefix=False, window=0, k_new=None, v_new=None,
+                    cos_sin=None):
     return q.new_empty(q.shape)  # [batch, seq, heads, head_dim], contiguous
 
 
 @torch.library.register_fake("minfer::paged_attention")
 def _paged_attention_fake(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k, scale,
-                          stable_prefix=False, window=0):
+                          stable_prefix=False, window=0, k_new=None, v_new=None, cos_sin=None):
     return q.new_empty(q.shape)  # [tokens, heads, head_dim], contiguous
 
 
 @torch.library.register_fake("minfer::paged_attention_into")
 def _paged_attention_into_fake(out, q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
-                               scale, stable_prefix=False, window=0):
+                               scale, stable_prefix=False, window=0, k_new=None, v_new=None, cos_sin=None):
     return None
 
 
 ATTENTION_HEAD_DIMS = (64, 128, 256)  # what the prefill and decode kernels are built for
+DECODE_ROPE_HEAD_DIMS = (64, 128)  # where decode takes the newest key's rope (k_new, v_new, cos_sin)
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
-              scale: float, stable_prefix: bool = False, window: int | None = None) -> torch.Tensor:
+              scale: float, stable_prefix: bool = False, window: int | None = None, k_new: torch.Tensor | None = None,
+              v_new: torch.Tensor | None = None, cos_sin: torch.Tensor | None = None) -> torch.Tensor:
     # q [batch, seq, heads, head_dim] (a strided view into the fused qkv is fine); caches
     # [batch, capacity, kv_heads, head_dim]; start_pos [batch] int32 on the device.
     # seq > 1: flash prefill; seq == 1: split-KV decode. fp32 has no kernel (the engine runs fp16/bf16
     # on GPU) and runs on the reference instead.
     # stable_prefix=True promises that start_pos and the cache rows before start_pos[b] were written
     # before the kernels just ahead of this one in the stream: decode then starts reading them while
-    # the previous kernel still runs (a wrong promise gives wrong results). q is no part of the promise:
-    # a long decode reads it early too, and again after the wait, and redoes its work if it changed.
+    # the previous kernel still runs (a wrong promise gives wrong results). q is no part of the promise: it is
+    # read after the previous kernel is done.
     # window: a query at position p sees only keys p - window < key <= p (None: all); decode reads only those.
+    # k_new, v_new, cos_sin: the newest key's rope in the decode call, as reference.attention (head_dim in
+    # DECODE_ROPE_HEAD_DIMS).
     if q.dtype == torch.float32:
-        return reference.attention(q, k_cache, v_cache, start_pos, scale, window=window)
-    return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix, _window(window))
+        return reference.attention(q, k_cache, v_cache, start_pos, scale, window=window, k_new=k_new, v_new=v_new,
+                                   cos_sin=cos_sin)
+    return _ops.attention(q, k_cache, v_cache, start_pos, float(scale), stable_prefix, _window(window), k_new, v_new,
+                          cos_sin)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                     scale: float, window: int | None = None, stable_prefix: bool = False,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, k_new: torch.Tensor | None = None,
+                    v_new: torch.Tensor | None = None, cos_sin: torch.Tensor | None = None) -> torch.Tensor:
     # As reference.paged_attention. One query per sequence runs the split-KV decode through the block table,
     # anything else the ragged flash prefill. Pages hold a multiple of 16 keys. stable_prefix (decode only):
     # seq_lens, the block table and every cache row but each sequence's newest were written before the
@@ -389,9 +397,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # [tokens, heads, head_dim] tensor (a slice of a bigger one) the kernels write, returned.
     if q.dtype == torch.float32:
         return reference.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q,
-                                         max_seqlen_k, scale, window=window, out=out)
+                                         max_seqlen_k, scale, window=window, out=out, k_new=k_new, v_new=v_new,
+                                         cos_sin=cos_sin)
     args = (q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, max_seqlen_k, float(scale),
-            stable_prefix, _window(window))
+            stable_prefix, _window(window), k_new, v_new, cos_sin)
     if out is None:
         return _ops.paged_attention(*args)
     _ops.paged_attention_into(out, *args)

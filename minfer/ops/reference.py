@@ -209,15 +209,47 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
     return silu_and_mul(gate_up) if act == "silu" else gelu_tanh_and_mul(gate_up)
 
 
+def _rope_newest(q: torch.Tensor, k_new: torch.Tensor, positions: torch.Tensor,
+                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # A decode call's newest key rope (k_new, v_new, cos_sin): q [batch, heads, hd] and k_new [batch, kv_heads, hd]
+    # rotated at positions [batch] (whole head, NeoX pairs), as copies: the inputs stay as they are.
+    if cos_sin.shape[-1] != q.shape[-1]:
+        raise ValueError(f"attention: cos_sin must be [max_position, head_dim = {q.shape[-1]}] (the whole head rotates), "
+                         f"got {list(cos_sin.shape)}")
+    q, k = q.clone(), k_new.clone()
+    rope(q, k, positions, cos_sin, True)
+    return q, k
+
+
+def _check_rope_in(op: str, decode: bool, k_new, v_new, cos_sin) -> bool:
+    given = sum(t is not None for t in (k_new, v_new, cos_sin))
+    if given not in (0, 3):
+        raise ValueError(f"{op}: k_new, v_new and cos_sin come together (the newest key's rope), got {given} of them")
+    if given and not decode:
+        raise ValueError(f"{op}: k_new, v_new and cos_sin are for decode calls (one query per sequence)")
+    return given == 3
+
+
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: torch.Tensor,
-              scale: float, stable_prefix: bool = False, window: int | None = None) -> torch.Tensor:
+              scale: float, stable_prefix: bool = False, window: int | None = None, k_new: torch.Tensor | None = None,
+              v_new: torch.Tensor | None = None, cos_sin: torch.Tensor | None = None) -> torch.Tensor:
     # Causal attention of new queries over the cache.
     # q [batch, seq, heads, head_dim]; k_cache, v_cache [batch, capacity, kv_heads, head_dim];
     # start_pos [batch]: position of q[:, 0]. Query s of sequence b at position p = start_pos[b] + s sees
     # keys 0 .. p, or with a window only the last `window` of them (p - window < key <= p, HF's rule).
     # stable_prefix is a scheduling promise for the CUDA kernel (see ops/cuda.py); no effect here.
+    # k_new, v_new [batch, kv_heads, head_dim], cos_sin [max_position, head_dim] (decode only, seq 1): the newest
+    # key's rope in the call. q and k_new are rotated at start_pos (whole head, NeoX), k_new and v_new go to cache row
+    # start_pos[b] where it is below the capacity, and the rotated q attends; q, k_new and v_new are not written.
     # -> [batch, seq, heads, head_dim]
     batch, seq, heads, _ = q.shape
+    if _check_rope_in("attention", seq == 1, k_new, v_new, cos_sin):
+        qr, kr = _rope_newest(q[:, 0], k_new, start_pos, cos_sin)
+        pos = start_pos.long()
+        b = torch.arange(batch, device=q.device)[(pos >= 0) & (pos < k_cache.shape[1])]  # rows within the capacity
+        k_cache[b, pos[b]] = kr[b].to(k_cache.dtype)
+        v_cache[b, pos[b]] = v_new[b].to(v_cache.dtype)
+        q = qr[:, None]
     kv_len = int(start_pos.max()) + seq
     # With a window, keys before every query's window are never read: decode reads `window` keys.
     kv_start = 0 if window is None else max(0, int(start_pos.min()) - window + 1)
@@ -247,7 +279,8 @@ def paged_kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                     scale: float, window: int | None = None, stable_prefix: bool = False,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, k_new: torch.Tensor | None = None,
+                    v_new: torch.Tensor | None = None, cos_sin: torch.Tensor | None = None) -> torch.Tensor:
     # Causal attention of each sequence's new queries over its pages: prefill chunks at any start and
     # decode (one query) in one call. window: a query at position p sees only keys p - window < key <= p.
     # q [tokens, heads, head_dim]: sequence b's queries are q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]], the last
@@ -256,10 +289,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # j * page_size ...; entries past a sequence's pages are ignored. max_seqlen_q / max_seqlen_k: host ints,
     # the largest query count and seq_len in the batch (sizes without a device sync). stable_prefix: the
     # cuda kernel's scheduling promise (ops/cuda.py), nothing here. out: a [tokens, heads, head_dim] tensor to
-    # write the result into, returned.
+    # write the result into, returned. k_new, v_new [batch, kv_heads, head_dim], cos_sin [max_position, head_dim]
+    # (decode only: one query per sequence): the newest key's rope in the call, as attention()'s, at position
+    # seq_lens[b] - 1, written to its page where the table's entry lies in the pool.
     # -> [tokens, heads, head_dim]
     tokens, heads, hd = q.shape
     batch, page = block_table.shape[0], k_cache.shape[1]
+    if _check_rope_in("paged_attention", max_seqlen_q == 1 and tokens == batch, k_new, v_new, cos_sin):
+        pos = seq_lens.long() - 1  # [batch]
+        q, kr = _rope_newest(q, k_new, pos, cos_sin)
+        entry = block_table.long().gather(1, pos.clamp(min=0)[:, None] // page)[:, 0]  # [batch]
+        ok = (pos >= 0) & (entry >= 0) & (entry < k_cache.shape[0])
+        slots = (entry * page + pos % page)[ok]
+        k_cache.view(-1, *k_cache.shape[2:])[slots] = kr[ok].to(k_cache.dtype)
+        v_cache.view(-1, *v_cache.shape[2:])[slots] = v_new[ok].to(v_cache.dtype)
     max_seqlen_k = min(max_seqlen_k, block_table.shape[1] * page)  # a bound (a graph's): the table caps it
     pages = -(-max_seqlen_k // page)
     # entries past a sequence's pages may hold anything: clamped into the pool (as the kernels do), then masked
