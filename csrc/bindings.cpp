@@ -72,6 +72,8 @@ TORCH_LIBRARY(minfer, m) {
   m.def("qlinear_reads_records(Tensor x, int qtype) -> bool");
   // whether qlinear takes norm_weight and accumulate in its kernel's launch on x [rows, k] with n outputs
   m.def("qlinear_takes_norm(Tensor x, int qtype, int n) -> bool");
+  // the most rows of x qlinear takes on W [n, k] of qtype (more: dequantize + linear); no tensors, so one impl for all
+  m.def("qlinear_max_rows(int qtype, int n, int k) -> int", &minfer::qlinear_max_rows);
   // ---- baselines (teaching API, csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
         "bool trans_b=False, str path=\"auto\") -> Tensor");

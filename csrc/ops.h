@@ -70,6 +70,8 @@ void qlinear_into(const at::Tensor& out, const at::Tensor& x, const at::Tensor& 
                   const std::optional<at::Tensor>& x_records, bool accumulate);
 // whether qlinear on x [rows, k] reads x_records
 bool qlinear_reads_records(const at::Tensor& x, int64_t qtype);
+// the most rows of x qlinear takes on W [n, k] of qtype
+int64_t qlinear_max_rows(int64_t qtype, int64_t n, int64_t k);
 // whether qlinear on x [rows, k] with n outputs takes norm_weight and accumulate in its kernel's launch
 bool qlinear_takes_norm(const at::Tensor& x, int64_t qtype, int64_t n);
 // act(gate) * up of x @ W^T, W = gate | up [n, k] (n / 2 rows each) -> [M, n / 2]; act: silu | gelu_tanh

@@ -253,6 +253,49 @@ def test_qlinear_tiles_split_over_k(kind, m):
         assert torch.equal(ours, again)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [33, 47, 64])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_qlinear_wide_rows(kind, m, dtype):
+    """Q4_K and Q6_K take 33-64 rows on W of 4096 x 4096 and more (qlinear_max_rows; qtile_kernel's 8 tiles of 8 x
+    rows, one CTA an SM): 4100 x 4352 (33 tiles, the last of 4 rows; 17 chunks split over K), 4100 x 14336, 256 x
+    SMs + 40 rows x 4096 (two waves, one split); into a NaN-poisoned out (every element written); called twice (the
+    split counters left zero). x's rows past M arrive as zeros in its boxes (tiled blocks: _check_tiled)."""
+    q, ops = _q(), torch.ops.minfer
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, k in [(4100, 4352), (4100, 14336), (256 * sms + 40, 4096)]:
+        assert ops.qlinear_max_rows(q.QTYPE[kind], n, k) == 64
+        w, x, b, ref64, torch_out = _product_case(kind, m, n, k, dtype, seed=m + n)
+        out = torch.full((m, n), float("nan"), device=DEV, dtype=dtype)
+        ops.qlinear_into(out, x, w.blocks, q.QTYPE[kind], b, False)
+        _check(out, torch_out, ref64, dtype)
+        again = ops.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True)
+        assert torch.equal(out, again)
+
+
+def test_qlinear_max_rows():
+    """qlinear's row limit: 64 for Q4_K and Q6_K (tiled or not) on W of 4096 x 4096 and more, else 32; more rows
+    fail with the limit named."""
+    q, ops = _q(), torch.ops.minfer
+    for kind in ("Q4_K", "Q6_K"):
+        assert ops.qlinear_max_rows(q.QTYPE[kind], 4096, 4096) == 64
+        assert ops.qlinear_max_rows(q.QTYPE[kind] | q.TILED, 28672, 4096) == 64
+        assert ops.qlinear_max_rows(q.QTYPE[kind], 4080, 4096) == 32
+        assert ops.qlinear_max_rows(q.QTYPE[kind], 4096, 3840) == 32
+    for kind in ("Q8_0", "Q4_0", "Q5_K"):
+        assert ops.qlinear_max_rows(q.QTYPE[kind], 4096, 4096) == 32
+    with pytest.raises(RuntimeError, match="qtype must be"):
+        ops.qlinear_max_rows(99, 4096, 4096)
+    w = _weight("Q4_K", 4096, 4096)
+    with pytest.raises(RuntimeError, match=r"at most 32 rows \(64 for Q4_K and Q6_K"):
+        ops.qlinear(torch.randn(65, 4096, device=DEV, dtype=torch.bfloat16), w.blocks, q.QTYPE["Q4_K"], 4096, 4096,
+                    None, False)
+    narrow = _weight("Q4_K", 1024, 4096)
+    with pytest.raises(RuntimeError, match="at most 32 rows"):
+        ops.qlinear(torch.randn(33, 4096, device=DEV, dtype=torch.bfloat16), narrow.blocks, q.QTYPE["Q4_K"], 1024,
+                    4096, None, False)
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
 def test_qlinear_rows_far_apart_in_scale(kind):
     """x rows at 2^13, 2^-66 and 1 (Q4_K carries x scaled per row and chunk: in fp16 together, as 22-bit integers
@@ -503,7 +546,7 @@ def test_qembedding(kind, dtype):
 # ---- tiled blocks (Q4_K, Q6_K) ----
 
 def _check_tiled(kind, shapes, record_rows, dtype, gen):
-    """For each W [n, k] of shapes: the tiled weight's product gives the bits of the same weight by rows at 1-40 rows,
+    """For each W [n, k] of shapes: the tiled weight's product gives the bits of the same weight by rows at 1-64 rows,
     and up to record_rows rows (k of 768 on) on x's records (written by rms_norm over poison) the bits of the weight
     by rows: without records for Q4_K (which converts x itself to the same records), on the same records for Q6_K
     (whose one row without them is another kernel); so does its dequantize."""
@@ -513,7 +556,7 @@ def _check_tiled(kind, shapes, record_rows, dtype, gen):
         t = quant.tile_rows(w)
         assert t.tiled
         scale = 1 / (w.dequantize(torch.float32).abs().mean().item() * k ** 0.5)
-        for m in (1, 2, 9, 16, 24, 32, 40):
+        for m in (1, 2, 9, 16, 24, 32, 40, 64):
             x = (torch.randn(m, k, device=DEV, generator=gen) * scale).to(dtype)
             want = q.linear(x, w)
             ours = q.linear(x, t)
@@ -531,8 +574,8 @@ def test_tiled_q4k_is_bit_identical(dtype):
     """Q4_K linears with their blocks tiled (quant.tile_rows, as the loader keeps them on the GPU) give the bits of
     the same weight by rows on every path: one row on boxes (28672 rows) and on bulk copies (4096), 2-16 rows on
     tile_kernel (split over K at 4096 x 14336) and rows_kernel, 17-32 on qtile_kernel and qlinear_kernel (1536 x
-    512), more by the tiled dequantize; with x's records, and gate | up's pairs with the activation (inter 14336
-    and 1008, a last pair tile past the rows)."""
+    512), 33-64 on qtile_kernel where W is 4096 x 4096 and more, more by the tiled dequantize; with x's records, and
+    gate | up's pairs with the activation (inter 14336 and 1008, a last pair tile past the rows)."""
     q, ops = _q(), torch.ops.minfer
     gen = torch.Generator(device=DEV).manual_seed(5)
     _check_tiled("Q4_K", [(28672, 4096), (4096, 4096), (4096, 14336), (1536, 512)], 16, dtype, gen)
@@ -559,8 +602,9 @@ def test_tiled_q6k_is_bit_identical(dtype):
     x's records (i8_kernel: a tile's chunk by one bulk copy, dense 210-byte rows in the stage, where the rows keep TMA
     boxes at K a multiple of 2048 and cp.async pieces below it: 768), with records of its own past 2 CTAs an SM
     (8192 rows), 2-32 rows on qtile_kernel (wide, and short K on a wide grid: 8192 x 768) and qlinear_kernel (1024 x
-    4096 and 1536 x 512 at 2-16 rows), more by the tiled dequantize (each block gathered from its aligned 16-byte
-    pieces; at K 768 and 512 a tile's blocks span rows); the errors for tiled blocks of 24 rows or of Q8_0."""
+    4096 and 1536 x 512 at 2-16 rows), 33-64 on qtile_kernel on the wide W, more by the tiled dequantize (each block
+    gathered from its aligned 16-byte pieces; at K 768 and 512 a tile's blocks span rows); the errors for tiled blocks
+    of 24 rows or of Q8_0."""
     q, ops = _q(), torch.ops.minfer
     gen = torch.Generator(device=DEV).manual_seed(6)
     _check_tiled("Q6_K", [(4096, 14336), (1024, 4096), (8192, 4096), (8192, 768), (1536, 512)], 1, dtype, gen)

@@ -115,6 +115,20 @@ def test_tiled_rows(kind):
         quant.QuantizedWeight("Q8_0", torch.zeros(16, 34, dtype=torch.uint8), (16, 32), tiled=True)
 
 
+def test_qlinear_takes_rows():
+    """The cuda backend's route by rows (ops.quantized.takes_rows, the kernels' qlinear_max_rows): qlinear up to 32
+    rows, to 64 for Q4_K and Q6_K on W of 4096 x 4096 and more, not for a layer group's linears past 32 (the group's
+    first decodes them all) nor other formats; more rows dequantize + linear."""
+    from minfer.ops import quantized
+    wide = _qweight("Q4_K", 4096, 4096, seed=1)
+    assert [quantized.takes_rows(m, wide) for m in (1, 32, 33, 64, 65)] == [True, True, True, True, False]
+    assert quantized.takes_rows(64, _qweight("Q6_K", 4096, 4096, seed=2)) and quantized.takes_rows(64, quant.tile_rows(wide))
+    assert not quantized.takes_rows(33, _qweight("Q4_K", 1024, 4096, seed=3))
+    assert not quantized.takes_rows(33, _qweight("Q8_0", 4096, 4096, seed=4))
+    grouped = quant.group_layer([wide, _qweight("Q4_K", 4096, 256, seed=5)])
+    assert grouped[0].layer is not None and not quantized.takes_rows(33, grouped[0])
+
+
 def test_group_layer(monkeypatch):
     """A layer's linears of one format go back to back into one buffer: each keeps its blocks (views of it, at
     16-byte offsets) and values, the first at offset 0, and the buffer decodes to the matrices in order. Mixed

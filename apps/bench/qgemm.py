@@ -1,6 +1,7 @@
 """Quantized-weight linear (csrc/qgemm/): x [M, K] @ W^T with W kept in GGUF blocks, shape (M, N, K).
 
-minfer: the seam's call (minfer.ops.quantized.linear): qlinear for M <= 32, else dequantize into a scratch
+minfer: the seam's call (minfer.ops.quantized.linear): qlinear where it takes M (quantized.takes_rows: 32, 64 for
+Q4_K and Q6_K on W of 4096 x 4096 and more), else dequantize into a scratch
 + minfer's dense linear. ref: W dequantized to x's dtype, then F.linear (cuBLAS); the dequantize is
 minfer's kernel, as torch's (minfer.quant) copies a host tensor to the GPU, which graph capture forbids.
 Paths: `dense` = cuBLAS on W already dense in x's dtype (the unquantized model's cost, its 2-byte W not

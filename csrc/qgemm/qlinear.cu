@@ -28,8 +28,9 @@ int64_t check_qlinear(const char* op, const at::Tensor& x, const at::Tensor& blo
   MINFER_CHECK_DIM(x, 2);
   qgemm::check_half_dtype(op, "x", x.scalar_type());
   MINFER_CHECK(x.size(1) == k, op, ": x must have k = ", k, " columns, got shape ", x.sizes());
-  MINFER_CHECK(x.size(0) <= 32, op, ": x must have at most 32 rows (decode; dequantize + linear for more), got ",
-               x.size(0));
+  MINFER_CHECK(x.size(0) <= qgemm::max_rows(qgemm::base_qtype(qtype), n, k), op,
+               ": x must have at most 32 rows (64 for Q4_K and Q6_K on W of 4096 x 4096 and more; dequantize + linear "
+               "for more), got ", x.size(0));
   MINFER_CHECK_CONTIGUOUS(x);
   MINFER_CHECK(is_aligned16(x.data_ptr()), op, ": x must be 16-byte aligned");
   if (bias) {
@@ -134,6 +135,11 @@ bool qlinear_reads_records(const at::Tensor& x, int64_t qtype) {
   const int cc = cc_major(x.get_device());
   MINFER_DISPATCH_QTYPE(qgemm::base_qtype(qtype), QT, [&] { reads = qgemm::reads_records(QT, x.size(0), x.size(1), cc); });
   return reads;
+}
+
+int64_t qlinear_max_rows(int64_t qtype, int64_t n, int64_t k) {
+  qgemm::block_size(qgemm::base_qtype(qtype));  // an unknown id fails here
+  return qgemm::max_rows(qgemm::base_qtype(qtype), n, k);
 }
 
 bool qlinear_takes_norm(const at::Tensor& x, int64_t qtype, int64_t n) {

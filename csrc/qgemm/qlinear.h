@@ -47,6 +47,15 @@ inline bool reads_records(int qt, int64_t M, int64_t K, int cc) {
   return b32 && cc >= 9 && K % 256 == 0 && (qt == kQ8_0 ? K >= 256 * kWarps : K > 256 * kWarps);
 }
 
+// The most rows of x qlinear takes on W [N, K] of (base) format qt: 32, and 64 for Q4_K and Q6_K (a Q4_K_M file's
+// linears) on W of 4096 x 4096 and more, where qtile_kernel's 8 tiles of 8 x rows read W once for 64 rows (past 32
+// the others dequantize W into a scratch and run the dense GEMM: W written and read again in fp16 / bf16).
+constexpr int kMaxRows = 32, kWideMaxRows = 64;
+constexpr bool wide_rows_format(int qt) { return qt == kQ4_K || qt == kQ6_K; }
+inline int64_t max_rows(int qt, int64_t N, int64_t K) {
+  return wide_rows_format(qt) && N >= 4096 && K >= 4096 ? kWideMaxRows : kMaxRows;
+}
+
 // regs_kernel (qlinear_kernels.cuh): the 4- and 5-bit legacy formats with at most kRegChunks 64-k chunks a warp.
 constexpr int kRegChunks = 4, kRegMaxK = kWarps * kRegChunks * 64;
 

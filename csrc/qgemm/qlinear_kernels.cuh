@@ -945,9 +945,16 @@ template <int QT>
 constexpr int qtile_smem(int nt, int stages) {
   return stages * kWarps * Ring<QT, 256>::kStageBytes + (stages + 1) * 8 * nt * kXTileRow;
 }
-// The most weight stages (2-4) that keep 2 CTAs an SM; 2 where none does (Q6_K and Q8_0 at NT = 4).
+// The most weight stages (2-4) that keep 2 CTAs an SM; 2 where none does (Q6_K and Q8_0 at NT = 4). At NT = 8 (64
+// rows: its sums and fragments alone 128 registers a thread) one CTA an SM, whose shared memory takes 3 stages of Q4_K
+// and 2 of Q6_K beside x's 4 or 3 slots of 34 KB.
 template <int QT, int NT>
-constexpr int kQTileStages = qtile_smem<QT>(NT, 4) <= 110 * 1024 ? 4 : qtile_smem<QT>(NT, 3) <= 110 * 1024 ? 3 : 2;
+constexpr int kQTileStages = NT > 4 ? (qtile_smem<QT>(NT, 3) <= 220 * 1024 ? 3 : 2)
+                             : qtile_smem<QT>(NT, 4) <= 110 * 1024 ? 4
+                             : qtile_smem<QT>(NT, 3) <= 110 * 1024 ? 3
+                                                                   : 2;
+// CTAs an SM of qtile_kernel at NT tiles of 8 x rows (its launch bounds, and TileGrid's splits).
+constexpr int qtile_ctas(int nt) { return nt > 4 ? 1 : 2; }
 
 // 256-k chunk c of x's rows 0 .. M - 1 into xs (cp.async, every thread of the CTA; zeros past K).
 template <typename T>
@@ -972,7 +979,7 @@ constexpr bool kQTileXBox = NT >= 2;
 // 80.1-81.8; slower at 16 x 6144 x 4096 (Q6_K 13.7 / 14.1) and at NT = 1 (Q6_K 2 x 28672 x 4096 39.1 / 42.1; at 8
 // rows 40.2-40.8 / 39.4-39.7), which keeps cp.async.
 template <int QT, typename T, int NT, int S, bool kBox>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, qtile_ctas(NT))
     qtile_kernel(const Args a, float* ws, int* counters, const __grid_constant__ CUtensorMap w_map,
                  const __grid_constant__ CUtensorMap x_map) {
   using R = Ring<QT, 256>;

@@ -190,7 +190,7 @@ void launch_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t stre
   const CUtensorMap map = chunk_map(a, Ring<QT, 256>::kRowStride, box && !a.tiled);  // tiled: bulk copies
   const bool x_box = kQTileXBox<NT> && sm90;
   const CUtensorMap x_map = x_box ? x_tile_map(a, 8 * NT) : CUtensorMap{};
-  TileGrid grid(a.N, (a.K + 255) / 256, NT, sms, x, stream);
+  TileGrid grid(a.N, (a.K + 255) / 256, NT, sms, x, stream, kWarps, qtile_ctas(NT));
   auto go = [&](auto use_box) {
     constexpr auto kernel = qtile_kernel<QT, T, NT, S, decltype(use_box)::value>;
     constexpr int smem = qtile_smem<QT>(NT, S) + 128;
@@ -477,7 +477,7 @@ bool launch_if_short_k(const Args& a, int sms, int cc, cudaStream_t stream) {
   return true;
 }
 
-// Whether qlinear takes qtile_kernel, and launches it if so (NT = 1, 2, 4 tiles of 8 x rows):
+// Whether qlinear takes qtile_kernel, and launches it if so (NT = 1, 2, 4 tiles of 8 x rows, and 8 past 32 rows):
 // - M 2-32 (Q4_K: 17-32) from 4096 x 4096 on (measured at its section). H200, one run, us, qlinear_kernel /
 //   qtile_kernel at 16 rows: Q8_0 16 x 28672 x 4096 88.4 / 58.6, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x 128256 x
 //   4096 262.7 / 233.2. Smaller W lost (Q6_K 16 x 1024 x 4096 9.1 / 9.6; Q4_1 at SmolLM2's shapes, 2-3 chunks a
@@ -491,7 +491,10 @@ bool launch_if_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t s
   const bool wide = a.M > (QT == kQ4_K ? 16 : 1) && a.N >= 4096 && a.K >= 4096;  // Q4_K to 16 rows: q4k's kernels
   const bool short_k = (QT == kQ6_K || QT == kQ8_0) && a.M <= 16 && a.K < kWarps * 256 && !small_grid(a, sms);
   if (!wide && !short_k) return false;
-  if (a.M > 16)
+  if (a.M > kMaxRows) {  // Q4_K and Q6_K on wide W only (max_rows)
+    if constexpr (wide_rows_format(QT)) launch_qtile<QT, T, 8>(a, x, sms, stream);
+    else TORCH_CHECK(false, "qlinear: no kernel takes ", a.M, " rows here");
+  } else if (a.M > 16)
     launch_qtile<QT, T, 4>(a, x, sms, stream);
   else if (a.M > 8)
     launch_qtile<QT, T, 2>(a, x, sms, stream);

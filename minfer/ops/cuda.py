@@ -204,7 +204,7 @@ def linear_act_and_mul(x: torch.Tensor, weight, act: str, x_records: torch.Tenso
     # wide model's many-tiles ring, and whose sm90 small-M kernel at 32-64 rows (a large model's).
     # norm (weight [in], eps): x is read as rms_norm(x, weight, eps), in qlinear_act's launch where norms_in_linears.
     if (isinstance(weight, QuantizedWeight) and x_records is None and records is None and x.dtype != torch.float32
-            and x.shape[0] <= quantized.QLINEAR_MAX_ROWS):
+            and quantized.takes_rows(x.shape[0], weight)):
         return quantized.linear_act(x, weight, act, norm=norm)
     if norm is not None:
         x = rms_norm(x, *norm)
@@ -257,7 +257,7 @@ def _linear_act_fake(x, w, act, static_weight=False):
     return x.new_empty((x.shape[0], w.shape[0] // 2))
 
 
-# A quantized weight's prefill (more than 32 rows of x) dequantizes it into a scratch buffer, up to this
+# A quantized weight's prefill (more rows of x than qlinear takes) dequantizes it into a scratch buffer, up to this
 # many values at a time (256 MB in bf16; an 8B model's widest layer matrix, gate|up, is 117M): wider
 # weights (a 128k-vocabulary lm_head) run in slices of rows.
 SCRATCH_VALUES = LAYER_VALUES  # 1 << 27: a layer group (quant.group_layer) fits
@@ -293,7 +293,7 @@ def _quantized_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | 
     n, k = w.shape
     if x.dtype == torch.float32:  # the kernels take fp16/bf16
         return reference.linear(x, w, bias, out=out)
-    if x.shape[0] <= quantized.QLINEAR_MAX_ROWS:
+    if quantized.takes_rows(x.shape[0], w):
         return quantized.linear(x, w, bias, static_weight, out=out, x_records=x_records)
     if w.layer is not None:
         y = _ops.linear(x, _layer_matrix(x, w), bias, "auto", w.layer_offset > 0)

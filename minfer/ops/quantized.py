@@ -3,8 +3,8 @@ dequantize_into, qlinear, qlinear_act, qembedding}, plus their fake (meta) imple
 
 A weight stays in its GGUF blocks (quant.QuantizedWeight: uint8 [n, k / elems * bytes], ggml's layout, or for
 Q4_K and Q6_K linears each 16 rows' blocks chunk-major: quant.tile_rows).
-Decode (x of at most 32 rows) streams the blocks and dequantizes in registers (qlinear); prefill
-dequantizes the weight into a scratch buffer and runs the dense GEMM (linear).
+Decode (x of at most 32 rows, or 64 on wide Q4_K and Q6_K: takes_rows) streams the blocks and dequantizes in
+registers (qlinear); prefill dequantizes the weight into a scratch buffer and runs the dense GEMM (linear).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _ops = torch.ops.minfer
 # ggml's type ids, the kernels' qtype (csrc/qgemm/formats.cuh).
 QTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 TILED = 256  # qtype | TILED: the blocks are tiled (csrc/qgemm/checks.h, kTiled)
-QLINEAR_MAX_ROWS = 32  # qlinear's range; more rows take dequantize + linear
+QLINEAR_MAX_ROWS = 32  # qlinear's range on every weight (more on some: takes_rows); more rows take dequantize + linear
 # x records (csrc/qgemm/q4k_x.cuh): the Q4_K kernels' form of x, a record of this many bytes a row and 256-k
 # chunk, read up to this many rows
 Q4K_RECORD_BYTES, Q4K_RECORD_ROWS = 816, 16
@@ -90,6 +90,19 @@ def _qlinear_rows(x: torch.Tensor) -> torch.Tensor:
     return x.clone() if x.data_ptr() % 16 else x
 
 
+def takes_rows(rows: int, w: QuantizedWeight) -> bool:
+    """Whether qlinear takes [rows, k] of x on w (csrc/qgemm/qlinear.h, max_rows): up to 32 rows, and up to 64 for
+    Q4_K and Q6_K on W of 4096 x 4096 and more (a Q4_K_M file's linears: W read once, where the dequantize path
+    writes and reads it in fp16 / bf16). A layer group's linears stay at 32: past it the group's first decodes them
+    all (quant.group_layer)."""
+    return rows <= QLINEAR_MAX_ROWS or (w.layer is None and rows <= _max_rows(QTYPE[w.kind], *w.shape))
+
+
+@functools.cache
+def _max_rows(qt: int, n: int, k: int) -> int:
+    return _ops.qlinear_max_rows(qt, n, k)
+
+
 def takes_norm(rows: int, w: QuantizedWeight, device: torch.device) -> bool:
     """Whether qlinear on [rows, k] of x takes norm and accumulate in its kernel's launch (regs_kernel): a small
     model's 4- and 5-bit legacy formats up to 8 rows. Elsewhere linear runs the norm or the add apart."""
@@ -105,7 +118,7 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
            scratch: torch.Tensor | None = None, out: torch.Tensor | None = None,
            x_records: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
            accumulate: bool = False) -> torch.Tensor:
-    """x [..., k] @ W^T (+ bias) -> [..., n]. Up to 32 rows: qlinear; more: W dequantized (into `scratch`,
+    """x [..., k] @ W^T (+ bias) -> [..., n]. Where takes_rows: qlinear; more rows: W dequantized (into `scratch`,
     a contiguous [n, k] of x's dtype, when given) and the dense linear. static_weight: no kernel that may
     still be running writes w (as for the engine's weights; see README). out: a [rows, n] view to write into
     (rows contiguous, e.g. columns of a wider tensor), 2-D x only. x_records: x's records from the kernel
@@ -116,7 +129,7 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     if (norm is not None or accumulate) and (x2.shape[0] > QLINEAR_MAX_ROWS or (accumulate and out is None)):
         raise ValueError("quantized.linear: norm and accumulate take at most 32 rows, accumulate an out")
-    if x2.shape[0] <= QLINEAR_MAX_ROWS:
+    if takes_rows(x2.shape[0], w):
         x2 = _qlinear_rows(x2)
         if norm is not None:
             y = _ops.qlinear(x2, w.blocks, qtype(w), n, k, bias, static_weight, x_records, norm[0], norm[1])
@@ -138,7 +151,7 @@ def linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None
 def linear_act(x: torch.Tensor, w: QuantizedWeight, act: str, static_weight: bool = True,
                x_records: torch.Tensor | None = None, records: torch.Tensor | None = None,
                norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
-    """x [rows, k] (at most 32 rows) @ W^T = gate | up -> act(gate) * up [rows, n / 2], act silu | gelu_tanh. The
+    """x [rows, k] (takes_rows) @ W^T = gate | up -> act(gate) * up [rows, n / 2], act silu | gelu_tanh. The
     4- and 5-bit legacy formats of a small model's shapes write it from the linear's epilogue, and so does Q4_K up
     to 16 rows on x_records (x's records, as qlinear's) on sm_90; the others run qlinear, then the activation.
     records: room for the output's records (the down projection's x), written beside it. norm: as linear's."""
