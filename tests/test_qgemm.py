@@ -259,8 +259,9 @@ def test_qlinear_tiles_split_over_k(kind, m):
 def test_qlinear_wide_rows(kind, m, dtype):
     """Q4_K and Q6_K take 33-64 rows on W of 4096 x 4096 and more (qlinear_max_rows; qtile_kernel's 8 tiles of 8 x
     rows, one CTA an SM): 4100 x 4352 (33 tiles, the last of 4 rows; 17 chunks split over K), 4100 x 14336, 256 x
-    SMs + 40 rows x 4096 (two waves, one split); into a NaN-poisoned out (every element written); called twice (the
-    split counters left zero). x's rows past M arrive as zeros in its boxes (tiled blocks: _check_tiled)."""
+    SMs + 40 rows x 4096 (one split; on 132 SMs 265 CTAs, past two waves); into a NaN-poisoned out (every element
+    written); called twice (the split counters left zero). x's rows past M arrive as zeros in its boxes (tiled
+    blocks: _check_tiled)."""
     q, ops = _q(), torch.ops.minfer
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k in [(4100, 4352), (4100, 14336), (256 * sms + 40, 4096)]:
