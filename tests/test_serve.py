@@ -919,6 +919,28 @@ def test_full_queue_is_429(server):
         thread.join()
 
 
+def test_an_add_in_flight_counts_as_waiting(server, monkeypatch):
+    """While the engine thread moves a request into the scheduler it still counts as waiting (never in neither
+    place), so a concurrent admission check cannot let one more past --max-waiting."""
+    add, step, moving = server.core.add_requests, server.core.step, threading.Event()
+
+    def slow_add(*args):
+        moving.set()
+        time.sleep(0.3)
+        return add(*args)
+
+    monkeypatch.setattr(server.core, "add_requests", slow_add)
+    monkeypatch.setattr(server.core, "step", lambda: (time.sleep(0.3), step())[1])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(httpx.post, server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                            headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        assert moving.wait(10)
+        time.sleep(0.1)  # inside the add
+        assert server.engine.num_waiting == 1
+        assert reply.result().status_code == 200
+    assert_idle(server.core)
+
+
 def test_max_waiting_holds_under_a_burst(server, monkeypatch):
     """Concurrent requests see each other's admissions: at most --max-waiting wait, the rest get 429; a request
     that alone needs more than the limit is a 400 naming n, not a 429 to retry forever."""

@@ -83,8 +83,11 @@ class AsyncEngine:
         self.core = core
         self.metrics = Metrics(self)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        # adds not applied yet count as waiting: submitted - applied, each written by one thread only
+        # adds not applied yet count as waiting: submitted - applied, each written by one thread only; the thread
+        # moves a batch into the scheduler's queue and counts it applied under _counting, so that num_waiting never
+        # sees it in neither place (nor in both)
         self._submitted = self._applied = 0
+        self._counting = threading.Lock()
         self._requests: dict[str, _Request] = {}  # owned by the thread
         self._wake = threading.Event()
         self._stopped = False
@@ -95,7 +98,8 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.core.scheduler.waiting) + self._submitted - self._applied
+        with self._counting:
+            return len(self.core.scheduler.waiting) + self._submitted - self._applied
 
     @property
     def num_running(self) -> int:
@@ -153,15 +157,16 @@ class AsyncEngine:
                 self._abort(cmd[1])
                 continue
             _, requests, out, done, priority = cmd
-            self._applied += len(requests)
-            if not done.set_running_or_notify_cancel():  # the client left before they were added
-                continue
-            try:
-                self.core.add_requests([(ids, params, rid) for rid, ids, params, _ in requests],
-                                       [priority] * len(requests))
-            except Exception as e:
-                done.set_exception(e)
-                continue
+            with self._counting:
+                self._applied += len(requests)
+                if not done.set_running_or_notify_cancel():  # the client left before they were added
+                    continue
+                try:
+                    self.core.add_requests([(ids, params, rid) for rid, ids, params, _ in requests],
+                                           [priority] * len(requests))
+                except Exception as e:
+                    done.set_exception(e)
+                    continue
             for rid, ids, _, index in requests:
                 self._requests[rid] = _Request(out, index, len(ids))
                 self.metrics.prompt_tokens.inc(len(ids))
