@@ -930,6 +930,8 @@ def test_an_add_in_flight_counts_as_waiting(server, monkeypatch):
         return add(*args)
 
     monkeypatch.setattr(server.core, "add_requests", slow_add)
+    # the step after the add starts late, so that the request is still queued when the count, which waits for the
+    # add, is read (the step would otherwise move it to running first)
     monkeypatch.setattr(server.core, "step", lambda: (time.sleep(0.3), step())[1])
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         reply = pool.submit(httpx.post, server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
