@@ -192,7 +192,8 @@ def test_qlinear_short_k_in_registers(kind, m, dtype):
 def test_qlinear_act(kind, m, dtype, act):
     """act(gate) * up of the gate | up linear equals the activation's own launch after qlinear bit for bit, where the
     epilogue computes it (the 4- and 5-bit legacy formats, short K, up to 32 rows: a small model's gate | up of 2 x
-    1536 x 576, an intermediate of 100 (13 CTAs of 8 outputs, the last partial), K at regs_kernel's limit) and where
+    1536 x 576, whose 192 CTAs a 16-row block of x walk both blocks at 23 and 32 rows on a GPU of 96-191 SMs
+    (regs_y_blocks), an intermediate of 100 (13 CTAs of 8 outputs, the last partial), K at regs_kernel's limit) and where
     the call falls back (Q8_0, Q4_K, K past the limit). Every element is written (the output is poisoned by the
     caching allocator's reuse: filled with NaN first)."""
     q = _q()

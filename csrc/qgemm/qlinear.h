@@ -2,6 +2,7 @@
 // (qlinear_kernels.cuh, q4k_kernels.cuh, i8_kernels.cuh; chosen in qlinear_launch.cuh), which are instantiated one
 // format a translation unit (qlinear_<format>.cu) so that they compile in parallel.
 #pragma once
+#include <algorithm>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -58,11 +59,20 @@ inline int64_t max_rows(int qt, int64_t N, int64_t K) {
 
 // regs_kernel (qlinear_kernels.cuh): the 4- and 5-bit legacy formats with at most kRegChunks 64-k chunks a warp.
 constexpr int kRegChunks = 4, kRegMaxK = kWarps * kRegChunks * 64;
+constexpr int kLoopChunks = 2;  // regs_kernel walking x's blocks (regs_y_blocks): K up to kWarps * 2 * 64
 
 // Whether regs_kernel's shapes hold: K gives a warp at most kRegChunks chunks, and the grid of 16-row tiles is at
 // most 2 CTAs an SM.
 inline bool regs_shape(int64_t N, int64_t K, int sms) {
   return (K / 32 + 1) / 2 <= kWarps * kRegChunks && (N + 15) / 16 <= 2 * sms;
+}
+
+// regs_kernel's grid along x's blocks of 8 NT rows (of `tiles` CTAs each): every block its CTAs, unless that passes 2
+// CTAs an SM, where a CTA walks gridDim.y apart on the same W registers: a second wave's CTAs would start without
+// their W (a small model's gate | up at 32 rows: 384 CTAs on the H100's 264 slots).
+inline int regs_y_blocks(int64_t tiles, int M, int nt, int sms) {
+  const int64_t blocks = (M + 8 * nt - 1) / (8 * nt);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 2 * sms / tiles)));
 }
 
 // Whether regs_kernel takes qlinear on M x N x K of (base) format qt with a.norm_w or a.accumulate: up to 8 rows

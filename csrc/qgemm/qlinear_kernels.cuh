@@ -718,11 +718,72 @@ __device__ __forceinline__ void norm_rows(T* xs, const Args& a, int warp, int la
   __syncthreads();
 }
 
+// w's words as the compiler sees them: unknown, so that no decode of them moves out of a loop around their use.
+template <int QT>
+__device__ __forceinline__ void opaque(BlockWords& w) {
+  asm volatile("" : "+r"(w.head), "+r"(w.qs[0]));
+  if constexpr (QT == kQ5_0 || QT == kQ5_1) asm volatile("" : "+r"(w.qh));
+}
+
+// a's rows m0 .. m0 + rows - 1 (x's and out's; M past them clipped).
+__device__ __forceinline__ Args rows_from(Args a, int m0, int rows) {
+  a.x = static_cast<const uint8_t*>(a.x) + int64_t(m0) * a.K * 2;  // 2-byte T
+  a.out = static_cast<uint8_t*>(a.out) + int64_t(m0) * a.out_stride * 2;
+  a.M = min(a.M - m0, rows);
+  return a;
+}
+
+// regs_kernel's block of x rows (a: its rows, rows_from) on the W words that the warp holds.
+template <int QT, typename T, int NT, typename Act, Fuse kFuse, int CH>
+__device__ __forceinline__ void regs_block(const Args& a, const BlockWords (&wa)[CH][Ring<QT>::kChunk / 32],
+                                           const BlockWords (&wb)[CH][Ring<QT>::kChunk / 32], uint8_t* red,
+                                           T* xs, int n0, int mine, int blocks, int warp, int lane) {
+  constexpr bool kNorm = kFuse == Fuse::kNorm, kAdd = kFuse == Fuse::kAdd;
+  constexpr int kSteps = Ring<QT>::kChunk / 32;
+  const int g = lane / 4, t = lane % 4;
+  T prior[kAdd ? NT * 4 : 1];
+  if constexpr (kAdd) {
+    if (warp == 0) out_prior<T, NT>(prior, a, n0, g, t);
+  }
+  if constexpr (kNorm) norm_rows(xs, a, warp, lane);
+  // x of chunk i ([step][x row tile][mma j]: row 8 nt + g, k = 64 c + 32 s + 16 j + 4t .. + 3): at NT = 1 every
+  // chunk's in one burst (one L2 round trip), at NT = 2 (twice the registers) chunk i + 1's before chunk i's mmas
+  constexpr int kXSlots = NT == 1 ? CH : 2;
+  uint2 xv[kXSlots][kSteps][NT][2];
+  auto load_x = [&](int i, uint2 (&v)[kSteps][NT][2]) {
+    load_x_regs<QT, T, NT>(v, a, warp + kWarps * i, g, t, i < mine, kNorm ? xs : nullptr);
+  };
+#pragma unroll
+  for (int i = 0; i < (NT == 1 ? CH : 1); ++i) load_x(i, xv[i]);
+  float acc[NT][4] = {};
+#pragma unroll
+  for (int i = 0; i < CH; ++i) {
+    if (i >= mine) break;
+    if (NT > 1 && i + 1 < mine) load_x(i + 1, xv[(i + 1) % kXSlots]);
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      if ((warp + kWarps * i) * kSteps + s >= blocks) break;  // K's last chunk may hold one block
+      uint32_t qa[2], qb[2];
+      float sa[2], sb[2], ma[2], mb[2];
+      block_quants<QT>(wa[i][s], t, qa, sa, ma);
+      block_quants<QT>(wb[i][s], t, qb, sb, mb);
+      uint2 xp[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) xp[nt][j] = x_pairs(xv[i % kXSlots][s][nt][j]);
+      mma_quants<QT, T, NT>(acc, qa, qb, sa, sb, ma, mb, xp);
+    }
+  }
+  reduce_store<T, NT, Act, kAdd>(acc, red, a, n0, warp, lane, prior);
+}
+
 // Act (Silu, GeluTanh; void for none): W is gate | up (N = 2 inter rows) and a CTA's 16 rows are gate rows n0 ..
 // n0 + 7 and their up rows inter + n0 .., so that its epilogue writes act(gate) * up (store_act), [M, inter].
-// Past 8 NT rows of x the grid's y takes them in blocks of 8 NT: each CTA reads its W rows again, from L2.
-template <int QT, typename T, int NT, typename Act = void, Fuse kFuse = Fuse::kNone>
-__global__ void __launch_bounds__(kThreads) regs_kernel(Args a) {
+// Past 8 NT rows, x's blocks of 8 NT rows spread over the grid's y (each CTA reads its W rows again, from L2), and
+// where the CTAs would pass 2 an SM each walks several on the same W registers (regs_y_blocks).
+template <int QT, typename T, int NT, typename Act = void, Fuse kFuse = Fuse::kNone, bool kYLoop = false>
+__global__ void __launch_bounds__(kThreads, kYLoop ? 2 : 0) regs_kernel(Args a) {
   using F = Format<QT>;
   constexpr bool kAct = !std::is_void_v<Act>, kNorm = kFuse == Fuse::kNorm, kAdd = kFuse == Fuse::kAdd;
   static_assert(!(kAct && kAdd), "regs_kernel: the residual add comes without an activation");
@@ -731,20 +792,17 @@ __global__ void __launch_bounds__(kThreads) regs_kernel(Args a) {
   __shared__ __align__(16) uint8_t red[kWarps * NT * 4 * 32 * sizeof(float)];  // reduce_store's partial sums
   extern __shared__ __align__(16) uint8_t normed[];  // kNorm: [8, K + kNormPad] rows, then the weight [K]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int m0 = blockIdx.y * 8 * NT;  // this CTA's x rows: m0 .. m0 + 8 NT - 1
-  a.x = static_cast<const T*>(a.x) + int64_t(m0) * a.K;
-  a.out = static_cast<T*>(a.out) + int64_t(m0) * a.out_stride;
-  a.M = min(a.M - m0, 8 * NT);
   const int n0 = blockIdx.x * (kAct ? 8 : 16), blocks = a.K / 32, chunks = (blocks + kSteps - 1) / kSteps;
-  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks, <= kRegChunks
+  constexpr int CH = kYLoop ? kLoopChunks : kRegChunks;  // the most chunks a warp
+  const int mine = warp < chunks ? (chunks - 1 - warp) / kWarps + 1 : 0;  // this warp's chunks, <= CH
   const int inter = a.N / 2;
   const bool ok_a = n0 + g < (kAct ? inter : a.N), ok_b = kAct ? ok_a : n0 + g + 8 < a.N;
   const uint8_t* row_a = a.w + int64_t(ok_a ? n0 + g : 0) * a.row_bytes;
   const uint8_t* row_b = a.w + int64_t(ok_b ? (kAct ? inter : 8) + n0 + g : 0) * a.row_bytes;
-  BlockWords wa[kRegChunks][kSteps], wb[kRegChunks][kSteps];  // [warp's chunk i][step]: rows g, g + 8
+  BlockWords wa[CH][kSteps], wb[CH][kSteps];  // [warp's chunk i][step]: rows g, g + 8
   auto load_w = [&] {
 #pragma unroll
-    for (int i = 0; i < kRegChunks; ++i)
+    for (int i = 0; i < CH; ++i)
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
         const int b = (warp + kWarps * i) * kSteps + s;  // block along K
@@ -764,41 +822,21 @@ __global__ void __launch_bounds__(kThreads) regs_kernel(Args a) {
     load_w();
     if constexpr (kNorm) norm_weight_to_smem(xs, a);
   }
-  T prior[kAdd ? NT * 4 : 1];
-  if constexpr (kAdd) {
-    if (warp == 0) out_prior<T, NT>(prior, a, n0, g, t);
-  }
-  if constexpr (kNorm) norm_rows(xs, a, warp, lane);
-  // x of chunk i ([step][x row tile][mma j]: row 8 nt + g, k = 64 c + 32 s + 16 j + 4t .. + 3): at NT = 1 every
-  // chunk's in one burst (one L2 round trip), at NT = 2 (twice the registers) chunk i + 1's before chunk i's mmas
-  constexpr int kXSlots = NT == 1 ? kRegChunks : 2;
-  uint2 xv[kXSlots][kSteps][NT][2];
-  auto load_x = [&](int i, uint2 (&v)[kSteps][NT][2]) {
-    load_x_regs<QT, T, NT>(v, a, warp + kWarps * i, g, t, i < mine, kNorm ? xs : nullptr);
-  };
+  // x's blocks of 8 NT rows from blockIdx.y on, gridDim.y apart (regs_y_blocks), on the same W registers. Each block
+  // decodes them afresh (opaque): decoded once for all blocks they would take ~190 registers, one CTA an SM.
+  if constexpr (!kYLoop) {
+    regs_block<QT, T, NT, Act, kFuse, CH>(rows_from(a, blockIdx.y * 8 * NT, 8 * NT), wa, wb, red, xs, n0, mine, blocks,
+                                      warp, lane);
+  } else {
+#pragma unroll 1
+    for (int m0 = blockIdx.y * 8 * NT; m0 < a.M; m0 += gridDim.y * 8 * NT) {
 #pragma unroll
-  for (int i = 0; i < (NT == 1 ? kRegChunks : 1); ++i) load_x(i, xv[i]);
-  float acc[NT][4] = {};
+      for (int i = 0; i < CH; ++i)
 #pragma unroll
-  for (int i = 0; i < kRegChunks; ++i) {
-    if (i >= mine) break;
-    if (NT > 1 && i + 1 < mine) load_x(i + 1, xv[(i + 1) % kXSlots]);
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      if ((warp + kWarps * i) * kSteps + s >= blocks) break;  // K's last chunk may hold one block
-      uint32_t qa[2], qb[2];
-      float sa[2], sb[2], ma[2], mb[2];
-      block_quants<QT>(wa[i][s], t, qa, sa, ma);
-      block_quants<QT>(wb[i][s], t, qb, sb, mb);
-      uint2 xp[NT][2];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) xp[nt][j] = x_pairs(xv[i % kXSlots][s][nt][j]);
-      mma_quants<QT, T, NT>(acc, qa, qb, sa, sb, ma, mb, xp);
+        for (int s = 0; s < kSteps; ++s) opaque<QT>(wa[i][s]), opaque<QT>(wb[i][s]);
+      regs_block<QT, T, NT, Act, kFuse, CH>(rows_from(a, m0, 8 * NT), wa, wb, red, xs, n0, mine, blocks, warp, lane);
     }
   }
-  reduce_store<T, NT, Act, kAdd>(acc, red, a, n0, warp, lane, prior);
 }
 
 // In a pipeline of S stages that commits chunks 0 .. S - 2's weights one group each, then their x in one group,

@@ -42,7 +42,13 @@ bool launch_if_regs(const Args& a, int sms, cudaStream_t stream) {
         constexpr auto kernel = regs_kernel<QT, T, NT, Act, kFuse>;
         const int smem = kFuse == Fuse::kNorm ? norm_smem_bytes(a.K) : 0;
         if constexpr (kFuse == Fuse::kNorm) allow_smem<kernel, norm_smem_bytes(kRegMaxK)>();
-        launch_pdl(kernel, dim3(tiles, (unsigned)((a.M + 8 * NT - 1) / (8 * NT))), dim3(kThreads), smem, stream, a);
+        const int blocks = (a.M + 8 * NT - 1) / (8 * NT), y = regs_y_blocks(tiles, a.M, NT, sms);
+        if constexpr (NT == 2 && kFuse == Fuse::kNone) {
+          if (y < blocks && a.K <= kWarps * kLoopChunks * 64)
+            return launch_pdl(regs_kernel<QT, T, NT, Act, kFuse, true>, dim3(tiles, (unsigned)y), dim3(kThreads), 0,
+                              stream, a);
+        }
+        launch_pdl(kernel, dim3(tiles, (unsigned)blocks), dim3(kThreads), smem, stream, a);
       };
       using One = std::integral_constant<int, 1>;
       using Two = std::integral_constant<int, 2>;
