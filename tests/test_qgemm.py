@@ -171,11 +171,12 @@ def test_qlinear_q8_0_short_k_one_row(dtype):
 def test_qlinear_short_k_in_registers(kind, m, dtype):
     """The 4- and 5-bit legacy formats with K of at most 4 chunks a warp (k <= 2048) on small grids load W
     straight into registers (regs_kernel), 16 rows of x a CTA past 8 (23, 32: two blocks of x rows over the grid's
-    y, 23's second partial): a small model's 576 and 1536, k at the limit, k ending in half a chunk (1568: 49
-    blocks), and 2080 just past the limit (qlinear_kernel); weights static, as the engine's.
+    y, 23's second partial; on 3000 x 576's 188 CTAs a block, one CTA walking both on a GPU of 94-187 SMs,
+    regs_y_blocks): a small model's 576 and 1536, k at the limit, k ending in half a chunk (1568: 49 blocks), and
+    2080 just past the limit (qlinear_kernel); weights static, as the engine's.
     Into a NaN-poisoned wider output, every element of the slice is written and nothing else."""
     q = _q()
-    for n, k in [(576, 1536), (970, 576), (37, 2048), (203, 1568), (45, 2080)]:
+    for n, k in [(576, 1536), (970, 576), (3000, 576), (37, 2048), (203, 1568), (45, 2080)]:
         w, x, b, ref64, torch_out = _product_case(kind, m, n, k, dtype, seed=m + k)
         ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, True)
         _check(ours, torch_out, ref64, dtype)
