@@ -126,7 +126,7 @@ def run(args) -> int:
     print(f"{'checkpoint':>28} {'file GB':>8} {'load s':>7} {'GB/s':>6} {'read s':>7} {'upload s':>8} "
           f"{'cast s':>7} {'device GB':>9}")
     rows = []
-    for label, path in ((f"HF folder, bf16", folder), (f"GGUF, {args.type}", gguf_path)):
+    for label, path in (("HF folder, bf16", folder), (f"GGUF, {args.type}", gguf_path)):
         row = time_load(path, device, args.reps)
         row.update(checkpoint=label, path=path, file_gb=file_bytes(path) / 1e9, shape=args.shape, device=name)
         rows.append(row)

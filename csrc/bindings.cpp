@@ -1,6 +1,6 @@
 // The one place where minfer's ops are declared (schemas) and bound to their launchers (ops.h), in two
 // groups: the engine ops, which minfer/model.py calls (and the plan queries its tests ask), and the
-// baselines, the seed's teaching API (csrc/baselines/), kept exposed and benchmarked.
+// baselines (csrc/baselines/), kept exposed and benchmarked.
 // Fake (meta) implementations: minfer/ops/cuda.py (engine ops), minfer/ops/baselines.py (baselines).
 #include <Python.h>
 #include <torch/library.h>
@@ -74,7 +74,7 @@ TORCH_LIBRARY(minfer, m) {
   m.def("qlinear_takes_norm(Tensor x, int qtype, int n) -> bool");
   // the most rows of x qlinear takes on W [n, k] of qtype (more: dequantize + linear); no tensors, so one impl for all
   m.def("qlinear_max_rows(int qtype, int n, int k) -> int", &minfer::qlinear_max_rows);
-  // ---- baselines (teaching API, csrc/baselines/) ----
+  // ---- baselines (csrc/baselines/) ----
   m.def("gemm(Tensor a, Tensor b, float alpha=1.0, float beta=0.0, Tensor? c=None, bool trans_a=False, "
         "bool trans_b=False, str path=\"auto\") -> Tensor");
   m.def("tensor_core_gemm(Tensor a, Tensor b) -> Tensor");
@@ -115,7 +115,7 @@ TORCH_LIBRARY_IMPL(minfer, CUDA, m) {
   m.impl("qembedding", &minfer::qembedding);
   m.impl("qlinear_reads_records", &minfer::qlinear_reads_records);
   m.impl("qlinear_takes_norm", &minfer::qlinear_takes_norm);
-  // ---- baselines (teaching API) ----
+  // ---- baselines ----
   m.impl("gemm", &minfer::gemm);
   m.impl("tensor_core_gemm", &minfer::tensor_core_gemm);
   m.impl("gemm_int8", &minfer::gemm_int8);

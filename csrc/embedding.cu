@@ -1,7 +1,7 @@
 // Embedding lookup: out[t, :] = weight[ids[t], :].
 // One block per token row, 16-byte copies when the rows allow them, else element by element.
 // An id outside [0, vocab) never reads the table: its row is filled with NaN so that the error cannot
-// pass silently (minfer.ops.cuda.check_ids raises IndexError on the host for callers that want that).
+// pass silently.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 

@@ -81,7 +81,7 @@ at::Tensor qlinear_act(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
                        double eps);
 at::Tensor qembedding(const at::Tensor& ids, const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
                       at::ScalarType dtype);
-// ---- baselines (teaching API): baselines/gemm.cpp, baselines/attention.cpp ----
+// ---- baselines: baselines/gemm.cpp, baselines/attention.cpp ----
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, double alpha, double beta,
                 const std::optional<at::Tensor>& c, bool trans_a, bool trans_b, const std::string& path);
 at::Tensor tensor_core_gemm(const at::Tensor& a, const at::Tensor& b);

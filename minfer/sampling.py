@@ -7,7 +7,6 @@ any batch, and again after it is preempted and recomputed.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Attention family: the engine op (flash prefill / split-KV decode) and the seed API (naive, tiled, flash).
+"""Attention family: the engine op (flash prefill / split-KV decode) and the baselines (naive, tiled, flash).
 
 Error rule (flash-attention's): |ours - ref32| <= 2 * |torch_lowp - ref32| + eps, max-abs over the output,
 where ref32 is the computation in fp32 and torch_lowp the same computation by torch in the low dtype.
@@ -582,7 +582,7 @@ def test_prefill_131k_matches_chunked_reference():
         _check(out[0, a:end, 0], ref32, lowp, dtype, f"rows {a}..{end}")
 
 
-# ---- seed API: q, k, v [batch, heads, seq, head_dim] ----
+# ---- baselines: q, k, v [batch, heads, seq, head_dim] ----
 
 def _seed_inputs(batch, heads, kv_heads, sq, sk, hd, dtype):
     q = torch.randn(batch, heads, sq, hd, device="cuda", dtype=dtype)
@@ -631,7 +631,7 @@ def test_seed(op, dtype, causal, shape):
 @pytest.mark.parametrize("ratio", [1, 4, 8])
 @pytest.mark.parametrize("sq, sk", [(1, 1), (17, 17), (113, 200), (1000, 1000), (130, 4097)])
 def test_seed_flash_gqa(sq, sk, ratio, hd, causal):
-    # the prefill kernel through the seed API: plain and bottom-right causal, GQA, ragged tiles
+    # the prefill kernel through the baselines' API: plain and bottom-right causal, GQA, ragged tiles
     dtype = torch.bfloat16 if (sq + hd) % 2 else torch.float16
     q, k, v = _seed_inputs(2, 2 * ratio, 2, sq, sk, hd, dtype)
     ours = _baselines().flash_attention(q, k, v, is_causal=causal)

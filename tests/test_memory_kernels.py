@@ -270,9 +270,6 @@ def test_embedding_out_of_range(cuda):
     out = cuda.embedding(ids, weight)
     assert out[1].isnan().all() and out[2].isnan().all()
     assert torch.equal(out[[0, 3]], weight[[3, 7]])
-    with pytest.raises(IndexError, match="out of range"):
-        cuda.check_ids(ids, weight.shape[0])
-    cuda.check_ids(ids[[0, 3]], weight.shape[0])  # in range: no error
 
 
 # ---- opcheck: schema, fake impl, dispatcher registration ----

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minfer import quantize, shapes
+from minfer import quantize
 from minfer.errors import run_cli
 
-from test_quantize import TINY, build_llama, gguf, quantize_cli
+from test_quantize import build_llama, gguf, quantize_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

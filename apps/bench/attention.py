@@ -18,7 +18,7 @@ attention_chunk_paged (chunk, context, heads, kv_heads, head_dim): one prompt's 
     positions context - chunk .. context - 1 over shuffled pages of PAGE keys, as the continuous engine prefills a
     long prompt beside decodes; ref: SDPA on the same keys (dense, expanded to all heads beforehand, untimed)
     with the chunk's causal band as a boolean mask. FLOPs count the keys each query sees.
-naive/tiled/flash_attention (batch, heads, seq, head_dim, causal): the seed API (minfer/ops/baselines.py);
+naive/tiled/flash_attention (batch, heads, seq, head_dim, causal): the baselines (minfer/ops/baselines.py);
     ref: SDPA.
 """
 from __future__ import annotations

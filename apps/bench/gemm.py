@@ -1,7 +1,7 @@
 """GEMM family benchmark: minfer linear (x W^T) against cuBLAS (F.linear), shape (M, N, K).
 
 Default sweep: squares 1024..8192, Llama-3-8B's linear shapes at M in {1, 8, 64, 512, 4096}, and
-SmolLM2-135M's at M in {1, 4096}. Everything in ALL_SHAPES can be run with --shape M,N,K.
+SmolLM2-135M's at M in {1, 4096}; --shape M,N,K runs any shape.
 gemm_decode: every model's linear shapes at M in {1, 8, 16} (the gemv path's range).
 gemm_batch: Llama-3-8B's linear shapes at M in {32, 64, 128, 144, 192, 256} (batched decode; 144 is 16
 decodes beside a 128-token prompt chunk), bf16.
@@ -9,7 +9,7 @@ linear_act: the gate | up linear with SiLU(gate) * up (ours: one launch where it
 see linear_plan; ref: cuBLAS, then torch's eager SiLU and product), each model's gate | up at M in {1, 8, 16, 32,
 64, 128}, bf16.
 --path wmma|sm80|sm90|gemv forces one kernel path.
-Baselines (the seed's teaching API, minfer/ops/baselines.py), on squares: gemm_baseline (gemm, auto path;
+Baselines (minfer/ops/baselines.py), on squares: gemm_baseline (gemm, auto path;
 ref: torch.mm), tensor_core_gemm (WMMA, fp16 -> fp32; ref: torch.mm in fp16) and gemm_int8 (int8 -> int32;
 ref: torch._int_mm).
 """
@@ -38,8 +38,6 @@ def model_shapes(name: str, tokens=TOKENS) -> list[tuple]:
     return [(m, n, k) for m in tokens for n, k in per_m]
 
 
-SQUARES = [(s, s, s) for s in (512, 1024, 2048, 4096, 8192)]
-ALL_SHAPES = SQUARES + [s for name in MODELS for s in model_shapes(name)]
 DECODE = [s for name in MODELS for s in model_shapes(name, (1, 8, 16))]
 BATCH = model_shapes("llama-3-8b", (32, 64, 128, 144, 192, 256))
 DEFAULT = [(s, s, s) for s in (1024, 2048, 4096, 8192)] + model_shapes("llama-3-8b") + \

@@ -2,7 +2,7 @@
 //   attention (engine op, dense cache): seq > 1 -> flash prefill (flash_prefill.cu), seq == 1 -> split-KV
 //   decode (flash_decode.cu), which may also rotate the newest key and write it to the caches (rope_in).
 //   paged_attention (engine op, paged cache): one query per sequence -> the same split-KV decode through the
-//   block table; else ragged prefill chunks (and decodes mixed in) -> the sm80 flash prefill kernel. The seed API on [batch, heads, seq, head_dim] is in csrc/baselines/attention.cpp.
+//   block table; else ragged prefill chunks (and decodes mixed in) -> the sm80 flash prefill kernel. The baselines' API on [batch, heads, seq, head_dim] is in csrc/baselines/attention.cpp.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 

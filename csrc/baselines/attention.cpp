@@ -1,4 +1,4 @@
-// Launchers of the seed's attention baselines on q [batch, heads, seq_q, head_dim] and k, v
+// Launchers of the attention baselines on q [batch, heads, seq_q, head_dim] and k, v
 // [batch, kv_heads, seq_k, head_dim]: naive_attention (naive_attention.cu), tiled_attention
 // (tiled_attention.cu) and flash_attention, which runs the engine's flash prefill kernels
 // (attention/flash_prefill.cu) with bottom-right causal masking. Validate at the boundary, then dispatch.

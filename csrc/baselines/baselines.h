@@ -1,4 +1,4 @@
-// The seed's teaching API (naive / tiled / flash attention on [batch, heads, seq, head_dim], gemm,
+// The baseline kernels' API (naive / tiled / flash attention on [batch, heads, seq, head_dim], gemm,
 // tensor_core_gemm, gemm_int8): kernels and launchers that the engine never calls, kept exposed and
 // benchmarked as baselines. Launchers: attention.cpp and gemm.cpp here; declared in ops.h.
 #pragma once

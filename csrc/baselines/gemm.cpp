@@ -1,4 +1,4 @@
-// Launchers of the seed's gemm baselines: gemm (every path of the family, any transpose; fp32 on the
+// Launchers of the gemm baselines: gemm (every path of the family, any transpose; fp32 on the
 // simt path), tensor_core_gemm (the WMMA kernel, fp16 -> fp32) and gemm_int8 (mma.sync m16n8k32 on the
 // sm80 kernel). Validate at the boundary, then run through the family's dispatch (gemm/launcher.h).
 #include <c10/cuda/CUDAGuard.h>

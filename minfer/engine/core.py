@@ -386,7 +386,7 @@ class EngineCore(LoadedModel):
             request_id = next(i for i in map(str, self._ids) if i not in self.seqs)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, min(params.max_tokens, self.max_context - len(prompt_ids)), seed,
-                       arrival_time=time.perf_counter(), priority=priority)
+                       priority=priority)
         seq.decoder = StreamDecoder(self.tokenizer) if self.tokenizer else None
         seq.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_ids)
         seq.penalized = (params.repetition_penalty != 1.0 or params.presence_penalty != 0
@@ -551,14 +551,11 @@ class EngineCore(LoadedModel):
             step.ready.synchronize()
         toks = step.host[0].tolist()
         chosen, top, top_ids = (x.tolist() for x in step.host[1:]) if len(step.host) > 1 else (None,) * 3
-        now = time.perf_counter()
         outputs, register = [], self.block_manager.register_full_pages
         for i, (seq, tok) in enumerate(zip(step.seqs, toks)):
             seq.in_flight -= 1
             if seq.status == Status.FINISHED:
                 continue
-            if seq.first_token_time is None:
-                seq.first_token_time = now
             reason = None
             # a constraint offers the model's end-of-sequence ids only where its text is complete: they end it
             added = tok not in seq.stop_ids and not (seq.matcher is not None and tok in self.stop_ids)

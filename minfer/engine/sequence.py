@@ -48,8 +48,6 @@ class Sequence:
     text_ends: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     prompt_logprobs: list = field(default_factory=list)  # entry k: prompt token k + 1's (params.prompt_logprobs)
-    arrival_time: float = 0.0
-    first_token_time: float | None = None
     priority: int = 0  # --scheduling-policy priority: lower runs first (vLLM's rule), then the earlier arrival
     order: int = 0  # its place in arrival order (the scheduler's)
 

@@ -1,4 +1,4 @@
-"""The seed's teaching API, kept apart from the engine's ops (ops/__init__.py's MODEL_OPS): naive, tiled
+"""The baseline kernels' API, kept apart from the engine's ops (ops/__init__.py's MODEL_OPS): naive, tiled
 and flash attention on [batch, heads, seq, head_dim], gemm, tensor_core_gemm and gemm_int8. The model
 never calls them; they stay exposed, tested and benchmarked as baselines (kernels in csrc/baselines/).
 

@@ -2,7 +2,7 @@
 implementations so that the ops work under torch.compile, opcheck and CUDA graph capture.
 
 An op appears here only when its kernel exists; ops/__init__.py falls back to ref for the rest. The
-seed's teaching API (gemm, naive/tiled/flash_attention, ...) is in ops/baselines.py.
+baseline kernels' API (gemm, naive/tiled/flash_attention, ...) is in ops/baselines.py.
 """
 from __future__ import annotations
 
@@ -111,17 +111,6 @@ def draw_filtered(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     # in place on logits [rows, vocab] (rows contiguous): -inf where bitmask [rows, words] int32 leaves the id out
     _ops.apply_token_bitmask(logits, bitmask)
-
-
-def check_ids(ids: torch.Tensor, vocab: int) -> None:
-    """Raise IndexError if any id is outside [0, vocab). Syncs with the device: for tests and host-side
-    validation, not the hot path (the kernel itself turns such rows into NaN and never reads out of bounds)."""
-    if ids.numel() == 0:
-        return
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab:
-        bad = lo if lo < 0 else hi
-        raise IndexError(f"embedding: token id {bad} out of range [0, {vocab})")
 
 
 # memory-bound kernels

@@ -383,27 +383,6 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
-class ChatDelta(BaseModel):
-    role: str | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: ChatDelta
-    logprobs: dict | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: str = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
 class CompletionChoice(BaseModel):
     index: int
     text: str
