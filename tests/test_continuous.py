@@ -204,6 +204,7 @@ def test_prompt_logprobs_keep_few_logits_a_step(ids, monkeypatch):
     assert max(map(len, kept)) <= 5 < sum(map(len, kept)) and [o.token_ids for o in got] == [o.token_ids for o in want]
     for g, w in zip(got, want):
         assert (g.prompt_logprobs is None) == (w.prompt_logprobs is None)
+        assert len(g.prompt_logprobs or []) == len(w.prompt_logprobs or [])
         for e, f in zip((g.prompt_logprobs or [None])[1:], (w.prompt_logprobs or [None])[1:]):
             assert e["token_id"] == f["token_id"] and e["logprob"] == pytest.approx(f["logprob"], abs=1e-4)
     assert_idle(eng)
@@ -287,18 +288,23 @@ def test_seeded_sampling_is_batch_invariant(engine, ids):
 
 
 def test_stops_and_logprobs(engine, ids):
+    """Stop strings cut the greedy text where they first match (the expected texts come from the same run without
+    them: " Paris. ..." on this prompt)."""
+    full = engine.generate([ids[0]], [SamplingParams(temperature=0.0, max_tokens=20)])[0][0].text
+    par, dot, ari = full.index(" Par"), full.index("."), full.index("ari")
+    assert full.startswith(" Paris", par) and par < ari < dot  # the cases below need such a text
     chat = engine.encode("What is 2+2? Answer with one number.", chat=True)
     outs, _ = engine.generate([chat, ids[0]], [SamplingParams(temperature=0.0, max_tokens=40),
                                                SamplingParams(temperature=0.0, max_tokens=20, stop=["."], logprobs=3)])
     assert outs[0].finish_reason == "stop" and len(outs[0].token_ids) < 40  # the model ends its turn
-    assert outs[1].finish_reason == "stop" and outs[1].text == " Paris"
+    assert outs[1].finish_reason == "stop" and outs[1].text == full[:dot]
     # the stop string kept (vLLM's include_stop_str_in_output); of two matches at one place, the longer
     (kept,), _ = engine.generate([ids[0]], [SamplingParams(temperature=0.0, max_tokens=20, stop=[" Par", " Paris"],
                                                            include_stop_str_in_output=True)])
-    assert kept.finish_reason == "stop" and kept.text == " Paris"
+    assert kept.finish_reason == "stop" and kept.text == full[:par + len(" Paris")]
     (cut,), _ = engine.generate([ids[0]], [SamplingParams(temperature=0.0, max_tokens=20, stop=["ari", "."],
                                                           include_stop_str_in_output=True)])
-    assert cut.text == " Pari"
+    assert cut.text == full[:ari + len("ari")]
     lp = outs[1].logprobs
     assert len(lp) == len(outs[1].token_ids) and all(len(e["top"]) == 3 for e in lp)
     assert all(e["top"][0][0] == e["token_id"] and e["logprob"] == e["top"][0][1] <= 0 for e in lp)  # greedy

@@ -122,8 +122,8 @@ def test_greedy_matches_reference(dtype, reference_tokens):
     assert len(reference_tokens) == 8
     if dtype == torch.float16:  # the acceptance check: fp16 kernels reproduce fp32 greedy decoding
         assert out[0].token_ids == reference_tokens
-    else:  # bf16 has 3 fewer mantissa bits; require the answer itself
-        assert out[0].text.startswith(" Paris")
+    else:  # bf16 has 3 fewer mantissa bits; require the answer itself (" Paris.")
+        assert out[0].token_ids[:2] == reference_tokens[:2]
     assert stats.decode_tok_s > 0
 
 

@@ -72,7 +72,9 @@ def test_linear_paths(m, nk, dtype):
     ref64 = x.double() @ w.double().t() + bias.double()
     torch_out = F.linear(x, w, bias)
     for path in _paths(m):
+        _nan_next(m, n, dtype)  # each path's output poisoned, not the last path's correct one reused
         _check(ops.linear(x, w, bias, path), torch_out, ref64, dtype)
+    _nan_next(m, n, dtype)
     _check(ops.linear(x, w, None, "auto"), F.linear(x, w), x.double() @ w.double().t(), dtype)
 
 
@@ -409,6 +411,7 @@ def test_linear_strided_and_odd_k(m, dtype):
     x = big[:, 8:8 + 256]  # row stride 280 > in, still 16-byte aligned
     ref64 = x.double() @ w.double().t()
     for path in _paths(m):
+        _nan_next(m, 96, dtype)
         _check(ops.linear(x, w, None, path), F.linear(x, w), ref64, dtype)
     # K % 8 != 0: auto falls back to wmma; the cp.async paths refuse with the rule in the message.
     x2, w2 = _rand(m, 13, dtype=dtype), _rand(40, 13, dtype=dtype)
