@@ -41,7 +41,7 @@ def _cuda():
 
 
 def _baselines():
-    from minfer.ops import baselines  # registers the fakes of the seed ops
+    from minfer.ops import baselines  # registers the fakes of the baselines
     return baselines
 
 
