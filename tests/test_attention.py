@@ -15,7 +15,9 @@ from minfer.ops import reference
 pytestmark = pytest.mark.gpu
 
 LOWP = (torch.float16, torch.bfloat16)
-EPS = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-4}
+# eps: about two units of the dtype's last place at the output's largest value, so that a kernel that drops a tile
+# of a long context (its outputs ~0.05) cannot hide under a fixed floor
+EPS = {torch.float16: 2 ** -9, torch.bfloat16: 2 ** -7, torch.float32: 1e-4}
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +52,8 @@ def _check(ours, ref32, lowp, dtype, what=""):
     assert torch.isfinite(ours).all(), f"{what}: non-finite output"
     err = (ours.float() - ref32).abs().max().item()
     base = (lowp.float() - ref32).abs().max().item()
-    assert err <= 2 * base + EPS[dtype], f"{what}: max err {err:.3e} vs torch {base:.3e}"
+    eps = EPS[dtype] * (ref32.abs().max().item() if dtype in LOWP else 1.0)
+    assert err <= 2 * base + eps, f"{what}: max err {err:.3e} vs torch {base:.3e} + {eps:.1e}"
 
 
 def _make_cache(batch, capacity, kv_heads, hd, dtype, gen_len):

@@ -126,7 +126,7 @@ def test_kv_write_lands_in_its_slot():
 
 # ---- CUDA kernels ----
 
-EPS = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+EPS = {torch.float16: 2 ** -9, torch.bfloat16: 2 ** -7}  # times the output's largest value (test_attention.py)
 
 
 def _cuda():
@@ -149,7 +149,8 @@ def assert_close(ours, ref32, lowp, q, dtype):
     assert ours.shape == q.shape and ours.dtype == dtype
     assert torch.isfinite(ours).all(), "non-finite output"
     err, base = (ours.float() - ref32).abs().max().item(), (lowp.float() - ref32).abs().max().item()
-    assert err <= 2 * base + EPS[dtype], f"max err {err:.3e} vs torch {base:.3e}"
+    eps = EPS[dtype] * ref32.abs().max().item()
+    assert err <= 2 * base + eps, f"max err {err:.3e} vs torch {base:.3e} + {eps:.1e}"
 
 
 def check_paged(q_lens, starts, heads=8, kv_heads=2, hd=128, dtype=torch.bfloat16, page=16, stable_prefix=False,

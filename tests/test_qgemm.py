@@ -98,7 +98,7 @@ def test_qlinear_large_grid(kind):
     x loaded ahead, 3 stages a warp, Q4_K at M = 1 at 3 CTAs an SM (past 3, 18 of them loop to a second tile,
     their warps' 6 chunks by TMA boxes at k = 4352, the last box reading past the row's end) and at M > 8 in CTAs
     of two tiles; the other formats at M 5 and 13 with k from 4096, and Q6_K and Q8_0 with K of fewer chunks than a
-    CTA's warps (the smaller k), run 128-row CTAs (qtile_kernel). 276 rows
+    CTA's warps (the smaller k), run 128-row CTAs (qtile_kernel), at 23 and 32 rows too. 276 rows
     past each (4500 and 6612 on 132 SMs) end in a partial tile (the second of a CTA's two 16-row tiles holds 4
     rows; at M = 1 a tile of 4 rows, whose other 12 are never copied, or arrive as zeros in a TMA box). Q6_K at M = 1
     with K of 8 chunks and more writes its own int8 records for its int8 kernel (k 4096: its stages by TMA boxes),
@@ -107,7 +107,7 @@ def test_qlinear_large_grid(kind):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (16 * 2 * sms + 276, 16 * 3 * sms + 276):
         for k in KS[kind] + ([4096] if kind in ("Q6_K", "Q8_0", "Q4_0", "Q4_1") else []):
-            for m in (1, 5, 13):
+            for m in (1, 5, 13) + ((23, 32) if kind in ("Q6_K", "Q8_0") and k < 2048 else ()):
                 w, x, b, ref64, torch_out = _product_case(kind, m, n, k, torch.bfloat16, seed=m)
                 ours = torch.ops.minfer.qlinear(x, w.blocks, q.QTYPE[kind], n, k, b, False)
                 _check(ours, torch_out, ref64, torch.bfloat16)

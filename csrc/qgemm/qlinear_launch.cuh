@@ -488,14 +488,15 @@ bool launch_if_short_k(const Args& a, int sms, int cc, cudaStream_t stream) {
 //   qtile_kernel at 16 rows: Q8_0 16 x 28672 x 4096 88.4 / 58.6, 16 x 4096 x 4096 14.9 / 11.8; Q6_K 16 x 128256 x
 //   4096 262.7 / 233.2. Smaller W lost (Q6_K 16 x 1024 x 4096 9.1 / 9.6; Q4_1 at SmolLM2's shapes, 2-3 chunks a
 //   CTA, 2.6-4.4 / 5.1-7.1).
-// - Q6_K and Q8_0 up to 16 rows with K of fewer chunks than a CTA has warps (a small model's tied lm_head), on
+// - Q6_K and Q8_0 up to 32 rows with K of fewer chunks than a CTA has warps (a small model's tied lm_head), on
 //   grids past 2 CTAs an SM: there qlinear_kernel idles most warps (3 of 8 busy at K = 576) in CTAs of 16 rows.
 //   H200, two rounds, us: Q8_0 1 x 49152 x 576 24.2 / 16.0, 16 x 49152 x 576 41.6 / 19.0, 1 x 262144 x 640 110.4 /
-//   74.9, 16 x 262144 x 640 200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5).
+//   74.9, 16 x 262144 x 640 200.4 / 90.4; on a grid of 32 tiles it lost (1 x 4096 x 576 3.1 / 6.5). H100, two
+//   rounds: 24 x 49152 x 576 44.5 / 27.3, 32 x 49152 x 576 47.1 / 27.7, 32 x 262144 x 640 239-240 / 135.
 template <int QT, typename T>
 bool launch_if_qtile(const Args& a, const at::Tensor& x, int sms, cudaStream_t stream) {
   const bool wide = a.M > (QT == kQ4_K ? 16 : 1) && a.N >= 4096 && a.K >= 4096;  // Q4_K to 16 rows: q4k's kernels
-  const bool short_k = (QT == kQ6_K || QT == kQ8_0) && a.M <= 16 && a.K < kWarps * 256 && !small_grid(a, sms);
+  const bool short_k = (QT == kQ6_K || QT == kQ8_0) && a.M <= kMaxRows && a.K < kWarps * 256 && !small_grid(a, sms);
   if (!wide && !short_k) return false;
   if (a.M > kMaxRows) {  // Q4_K and Q6_K on wide W only (max_rows)
     if constexpr (wide_rows_format(QT)) launch_qtile<QT, T, 8>(a, x, sms, stream);
