@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gpu_card import thin_dram
+from poison import nan_freed
 
 from minfer.ops import reference
 
@@ -67,12 +68,6 @@ def _make_cache(batch, capacity, kv_heads, hd, dtype, gen_len):
     return k, v, kp, vp
 
 
-def _nan_freed(shape, dtype):
-    """Leaves a NaN-filled block of this size in the caching allocator, so that an output the op
-    allocates next (torch::empty) starts as NaN and any element it fails to write shows."""
-    torch.full(shape, float("nan"), device="cuda", dtype=dtype)
-
-
 def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, strided=False, poison=True,
                  stable_prefix=False):
     starts_t = torch.tensor(starts, device="cuda", dtype=torch.int32)
@@ -87,7 +82,7 @@ def _engine_case(batch, seq, heads, kv_heads, hd, dtype, starts, capacity=None, 
     else:
         q = torch.randn(batch, seq, heads, hd, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(hd)
-    _nan_freed(q.shape, dtype)  # the op's output allocation likely reuses this NaN block
+    nan_freed(q.shape, dtype)  # the op's output allocation likely reuses this NaN block
     ours = _cuda().attention(q, kp if poison else k, vp if poison else v, starts_t, scale, stable_prefix)
     ref32 = reference.attention(q.float(), k.float(), v.float(), starts_t, scale)
     lowp = reference.attention(q, k, v, starts_t, scale)
@@ -468,7 +463,7 @@ def _window_case(heads, kv_heads, hd, dtype, ctxs, window, capacity, stable_pref
         vp[b, :max(0, n - window)] = float("nan")
     q = torch.randn(batch, 1, heads, hd, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(hd)
-    _nan_freed(q.shape, dtype)
+    nan_freed(q.shape, dtype)
     ours = _cuda().attention(q, kp, vp, starts, scale, stable_prefix, window=window)
     ref32 = reference.attention(q.float(), k.float(), v.float(), starts, scale, window=window)
     lowp = reference.attention(q, k, v, starts, scale, window=window)
@@ -703,7 +698,7 @@ def test_prefill_window(window, seq, hd, path, monkeypatch):
     k, v, kp, vp = _make_cache(2, starts[1] + seq + 5, 2, hd, dtype, [s + seq for s in starts])
     q = torch.randn(2, seq, 4, hd, device="cuda", dtype=dtype)  # [batch, seq, heads, head_dim], 2 q heads a kv head
     scale = 1.0 / math.sqrt(hd)
-    _nan_freed(q.shape, dtype)
+    nan_freed(q.shape, dtype)
     ours = _cuda().attention(q, kp, vp, starts_t, scale, window=window)
     ref32 = reference.attention(q.float(), k.float(), v.float(), starts_t, scale, window=window)
     lowp = reference.attention(q, k, v, starts_t, scale, window=window)

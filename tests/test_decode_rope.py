@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 from test_paged_attention import case, cuda_case
+from poison import nan_freed
 
 from minfer import loader
 from minfer.ops import reference
@@ -159,7 +160,7 @@ def check_dense(starts, hd, dtype, heads=8, kvh=2, window=None, stable_prefix=Tr
     cuda.rope(q2, k2, start, cs, True, v=v_new, k_cache=kc2, v_cache=vc2, slot_mapping=slots)
     want = cuda.attention(q2[:, None], kc2, vc2, start, scale, stable_prefix, window)
     kc, vc = k_cache.clone(), v_cache.clone()
-    torch.full((batch, 1, heads, hd), float("nan"), device="cuda", dtype=dtype)  # the output likely reuses it
+    nan_freed((batch, 1, heads, hd), dtype)
     got = cuda.attention(q[:, None], kc, vc, start, scale, stable_prefix, window, k_new=k_new, v_new=v_new,
                          cos_sin=cs)
     what = f"starts={starts[:4]} hd={hd} {dtype} window={window}"
@@ -202,7 +203,7 @@ def check_paged(starts, hd, dtype, heads=8, kvh=2, page=16, window=None, stable_
     cuda.rope(q2, k2, pos, cs, True, v=v_new, k_cache=kc2, v_cache=vc2, slot_mapping=rows.masked_fill(~keep, -1))
     want = cuda.paged_attention(q2, kc2, vc2, *args, window=window, stable_prefix=stable_prefix)
     kc, vc = k_pool.clone(), v_pool.clone()
-    torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
+    nan_freed(q.shape, dtype)
     got = cuda.paged_attention(q, kc, vc, *args, window=window, stable_prefix=stable_prefix, k_new=k_new, v_new=v_new,
                                cos_sin=cs)
     what = f"starts={starts[:4]} hd={hd} {dtype} page={page} window={window}"

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gpu_card import thin_dram
+from poison import nan_freed
 
 pytestmark = pytest.mark.gpu
 
@@ -72,16 +73,10 @@ def test_linear_paths(m, nk, dtype):
     ref64 = x.double() @ w.double().t() + bias.double()
     torch_out = F.linear(x, w, bias)
     for path in _paths(m):
-        _nan_next(m, n, dtype)  # each path's output poisoned, not the last path's correct one reused
+        nan_freed((m, n), dtype)  # each path's output poisoned, not the last path's correct one reused
         _check(ops.linear(x, w, bias, path), torch_out, ref64, dtype)
-    _nan_next(m, n, dtype)
+    nan_freed((m, n), dtype)
     _check(ops.linear(x, w, None, "auto"), F.linear(x, w), x.double() @ w.double().t(), dtype)
-
-
-def _nan_next(m, n, dtype):
-    """Free a NaN-filled [m, n] block so that the op's output most likely reuses it (caching allocator)."""
-    t = torch.full((m, n), float("nan"), device=DEV, dtype=dtype)
-    del t
 
 
 # gemv: 16-row W tiles, 32-wide k steps of four 8-element chunks (K % 32 != 0 leaves a partial step),
@@ -111,11 +106,11 @@ def _check_linear_and_gemm(m, n, k, dtype, gemm_path):
     ops = _ops()
     x, w, bias = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5, _rand(n, dtype=dtype)
     for static_weight in (False, True):  # True: W's first round loads before griddepcontrol.wait
-        _nan_next(m, n, dtype)
+        nan_freed((m, n), dtype)
         _check(ops.linear(x, w, bias, "gemv", static_weight), F.linear(x, w, bias),
                x.double() @ w.double().t() + bias.double(), dtype)
     c = _rand(m, n, dtype=dtype)
-    _nan_next(m, n, dtype)
+    nan_freed((m, n), dtype)
     _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, gemm_path), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
            0.5 * (x.double() @ w.double().t()) + 1.5 * c.double(), dtype)
 
@@ -133,7 +128,7 @@ def test_gemv_path_many_tiles(m, k, dtype):
     n = 40000
     x, w = _rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype) / k ** 0.5
     for static_weight in (False, True):
-        _nan_next(m, n, dtype)
+        nan_freed((m, n), dtype)
         _check(ops.linear(x, w, None, "gemv", static_weight), F.linear(x, w), x.double() @ w.double().t(), dtype)
 
 
@@ -278,7 +273,7 @@ def test_static_weight_chain(m, n, k, path):
     for rep in range(3):
         x = x0.clone()
         for i in range(4):
-            _nan_next(m, ws[i % 2].shape[0], dtype)
+            nan_freed((m, ws[i % 2].shape[0]), dtype)
             x = ops.linear(x, ws[i % 2], None, path, True)
         tol = dict(atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
         torch.testing.assert_close(x.double(), ref, **tol)
@@ -317,13 +312,13 @@ def _check_sm90_split(ops, x, w, bias, dtype):
     gives the same bits (split partials are summed in a fixed order, and the counters are zero again)."""
     m, n = x.shape[0], w.shape[0]
     prod64 = x.double() @ w.double().t()
-    _nan_next(m, n, dtype)
+    nan_freed((m, n), dtype)
     out = ops.linear(x, w, bias, "sm90")
     _check(out, F.linear(x, w, bias), prod64 + bias.double(), dtype)
-    _nan_next(m, n, dtype)
+    nan_freed((m, n), dtype)
     assert torch.equal(ops.linear(x, w, bias, "sm90"), out)
     c = _rand(m, n, dtype=dtype)
-    _nan_next(m, n, dtype)
+    nan_freed((m, n), dtype)
     _check(ops.gemm(x, w, 0.5, 1.5, c, False, True, "sm90"), torch.addmm(c, x, w.t(), beta=1.5, alpha=0.5),
            0.5 * prod64 + 1.5 * c.double(), dtype)
 
@@ -411,7 +406,7 @@ def test_linear_strided_and_odd_k(m, dtype):
     x = big[:, 8:8 + 256]  # row stride 280 > in, still 16-byte aligned
     ref64 = x.double() @ w.double().t()
     for path in _paths(m):
-        _nan_next(m, 96, dtype)
+        nan_freed((m, 96), dtype)
         _check(ops.linear(x, w, None, path), F.linear(x, w), ref64, dtype)
     # K % 8 != 0: auto falls back to wmma; the cp.async paths refuse with the rule in the message.
     x2, w2 = _rand(m, 13, dtype=dtype), _rand(40, 13, dtype=dtype)
@@ -553,7 +548,7 @@ def test_linear_act(m, inter, k, dtype, act):
     # output by up to |act'(g) g u| + |act(g) u| ulps, past one output ulp where act'(g) g / act(g) is large
     # (silu at g = -5: 4x), so where torch's roundings happen to cancel ours may differ by that much
     slack = ULP[dtype] * ((da64 * g64 * u64).abs() + ref64.abs())
-    torch.full((m, inter), float("nan"), device=DEV, dtype=dtype)  # the output likely reuses this NaN block
+    nan_freed((m, inter), dtype)
     ours = ops.linear_act(x, w, act, True)
     _check(ours, _gated(F.linear(x, w), act), ref64, dtype, slack=slack)
     # the same bits as the linear and then the activation's own launch (each half rounded to dtype first), but

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from minfer.ops import reference as ref
+from poison import nan_freed
 
 pytestmark = pytest.mark.gpu
 
@@ -30,13 +31,6 @@ def norm_weight(hidden, dtype):
     return (1.0 + 0.5 * torch.randn(hidden, device="cuda")).to(dtype)
 
 
-def poison_next(*shape, dtype):
-    """Free a NaN-filled block of the op's output shape, which its output most likely reuses (caching allocator):
-    an element the kernel leaves unwritten then shows as NaN."""
-    t = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
-    del t
-
-
 def assert_close(actual, expected):
     assert not actual.isnan().any(), "kernel left NaN (unwritten or wrong) elements"
     torch.testing.assert_close(actual, expected, **TOL[expected.dtype])
@@ -56,7 +50,7 @@ def assert_within_2x_torch(actual, lowp, ref32):
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_rms_norm(cuda, dtype, hidden, tokens):
     x, w = randn(tokens, hidden, dtype=dtype, scale=3.0), norm_weight(hidden, dtype)
-    poison_next(tokens, hidden, dtype=dtype)
+    nan_freed((tokens, hidden), dtype)
     assert_close(cuda.rms_norm(x, w, EPS), ref.rms_norm(x, w, EPS))
 
 
@@ -137,7 +131,7 @@ ACT_AND_MUL = ["silu_and_mul", "gelu_tanh_and_mul"]
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_act_and_mul(cuda, op, dtype, inter, tokens):
     x = randn(tokens, 2 * inter, dtype=dtype, scale=3.0)
-    poison_next(tokens, inter, dtype=dtype)
+    nan_freed((tokens, inter), dtype)
     assert_close(getattr(cuda, op)(x), getattr(ref, op)(x))
 
 
@@ -145,7 +139,7 @@ def test_act_and_mul(cuda, op, dtype, inter, tokens):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_act_and_mul_strided(cuda, op, dtype):
     x = randn(17, 2 * 1024 + 40, dtype=dtype)[:, 8:8 + 2048]
-    poison_next(17, 1024, dtype=dtype)
+    nan_freed((17, 1024), dtype)
     assert_close(getattr(cuda, op)(x), getattr(ref, op)(x))
 
 
@@ -270,7 +264,7 @@ def test_rope_writes_paged_cache(cuda, dtype, is_neox, head_dim, rot, qk_norm, t
 def test_embedding(cuda, dtype, hidden, tokens, id_dtype):
     weight = randn(1000, hidden, dtype=dtype)
     ids = torch.randint(0, 1000, (tokens,), device="cuda", dtype=id_dtype)
-    poison_next(tokens, hidden, dtype=dtype)
+    nan_freed((tokens, hidden), dtype)
     out = cuda.embedding(ids, weight)
     assert torch.equal(out, ref.embedding(ids, weight))
 

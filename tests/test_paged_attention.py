@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from poison import nan_freed
 from minfer.ops import reference
 
 PAGE = 4
@@ -167,7 +168,7 @@ def check_paged(q_lens, starts, heads=8, kv_heads=2, hd=128, dtype=torch.bfloat1
         qkv[:, :heads * hd] = q.reshape(q.shape[0], -1)
         q = qkv[:, :heads * hd].view(-1, heads, hd)
     args = (table, lens, cu, max(q_lens), bound, 1 / math.sqrt(hd))
-    torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
+    nan_freed(q.shape, dtype)
     ours = _cuda().paged_attention(q, k, v, *args, stable_prefix=stable_prefix)
     ref32 = reference.paged_attention(q.float(), k.float(), v.float(), *args)
     lowp = reference.paged_attention(q, k, v, *args)
@@ -254,7 +255,7 @@ def check_paged_decode_window(starts, window, hd, dtype, page=16, stable_prefix=
         k[pages, keys % page] = float("nan")
         v[pages, keys % page] = float("nan")
         freed_table[b, :first // page] = k.shape[0] + 1000
-    torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
+    nan_freed(q.shape, dtype)
     ours = _cuda().paged_attention(q, k, v, freed_table, *args, window=window, stable_prefix=stable_prefix)
     assert_close(ours, ref32, lowp, q, dtype)
 
@@ -326,7 +327,7 @@ def test_cuda_paged_prefill_window(q_lens, starts, window, page, hd, dtype):
         freed = max(0, s - window + 1) // page  # pages wholly before the first query's window
         k[table[b, :freed].long()] = float("nan")
         v[table[b, :freed].long()] = float("nan")
-    torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)  # the output likely reuses this NaN block
+    nan_freed(q.shape, dtype)
     ours = _cuda().paged_attention(q, k, v, *args, window=window)
     assert_close(ours, ref32, lowp, q, dtype)
 
